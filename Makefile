@@ -1,0 +1,92 @@
+# madlib_mop: set-up, extension build and install, the embedded server, demo and tests.
+#
+#   make demo     install what is missing, start the embedded PostgreSQL, run the demo
+#   make test     the same set-up, then the whole test suite
+#   make dsn      print the connection string in use:  psql "$(make -s dsn)"
+#
+# Every step is a stamp or an idempotent command, so a second `make demo` reinstalls nothing.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PG_MAJOR      := 15
+PG_BINDIR     := /usr/lib/postgresql/$(PG_MAJOR)/bin
+PG_CONFIG     ?= $(PG_BINDIR)/pg_config
+# Debian packages the server needs; docker/Dockerfile installs the same list.
+APT_PACKAGES  := postgresql-$(PG_MAJOR) postgresql-plpython3-$(PG_MAJOR) postgresql-contrib \
+                 python3-venv make
+# PL/Python embeds Debian's Python (3.11); the in-database runtime must be built for it.
+SERVER_PYTHON := /usr/bin/python3
+VENV          := $(CURDIR)/.venv
+PY            := $(VENV)/bin/python
+VERSION       := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+STAMPS        := .make
+EXT_FILES     := build/madlib_mop.control build/madlib_mop--$(VERSION).sql
+SQL_SOURCES   := $(sort $(wildcard sql/*.sql sql/upgrades/*.sql udf/*.py)) madlib_mop/extension_build.py
+PYTEST_ARGS   ?=
+# Optional dependency groups installed into the runtime (the Docker image uses none).
+PIP_EXTRAS    ?= test
+
+.PHONY: help deps venv build install demo test db-start db-stop db-status db-destroy dsn clean
+
+help:
+	@echo "make demo | make test | make dsn | make install | make db-start | make db-stop | make db-status | make db-destroy | make clean"
+
+# ---- Debian packages (as root) ------------------------------------------------
+deps: $(STAMPS)/apt
+$(STAMPS)/apt: Makefile
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" -ne 0 ]; then echo "missing Debian packages: $$missing; run 'sudo make deps'" >&2; exit 1; fi; \
+	  echo "installing Debian packages: $$missing"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
+	fi
+	@mkdir -p $(STAMPS) && touch $@
+
+# ---- the Python runtime: a virtual environment made from the server's Python ----
+venv: $(STAMPS)/venv
+$(STAMPS)/venv: pyproject.toml $(STAMPS)/apt
+	@test -x $(PY) || $(SERVER_PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install -q --disable-pip-version-check -e '.$(if $(PIP_EXTRAS),[$(PIP_EXTRAS)])'
+	@touch $@
+
+# ---- the extension -------------------------------------------------------------
+build: $(EXT_FILES)
+$(EXT_FILES) &: $(SQL_SOURCES) pyproject.toml $(STAMPS)/venv
+	$(PY) -m madlib_mop.extension_build --version $(VERSION) --out build
+
+install: $(STAMPS)/install
+$(STAMPS)/install: $(EXT_FILES)
+	@extdir=$$($(PG_CONFIG) --sharedir)/extension; \
+	if [ ! -w "$$extdir" ]; then echo "cannot write $$extdir: run 'sudo make install'" >&2; exit 1; fi; \
+	install -m 644 build/madlib_mop.control build/madlib_mop--*.sql "$$extdir"/ && \
+	echo "installed madlib_mop $(VERSION) into $$extdir"
+	@touch $@
+
+# ---- the embedded PostgreSQL (skipped when MADLIB_MOP_DSN names a server) --------
+db-start: $(STAMPS)/apt
+	@if [ -n "$$MADLIB_MOP_DSN" ]; then echo "using MADLIB_MOP_DSN; embedded server not started"; \
+	else PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.embedded start; fi
+
+db-stop:
+	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.embedded stop
+
+db-status:
+	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.embedded status
+
+db-destroy:
+	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.embedded destroy
+
+dsn:
+	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.embedded dsn
+
+# ---- the two commands -------------------------------------------------------------
+demo: install db-start
+	$(PY) -m madlib_mop.demo
+
+test: install db-start
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf build $(STAMPS) .pytest_cache

@@ -1,0 +1,251 @@
+"""The project's own PostgreSQL cluster, kept under the repository.
+
+`make demo` and `make test` use it unless MADLIB_MOP_DSN names another server.  It is a
+plain `initdb` cluster of Debian's PostgreSQL 15 listening on 127.0.0.1 only, with trust
+authentication (it is a development server: nothing but local processes can reach it).
+
+PostgreSQL refuses to run as root, so when this runs as root the cluster belongs to the
+`postgres` OS user (created by Debian's postgresql package) and every server command runs
+through `runuser`.
+
+Standard library only: the Makefile calls this before the virtual environment exists.
+
+    python -m madlib_mop.embedded start|stop|status|dsn|destroy
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DSN_VARIABLE = "MADLIB_MOP_DSN"
+DEFAULT_PORT = 54329
+DEFAULT_DATABASE = "madlib_mop"
+SUPERUSER = "postgres"
+SERVER_OS_USER = "postgres"
+
+
+class ClusterError(RuntimeError):
+    """The embedded cluster could not be set up; the message says what to do."""
+
+
+def _pg_bindir() -> Path:
+    configured = os.environ.get("MADLIB_MOP_PG_BINDIR")
+    if configured:
+        return Path(configured)
+    return Path("/usr/lib/postgresql/15/bin")
+
+
+class EmbeddedCluster:
+    """One initdb cluster: its folder, its port, and how to start and stop it."""
+
+    def __init__(self, base: Path | None = None, port: int | None = None):
+        self.base = Path(
+            base or os.environ.get("MADLIB_MOP_EMBEDDED_DIR") or REPO_ROOT / ".pg"
+        ).resolve()
+        self.port = int(port or os.environ.get("MADLIB_MOP_PGPORT") or DEFAULT_PORT)
+        self.data = self.base / "data"
+        self.socket_dir = self.base / "run"
+        self.log = self.base / "server.log"
+        self.bindir = _pg_bindir()
+
+    # -- connection strings -------------------------------------------------
+    def dsn(self, dbname: str = DEFAULT_DATABASE) -> str:
+        return f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/{quote(dbname)}"
+
+    # -- running server commands as the right OS user -------------------------
+    def _as_server_user(self, argv: list[str]) -> list[str]:
+        if os.geteuid() == 0:
+            return ["runuser", "-u", SERVER_OS_USER, "--", *argv]
+        return argv
+
+    def _run(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            self._as_server_user(argv), check=check, capture_output=True, text=True
+        )
+
+    def _tool(self, name: str) -> str:
+        path = self.bindir / name
+        if not path.exists():
+            raise ClusterError(
+                f"{path} not found: PostgreSQL 15 server binaries are missing. "
+                "Run `make deps` (as root) to install Debian's postgresql-15."
+            )
+        return str(path)
+
+    # -- lifecycle ------------------------------------------------------------
+    def is_initialized(self) -> bool:
+        return (self.data / "PG_VERSION").exists()
+
+    def is_running(self) -> bool:
+        if not self.is_initialized():
+            return False
+        result = self._run([self._tool("pg_ctl"), "status", "-D", str(self.data)], check=False)
+        return result.returncode == 0
+
+    def _prepare_folders(self) -> None:
+        self.base.mkdir(parents=True, exist_ok=True)
+        self.socket_dir.mkdir(exist_ok=True)
+        if os.geteuid() == 0:
+            owner = pwd.getpwnam(SERVER_OS_USER)
+            for path in (self.base, self.socket_dir):
+                os.chown(path, owner.pw_uid, owner.pw_gid)
+            if self.data.exists():
+                for path in [self.data, *self.data.rglob("*")]:
+                    os.lchown(path, owner.pw_uid, owner.pw_gid)
+            # The server imports the project's virtual environment (PL/Python), so the
+            # server's OS user must be able to reach the repository.
+            probe = self._run(["test", "-r", str(REPO_ROOT / "pyproject.toml")], check=False)
+            if probe.returncode != 0:
+                raise ClusterError(
+                    f"the OS user {SERVER_OS_USER!r} cannot read {REPO_ROOT}. "
+                    "Clone the repository where that user can read it (e.g. under /work "
+                    "or /opt), or give other users read and search permission on its "
+                    "parent folders."
+                )
+
+    def initialize(self) -> None:
+        self._prepare_folders()
+        if self.is_initialized():
+            return
+        self._run(
+            [
+                self._tool("initdb"),
+                "-D", str(self.data),
+                "-U", SUPERUSER,
+                "-A", "trust",
+                "-E", "UTF8",
+                "--locale=C.UTF-8",
+            ]
+        )
+        settings = {
+            "port": str(self.port),
+            "listen_addresses": "'127.0.0.1'",
+            "unix_socket_directories": f"'{self.socket_dir}'",
+            "max_connections": "100",
+            "shared_buffers": "256MB",
+            "logging_collector": "off",
+            "log_min_messages": "warning",
+        }
+        with open(self.data / "postgresql.auto.conf", "a", encoding="utf-8") as conf:
+            conf.write("# written by madlib_mop.embedded\n")
+            for key, value in settings.items():
+                conf.write(f"{key} = {value}\n")
+
+    def start(self, database: str = DEFAULT_DATABASE) -> str:
+        """Start the cluster if it is not running, make sure `database` exists; return its DSN."""
+        self.initialize()
+        if not self.is_running():
+            self._prepare_folders()
+            result = self._run(
+                [
+                    self._tool("pg_ctl"), "start", "-w", "-t", "60",
+                    "-D", str(self.data),
+                    "-l", str(self.log),
+                    "-o", f"-p {self.port}",
+                ],
+                check=False,
+            )
+            if result.returncode != 0:
+                tail = self.log.read_text(errors="replace").splitlines()[-15:] if self.log.exists() else []
+                raise ClusterError(
+                    "the embedded PostgreSQL did not start:\n"
+                    + result.stdout + result.stderr + "\n".join(tail)
+                    + f"\nIf port {self.port} is taken, set MADLIB_MOP_PGPORT to a free port."
+                )
+        self._wait_ready()
+        self.create_database(database)
+        return self.dsn(database)
+
+    def _wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            ready = self._run(
+                [self._tool("pg_isready"), "-h", "127.0.0.1", "-p", str(self.port), "-U", SUPERUSER],
+                check=False,
+            )
+            if ready.returncode == 0:
+                return
+            if time.monotonic() > deadline:
+                raise ClusterError(f"the embedded PostgreSQL is not ready after {timeout}s")
+            time.sleep(0.2)
+
+    def _psql(self, sql: str, dbname: str = "postgres") -> str:
+        result = self._run(
+            [
+                self._tool("psql"), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1",
+                "-h", "127.0.0.1", "-p", str(self.port), "-U", SUPERUSER, "-d", dbname,
+                "-c", sql,
+            ]
+        )
+        return result.stdout.strip()
+
+    def create_database(self, database: str) -> None:
+        exists = self._psql(
+            "SELECT 1 FROM pg_database WHERE datname = " + _sql_literal(database)
+        )
+        if not exists:
+            self._run(
+                [
+                    self._tool("createdb"), "-h", "127.0.0.1", "-p", str(self.port),
+                    "-U", SUPERUSER, database,
+                ]
+            )
+
+    def stop(self) -> None:
+        if self.is_running():
+            self._run([self._tool("pg_ctl"), "stop", "-w", "-m", "fast", "-D", str(self.data)])
+
+    def destroy(self) -> None:
+        self.stop()
+        if self.base.exists():
+            shutil.rmtree(self.base)
+
+
+def _sql_literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def configured_dsn(database: str = DEFAULT_DATABASE) -> str:
+    """The server in use: MADLIB_MOP_DSN when set, else the embedded cluster."""
+    return os.environ.get(DSN_VARIABLE) or EmbeddedCluster().dsn(database)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m madlib_mop.embedded", description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=["start", "stop", "status", "dsn", "destroy"])
+    args = parser.parse_args(argv)
+    cluster = EmbeddedCluster()
+    try:
+        if args.command == "dsn":
+            print(configured_dsn())
+        elif args.command == "start":
+            dsn = cluster.start()
+            print(f"embedded PostgreSQL running: {dsn} (data in {cluster.data})")
+        elif args.command == "stop":
+            cluster.stop()
+            print("embedded PostgreSQL stopped")
+        elif args.command == "status":
+            state = "running" if cluster.is_running() else (
+                "stopped" if cluster.is_initialized() else "not created")
+            print(f"embedded PostgreSQL {state}: {cluster.dsn()} (data in {cluster.data})")
+        elif args.command == "destroy":
+            cluster.destroy()
+            print(f"embedded PostgreSQL removed ({cluster.base})")
+    except (ClusterError, subprocess.CalledProcessError) as error:
+        detail = getattr(error, "stderr", "") or ""
+        print(f"madlib_mop.embedded: {error}\n{detail}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""Errors a user can act on, carrying PostgreSQL's SQLSTATE, DETAIL and HINT.
+
+Runtime code raises `MadlibMopError`; `madlib_mop.plpy_bridge` turns it into a PostgreSQL
+error with those fields, so a client sees e.g. SQLSTATE 42P01 and a HINT.
+"""
+
+from __future__ import annotations
+
+# SQLSTATEs used by the project (PostgreSQL's own codes, Appendix A of its manual).
+UNDEFINED_TABLE = "42P01"
+UNDEFINED_COLUMN = "42703"
+DATATYPE_MISMATCH = "42804"
+NULL_VALUE_NOT_ALLOWED = "22004"
+INVALID_PARAMETER_VALUE = "22023"
+DATA_EXCEPTION = "22000"
+DUPLICATE_TABLE = "42P07"
+
+
+class MadlibMopError(Exception):
+    """An error in what the user asked for, with what to do about it."""
+
+    def __init__(self, message: str, *, sqlstate: str = DATA_EXCEPTION,
+                 detail: str | None = None, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.sqlstate = sqlstate
+        self.detail = detail
+        self.hint = hint

@@ -1,0 +1,143 @@
+"""Builds the PostgreSQL extension files from `sql/` and `udf/`.
+
+`sql/*.sql` hold the extension's SQL in the order of their names.  A PL/Python function
+there gives its body as one line `#include "name.py"`; the build puts `udf/name.py` in
+its place, behind a short preamble that makes the in-database runtime (this package and
+TensorFlow, installed in a virtual environment made from the server's Python) importable
+by the server's embedded interpreter.  The runtime's location is fixed when the extension
+is built, so the server needs no environment variable.
+
+Output (in --out):
+  madlib_mop.control                 the control file
+  madlib_mop--VERSION.sql            the install script of this version
+  madlib_mop--OLD--VERSION.sql       upgrade scripts, from sql/upgrades/, same expansion
+
+    python -m madlib_mop.extension_build --version 0.1.0 --out build
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sysconfig
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+EXTENSION = "madlib_mop"
+INCLUDE = re.compile(r'^#include "(?P<name>[A-Za-z0-9_]+\.py)"\s*$', re.MULTILINE)
+UPGRADE_NAME = re.compile(rf"^{EXTENSION}--(?P<old>[0-9][0-9.]*)--(?P<new>[0-9][0-9.]*)\.sql$")
+
+CONTROL = """\
+# madlib_mop: in-database deep learning model selection (Model Hopper Parallelism)
+comment = 'In-database deep learning model selection by Model Hopper Parallelism, MADlib-compatible API'
+default_version = '{version}'
+requires = 'plpython3u'
+superuser = true
+# Not relocatable once installed, but installable in any schema:
+#   CREATE SCHEMA madlib_mop; CREATE EXTENSION madlib_mop SCHEMA madlib_mop;
+# (a control-file `schema` would forbid CREATE EXTENSION ... SCHEMA madlib).
+relocatable = false
+"""
+
+PREAMBLE = """\
+# ---- madlib_mop: make the in-database runtime importable (generated) ----
+import sys
+if {site!r} not in sys.path:
+    import site
+    _path_before = list(sys.path)
+    site.addsitedir({site!r})
+    # The runtime's packages come first, ahead of any the system Python may carry.
+    sys.path[:] = [p for p in sys.path if p not in _path_before] + _path_before
+    del _path_before
+# ---- end of preamble ----
+"""
+
+
+class BuildError(ValueError):
+    """The SQL sources are inconsistent (missing or unused function body, bad name)."""
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def expand_includes(sql: str, udf_dir: Path, site_packages: str, used: set[str]) -> str:
+    """Replace each `#include "x.py"` line by the preamble and the body of udf/x.py."""
+
+    def body(match: re.Match) -> str:
+        name = match.group("name")
+        path = udf_dir / name
+        if not path.exists():
+            raise BuildError(f'#include "{name}": {path} does not exist')
+        used.add(name)
+        text = path.read_text(encoding="utf-8")
+        if "$python$" in text:
+            raise BuildError(f"{path} contains the dollar-quote tag $python$")
+        return PREAMBLE.format(site=site_packages) + text.rstrip("\n")
+
+    return INCLUDE.sub(body, sql)
+
+
+def build(version: str, out: Path, site_packages: str,
+          sql_dir: Path = REPO_ROOT / "sql", udf_dir: Path = REPO_ROOT / "udf") -> list[Path]:
+    if not re.fullmatch(r"[0-9]+(\.[0-9]+)*", version):
+        raise BuildError(f"version {version!r} is not of the form 1.2.3")
+    sources = sorted(sql_dir.glob("*.sql"))
+    if not sources:
+        raise BuildError(f"no SQL sources in {sql_dir}")
+    used: set[str] = set()
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob(f"{EXTENSION}--*.sql"):
+        stale.unlink()
+
+    parts = [
+        f"-- {EXTENSION} {version}: generated from sql/ and udf/ by madlib_mop.extension_build\n",
+        "\\echo Use \"CREATE EXTENSION madlib_mop\" to load this file. \\quit\n",
+    ]
+    for source in sources:
+        parts.append(f"\n-- ==== {source.name} ====\n")
+        parts.append(expand_includes(source.read_text(encoding="utf-8"), udf_dir, site_packages, used))
+    written = [out / f"{EXTENSION}--{version}.sql"]
+    written[0].write_text("".join(parts), encoding="utf-8")
+
+    for upgrade in sorted((sql_dir / "upgrades").glob("*.sql")):
+        match = UPGRADE_NAME.match(upgrade.name)
+        if not match or _version_key(match.group("new")) > _version_key(version):
+            raise BuildError(
+                f"{upgrade.name}: upgrade scripts are named {EXTENSION}--OLD--NEW.sql "
+                f"with NEW at most {version}"
+            )
+        target = out / upgrade.name
+        target.write_text(
+            expand_includes(upgrade.read_text(encoding="utf-8"), udf_dir, site_packages, used),
+            encoding="utf-8",
+        )
+        written.append(target)
+
+    unused = sorted({p.name for p in udf_dir.glob("*.py")} - used)
+    if unused:
+        raise BuildError(f"udf bodies included by no SQL source: {', '.join(unused)}")
+
+    control = out / f"{EXTENSION}.control"
+    control.write_text(CONTROL.format(version=version), encoding="utf-8")
+    written.append(control)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Build the madlib_mop extension files.")
+    parser.add_argument("--version", required=True)
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "build")
+    parser.add_argument(
+        "--site-packages",
+        default=sysconfig.get_paths()["purelib"],
+        help="site-packages of the in-database runtime (default: this interpreter's)",
+    )
+    args = parser.parse_args(argv)
+    for path in build(args.version, args.out, str(Path(args.site_packages).resolve())):
+        print(f"built {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,45 @@
+"""Importing and configuring TensorFlow inside a server backend.
+
+TensorFlow is imported once per backend process (PL/Python keeps the interpreter for the
+life of the session), so the first call in a session pays the import and later calls do not.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from types import ModuleType
+
+_configured_threads: int | None = None
+
+
+def import_tensorflow(threads: int | None = None) -> ModuleType:
+    """Import TensorFlow with `threads` intra-op threads (default: all cores).
+
+    The thread counts can only be set before TensorFlow runs its first operation, so the
+    first call in a backend decides them for the life of that backend.
+    """
+    global _configured_threads
+    # The interpreter embedded in PostgreSQL has no sys.argv; absl (used by TensorFlow)
+    # reads it at import.
+    if not hasattr(sys, "argv"):
+        sys.argv = ["postgres"]
+    # TensorFlow's C++ start-up banner would land in the server log for every backend.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    if _configured_threads is None:
+        wanted = threads or os.cpu_count() or 1
+        tf.config.threading.set_intra_op_parallelism_threads(wanted)
+        tf.config.threading.set_inter_op_parallelism_threads(min(2, wanted))
+        _configured_threads = wanted
+    return tf
+
+
+def make_deterministic(seed: int) -> None:
+    """Seed Python, NumPy and TensorFlow and ask for deterministic kernels."""
+    tf = import_tensorflow()
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    tf.config.experimental.enable_op_determinism()

@@ -1,0 +1,89 @@
+"""Fixtures: one real PostgreSQL server for the session, a fresh database per test module.
+
+The server, in this order:
+1. MADLIB_MOP_DSN, when set: the user's server (it must have the extension files
+   installed, e.g. by `make install` on its host, and allow CREATE DATABASE);
+2. a testcontainers PostgreSQL container built from docker/, when a Docker engine answers;
+3. the project's embedded cluster (`make db-start`; started here if it is not running).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from pathlib import Path
+from typing import Iterator
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from madlib_mop.embedded import DSN_VARIABLE, EmbeddedCluster
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def _docker_engine_reachable() -> bool:
+    try:
+        import docker
+
+        client = docker.from_env(timeout=3)
+        return bool(client.ping())
+    except Exception:  # no engine, no socket, no permission: all mean "not reachable"
+        return False
+
+
+@pytest.fixture(scope="session")
+def server_dsn() -> Iterator[str]:
+    """A superuser connection string to the session's server (database `postgres`)."""
+    if os.environ.get(DSN_VARIABLE):
+        yield os.environ[DSN_VARIABLE]
+    elif _docker_engine_reachable():
+        from testcontainers.community.postgres import PostgresContainer
+        from testcontainers.core.image import DockerImage
+
+        with DockerImage(path=str(REPO_ROOT), dockerfile_path="docker/Dockerfile",
+                         tag="madlib_mop:test") as image:
+            with PostgresContainer(str(image), username="postgres", password="postgres",
+                                   dbname="postgres", driver=None) as container:
+                yield container.get_connection_url()
+    else:
+        cluster = EmbeddedCluster()
+        cluster.start()
+        yield cluster.dsn("postgres")
+
+
+def _database_name(module_name: str) -> str:
+    short = re.sub(r"[^a-z0-9_]", "_", module_name.rsplit(".", 1)[-1].lower())[:40]
+    return f"t_{short}_{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module")
+def database_dsn(server_dsn: str, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh, empty database for the test module, dropped afterwards."""
+    name = _database_name(request.module.__name__)
+    with psycopg.connect(server_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield make_conninfo(server_dsn, dbname=name)
+    finally:
+        with psycopg.connect(server_dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture(scope="module")
+def extension_dsn(database_dsn: str) -> str:
+    """The module's database with the extension installed in schema madlib_mop."""
+    with psycopg.connect(database_dsn, autocommit=True) as conn:
+        conn.execute("CREATE SCHEMA madlib_mop")
+        conn.execute("CREATE EXTENSION madlib_mop SCHEMA madlib_mop CASCADE")
+    return database_dsn
+
+
+@pytest.fixture
+def conn(extension_dsn: str) -> Iterator[psycopg.Connection]:
+    """An autocommit superuser connection to the module's database."""
+    with psycopg.connect(extension_dsn, autocommit=True) as connection:
+        yield connection

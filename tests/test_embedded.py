@@ -1,0 +1,52 @@
+"""The embedded cluster: connection strings, and a second cluster started and stopped."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import uuid
+
+import psycopg
+import pytest
+
+from madlib_mop.embedded import REPO_ROOT, EmbeddedCluster, configured_dsn
+
+
+def test_dsn_comes_from_the_environment_when_set(monkeypatch):
+    monkeypatch.setenv("MADLIB_MOP_DSN", "postgresql://someone@db.example:5433/prod")
+    assert configured_dsn() == "postgresql://someone@db.example:5433/prod"
+    monkeypatch.delenv("MADLIB_MOP_DSN")
+    monkeypatch.setenv("MADLIB_MOP_PGPORT", "55555")
+    assert configured_dsn() == "postgresql://postgres@127.0.0.1:55555/madlib_mop"
+
+
+def test_make_dsn_prints_the_connection_string():
+    printed = subprocess.run(["make", "-s", "dsn"], cwd=REPO_ROOT, check=True,
+                             capture_output=True, text=True).stdout.strip()
+    assert printed == configured_dsn()
+    assert printed.startswith("postgresql://")
+
+
+@pytest.fixture
+def second_cluster():
+    # Under the repository's git-ignored .pg folder: the server's OS user can reach it.
+    cluster = EmbeddedCluster(base=REPO_ROOT / ".pg" / f"test-{uuid.uuid4().hex[:8]}",
+                              port=54400 + uuid.uuid4().int % 500)
+    yield cluster
+    cluster.stop()
+    shutil.rmtree(cluster.base, ignore_errors=True)
+
+
+def test_a_cluster_starts_idempotently_and_stops(second_cluster):
+    assert not second_cluster.is_initialized()
+    dsn = second_cluster.start("demo_db")
+    assert second_cluster.is_running()
+    assert second_cluster.start("demo_db") == dsn  # a second start changes nothing
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT current_database(), current_setting('port'), "
+                           "current_setting('listen_addresses')").fetchone()
+    assert row == ("demo_db", str(second_cluster.port), "127.0.0.1")
+    second_cluster.stop()
+    assert not second_cluster.is_running()
+    with pytest.raises(psycopg.OperationalError):
+        psycopg.connect(dsn, connect_timeout=2)

@@ -1,0 +1,108 @@
+"""The extension in a real server: install in any schema, drop cleanly, non-superuser use."""
+
+from __future__ import annotations
+
+import uuid
+
+import psycopg
+import pytest
+from psycopg import sql
+
+# Every object a CREATE EXTENSION could leave behind, described by PostgreSQL itself.
+SNAPSHOT = """
+    SELECT 'function ' || oid::regprocedure::text FROM pg_proc
+    UNION ALL SELECT 'relation ' || oid::regclass::text FROM pg_class
+    UNION ALL SELECT 'type ' || oid::regtype::text FROM pg_type
+    UNION ALL SELECT 'schema ' || nspname FROM pg_namespace
+    UNION ALL SELECT 'cast ' || pg_describe_object('pg_cast'::regclass, oid, 0) FROM pg_cast
+    UNION ALL SELECT 'operator ' || oid::regoperator::text FROM pg_operator
+    UNION ALL SELECT 'event trigger ' || evtname FROM pg_event_trigger
+    UNION ALL SELECT 'extension ' || extname FROM pg_extension
+"""
+
+
+def _objects(conn: psycopg.Connection) -> set[str]:
+    return {row[0] for row in conn.execute(SNAPSHOT)}
+
+
+@pytest.fixture
+def bare_conn(database_dsn):
+    """The module's database without the extension (each test cleans up after itself)."""
+    with psycopg.connect(database_dsn, autocommit=True) as conn:
+        yield conn
+
+
+def test_create_extension_in_schema_madlib(bare_conn):
+    bare_conn.execute("CREATE SCHEMA madlib")
+    try:
+        bare_conn.execute("CREATE EXTENSION madlib_mop SCHEMA madlib CASCADE")
+        schema, version = bare_conn.execute(
+            "SELECT extnamespace::regnamespace::text, extversion FROM pg_extension "
+            "WHERE extname = 'madlib_mop'").fetchone()
+        assert (schema, version) == ("madlib", "0.1.0")
+        reported = bare_conn.execute("SELECT madlib.version()").fetchone()[0]
+        assert reported.startswith("madlib_mop 0.1.0, PostgreSQL 15")
+        assert "TensorFlow 2.21.0" in reported and "Python 3.11" in reported
+        # Nothing was put anywhere else: the functions are all in schema madlib.
+        elsewhere = bare_conn.execute(
+            "SELECT count(*) FROM pg_depend d JOIN pg_proc p ON d.objid = p.oid "
+            "WHERE d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'madlib_mop') "
+            "AND p.pronamespace <> 'madlib'::regnamespace").fetchone()[0]
+        assert elsewhere == 0
+    finally:
+        bare_conn.execute("DROP EXTENSION IF EXISTS madlib_mop")
+        bare_conn.execute("DROP SCHEMA madlib")
+
+
+def test_drop_extension_leaves_no_objects(bare_conn):
+    bare_conn.execute("CREATE EXTENSION IF NOT EXISTS plpython3u")
+    bare_conn.execute("CREATE SCHEMA madlib_mop")
+    before = _objects(bare_conn)
+    bare_conn.execute("CREATE EXTENSION madlib_mop SCHEMA madlib_mop")
+    during = _objects(bare_conn)
+    assert "function madlib_mop.version()" in during
+    assert len(during - before) >= 3
+    bare_conn.execute("DROP EXTENSION madlib_mop")
+    after = _objects(bare_conn)
+    assert after == before
+    bare_conn.execute("DROP SCHEMA madlib_mop")
+
+
+def test_installed_without_cascade_needs_plpython(bare_conn):
+    """`requires = plpython3u`: without CASCADE PostgreSQL names the missing language."""
+    bare_conn.execute("DROP EXTENSION IF EXISTS plpython3u")
+    bare_conn.execute("CREATE SCHEMA madlib_mop")
+    try:
+        with pytest.raises(psycopg.errors.UndefinedObject, match="plpython3u"):
+            bare_conn.execute("CREATE EXTENSION madlib_mop SCHEMA madlib_mop")
+    finally:
+        bare_conn.execute("DROP SCHEMA madlib_mop")
+
+
+def test_non_superuser_granted_usage_can_call(conn):
+    role = f"analyst_{uuid.uuid4().hex[:8]}"
+    conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN NOSUPERUSER").format(sql.Identifier(role)))
+    try:
+        conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+        assert conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()[0] is False
+        with pytest.raises(psycopg.errors.InsufficientPrivilege, match="schema madlib_mop"):
+            conn.execute("SELECT madlib_mop.version()")
+        conn.execute("RESET ROLE")
+
+        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA madlib_mop TO {}").format(sql.Identifier(role)))
+        conn.execute(sql.SQL("GRANT CREATE ON SCHEMA public TO {}").format(sql.Identifier(role)))
+        conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+        assert conn.execute("SELECT madlib_mop.version()").fetchone()[0].startswith("madlib_mop ")
+        # The role's own table, read by the in-database runtime under the role's rights.
+        table = f"{role}_points"
+        conn.execute(sql.SQL("CREATE TABLE {} (x real[], y boolean)").format(sql.Identifier(table)))
+        conn.execute(sql.SQL(
+            "INSERT INTO {} SELECT ARRAY[i::real, (i % 7)::real], i % 2 = 0 FROM generate_series(1, 40) i"
+        ).format(sql.Identifier(table)))
+        report = conn.execute(
+            "SELECT madlib_mop.runtime_check(%s, 'y', 'x', epochs => 2)", (table,)).fetchone()[0]
+        assert report["rows"] == 40 and report["class_values"] == ["false", "true"]
+    finally:
+        conn.execute("RESET ROLE")
+        conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))

@@ -1,0 +1,79 @@
+"""The extension build (no database): includes, preamble, consistency checks."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from madlib_mop.extension_build import PREAMBLE, REPO_ROOT, BuildError, build
+
+
+def _write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+@pytest.fixture
+def sources(tmp_path):
+    _write(tmp_path / "sql" / "10_f.sql",
+           'CREATE FUNCTION @extschema@.f() RETURNS int LANGUAGE plpython3u AS $python$\n'
+           '#include "f.py"\n$python$;\n')
+    _write(tmp_path / "udf" / "f.py", "return 41 + 1\n")
+    return tmp_path
+
+
+def test_include_becomes_preamble_and_body(sources, tmp_path):
+    written = build("1.2.0", tmp_path / "out", "/opt/runtime/site-packages",
+                    sources / "sql", sources / "udf")
+    script = (tmp_path / "out" / "madlib_mop--1.2.0.sql").read_text()
+    assert '#include' not in script
+    assert PREAMBLE.format(site="/opt/runtime/site-packages") + "return 41 + 1\n$python$;" in script
+    assert script.startswith("-- madlib_mop 1.2.0")
+    assert "\\quit" in script.splitlines()[1]
+    control = (tmp_path / "out" / "madlib_mop.control").read_text()
+    assert "default_version = '1.2.0'" in control
+    assert "relocatable = false" in control and "\nschema" not in control
+    assert {p.name for p in written} == {"madlib_mop--1.2.0.sql", "madlib_mop.control"}
+
+
+def test_missing_body_is_an_error(sources, tmp_path):
+    (sources / "udf" / "f.py").unlink()
+    with pytest.raises(BuildError, match=r'#include "f.py".*does not exist'):
+        build("1.0.0", tmp_path / "out", "/x", sources / "sql", sources / "udf")
+
+
+def test_unused_body_is_an_error(sources, tmp_path):
+    _write(sources / "udf" / "orphan.py", "return 0\n")
+    with pytest.raises(BuildError, match="orphan.py"):
+        build("1.0.0", tmp_path / "out", "/x", sources / "sql", sources / "udf")
+
+
+def test_upgrade_scripts_follow_the_naming_convention(sources, tmp_path):
+    _write(sources / "sql" / "upgrades" / "madlib_mop--1.0.0--1.1.0.sql",
+           'CREATE OR REPLACE FUNCTION @extschema@.f() RETURNS int LANGUAGE plpython3u AS $python$\n'
+           '#include "f.py"\n$python$;\n')
+    written = build("1.1.0", tmp_path / "out", "/x", sources / "sql", sources / "udf")
+    assert "madlib_mop--1.0.0--1.1.0.sql" in {p.name for p in written}
+    upgrade = (tmp_path / "out" / "madlib_mop--1.0.0--1.1.0.sql").read_text()
+    assert "return 41 + 1" in upgrade
+    # An upgrade to a version after the one being built is a mistake.
+    with pytest.raises(BuildError, match="at most 1.0.0"):
+        build("1.0.0", tmp_path / "out2", "/x", sources / "sql", sources / "udf")
+    _write(sources / "sql" / "upgrades" / "upgrade.sql", "")
+    with pytest.raises(BuildError, match="named madlib_mop--OLD--NEW.sql"):
+        build("1.1.0", tmp_path / "out3", "/x", sources / "sql", sources / "udf")
+
+
+def test_version_must_look_like_a_version(sources, tmp_path):
+    with pytest.raises(BuildError, match="not of the form"):
+        build("1.0; DROP", tmp_path / "out", "/x", sources / "sql", sources / "udf")
+
+
+def test_the_project_sources_build(tmp_path):
+    build("0.1.0", tmp_path, "/opt/site-packages")
+    script = (tmp_path / "madlib_mop--0.1.0.sql").read_text()
+    functions = re.findall(r"CREATE FUNCTION @extschema@\.(\w+)\(", script)
+    bodies = script.count(PREAMBLE.format(site="/opt/site-packages"))
+    assert "version" in functions and "runtime_check" in functions
+    assert bodies == len(list((REPO_ROOT / "udf").glob("*.py")))

@@ -1,0 +1,4 @@
+from madlib_mop.plpy_bridge import run
+from madlib_mop.runtime_check import version
+
+return run(plpy, version)
