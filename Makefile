@@ -45,7 +45,7 @@ $(STAMPS)/apt: Makefile
 
 # ---- the Python runtime: a virtual environment made from the server's Python ----
 venv: $(STAMPS)/venv
-$(STAMPS)/venv: pyproject.toml $(STAMPS)/apt
+$(STAMPS)/venv: pyproject.toml | $(STAMPS)/apt
 	@test -x $(PY) || $(SERVER_PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
 	$(PY) -m pip install -q --disable-pip-version-check -e '.$(if $(PIP_EXTRAS),[$(PIP_EXTRAS)])'
@@ -53,16 +53,18 @@ $(STAMPS)/venv: pyproject.toml $(STAMPS)/apt
 
 # ---- the extension -------------------------------------------------------------
 build: $(EXT_FILES)
-$(EXT_FILES) &: $(SQL_SOURCES) pyproject.toml $(STAMPS)/venv
+$(EXT_FILES) &: $(SQL_SOURCES) pyproject.toml | $(STAMPS)/venv
 	$(PY) -m madlib_mop.extension_build --version $(VERSION) --out build
 
-install: $(STAMPS)/install
-$(STAMPS)/install: $(EXT_FILES)
+# Compared with what is installed rather than stamped: the extension folder is shared by
+# every checkout on the machine, and the install script names this checkout's runtime.
+install: $(EXT_FILES)
 	@extdir=$$($(PG_CONFIG) --sharedir)/extension; \
-	if [ ! -w "$$extdir" ]; then echo "cannot write $$extdir: run 'sudo make install'" >&2; exit 1; fi; \
-	install -m 644 build/madlib_mop.control build/madlib_mop--*.sql "$$extdir"/ && \
-	echo "installed madlib_mop $(VERSION) into $$extdir"
-	@touch $@
+	for f in build/madlib_mop.control build/madlib_mop--*.sql; do \
+	  cmp -s "$$f" "$$extdir/$$(basename $$f)" && continue; \
+	  if [ ! -w "$$extdir" ]; then echo "cannot write $$extdir: run 'sudo make install'" >&2; exit 1; fi; \
+	  install -m 644 "$$f" "$$extdir"/ && echo "installed $$(basename $$f) into $$extdir"; \
+	done
 
 # ---- the embedded PostgreSQL (skipped when MADLIB_MOP_DSN names a server) --------
 db-start: $(STAMPS)/apt
