@@ -14,7 +14,7 @@ PG_BINDIR     := /usr/lib/postgresql/$(PG_MAJOR)/bin
 PG_CONFIG     ?= $(PG_BINDIR)/pg_config
 # Debian packages the server needs; docker/Dockerfile installs the same list.
 APT_PACKAGES  := postgresql-$(PG_MAJOR) postgresql-plpython3-$(PG_MAJOR) postgresql-contrib \
-                 python3-venv make
+                 postgresql-server-dev-$(PG_MAJOR) gcc python3-venv make
 # PL/Python embeds Debian's Python (3.11); the in-database runtime must be built for it.
 SERVER_PYTHON := /usr/bin/python3
 VENV          := $(CURDIR)/.venv
@@ -22,6 +22,8 @@ PY            := $(VENV)/bin/python
 VERSION       := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 STAMPS        := .make
 EXT_FILES     := build/madlib_mop.control build/madlib_mop--$(VERSION).sql
+EXT_LIBRARY   := build/madlib_mop.so
+C_SOURCES     := $(wildcard src/*.c)
 SQL_SOURCES   := $(sort $(wildcard sql/*.sql sql/upgrades/*.sql udf/*.py)) madlib_mop/extension_build.py
 PYTEST_ARGS   ?=
 # Optional dependency groups installed into the runtime (the Docker image uses none).
@@ -52,18 +54,24 @@ $(STAMPS)/venv: pyproject.toml | $(STAMPS)/apt
 	@touch $@
 
 # ---- the extension -------------------------------------------------------------
-build: $(EXT_FILES)
+build: $(EXT_FILES) $(EXT_LIBRARY)
 $(EXT_FILES) &: $(SQL_SOURCES) pyproject.toml | $(STAMPS)/venv
 	$(PY) -m madlib_mop.extension_build --version $(VERSION) --out build
 
+# The C part (src/): compiled against the server's headers (postgresql-server-dev).
+$(EXT_LIBRARY): $(C_SOURCES) | $(STAMPS)/apt
+	@mkdir -p build
+	gcc -O2 -Wall -fPIC -shared -I$$($(PG_CONFIG) --includedir-server) -o $@ $(C_SOURCES)
+
 # Compared with what is installed rather than stamped: the extension folder is shared by
 # every checkout on the machine, and the install script names this checkout's runtime.
-install: $(EXT_FILES)
-	@extdir=$$($(PG_CONFIG) --sharedir)/extension; \
-	for f in build/madlib_mop.control build/madlib_mop--*.sql; do \
-	  cmp -s "$$f" "$$extdir/$$(basename $$f)" && continue; \
-	  if [ ! -w "$$extdir" ]; then echo "cannot write $$extdir: run 'sudo make install'" >&2; exit 1; fi; \
-	  install -m 644 "$$f" "$$extdir"/ && echo "installed $$(basename $$f) into $$extdir"; \
+install: $(EXT_FILES) $(EXT_LIBRARY)
+	@extdir=$$($(PG_CONFIG) --sharedir)/extension; libdir=$$($(PG_CONFIG) --pkglibdir); \
+	for f in build/madlib_mop.control build/madlib_mop--*.sql $(EXT_LIBRARY); do \
+	  case $$f in *.so) dir=$$libdir; mode=755;; *) dir=$$extdir; mode=644;; esac; \
+	  cmp -s "$$f" "$$dir/$$(basename $$f)" && continue; \
+	  if [ ! -w "$$dir" ]; then echo "cannot write $$dir: run 'sudo make install'" >&2; exit 1; fi; \
+	  install -m $$mode "$$f" "$$dir"/ && echo "installed $$(basename $$f) into $$dir"; \
 	done
 
 # ---- the embedded PostgreSQL (skipped when MADLIB_MOP_DSN names a server) --------

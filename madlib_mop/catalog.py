@@ -13,12 +13,19 @@ from typing import Any
 from madlib_mop import errors
 from madlib_mop.errors import MadlibMopError
 
-_RESOLVE = "SELECT to_regclass($1)::oid AS oid, to_regclass($1)::text AS name"
+_RESOLVE = """
+    SELECT c.oid, c.oid::regclass::text AS name, c.relkind AS kind
+    FROM (SELECT to_regclass($1) AS r) q LEFT JOIN pg_class c ON c.oid = q.r
+"""
 _COLUMNS = """
-    SELECT attname AS name, format_type(atttypid, atttypmod) AS type
-    FROM pg_attribute
-    WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped
-    ORDER BY attnum
+    SELECT a.attname AS name, format_type(a.atttypid, a.atttypmod) AS type,
+           format_type(a.atttypid, NULL) AS base_type, t.typcategory AS category,
+           e.typcategory AS element_category
+    FROM pg_attribute a
+    JOIN pg_type t ON t.oid = a.atttypid
+    LEFT JOIN pg_type e ON e.oid = t.typelem AND t.typcategory = 'A'
+    WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped
+    ORDER BY a.attnum
 """
 
 
@@ -26,6 +33,24 @@ _COLUMNS = """
 class Table:
     oid: int
     name: str  # regclass text: quoted and schema-qualified as needed, safe to put in SQL
+    kind: str = "r"  # pg_class.relkind
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: str  # with modifiers, e.g. character varying(10)
+    base_type: str  # without, e.g. character varying; real[]
+    category: str  # pg_type.typcategory: N numeric, S string, B boolean, A array, ...
+    element_category: str | None  # for arrays, the category of the elements
+
+    @property
+    def is_numeric(self) -> bool:
+        return self.category == "N"
+
+    @property
+    def is_numeric_array(self) -> bool:
+        return self.category == "A" and self.element_category == "N"
 
 
 def resolve_table(plpy: Any, name: str | None, *, argument: str = "source_table") -> Table:
@@ -43,22 +68,137 @@ def resolve_table(plpy: Any, name: str | None, *, argument: str = "source_table"
             hint="Give the name of an existing table, schema-qualified if its schema "
                  "is not on the search_path.",
         )
-    return Table(oid=int(row["oid"]), name=row["name"])
+    return Table(oid=int(row["oid"]), name=row["name"], kind=row["kind"])
 
 
-def columns(plpy: Any, table: Table) -> dict[str, str]:
-    """Column name -> SQL type, in table order."""
+def columns(plpy: Any, table: Table) -> dict[str, Column]:
+    """Column name -> Column, in table order."""
     rows = plpy.execute(plpy.prepare(_COLUMNS, ["oid"]), [table.oid])
-    return {row["name"]: row["type"] for row in rows}
+    return {row["name"]: Column(row["name"], row["type"], row["base_type"], row["category"],
+                                row["element_category"]) for row in rows}
 
 
-def column_type(plpy: Any, table: Table, column: str | None, *, argument: str) -> str:
+def column(plpy: Any, table: Table, name: str | None, *, argument: str) -> Column:
     available = columns(plpy, table)
-    if column not in available:
+    if name not in available:
         raise MadlibMopError(
-            f'{argument} "{column}" is not a column of {table.name}',
+            f'{argument} "{name}" is not a column of {table.name}',
             sqlstate=errors.UNDEFINED_COLUMN,
             detail=f"{table.name} has columns: {', '.join(available)}.",
             hint=f"Pass one of these column names as {argument} (names are case-sensitive).",
         )
-    return available[column]
+    return available[name]
+
+
+def column_type(plpy: Any, table: Table, name: str | None, *, argument: str) -> str:
+    return column(plpy, table, name, argument=argument).type
+
+
+def split_identifiers(text: str) -> list[str]:
+    """Split 'a, "B c", d' on the commas outside double quotes (a SQL column list)."""
+    pieces, current, quoted = [], [], False
+    for char in text:
+        if char == '"':
+            quoted = not quoted
+        if char == "," and not quoted:
+            pieces.append("".join(current).strip())
+            current = []
+        else:
+            current.append(char)
+    pieces.append("".join(current).strip())
+    return pieces
+
+
+def column_names(plpy: Any, text: str | None, *, argument: str) -> list[str]:
+    """Column names as SQL reads them: unquoted names fold to lower case."""
+    if text is None or not text.strip():
+        raise MadlibMopError(f"{argument} must name a column",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint=f"Pass a column name (or a comma-separated list) as {argument}.")
+    names = []
+    for piece in split_identifiers(text):
+        try:
+            parts = plpy.execute(plpy.prepare("SELECT parse_ident($1) AS p", ["text"]), [piece])[0]["p"]
+        except plpy.SPIError:
+            parts = None
+        if not parts or len(parts) != 1:
+            raise MadlibMopError(f'{argument} "{piece}" is not a column name',
+                                 sqlstate=errors.INVALID_PARAMETER_VALUE,
+                                 hint="Give column names, separated by commas; quote names "
+                                      "with capitals or spaces.")
+        names.append(parts[0])
+    return names
+
+
+@dataclass(frozen=True)
+class NewTable:
+    """A table the function is about to create, named by the user."""
+
+    schema: str
+    name: str
+    quoted: str  # "schema"."name", safe to put in SQL
+    argument: str
+
+    def sibling(self, suffix: str, plpy: Any) -> "NewTable":
+        """The table MADlib names `<output>_summary`, `<output>_info`, ... beside this one."""
+        name = self.name + suffix
+        if len(name.encode()) > 63:
+            raise MadlibMopError(
+                f'{self.argument} "{self.name}" is too long to add "{suffix}"',
+                sqlstate=errors.INVALID_PARAMETER_VALUE,
+                hint=f"Use a name of at most {63 - len(suffix.encode())} bytes.",
+            )
+        return NewTable(self.schema, name,
+                        f"{plpy.quote_ident(self.schema)}.{plpy.quote_ident(name)}", self.argument)
+
+    def exists(self, plpy: Any) -> bool:
+        row = plpy.execute(plpy.prepare("SELECT to_regclass($1) IS NOT NULL AS e", ["text"]),
+                           [self.quoted])[0]
+        return bool(row["e"])
+
+    def must_not_exist(self, plpy: Any) -> None:
+        if self.exists(plpy):
+            raise MadlibMopError(
+                f"{self.argument} {self.quoted} already exists",
+                sqlstate=errors.DUPLICATE_TABLE,
+                hint="Drop it first, or pass another name.",
+            )
+
+
+def new_table(plpy: Any, name: str | None, *, argument: str) -> NewTable:
+    """Parse a user-given table name ('t' or 'schema.t') for a table to create."""
+    if name is None or not name.strip():
+        raise MadlibMopError(f"{argument} must name a table",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint=f"Pass the new table's name as {argument}.")
+    try:
+        parts = plpy.execute(plpy.prepare(
+            "SELECT parse_ident($1) AS parts, current_schema() AS current", ["text"]), [name])[0]
+    except plpy.SPIError:
+        parts = None
+    if parts is None or len(parts["parts"]) > 2:
+        raise MadlibMopError(f'{argument} "{name}" is not a valid table name',
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint="Use name or schema.name; quote names with capitals or spaces.")
+    idents = parts["parts"]
+    schema = idents[0] if len(idents) == 2 else parts["current"]
+    if schema is None:
+        raise MadlibMopError("no schema to create the table in",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint=f"Qualify {argument} with a schema, or set search_path.")
+    table = idents[-1]
+    if len(table.encode()) > 63:
+        raise MadlibMopError(f'{argument} "{name}" is longer than 63 bytes',
+                             sqlstate=errors.INVALID_PARAMETER_VALUE, hint="Use a shorter name.")
+    return NewTable(schema, table, f"{plpy.quote_ident(schema)}.{plpy.quote_ident(table)}", argument)
+
+
+def extension_schema(plpy: Any) -> str:
+    """The quoted schema madlib_mop is installed in, for calls to its own objects."""
+    row = plpy.execute("SELECT quote_ident(extnamespace::regnamespace::text) AS s "
+                       "FROM pg_extension WHERE extname = 'madlib_mop'")
+    if not row:
+        raise MadlibMopError("the madlib_mop extension is not installed in this database",
+                             sqlstate=errors.UNDEFINED_OBJECT,
+                             hint="CREATE EXTENSION madlib_mop SCHEMA madlib_mop CASCADE;")
+    return row[0]["s"]

@@ -32,6 +32,7 @@ CONTROL = """\
 comment = 'In-database deep learning model selection by Model Hopper Parallelism, MADlib-compatible API'
 default_version = '{version}'
 requires = 'plpython3u'
+module_pathname = '$libdir/madlib_mop'
 superuser = true
 # Not relocatable once installed, but installable in any schema:
 #   CREATE SCHEMA madlib_mop; CREATE EXTENSION madlib_mop SCHEMA madlib_mop;

@@ -1,0 +1,179 @@
+"""Keras model architectures as JSON: parsed, upgraded from Keras 2, built in safe mode.
+
+MADlib users keep architectures written by tf.keras / Keras 2 (`model.to_json()`), whose
+layout differs from Keras 3's: no `module` keys, `batch_input_shape` on the first layer of a
+Sequential, and in Keras <= 2.2 a Sequential whose `config` is the bare list of layers.
+`upgrade_legacy_json` rewrites those into what Keras 3 reads; `build_model` then builds the
+model with Keras' safe deserialization after our own check, which refuses Lambda layers and
+anything that is not a built-in Keras class (no code from the database ever runs).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from madlib_mop import errors
+from madlib_mop.errors import MadlibMopError
+from madlib_mop.tf_runtime import import_tensorflow
+
+MODEL_CLASSES = {"Sequential", "Functional", "Model"}
+# Layers that run arbitrary Python, refused whatever their config says.
+CODE_LAYERS = {"Lambda", "TFOpLambda", "SlicingOpLambda"}
+
+_NOT_A_MODEL_HINT = (
+    "Pass the output of model.to_json() of a keras.Sequential or functional keras.Model."
+)
+
+
+def parse_model_json(text: Any) -> dict:
+    """The architecture as a dict in Keras 3 layout, or a clear error."""
+    if isinstance(text, dict):
+        config = copy.deepcopy(text)
+    else:
+        try:
+            config = json.loads(text)
+        except (TypeError, ValueError) as error:
+            raise MadlibMopError(
+                f"model_arch is not valid JSON: {error}",
+                sqlstate=errors.INVALID_PARAMETER_VALUE, hint=_NOT_A_MODEL_HINT,
+            ) from None
+    if not isinstance(config, dict) or config.get("class_name") not in MODEL_CLASSES \
+            or "config" not in config:
+        raise MadlibMopError(
+            "model_arch is JSON but not a Keras model",
+            sqlstate=errors.INVALID_PARAMETER_VALUE,
+            detail="A Keras model's JSON has class_name Sequential, Functional or Model "
+                   "and a config.",
+            hint=_NOT_A_MODEL_HINT,
+        )
+    _refuse_code(config)
+    if "module" not in config:
+        config = upgrade_legacy_json(config)
+    return config
+
+
+def _refuse_code(node: Any) -> None:
+    """Refuse layers that carry Python code, anywhere in the architecture."""
+    if isinstance(node, dict):
+        name = node.get("class_name")
+        if name in CODE_LAYERS:
+            raise MadlibMopError(
+                f"model_arch contains a {name} layer, which runs Python code",
+                sqlstate=errors.INVALID_PARAMETER_VALUE,
+                detail="Lambda layers are refused: loading one would run code stored in "
+                       "the database.",
+                hint="Replace the Lambda with built-in Keras layers (e.g. Rescaling, "
+                     "Reshape, Activation).",
+            )
+        for value in node.values():
+            _refuse_code(value)
+    elif isinstance(node, list):
+        for value in node:
+            _refuse_code(value)
+
+
+def upgrade_legacy_json(config: dict) -> dict:
+    """Rewrite a tf.keras / Keras 2 model config into the layout Keras 3 reads."""
+    config = copy.deepcopy(config)
+    config["module"] = "keras"
+    if config["class_name"] == "Functional":
+        # Keras 3 reads a legacy functional model under its public name.
+        config["class_name"] = "Model"
+    if config["class_name"] != "Sequential":
+        return config
+    body = config["config"]
+    if isinstance(body, list):  # Keras <= 2.2: the config is the list of layers
+        body = {"name": "sequential", "layers": body}
+    layers = list(body.get("layers") or [])
+    if layers and isinstance(layers[0], dict) and layers[0].get("class_name") != "InputLayer":
+        first = layers[0].get("config", {})
+        shape = first.pop("batch_input_shape", None)
+        if shape is None and first.get("input_dim") is not None:
+            shape = [None, first.pop("input_dim")]
+        if shape is not None:
+            layers.insert(0, {
+                "module": "keras.layers",
+                "class_name": "InputLayer",
+                "config": {"batch_shape": list(shape), "dtype": first.get("dtype", "float32"),
+                           "name": "input_layer"},
+            })
+    for layer in layers[1:]:
+        if isinstance(layer, dict):
+            layer.get("config", {}).pop("batch_input_shape", None)
+    body["layers"] = layers
+    config["config"] = body
+    return config
+
+
+def build_model(config: dict):
+    """Build the Keras model in safe mode; unknown classes are a clear error."""
+    import_tensorflow()
+    import keras
+
+    try:
+        model = keras.saving.deserialize_keras_object(config, safe_mode=True)
+    except MadlibMopError:
+        raise
+    except Exception as error:  # Keras reports bad configs with many exception types
+        message = str(error).split("\n")[0]
+        unknown = "Could not locate" in message or "Unknown layer" in message
+        raise MadlibMopError(
+            "model_arch uses a class that is not a built-in Keras class"
+            if unknown else "model_arch could not be built as a Keras model",
+            sqlstate=errors.INVALID_PARAMETER_VALUE,
+            detail=message[:500],
+            hint="Use built-in Keras layers only; custom layers and objects are not "
+                 "loaded." if unknown else _NOT_A_MODEL_HINT,
+        ) from None
+    if not isinstance(model, keras.Model):
+        raise MadlibMopError("model_arch is not a Keras model",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE, hint=_NOT_A_MODEL_HINT)
+    if not model.built:
+        raise MadlibMopError(
+            "model_arch has no input shape",
+            sqlstate=errors.INVALID_PARAMETER_VALUE,
+            hint="Give the model an input shape, e.g. keras.Input(shape=(4,)) as its first layer.",
+        )
+    return model
+
+
+def input_shape(model) -> list[int | None]:
+    """The model's input shape without the batch dimension."""
+    shape = model.input_shape
+    if isinstance(shape, list):  # several inputs
+        raise MadlibMopError(
+            "models with several inputs are not supported",
+            sqlstate=errors.FEATURE_NOT_SUPPORTED,
+            hint="Concatenate the features into one array column and use one input.",
+        )
+    return list(shape[1:])
+
+
+def check_weights(model, weights: bytes | None) -> None:
+    """Initial weights are the float32 values of get_weights(), concatenated."""
+    if weights is None:
+        return
+    expected = 4 * model.count_params()
+    if len(weights) != expected:
+        raise MadlibMopError(
+            f"model_weights has {len(weights)} bytes, the architecture needs {expected}",
+            sqlstate=errors.INVALID_PARAMETER_VALUE,
+            detail=f"The architecture has {model.count_params()} parameters; weights are "
+                   "stored as float32 (4 bytes each), concatenated in get_weights() order.",
+            hint="Pass numpy.concatenate([w.ravel() for w in model.get_weights()])"
+                 ".astype('float32').tobytes(), or NULL for a random initialisation.",
+        )
+
+
+def set_flat_weights(model, weights: bytes) -> None:
+    """Load MADlib-format weights (float32, concatenated) into the model."""
+    import numpy as np
+
+    flat = np.frombuffer(weights, dtype=np.float32)
+    arrays, offset = [], 0
+    for current in model.get_weights():
+        arrays.append(flat[offset:offset + current.size].reshape(current.shape))
+        offset += current.size
+    model.set_weights(arrays)

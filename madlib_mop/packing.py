@@ -1,0 +1,92 @@
+"""Packing rows into minibatch buffers: pure logic, no database.
+
+The preprocessor reads the source table in chunks; each chunk arrives as the output of
+the float4_pack aggregate (src/float4_pack.c), which NumPy reads without a Python loop.
+Rows are shuffled once by a seeded permutation and cut into buffers; buffer b lives on
+segment b mod S, so segments hold buffer counts that differ by at most one.
+
+A packed buffer stores its features as little-endian float32 bytes of shape
+(rows, *feature_shape) and its labels as float32 bytes of shape (rows, k): one-hot over the
+class values for classification, the targets for regression.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from madlib_mop import errors
+from madlib_mop.errors import MadlibMopError
+
+# A buffer of about this many bytes of features when the user gives no buffer_size.
+DEFAULT_BUFFER_BYTES = 4 * 1024 * 1024
+MAX_DEFAULT_BUFFER_ROWS = 10_000
+
+
+def unpack_float4(blob: bytes, rows: int) -> np.ndarray:
+    """Read the output of the float4_pack aggregate: int32 ndim, int32 dims[ndim], then
+    rows * prod(dims) float32 values (the server's byte order, i.e. this process's)."""
+    ndim = int(np.frombuffer(blob, dtype=np.int32, count=1)[0])
+    shape = tuple(int(v) for v in np.frombuffer(blob, dtype=np.int32, count=ndim, offset=4))
+    values = np.frombuffer(blob, dtype=np.float32, offset=4 * (1 + ndim))
+    if values.size != rows * math.prod(shape):
+        raise ValueError(f"float4_pack output holds {values.size} values, not {rows} x {shape}")
+    return values.reshape((rows, *shape))
+
+
+def shuffled_positions(rows: int, seed: int) -> np.ndarray:
+    """position[i] = where row i (in scan order) goes in the shuffled order."""
+    order = np.random.default_rng(seed).permutation(rows)
+    positions = np.empty(rows, dtype=np.int64)
+    positions[order] = np.arange(rows, dtype=np.int64)
+    return positions
+
+
+def default_buffer_size(rows: int, row_bytes: int, segments: int) -> int:
+    """Rows per buffer when the user gives none: about 4 MiB of features, at most 10,000
+    rows, and at least one buffer per segment."""
+    by_bytes = max(1, DEFAULT_BUFFER_BYTES // max(1, row_bytes))
+    return max(1, min(by_bytes, MAX_DEFAULT_BUFFER_ROWS, math.ceil(rows / segments)))
+
+
+@dataclass(frozen=True)
+class Buffer:
+    buffer_id: int
+    start: int  # first shuffled position
+    stop: int  # one past the last
+    segment: int
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
+
+
+def buffer_layout(rows: int, buffer_size: int, segments: int) -> list[Buffer]:
+    """Cut `rows` shuffled rows into buffers of sizes differing by at most one.
+
+    The number of buffers is ceil(rows / buffer_size), raised to `segments` so that every
+    segment gets one; rows are spread evenly (like numpy.array_split) so no buffer is a
+    small remainder.  Buffer b goes to segment b mod segments.
+    """
+    if rows < segments:
+        raise MadlibMopError(
+            f"the source has {rows} rows, fewer than the {segments} segments",
+            sqlstate=errors.INVALID_PARAMETER_VALUE,
+            hint="Use fewer segments (distribution_rules => '1') or more rows.",
+        )
+    count = max(segments, math.ceil(rows / buffer_size))
+    base, extra = divmod(rows, count)
+    layout, start = [], 0
+    for buffer_id in range(count):
+        stop = start + base + (1 if buffer_id < extra else 0)
+        layout.append(Buffer(buffer_id, start, stop, buffer_id % segments))
+        start = stop
+    return layout
+
+
+def one_hot(codes: np.ndarray, classes: int) -> np.ndarray:
+    encoded = np.zeros((codes.size, classes), dtype=np.float32)
+    encoded[np.arange(codes.size), codes] = 1.0
+    return encoded

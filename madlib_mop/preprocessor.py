@@ -1,0 +1,525 @@
+"""training_preprocessor_dl and validation_preprocessor_dl (MADlib's API).
+
+The source table is read once per memory-sized wave, in chunks of physical blocks (TID range
+scans): each chunk comes back as one row whose features are the concatenated binary form of
+the rows' real[] arrays, decoded by NumPy (no Python object per row).  Rows are placed by
+a seeded permutation (training) or in scan order (validation), cut into buffers, and
+written to a table partitioned by segment: one partition per segment.
+
+Packed table (MADlib 1.18+ column names, plus the segment key):
+    __dist_key__ int        segment of the buffer (the partition key)
+    <x> bytea               float32 features, shape <x>_shape = {rows, *feature_shape}
+    <y> bytea               int16 one-hot labels (classification) or float32 targets
+    <x>_shape, <y>_shape    integer[]
+    buffer_id int
+<x> is the feature column's name, or `independent_var` when several scalar columns are
+packed into one feature vector; <y> is the label column's name.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from madlib_mop import catalog, errors, packing
+from madlib_mop.errors import MadlibMopError
+
+INTEGER_TYPES = {"smallint", "integer", "bigint"}
+PACKABLE_ARRAYS = {"real[]", "double precision[]", "smallint[]", "integer[]", "bigint[]"}
+MULTI_COLUMN_FEATURES = "independent_var"
+CHUNK_BYTES = 32 * 1024 * 1024
+DEFAULT_MEMORY_MB = 1024
+SEGMENTS_SETTING = "madlib_mop.segments"
+MEMORY_SETTING = "madlib_mop.preprocessor_memory_mb"
+
+
+@dataclass
+class Features:
+    names: list[str]
+    expression: str  # SQL giving one real[] per row
+    packed_column: str
+
+
+@dataclass
+class Label:
+    name: str
+    base_type: str
+    classification: bool
+    expression: str  # SQL: the native value (classes) or a real[] (targets)
+    class_values: list = field(default_factory=list)
+
+
+# ---- settings ---------------------------------------------------------------------------
+
+def _setting(plpy: Any, name: str) -> str | None:
+    row = plpy.execute(plpy.prepare("SELECT current_setting($1, true) AS v", ["text"]), [name])[0]
+    return row["v"] or None
+
+
+def _positive_int_setting(plpy: Any, name: str) -> int | None:
+    value = _setting(plpy, name)
+    if value is None:
+        return None
+    if not value.strip().isdigit() or int(value) < 1:
+        raise MadlibMopError(f"setting {name} = '{value}' is not a positive integer",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint=f"SET {name} = 2 (or RESET {name}).")
+    return int(value)
+
+
+def segment_count(plpy: Any, distribution_rules: str | None) -> int:
+    """S from distribution_rules: NULL/'all_segments' -> the setting madlib_mop.segments,
+    else the server's CPU count; or a positive number of segments."""
+    rules = (distribution_rules or "all_segments").strip().lower()
+    if rules == "all_segments":
+        return _positive_int_setting(plpy, SEGMENTS_SETTING) or os.cpu_count() or 1
+    if rules.isdigit() and int(rules) >= 1:
+        return int(rules)
+    if rules == "gpu_segments":
+        raise MadlibMopError("distribution_rules 'gpu_segments' is not supported",
+                             sqlstate=errors.FEATURE_NOT_SUPPORTED,
+                             hint="Use 'all_segments' or a number of segments, e.g. '4'.")
+    raise MadlibMopError(f"distribution_rules '{distribution_rules}' is not understood",
+                         sqlstate=errors.INVALID_PARAMETER_VALUE,
+                         hint="Use NULL or 'all_segments' (one segment per CPU, or the setting "
+                              f"{SEGMENTS_SETTING}), or a number of segments such as '4'.")
+
+
+# ---- argument checks ----------------------------------------------------------------------
+
+def _features(plpy: Any, table: catalog.Table, independent_varname: str) -> Features:
+    names = catalog.column_names(plpy, independent_varname, argument="independent_varname")
+    columns = [catalog.column(plpy, table, name, argument="independent_varname") for name in names]
+    if len(columns) == 1 and columns[0].is_numeric_array:
+        quoted = plpy.quote_ident(names[0])
+        # float4_pack reads real, double precision and integer arrays as they are.
+        cast = "" if columns[0].base_type in PACKABLE_ARRAYS else "::double precision[]"
+        return Features(names, f"{quoted}{cast}", names[0])
+    if all(column.is_numeric for column in columns):
+        quoted = ", ".join(f"{plpy.quote_ident(n)}::double precision" for n in names)
+        return Features(names, f"ARRAY[{quoted}]", MULTI_COLUMN_FEATURES)
+    wrong = [c for c in columns if not (c.is_numeric or c.is_numeric_array)] or columns
+    raise MadlibMopError(
+        f'independent_varname "{wrong[0].name}" has type {wrong[0].type}, which is not numeric',
+        sqlstate=errors.DATATYPE_MISMATCH,
+        detail="Features are one numeric array column (of any shape) or several numeric columns.",
+        hint="Pass an array column such as real[] or double precision[], or a list of numeric "
+             "columns, e.g. 'sepal_length, sepal_width'.",
+    )
+
+
+def _label(plpy: Any, table: catalog.Table, dependent_varname: str) -> Label:
+    names = catalog.column_names(plpy, dependent_varname, argument="dependent_varname")
+    if len(names) != 1:
+        raise MadlibMopError("dependent_varname must be one column",
+                             sqlstate=errors.FEATURE_NOT_SUPPORTED,
+                             hint="Models with several outputs are not supported.")
+    column = catalog.column(plpy, table, names[0], argument="dependent_varname")
+    quoted = plpy.quote_ident(column.name)
+    if column.category in ("S", "B") or column.base_type in INTEGER_TYPES:
+        return Label(column.name, column.base_type, True, quoted)
+    if column.is_numeric:
+        return Label(column.name, column.base_type, False, f"ARRAY[{quoted}::double precision]")
+    if column.is_numeric_array:
+        cast = "" if column.base_type in PACKABLE_ARRAYS else "::double precision[]"
+        return Label(column.name, column.base_type, False, f"{quoted}{cast}")
+    raise MadlibMopError(
+        f'dependent_varname "{column.name}" has type {column.type}',
+        sqlstate=errors.DATATYPE_MISMATCH,
+        detail="Labels are classes (text, integer or boolean) or numeric targets (real, "
+               "double precision, numeric, or arrays of them) for regression.",
+        hint="Cast the label in a view, e.g. label::text.",
+    )
+
+
+def _check_positive(value: Any, argument: str, allow_null: bool = True) -> None:
+    if value is None and allow_null:
+        return
+    if value is None or not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise MadlibMopError(f"{argument} must be a positive number, not {value}",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint=f"Pass a positive {argument}" + (" or NULL." if allow_null else "."))
+
+
+# ---- reading --------------------------------------------------------------------------------
+
+class SourceReader:
+    """Reads (features, labels) of every row in a fixed scan order, chunk by chunk.
+
+    A chunk is a range of physical blocks (a TID range scan); the aggregate float4_pack
+    (src/float4_pack.c) turns its rows' arrays into one float32 buffer inside the server.
+    Sources without blocks of their own (views, partitioned or foreign tables) are first
+    copied into a temporary table.
+    """
+
+    def __init__(self, plpy: Any, table: catalog.Table, features: Features, label: Label):
+        self.plpy = plpy
+        self.source = table
+        self.label = label
+        schema = catalog.extension_schema(plpy)
+        x, y = features.expression, label.expression
+        if table.kind not in ("r", "m"):
+            scratch = plpy.quote_ident(f"madlib_mop_source_{table.oid}")
+            if plpy.execute(f"SELECT to_regclass('pg_temp.{scratch}') IS NOT NULL AS e")[0]["e"]:
+                plpy.execute(f"DROP TABLE pg_temp.{scratch}")
+            plpy.execute(f"CREATE TEMP TABLE {scratch} AS SELECT {x} AS x, {y} AS y "
+                         f"FROM {table.name}")
+            self.scan_table = catalog.resolve_table(plpy, f"pg_temp.{scratch}")
+            x, y = "x", "y"
+        else:
+            self.scan_table = table
+        label_sql = (f"array_agg({y}) AS y, count(*) FILTER (WHERE {y} IS NULL) AS null_labels"
+                     if label.classification else f"{schema}.float4_pack({y}) AS y, 0 AS null_labels")
+        self.chunk_plan = plpy.prepare(
+            f"SELECT count(*) AS n, {schema}.float4_pack({x}) AS x, {label_sql} "
+            f"FROM {self.scan_table.name} WHERE ctid >= $1::tid AND ctid < $2::tid",
+            ["text", "text"])
+
+    def chunks(self):
+        """Yield (features float32 (n, *shape), labels: list, or float32 (n, k)) per chunk."""
+        blocks = self.plpy.execute(self.plpy.prepare(
+            "SELECT pg_relation_size($1::oid) / current_setting('block_size')::bigint AS b",
+            ["oid"]), [self.scan_table.oid])[0]["b"]
+        step = max(1, CHUNK_BYTES // 8192)
+        for first in range(0, int(blocks), step):
+            try:
+                row = self.plpy.execute(self.chunk_plan, [f"({first},0)", f"({first + step},0)"])[0]
+            except self.plpy.SPIError as error:
+                raise _source_error(error, self.source) from None
+            if row["n"] == 0:
+                continue
+            if row["null_labels"]:
+                raise MadlibMopError(
+                    f"{self.source.name} has rows with a NULL label",
+                    sqlstate=errors.NULL_VALUE_NOT_ALLOWED,
+                    hint="Remove those rows or give them a label.")
+            features = packing.unpack_float4(row["x"], row["n"])
+            labels = (row["y"] if self.label.classification
+                      else packing.unpack_float4(row["y"], row["n"]).reshape(row["n"], -1))
+            yield features, labels
+
+    def ragged(self, first: tuple, other: tuple) -> MadlibMopError:
+        return MadlibMopError(
+            f"the feature arrays of {self.source.name} differ in shape",
+            sqlstate=errors.DATA_EXCEPTION, detail=f"Found shapes {list(first)} and {list(other)}.",
+            hint="Every row needs a feature array of the same shape.")
+
+
+def _source_error(error: Any, table: catalog.Table) -> Exception:
+    """float4_pack's errors (NULL, shape, NaN, type) restated with the table's name."""
+    sqlstate = getattr(error, "sqlstate", None)
+    message = str(error.args[0]) if error.args else str(error)
+    if sqlstate not in ("22004", "22000", "22003", "42804") or "madlib_mop:" not in message:
+        return error
+    spidata = getattr(error, "spidata", None) or ()
+    detail = spidata[1] if len(spidata) > 1 else None
+    hint = spidata[2] if len(spidata) > 2 else None
+    return MadlibMopError(f"{table.name}: {message.split('madlib_mop: ', 1)[1]}",
+                          sqlstate=sqlstate, detail=detail, hint=hint)
+
+
+# ---- the two functions --------------------------------------------------------------------
+
+def training_preprocessor_dl(plpy: Any, source_table: str, output_table: str,
+                             dependent_varname: str, independent_varname: str,
+                             buffer_size: int | None = None, normalizing_const: float | None = 1.0,
+                             num_classes: list[int] | None = None,
+                             distribution_rules: str | None = None, seed: int | None = 0) -> None:
+    _preprocess(plpy, "training_preprocessor_dl", source_table, output_table, dependent_varname,
+                independent_varname, buffer_size, normalizing_const, num_classes,
+                distribution_rules, seed=0 if seed is None else seed, training=None)
+
+
+def validation_preprocessor_dl(plpy: Any, source_table: str, output_table: str,
+                               dependent_varname: str, independent_varname: str,
+                               training_preprocessor_table: str, buffer_size: int | None = None,
+                               distribution_rules: str | None = None) -> None:
+    training = read_summary(plpy, training_preprocessor_table,
+                            argument="training_preprocessor_table")
+    _preprocess(plpy, "validation_preprocessor_dl", source_table, output_table, dependent_varname,
+                independent_varname, buffer_size, training["normalizing_const"],
+                training["num_classes"], distribution_rules, seed=None, training=training)
+
+
+def read_summary(plpy: Any, packed_table: str, *, argument: str) -> dict:
+    """The `<packed>_summary` row of a table made by training_preprocessor_dl."""
+    table = catalog.resolve_table(plpy, packed_table, argument=argument)
+    summary_name = plpy.execute(plpy.prepare(
+        "SELECT to_regclass(format('%I.%I', n.nspname, c.relname || '_summary'))::text AS s "
+        "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1",
+        ["oid"]), [table.oid])[0]["s"]
+    hint = f"Create {table.name} with training_preprocessor_dl()."
+    if summary_name is None:
+        raise MadlibMopError(f"{argument} {table.name} has no summary table",
+                             sqlstate=errors.UNDEFINED_TABLE, hint=hint)
+    rows = plpy.execute(f"SELECT * FROM {summary_name}")
+    needed = {"normalizing_const", "num_classes", "dependent_varname", "label_kind",
+              "feature_shape", "num_segments"}
+    if len(rows) != 1 or not needed <= set(rows[0].keys()):
+        raise MadlibMopError(f"{summary_name} is not a summary made by training_preprocessor_dl",
+                             sqlstate=errors.DATA_EXCEPTION, hint=hint)
+    summary = dict(rows[0])
+    summary["packed_table"] = table.name
+    class_column = f"{summary['dependent_varname'][0]}_class_values"
+    values = list(summary.get(class_column) or [])
+    while values and values[-1] is None:  # padding up to num_classes
+        values.pop()
+    summary["class_values"] = values
+    return summary
+
+
+def packed_columns(summary: dict) -> tuple[str, str]:
+    """(feature column, label column) of a packed table, from its summary."""
+    names = summary["independent_varname"]
+    return (names[0] if len(names) == 1 else MULTI_COLUMN_FEATURES), summary["dependent_varname"][0]
+
+
+def _preprocess(plpy, module, source_table, output_table, dependent_varname, independent_varname,
+                buffer_size, normalizing_const, num_classes, distribution_rules, seed, training):
+    started = time.perf_counter()
+    table = catalog.resolve_table(plpy, source_table)
+    out = catalog.new_table(plpy, output_table, argument="output_table")
+    summary_table = out.sibling("_summary", plpy)
+    out.must_not_exist(plpy)
+    summary_table.must_not_exist(plpy)
+    features = _features(plpy, table, independent_varname)
+    label = _label(plpy, table, dependent_varname)
+    _check_positive(buffer_size, "buffer_size")
+    _check_positive(normalizing_const, "normalizing_const")
+    if normalizing_const is None:
+        normalizing_const = 1.0
+    if training is None:
+        segments = segment_count(plpy, distribution_rules)
+    else:
+        segments = (segment_count(plpy, distribution_rules) if distribution_rules is not None
+                    else int(training["num_segments"]))
+    columns = {features.packed_column, label.name, f"{features.packed_column}_shape",
+               f"{label.name}_shape", "buffer_id", "__dist_key__"}
+    if len(columns) != 6:
+        raise MadlibMopError("the feature and label columns' names collide in the packed table",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint="Rename the columns in a view (not buffer_id or __dist_key__, "
+                                  "and not the same column twice).")
+
+    rows = plpy.execute(f"SELECT count(*) AS n FROM {table.name}")[0]["n"]
+    if rows == 0:
+        raise MadlibMopError(f"source_table {table.name} is empty",
+                             sqlstate=errors.DATA_EXCEPTION, hint="Load rows into it first.")
+
+    if label.classification:
+        label.class_values = _class_values(plpy, table, label, training)
+        classes = _class_count(label.class_values, num_classes, training)
+    else:
+        if training is not None and training["label_kind"] != "regression":
+            raise MadlibMopError(
+                f"dependent_varname {label.name} holds numeric targets but "
+                f"{training['packed_table']} was packed for classification",
+                sqlstate=errors.DATATYPE_MISMATCH,
+                hint="Use a label column of the same kind as the training data's.")
+        classes = None
+
+    reader = SourceReader(plpy, table, features, label)
+    layout = None
+    positions = (packing.shuffled_positions(rows, seed) if training is None
+                 else np.arange(rows, dtype=np.int64))
+    feature_shape = None
+    budget = (_positive_int_setting(plpy, MEMORY_SETTING) or DEFAULT_MEMORY_MB) * 1024 * 1024
+    class_index = {value: i for i, value in enumerate(label.class_values)}
+
+    wave_start, written = 0, 0
+    insert = None
+    while wave_start < rows:
+        wave_rows, wave_x, wave_y, seen = None, None, None, 0
+        for chunk_x, chunk_y in reader.chunks():
+            n = chunk_x.shape[0]
+            if feature_shape is None:
+                feature_shape = tuple(chunk_x.shape[1:])
+                row_bytes = 4 * math.prod(feature_shape)
+                if training is not None and list(feature_shape) != list(training["feature_shape"]):
+                    raise MadlibMopError(
+                        f"the features of {table.name} have shape {list(feature_shape)}, "
+                        f"the training data's {list(training['feature_shape'])}",
+                        sqlstate=errors.DATATYPE_MISMATCH,
+                        hint="Validation rows need the same feature shape as the training rows.")
+                if buffer_size is None:
+                    buffer_size = packing.default_buffer_size(rows, row_bytes, segments)
+                layout = packing.buffer_layout(rows, buffer_size, segments)
+                wave_rows = max(int(buffer_size), budget // max(1, row_bytes))
+                insert = _create_output(plpy, out, features, label, segments)
+            elif tuple(chunk_x.shape[1:]) != feature_shape:
+                raise reader.ragged(feature_shape, chunk_x.shape[1:])
+            if wave_x is None:
+                # The wave ends on a buffer boundary so that buffers are written whole.
+                wave_stop = _wave_stop(layout, wave_start, wave_rows)
+                wave_x = np.empty((wave_stop - wave_start, *feature_shape), dtype=np.float32)
+                wave_y = (np.empty(wave_stop - wave_start, dtype=np.int64) if label.classification
+                          else np.empty((wave_stop - wave_start, chunk_y.shape[1]), dtype=np.float32))
+            where = positions[seen: seen + n]
+            mask = (where >= wave_start) & (where < wave_stop)
+            wave_x[where[mask] - wave_start] = chunk_x[mask]
+            if label.classification:
+                codes = _encode(chunk_y, class_index, table, label)
+                wave_y[where[mask] - wave_start] = codes[mask]
+            else:
+                wave_y[where[mask] - wave_start] = chunk_y[mask]
+            seen += n
+        if seen != rows:
+            raise MadlibMopError(f"{table.name} changed while it was being packed",
+                                 sqlstate=errors.DATA_EXCEPTION,
+                                 detail=f"Counted {rows} rows, then read {seen}.",
+                                 hint="Pack a table that is not being written to.")
+        for buffer in layout:
+            if wave_start <= buffer.start < wave_stop:
+                x = wave_x[buffer.start - wave_start: buffer.stop - wave_start]
+                y = wave_y[buffer.start - wave_start: buffer.stop - wave_start]
+                if normalizing_const != 1.0:
+                    x = x / np.float32(normalizing_const)
+                y = packing.one_hot(y, classes).astype("<i2") if label.classification else y
+                plpy.execute(insert, [x.astype("<f4").tobytes(), y.tobytes(),
+                                      [buffer.rows, *feature_shape], list(y.shape),
+                                      buffer.buffer_id, buffer.segment])
+                written += 1
+        wave_start = wave_stop
+
+    _write_summary(plpy, summary_table, source_table, output_table, label, features, buffer_size,
+                   normalizing_const, classes, distribution_rules, segments, rows, layout,
+                   feature_shape, seed)
+    plpy.notice(f"{module}: packed {rows} rows of {table.name} into {written} buffers on "
+                f"{segments} segments in {out.quoted} ({time.perf_counter() - started:.1f}s)")
+
+
+def _wave_stop(layout: list, wave_start: int, wave_rows: int) -> int:
+    """The end of the wave that starts at `wave_start`: whole buffers, at most `wave_rows`
+    rows unless one buffer alone is larger."""
+    stop = wave_start
+    for buffer in layout:
+        if buffer.start < wave_start:
+            continue
+        if stop > wave_start and buffer.stop - wave_start > wave_rows:
+            break
+        stop = buffer.stop
+    return stop
+
+
+def _class_values(plpy, table, label, training) -> list:
+    # Byte order for text classes, so the order does not depend on the database's collation.
+    order = "v COLLATE \"C\"" if label.base_type in ("text", "character varying", "character") else "v"
+    found = [row["v"] for row in plpy.execute(
+        f"SELECT v FROM (SELECT DISTINCT {label.expression} AS v FROM {table.name}) d "
+        f"WHERE v IS NOT NULL ORDER BY {order}")]
+    if training is None:
+        return found
+    if training["label_kind"] != "classification":
+        raise MadlibMopError(
+            f"dependent_varname {label.name} holds classes but {training['packed_table']} "
+            "was packed for regression",
+            sqlstate=errors.DATATYPE_MISMATCH,
+            hint="Use a label column of the same kind as the training data's.")
+    known = training["class_values"]
+    as_text = {str(v) for v in known}
+    unknown = [v for v in found if v not in known and str(v) not in as_text]
+    if unknown:
+        raise MadlibMopError(
+            f"{table.name} has labels that the training data does not have: "
+            + ", ".join(repr(v) for v in unknown[:5]) + (" ..." if len(unknown) > 5 else ""),
+            sqlstate=errors.INVALID_PARAMETER_VALUE,
+            detail="Training classes: " + ", ".join(repr(v) for v in known[:20]) + ".",
+            hint="Remove those rows, or pack training data that has every class.")
+    # Validation labels are encoded in the training's class order, typed like the source's.
+    by_text = {str(v): v for v in found}
+    return [by_text.get(str(v), v) for v in known]
+
+
+def _class_count(class_values: list, num_classes: list | None, training: dict | None) -> int:
+    if training is not None:
+        return int(training["num_classes"][0])
+    if num_classes is None:
+        return len(class_values)
+    if len(num_classes) != 1 or num_classes[0] is None:
+        raise MadlibMopError("num_classes must be an array of one number, e.g. ARRAY[10]",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint="Models with several outputs are not supported.")
+    if num_classes[0] < len(class_values):
+        raise MadlibMopError(
+            f"num_classes {num_classes[0]} is less than the {len(class_values)} classes found",
+            sqlstate=errors.INVALID_PARAMETER_VALUE,
+            hint=f"Pass NULL or ARRAY[n] with n >= {len(class_values)}.")
+    return int(num_classes[0])
+
+
+def _encode(values: list, class_index: dict, table, label) -> np.ndarray:
+    try:
+        return np.fromiter((class_index[v] for v in values), dtype=np.int64, count=len(values))
+    except KeyError as error:  # a row was added after the class values were read
+        raise MadlibMopError(f"{table.name} changed while it was being packed: label "
+                             f"{error.args[0]!r} appeared",
+                             sqlstate=errors.DATA_EXCEPTION,
+                             hint="Pack a table that is not being written to.") from None
+
+
+def _create_output(plpy, out, features, label, segments):
+    q = plpy.quote_ident
+    x, y = q(features.packed_column), q(label.name)
+    xs, ys = q(features.packed_column + "_shape"), q(label.name + "_shape")
+    plpy.execute(f"""
+        CREATE TABLE {out.quoted} (
+            __dist_key__ integer NOT NULL,
+            {x} bytea NOT NULL,
+            {y} bytea NOT NULL,
+            {xs} integer[] NOT NULL,
+            {ys} integer[] NOT NULL,
+            buffer_id integer NOT NULL,
+            PRIMARY KEY (__dist_key__, buffer_id)
+        ) PARTITION BY LIST (__dist_key__)""")
+    for segment in range(segments):
+        part = out.sibling(f"_seg{segment}", plpy)
+        part.must_not_exist(plpy)
+        plpy.execute(f"CREATE TABLE {part.quoted} PARTITION OF {out.quoted} FOR VALUES IN ({segment})")
+        # Float bytes do not compress: store them out of line without trying.
+        plpy.execute(f"ALTER TABLE {part.quoted} ALTER COLUMN {x} SET STORAGE EXTERNAL")
+    return plpy.prepare(
+        f"INSERT INTO {out.quoted} ({x}, {y}, {xs}, {ys}, buffer_id, __dist_key__) "
+        "VALUES ($1, $2, $3, $4, $5, $6)",
+        ["bytea", "bytea", "integer[]", "integer[]", "integer", "integer"])
+
+
+def _write_summary(plpy, summary_table, source_table, output_table, label, features, buffer_size,
+                   normalizing_const, classes, distribution_rules, segments, rows, layout,
+                   feature_shape, seed):
+    q = plpy.quote_ident
+    class_column = q(f"{label.name}_class_values")
+    class_type = f"{label.base_type}[]" if label.classification else "text[]"
+    rows_per_segment = [0] * segments
+    buffers_per_segment = [0] * segments
+    for buffer in layout:
+        rows_per_segment[buffer.segment] += buffer.rows
+        buffers_per_segment[buffer.segment] += 1
+    class_values = (list(label.class_values) + [None] * (classes - len(label.class_values))
+                    if label.classification else None)
+    plpy.execute(f"""
+        CREATE TABLE {summary_table.quoted} (
+            source_table text, output_table text,
+            dependent_varname text[], independent_varname text[], dependent_vartype text[],
+            {class_column} {class_type},
+            buffer_size integer, normalizing_const real, num_classes integer[],
+            distribution_rules text, __internal_gpu_config__ text,
+            num_segments integer, num_rows bigint, rows_per_segment bigint[],
+            buffers_per_segment integer[], feature_shape integer[], label_kind text,
+            shuffle_seed integer)""")
+    plan = plpy.prepare(
+        f"INSERT INTO {summary_table.quoted} VALUES "
+        "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'all_segments', $11, $12, $13, $14, $15, $16, $17)",
+        ["text", "text", "text[]", "text[]", "text[]", class_type, "integer", "real", "integer[]",
+         "text", "integer", "bigint", "bigint[]", "integer[]", "integer[]", "text", "integer"])
+    plpy.execute(plan, [
+        source_table, output_table, [label.name], features.names, [label.base_type], class_values,
+        int(max(b.rows for b in layout)), float(normalizing_const),
+        [classes] if classes is not None else None,
+        (distribution_rules or "all_segments"), segments, rows, rows_per_segment,
+        buffers_per_segment, list(feature_shape),
+        "classification" if label.classification else "regression", seed])

@@ -1,0 +1,125 @@
+"""Usage texts, returned when a function is called with no argument or 'help' (MADlib's way)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from madlib_mop import errors
+from madlib_mop.errors import MadlibMopError
+
+TEXTS = {
+    "training_preprocessor_dl": """
+training_preprocessor_dl: shuffle a table once and pack it into minibatch buffers, spread
+evenly over segments (one partition per segment), for madlib_keras_fit_multiple_model.
+
+SELECT training_preprocessor_dl(
+    source_table        varchar,   -- table or view with the training rows
+    output_table        varchar,   -- packed table to create (and <output_table>_summary)
+    dependent_varname   varchar,   -- label column: text, integer or boolean classes, or
+                                   --   real/double precision/numeric (arrays) for regression
+    independent_varname varchar,   -- one numeric array column of any shape, or a
+                                   --   comma-separated list of numeric columns
+    buffer_size         integer   DEFAULT NULL,  -- rows per buffer (NULL: about 4 MiB)
+    normalizing_const   real      DEFAULT 1.0,   -- features are divided by it
+    num_classes         integer[] DEFAULT NULL,  -- e.g. ARRAY[10]; NULL: the classes found
+    distribution_rules  text      DEFAULT NULL,  -- NULL/'all_segments': setting
+                                                 --   madlib_mop.segments, else one per CPU;
+                                                 --   or a number of segments, e.g. '4'
+    seed                integer   DEFAULT 0      -- the shuffle's seed
+);
+
+Output table: __dist_key__ (segment), <features> bytea (float32), <label> bytea (int16
+one-hot, or float32 targets), <features>_shape, <label>_shape integer[], buffer_id.
+Summary: source_table, output_table, dependent_varname, independent_varname,
+dependent_vartype, <label>_class_values, buffer_size, normalizing_const, num_classes,
+distribution_rules, __internal_gpu_config__, num_segments, num_rows, rows_per_segment,
+buffers_per_segment, feature_shape, label_kind, shuffle_seed.
+""",
+    "validation_preprocessor_dl": """
+validation_preprocessor_dl: pack validation rows like a training table, with its class
+values, normalizing constant and segments (rows are not shuffled).
+
+SELECT validation_preprocessor_dl(
+    source_table                varchar,  -- table or view with the validation rows
+    output_table                varchar,  -- packed table to create (and _summary)
+    dependent_varname           varchar,  -- label column
+    independent_varname         varchar,  -- feature column(s), same shape as training
+    training_preprocessor_table varchar,  -- output_table of training_preprocessor_dl
+    buffer_size                 integer DEFAULT NULL,
+    distribution_rules          text    DEFAULT NULL   -- NULL: the training table's segments
+);
+Labels must all be classes of the training table.
+""",
+    "load_keras_model": """
+load_keras_model: add a Keras architecture (and optional initial weights) to a model
+architecture table, created if missing.
+
+SELECT load_keras_model(
+    keras_model_arch_table varchar,  -- model_id, model_arch, model_weights, name,
+                                     --   description, __internal_madlib_id__
+    model_arch             json,     -- model.to_json(): Keras 3, or tf.keras / Keras 2
+    model_weights          bytea DEFAULT NULL,  -- float32 get_weights(), concatenated
+    name                   text  DEFAULT NULL,
+    description            text  DEFAULT NULL
+);
+The architecture is built in Keras' safe mode: Lambda layers and custom classes are refused.
+Returns nothing; a NOTICE names the new model_id.
+""",
+    "delete_keras_model": """
+delete_keras_model: remove one architecture from a model architecture table (the table
+is dropped when it becomes empty).
+
+SELECT delete_keras_model(
+    keras_model_arch_table varchar,
+    model_id               integer
+);
+""",
+    "generate_model_configs": """
+generate_model_configs: fill a model selection table with configurations from grids.
+
+SELECT generate_model_configs(
+    model_arch_table      varchar,   -- made by load_keras_model
+    model_selection_table varchar,   -- created, or appended to (mst_key continues)
+    model_id_list         integer[],
+    compile_params_grid   varchar,   -- e.g. $${'loss': ['categorical_crossentropy'],
+                                     --   'optimizer_params_list': [{'optimizer': ['Adam'],
+                                     --   'lr': [0.001, 0.01]}], 'metrics': ['accuracy']}$$
+    fit_params_grid       varchar,   -- e.g. $${'batch_size': [32, 64], 'epochs': [1]}$$
+    search_type           varchar DEFAULT 'grid',  -- 'grid' or 'random'
+    num_configs           integer DEFAULT NULL,    -- random search: how many
+    random_state          integer DEFAULT NULL,    -- random search: seed
+    object_table          varchar DEFAULT NULL     -- custom objects: not supported
+);
+Grids are Python dict literals or JSON; every value is a list of choices.  Random search
+also takes [low, high, 'linear' | 'log' | 'log_near_one'].  A metrics choice may be a
+list of several metrics, e.g. 'metrics': [['accuracy', 'top_k_categorical_accuracy']].
+Output: mst_key, model_id, compile_params, fit_params; summary: model_arch_table,
+object_table.
+""",
+    "load_model_selection_table": """
+load_model_selection_table: create a model selection table from explicit lists.
+
+SELECT load_model_selection_table(
+    model_arch_table      varchar,
+    model_selection_table varchar,     -- must not exist
+    model_id_list         integer[],
+    compile_params_list   varchar[],   -- e.g. ARRAY[$$loss='categorical_crossentropy',
+                                       --   optimizer='Adam(lr=0.01)',metrics=['accuracy']$$]
+    fit_params_list       varchar[],   -- e.g. ARRAY['batch_size=32,epochs=1']
+    object_table          varchar DEFAULT NULL
+);
+The table holds every combination model_id x compile params x fit params.
+""",
+}
+
+HELP_WORDS = {"", "help", "usage", "?"}
+
+
+def usage(plpy: Any, function_name: str, message: str | None) -> str:
+    if function_name not in TEXTS:
+        raise MadlibMopError(f"no usage text for {function_name}",
+                             sqlstate=errors.UNDEFINED_OBJECT,
+                             hint="Functions with usage: " + ", ".join(sorted(TEXTS)) + ".")
+    if (message or "").strip().lower() not in HELP_WORDS:
+        return f'No such option. Use "SELECT {function_name}(\'help\')" for help.'
+    return TEXTS[function_name].strip() + "\n"
