@@ -1,0 +1,207 @@
+"""Model catalogs with MADlib's API: architectures (load_keras_model, delete_keras_model) and
+model selection tables (generate_model_configs, load_model_selection_table)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from madlib_mop import catalog, errors, keras_json, model_config
+from madlib_mop.errors import MadlibMopError
+
+ARCH_COLUMNS = ("model_id", "model_arch", "model_weights", "name", "description",
+                "__internal_madlib_id__")
+MST_COLUMNS = ("mst_key", "model_id", "compile_params", "fit_params")
+
+
+# ---- model architecture table ---------------------------------------------------------------
+
+def _check_columns(plpy: Any, table: catalog.Table, expected: tuple, argument: str,
+                   made_by: str) -> None:
+    missing = [c for c in expected if c not in catalog.columns(plpy, table)]
+    if missing:
+        raise MadlibMopError(
+            f"{argument} {table.name} is not a table made by {made_by}",
+            sqlstate=errors.UNDEFINED_COLUMN, detail="Missing columns: " + ", ".join(missing) + ".",
+            hint=f"Pass a table made by {made_by}, or a new name.")
+
+
+def load_keras_model(plpy: Any, keras_model_arch_table: str, model_arch: str | None,
+                     model_weights: bytes | None = None, name: str | None = None,
+                     description: str | None = None) -> None:
+    if model_arch is None:
+        raise MadlibMopError("model_arch is NULL", sqlstate=errors.NULL_VALUE_NOT_ALLOWED,
+                             hint="Pass model.to_json() of a Keras model.")
+    model = keras_json.build_model(keras_json.parse_model_json(model_arch))
+    keras_json.check_weights(model, model_weights)
+
+    target = catalog.new_table(plpy, keras_model_arch_table, argument="keras_model_arch_table")
+    if target.exists(plpy):
+        table = catalog.resolve_table(plpy, target.quoted, argument="keras_model_arch_table")
+        _check_columns(plpy, table, ARCH_COLUMNS, "keras_model_arch_table", "load_keras_model")
+        quoted = table.name
+    else:
+        plpy.execute(f"""
+            CREATE TABLE {target.quoted} (
+                model_id serial PRIMARY KEY,
+                model_arch json NOT NULL,
+                model_weights bytea,
+                name text,
+                description text,
+                __internal_madlib_id__ text
+            )""")
+        plpy.notice(f"load_keras_model: created model architecture table {target.quoted}")
+        quoted = target.quoted
+    row = plpy.execute(plpy.prepare(
+        f"INSERT INTO {quoted} (model_arch, model_weights, name, description, __internal_madlib_id__) "
+        "VALUES ($1::json, $2, $3, $4, md5(random()::text || clock_timestamp()::text)) "
+        "RETURNING model_id", ["text", "bytea", "text", "text"]),
+        [model_arch, model_weights, name, description])[0]
+    plpy.notice(
+        f"load_keras_model: added model_id {row['model_id']} to {quoted} "
+        f"({model.count_params()} parameters, input shape {keras_json.input_shape(model)}"
+        + (", with initial weights" if model_weights is not None else "") + ")")
+
+
+def delete_keras_model(plpy: Any, keras_model_arch_table: str, model_id: int | None) -> None:
+    table = catalog.resolve_table(plpy, keras_model_arch_table, argument="keras_model_arch_table")
+    _check_columns(plpy, table, ARCH_COLUMNS, "keras_model_arch_table", "load_keras_model")
+    deleted = plpy.execute(plpy.prepare(
+        f"DELETE FROM {table.name} WHERE model_id = $1 RETURNING model_id", ["integer"]), [model_id])
+    if not deleted:
+        raise MadlibMopError(f"model_id {model_id} is not in {table.name}",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint=f"SELECT model_id, name FROM {table.name}; lists the models.")
+    plpy.notice(f"delete_keras_model: deleted model_id {model_id} from {table.name}")
+    if plpy.execute(f"SELECT NOT EXISTS (SELECT 1 FROM {table.name}) AS empty")[0]["empty"]:
+        plpy.execute(f"DROP TABLE {table.name}")
+        plpy.notice(f"delete_keras_model: dropped {table.name}, which is now empty")
+
+
+# ---- model selection table ------------------------------------------------------------------
+
+def _arch_table_with_ids(plpy: Any, model_arch_table: str, model_id_list: list | None):
+    table = catalog.resolve_table(plpy, model_arch_table, argument="model_arch_table")
+    _check_columns(plpy, table, ARCH_COLUMNS, "model_arch_table", "load_keras_model")
+    if not model_id_list or any(m is None for m in model_id_list):
+        raise MadlibMopError("model_id_list must list one or more model ids",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint=f"e.g. ARRAY[1, 2]; SELECT model_id FROM {table.name}; lists them.")
+    ids = sorted(set(int(m) for m in model_id_list))
+    found = {r["model_id"] for r in plpy.execute(plpy.prepare(
+        f"SELECT model_id FROM {table.name} WHERE model_id = ANY($1)", ["integer[]"]), [ids])}
+    missing = [m for m in ids if m not in found]
+    if missing:
+        raise MadlibMopError(
+            f"model_id {', '.join(map(str, missing))} not found in {table.name}",
+            sqlstate=errors.INVALID_PARAMETER_VALUE,
+            hint=f"SELECT model_id, name FROM {table.name}; lists the models.")
+    return table, ids
+
+
+def _no_object_table(object_table: str | None) -> None:
+    if object_table is not None:
+        raise MadlibMopError(
+            "object_table (custom Keras objects) is not supported",
+            sqlstate=errors.FEATURE_NOT_SUPPORTED,
+            detail="Custom losses and metrics would be code loaded from the database.",
+            hint="Use built-in Keras losses and metrics, and pass object_table => NULL.")
+
+
+def _create_mst_tables(plpy: Any, out: catalog.NewTable, summary: catalog.NewTable,
+                       arch_table: catalog.Table) -> None:
+    plpy.execute(f"""
+        CREATE TABLE {out.quoted} (
+            mst_key serial PRIMARY KEY,
+            model_id integer NOT NULL,
+            compile_params varchar NOT NULL,
+            fit_params varchar NOT NULL,
+            UNIQUE (model_id, compile_params, fit_params)
+        )""")
+    plpy.execute(f"CREATE TABLE {summary.quoted} (model_arch_table varchar, object_table varchar)")
+    plpy.execute(plpy.prepare(f"INSERT INTO {summary.quoted} VALUES ($1, NULL)", ["text"]),
+                 [arch_table.name])
+
+
+def _insert_configs(plpy: Any, table: str, configs: list[model_config.Config]) -> int:
+    plan = plpy.prepare(
+        f"INSERT INTO {table} (model_id, compile_params, fit_params) VALUES ($1, $2, $3) "
+        "ON CONFLICT (model_id, compile_params, fit_params) DO NOTHING RETURNING mst_key",
+        ["integer", "varchar", "varchar"])
+    return sum(len(plpy.execute(plan, [c.model_id, c.compile_params, c.fit_params])) for c in configs)
+
+
+def generate_model_configs(plpy: Any, model_arch_table: str, model_selection_table: str,
+                           model_id_list: list, compile_params_grid: str, fit_params_grid: str,
+                           search_type: str | None = "grid", num_configs: int | None = None,
+                           random_state: int | None = None, object_table: str | None = None) -> None:
+    _no_object_table(object_table)
+    arch, ids = _arch_table_with_ids(plpy, model_arch_table, model_id_list)
+    compile_grid = model_config.parse_grid(compile_params_grid, "compile_params_grid")
+    fit_grid = model_config.parse_grid(fit_params_grid, "fit_params_grid")
+    kind = (search_type or "").strip().lower()
+    if kind and "grid".startswith(kind):
+        if num_configs is not None or random_state is not None:
+            raise MadlibMopError("num_configs and random_state are for random search",
+                                 sqlstate=errors.INVALID_PARAMETER_VALUE,
+                                 hint="Pass NULL for both with grid search, or search_type => 'random'.")
+        configs = model_config.grid_search(ids, compile_grid, fit_grid)
+    elif kind and "random".startswith(kind):
+        if num_configs is None or num_configs < 1:
+            raise MadlibMopError("random search needs num_configs >= 1",
+                                 sqlstate=errors.INVALID_PARAMETER_VALUE,
+                                 hint="Pass num_configs => 10, and random_state for repeatability.")
+        configs = model_config.random_search(ids, compile_grid, fit_grid, num_configs, random_state)
+    else:
+        raise MadlibMopError(f"search_type '{search_type}' is neither 'grid' nor 'random'",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint="Pass search_type => 'grid' or 'random'.")
+
+    out = catalog.new_table(plpy, model_selection_table, argument="model_selection_table")
+    summary = out.sibling("_summary", plpy)
+    if out.exists(plpy):
+        # MADlib appends to an existing model selection table; mst_key continues.
+        table = catalog.resolve_table(plpy, out.quoted, argument="model_selection_table")
+        _check_columns(plpy, table, MST_COLUMNS, "model_selection_table", "generate_model_configs")
+        recorded = plpy.execute(f"SELECT model_arch_table FROM {summary.quoted}") \
+            if summary.exists(plpy) else []
+        if recorded and recorded[0]["model_arch_table"] != arch.name:
+            raise MadlibMopError(
+                f"{table.name} holds models of {recorded[0]['model_arch_table']}, not {arch.name}",
+                sqlstate=errors.INVALID_PARAMETER_VALUE,
+                hint=f"Use model_arch_table => '{recorded[0]['model_arch_table']}', or a new "
+                     "model_selection_table.")
+        quoted = table.name
+    else:
+        summary.must_not_exist(plpy)
+        _create_mst_tables(plpy, out, summary, arch)
+        quoted = out.quoted
+    added = _insert_configs(plpy, quoted, configs)
+    plpy.notice(f"generate_model_configs: added {added} configurations to {quoted}"
+                + (f" ({len(configs) - added} already there)" if added < len(configs) else ""))
+
+
+def load_model_selection_table(plpy: Any, model_arch_table: str, model_selection_table: str,
+                               model_id_list: list, compile_params_list: list | None,
+                               fit_params_list: list | None, object_table: str | None = None) -> None:
+    _no_object_table(object_table)
+    arch, ids = _arch_table_with_ids(plpy, model_arch_table, model_id_list)
+    for argument, values in (("compile_params_list", compile_params_list),
+                             ("fit_params_list", fit_params_list)):
+        if not values or any(v is None for v in values):
+            raise MadlibMopError(f"{argument} must be a non-empty array without NULLs",
+                                 sqlstate=errors.INVALID_PARAMETER_VALUE,
+                                 hint="e.g. ARRAY['batch_size=32,epochs=1'].")
+    # Validate every string; keep the user's text, one per distinct meaning (MADlib keeps
+    # the last of equivalent strings).
+    compiles = {str(model_config.parse_compile_params(t)): t.strip() for t in compile_params_list}
+    fits = {model_config.fit_params_text(model_config.parse_fit_params(t)): t.strip()
+            for t in fit_params_list}
+    out = catalog.new_table(plpy, model_selection_table, argument="model_selection_table")
+    summary = out.sibling("_summary", plpy)
+    out.must_not_exist(plpy)
+    summary.must_not_exist(plpy)
+    _create_mst_tables(plpy, out, summary, arch)
+    configs = [model_config.Config(m, c, f) for m in ids for c in compiles.values()
+               for f in fits.values()]
+    added = _insert_configs(plpy, out.quoted, configs)
+    plpy.notice(f"load_model_selection_table: added {added} configurations to {out.quoted}")

@@ -1,0 +1,455 @@
+"""Compile and fit parameters, and the grids they are generated from: parsed, never run.
+
+MADlib writes parameters as Python-like text:
+    compile: optimizer='Adam(lr=0.001)',loss='categorical_crossentropy',metrics=['accuracy']
+    fit:     batch_size=64,epochs=1
+    grid:    {'loss': ['categorical_crossentropy'],
+              'optimizer_params_list': [{'optimizer': ['Adam'], 'lr': [0.001, 0.01]}],
+              'metrics': ['accuracy']}
+Such text is read with Python's parser (`ast.parse`) and only literal values are accepted
+(numbers, strings, booleans, None, lists, tuples, dicts); names of optimizers, losses and
+metrics must be on the whitelists below.  Nothing is ever evaluated.  Grids may also be JSON.
+"""
+
+from __future__ import annotations
+
+import ast
+import itertools
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from madlib_mop import errors
+from madlib_mop.errors import MadlibMopError
+
+# Keras 3 optimizers, by the lower-case name MADlib users may write.
+OPTIMIZERS = {name.lower(): name for name in (
+    "SGD", "Adam", "AdamW", "Adamax", "Adagrad", "Adadelta", "RMSprop", "Nadam", "Ftrl",
+    "Lion", "Lamb", "Adafactor")}
+# Keras 2 spellings of Keras 3 optimizer arguments.
+OPTIMIZER_ALIASES = {"lr": "learning_rate"}
+
+LOSSES = frozenset({
+    "binary_crossentropy", "binary_focal_crossentropy", "categorical_crossentropy",
+    "categorical_focal_crossentropy", "sparse_categorical_crossentropy", "categorical_hinge",
+    "hinge", "squared_hinge", "cosine_similarity", "huber", "log_cosh", "kl_divergence",
+    "poisson", "mean_squared_error", "mean_absolute_error", "mean_absolute_percentage_error",
+    "mean_squared_logarithmic_error", "mse", "mae", "mape", "msle", "kld",
+})
+METRICS = frozenset({
+    "accuracy", "acc", "binary_accuracy", "categorical_accuracy",
+    "sparse_categorical_accuracy", "top_k_categorical_accuracy",
+    "sparse_top_k_categorical_accuracy", "binary_crossentropy", "categorical_crossentropy",
+    "sparse_categorical_crossentropy", "kl_divergence", "poisson", "hinge", "squared_hinge",
+    "categorical_hinge", "cosine_similarity", "mean_squared_error", "mean_absolute_error",
+    "mean_absolute_percentage_error", "mean_squared_logarithmic_error", "mse", "mae", "mape",
+    "msle", "root_mean_squared_error", "log_cosh",
+})
+COMPILE_KEYS = ("optimizer", "loss", "metrics", "loss_weights", "weighted_metrics")
+FIT_KEYS = ("batch_size", "epochs", "verbose", "shuffle", "class_weight", "initial_epoch",
+            "steps_per_epoch")
+DISTRIBUTIONS = ("linear", "log", "log_near_one")
+DEFAULT_OPTIMIZER = "RMSprop"  # Keras' own default, and MADlib's when a grid names none
+
+
+def _syntax_error(what: str, text: str, why: str) -> MadlibMopError:
+    return MadlibMopError(
+        f"{what} is not valid: {why}",
+        sqlstate=errors.SYNTAX_ERROR,
+        detail=f"Got: {text[:300]}",
+        hint="Write key=value pairs separated by commas with literal values, e.g. "
+             "optimizer='Adam(lr=0.001)',loss='categorical_crossentropy',metrics=['accuracy'] "
+             "or batch_size=32,epochs=1.",
+    )
+
+
+def _literal(node: ast.AST, what: str, text: str, names_are_strings: bool) -> Any:
+    """A literal value; bare names read as strings where MADlib allows unquoted values."""
+    if names_are_strings and isinstance(node, ast.Name):
+        return node.id
+    if names_are_strings and isinstance(node, (ast.List, ast.Tuple)):
+        return [_literal(item, what, text, names_are_strings) for item in node.elts]
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError, SyntaxError):
+        raise _syntax_error(what, text, f"'{ast.unparse(node)[:80]}' is not a literal value") from None
+
+
+def parse_keyword_text(text: str | None, what: str, *, names_are_strings: bool = False,
+                       call_keys: Iterable[str] = ()) -> dict[str, Any]:
+    """'a=1, b=[2, 3]' -> {'a': 1, 'b': [2, 3]}, by Python's parser, literals only.
+
+    Keys in `call_keys` may hold a call such as Adam(lr=0.1), returned as its source text.
+    """
+    if text is None or not text.strip():
+        return {}
+    try:
+        tree = ast.parse(f"f({text.strip()})", mode="eval")
+    except SyntaxError as error:
+        raise _syntax_error(what, text, error.msg) from None
+    call = tree.body
+    if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "f"):
+        raise _syntax_error(what, text, "expected key=value pairs")
+    if call.args or any(keyword.arg is None for keyword in call.keywords):
+        raise _syntax_error(what, text, "every value needs a key (key=value)")
+    result: dict[str, Any] = {}
+    for keyword in call.keywords:
+        if keyword.arg in result:
+            raise _syntax_error(what, text, f"{keyword.arg} is given twice")
+        if keyword.arg in call_keys and isinstance(keyword.value, (ast.Call, ast.Name)):
+            result[keyword.arg] = ast.unparse(keyword.value)
+        else:
+            result[keyword.arg] = _literal(keyword.value, what, text, names_are_strings)
+    return result
+
+
+# ---- optimizers ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Optimizer:
+    name: str  # the Keras class name
+    arguments: tuple[tuple[str, Any], ...]  # as written (lr kept as lr)
+
+    def __str__(self) -> str:
+        return f"{self.name}({','.join(f'{k}={_render(v)}' for k, v in self.arguments)})"
+
+    def keras_arguments(self) -> dict[str, Any]:
+        return {OPTIMIZER_ALIASES.get(k, k): v for k, v in self.arguments}
+
+
+def _render(value: Any) -> str:
+    return repr(value) if not isinstance(value, float) else repr(float(value))
+
+
+def optimizer_parameters(name: str) -> set[str]:
+    """The keyword arguments the Keras optimizer class accepts."""
+    import inspect
+
+    from madlib_mop.tf_runtime import import_tensorflow
+
+    import_tensorflow()
+    import keras
+
+    cls = getattr(keras.optimizers, name)
+    return {p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "kwargs")}
+
+
+def make_optimizer(name: str, arguments: Iterable[tuple[str, Any]], text: str) -> Optimizer:
+    canonical = OPTIMIZERS.get(str(name).strip().lower())
+    if canonical is None:
+        raise MadlibMopError(
+            f"optimizer '{name}' is not a Keras optimizer",
+            sqlstate=errors.INVALID_PARAMETER_VALUE, detail=f"Got: {text[:300]}",
+            hint="Use one of " + ", ".join(sorted(OPTIMIZERS.values())) + ".")
+    arguments = tuple(arguments)
+    allowed = optimizer_parameters(canonical)
+    for key, value in arguments:
+        if OPTIMIZER_ALIASES.get(key, key) not in allowed:
+            raise MadlibMopError(
+                f"{canonical} has no argument '{key}'",
+                sqlstate=errors.INVALID_PARAMETER_VALUE, detail=f"Got: {text[:300]}",
+                hint=f"{canonical} takes: " + ", ".join(sorted(allowed | {'lr'})) + "."
+                     + (" Keras 3 optimizers have no 'decay': use weight_decay or a schedule."
+                        if key == "decay" else ""))
+        if not (value is None or isinstance(value, (bool, int, float))) or (
+                isinstance(value, float) and not math.isfinite(value)):
+            raise MadlibMopError(
+                f"{canonical} argument {key}={value!r} is not a finite number, boolean or None",
+                sqlstate=errors.INVALID_PARAMETER_VALUE, detail=f"Got: {text[:300]}",
+                hint="Optimizer arguments are numbers, e.g. Adam(lr=0.001, beta_1=0.9).")
+    return Optimizer(canonical, arguments)
+
+
+def parse_optimizer(text: str) -> Optimizer:
+    """'Adam(lr=0.01)', 'Adam()', 'adam' -> Optimizer."""
+    what = "optimizer"
+    try:
+        node = ast.parse(str(text).strip(), mode="eval").body
+    except SyntaxError as error:
+        raise _syntax_error(what, str(text), error.msg) from None
+    if isinstance(node, ast.Name):
+        return make_optimizer(node.id, (), str(text))
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args \
+            and all(k.arg is not None for k in node.keywords):
+        arguments = [(k.arg, _literal(k.value, what, str(text), False)) for k in node.keywords]
+        return make_optimizer(node.func.id, arguments, str(text))
+    raise _syntax_error(what, str(text), "expected Name or Name(key=value, ...), e.g. Adam(lr=0.01)")
+
+
+# ---- compile and fit parameters -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CompileParams:
+    optimizer: Optimizer
+    loss: str
+    metrics: tuple[str, ...] = ()
+    extra: tuple[tuple[str, Any], ...] = ()  # loss_weights, weighted_metrics
+
+    def __str__(self) -> str:
+        parts = [f"optimizer='{self.optimizer}'", f"loss='{self.loss}'"]
+        if self.metrics:
+            parts.append(f"metrics={list(self.metrics)!r}")
+        parts += [f"{key}={value!r}" for key, value in self.extra]
+        return ",".join(parts)
+
+
+def _check_name(value: Any, allowed: frozenset, kind: str, text: str) -> str:
+    if not isinstance(value, str) or value not in allowed:
+        raise MadlibMopError(
+            f"{kind} {value!r} is not supported",
+            sqlstate=errors.INVALID_PARAMETER_VALUE, detail=f"Got: {text[:300]}",
+            hint=f"Use a built-in Keras {kind}: " + ", ".join(sorted(allowed)) + ".")
+    return value
+
+
+def _check_keys(params: dict, allowed: tuple, what: str, text: str) -> None:
+    for key in params:
+        if key not in allowed:
+            raise MadlibMopError(
+                f"{key} is not accepted in {what}",
+                sqlstate=errors.INVALID_PARAMETER_VALUE, detail=f"Got: {text[:300]}",
+                hint=f"{what} takes: " + ", ".join(allowed) + ".")
+
+
+def compile_params_from(params: dict, text: str) -> CompileParams:
+    _check_keys(params, COMPILE_KEYS, "compile_params", text)
+    if "loss" not in params:
+        raise MadlibMopError("compile_params needs a loss", sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             detail=f"Got: {text[:300]}",
+                             hint="Add e.g. loss='categorical_crossentropy'.")
+    optimizer = params.get("optimizer", f"{DEFAULT_OPTIMIZER}()")
+    optimizer = optimizer if isinstance(optimizer, Optimizer) else parse_optimizer(optimizer)
+    loss = _check_name(params["loss"], LOSSES, "loss", text)
+    metrics = params.get("metrics", [])
+    if isinstance(metrics, str):
+        metrics = [metrics]
+    if not isinstance(metrics, (list, tuple)):
+        raise MadlibMopError("metrics must be a list, e.g. metrics=['accuracy']",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE, detail=f"Got: {text[:300]}",
+                             hint="Pass one or more metric names in a list.")
+    metrics = tuple(_check_name(m, METRICS, "metric", text) for m in metrics)
+    extra = tuple((k, params[k]) for k in ("loss_weights", "weighted_metrics") if k in params)
+    for key, value in extra:
+        if not isinstance(value, (list, dict)):
+            raise MadlibMopError(f"{key} must be a list or dict",
+                                 sqlstate=errors.INVALID_PARAMETER_VALUE,
+                                 detail=f"Got: {text[:300]}", hint=f"e.g. {key}=[1.0]")
+    return CompileParams(optimizer, loss, metrics, extra)
+
+
+def parse_compile_params(text: str | None) -> CompileParams:
+    params = parse_keyword_text(text, "compile_params", names_are_strings=True,
+                                call_keys=("optimizer",))
+    return compile_params_from(params, text or "")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+_FIT_CHECKS = {
+    "batch_size": (lambda v: _is_int(v) and v >= 1, "a positive integer"),
+    "epochs": (lambda v: _is_int(v) and v >= 1, "a positive integer"),
+    "verbose": (lambda v: _is_int(v) and 0 <= v <= 2, "0, 1 or 2"),
+    "shuffle": (lambda v: isinstance(v, bool), "True or False"),
+    "class_weight": (lambda v: isinstance(v, dict) and all(
+        _is_int(k) and isinstance(w, (int, float)) and not isinstance(w, bool) for k, w in v.items()),
+        "a dict {class index: weight}"),
+    "initial_epoch": (lambda v: _is_int(v) and v >= 0, "a non-negative integer"),
+    "steps_per_epoch": (lambda v: v is None or (_is_int(v) and v >= 1), "a positive integer or None"),
+}
+
+
+def fit_params_from(params: dict, text: str) -> dict[str, Any]:
+    _check_keys(params, FIT_KEYS, "fit_params", text)
+    for key, value in params.items():
+        check, expected = _FIT_CHECKS[key]
+        if not check(value):
+            raise MadlibMopError(f"fit_params {key}={value!r} must be {expected}",
+                                 sqlstate=errors.INVALID_PARAMETER_VALUE,
+                                 detail=f"Got: {text[:300]}", hint=f"Give {key} as {expected}.")
+    return dict(params)
+
+
+def parse_fit_params(text: str | None) -> dict[str, Any]:
+    return fit_params_from(parse_keyword_text(text, "fit_params"), text or "")
+
+
+def fit_params_text(params: dict[str, Any]) -> str:
+    return ",".join(f"{key}={_render(value)}" for key, value in params.items())
+
+
+# ---- grids ------------------------------------------------------------------------------------
+
+def parse_grid(text: str | None, argument: str) -> dict[str, list]:
+    """A grid: a Python dict literal (MADlib) or JSON object, every value a list."""
+    if text is None or not text.strip():
+        raise MadlibMopError(f"{argument} is empty", sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint="Pass a dict of lists, e.g. {'batch_size': [32, 64]}.")
+    try:
+        grid = json.loads(text)
+    except ValueError:
+        try:
+            grid = ast.literal_eval(text.strip())
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as error:
+            raise MadlibMopError(
+                f"{argument} is not a dict literal", sqlstate=errors.SYNTAX_ERROR,
+                detail=f"{type(error).__name__}: {str(error)[:200]}. Got: {text[:300]}",
+                hint="Write a Python dict literal or JSON object of lists, e.g. "
+                     "{'loss': ['categorical_crossentropy'], 'metrics': ['accuracy']}; "
+                     "names and calls are not allowed.") from None
+    if not isinstance(grid, dict) or not grid:
+        raise MadlibMopError(f"{argument} must be a non-empty dict", sqlstate=errors.SYNTAX_ERROR,
+                             detail=f"Got: {text[:300]}",
+                             hint="e.g. {'batch_size': [32, 64], 'epochs': [1]}")
+    for key, values in grid.items():
+        if not isinstance(key, str) or not isinstance(values, list) or not values:
+            raise MadlibMopError(
+                f"{argument}: the value of {key!r} must be a non-empty list",
+                sqlstate=errors.INVALID_PARAMETER_VALUE, detail=f"Got: {text[:300]}",
+                hint="Every key maps to a list of choices, e.g. 'epochs': [1, 2].")
+    return grid
+
+
+def is_distribution(values: list) -> bool:
+    """[low, high, 'linear' | 'log' | 'log_near_one']: sample, do not enumerate."""
+    return len(values) > 1 and isinstance(values[-1], str) and not any(
+        isinstance(v, str) for v in values[:-1])
+
+
+def _check_distribution(key: str, values: list) -> tuple[float, float, str]:
+    if len(values) != 3 or values[2] not in DISTRIBUTIONS or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in values[:2]) \
+            or not values[0] < values[1]:
+        raise MadlibMopError(
+            f"'{key}': {values!r} is not a distribution",
+            sqlstate=errors.INVALID_PARAMETER_VALUE,
+            hint="Write [lower_bound, upper_bound, 'linear' | 'log' | 'log_near_one'] "
+                 "with lower_bound < upper_bound.")
+    low, high, kind = values
+    if kind == "log" and low <= 0 or kind == "log_near_one" and not (0 <= low < high < 1):
+        raise MadlibMopError(
+            f"'{key}': bounds {low}, {high} do not fit '{kind}' sampling",
+            sqlstate=errors.INVALID_PARAMETER_VALUE,
+            hint="'log' needs 0 < low; 'log_near_one' needs 0 <= low < high < 1.")
+    return float(low), float(high), kind
+
+
+@dataclass(frozen=True)
+class Config:
+    model_id: int
+    compile_params: str
+    fit_params: str
+
+
+def _optimizer_dicts(grid: dict) -> list[dict]:
+    if "optimizer_params_list" in grid:
+        dicts = grid["optimizer_params_list"]
+        overlap = {k for d in dicts if isinstance(d, dict) for k in d} & (set(grid) - {"optimizer_params_list"})
+        if not all(isinstance(d, dict) and d for d in dicts) or overlap:
+            raise MadlibMopError(
+                "'optimizer_params_list' must be a list of non-empty dicts of optimizer "
+                "arguments, which appear nowhere else in the grid",
+                sqlstate=errors.INVALID_PARAMETER_VALUE,
+                hint="e.g. 'optimizer_params_list': [{'optimizer': ['Adam'], 'lr': [0.001, 0.01]}]")
+        return dicts
+    if "optimizer" in grid:
+        return [{"optimizer": grid["optimizer"]}]
+    return [{"optimizer": [DEFAULT_OPTIMIZER]}]
+
+
+def _compile_keys(grid: dict) -> list[str]:
+    keys = [k for k in grid if k not in ("optimizer_params_list", "optimizer")]
+    _check_keys({k: None for k in keys}, COMPILE_KEYS, "compile_params_grid", repr(grid))
+    return keys
+
+
+def _optimizer_of(choice: dict, text: str) -> Optimizer:
+    """An optimizer from one choice of an optimizer dict: {'optimizer': 'Adam', 'lr': 0.01}."""
+    name = choice.get("optimizer", DEFAULT_OPTIMIZER)
+    if isinstance(name, str) and "(" in name:
+        base = parse_optimizer(name)
+        return make_optimizer(base.name, base.arguments + tuple(
+            (k, v) for k, v in choice.items() if k != "optimizer"), text)
+    return make_optimizer(name, [(k, v) for k, v in choice.items() if k != "optimizer"], text)
+
+
+def _compile_text(optimizer: Optimizer, values: dict, text: str) -> str:
+    return str(compile_params_from({"optimizer": optimizer, **values}, text))
+
+
+def grid_search(model_ids: list[int], compile_grid: dict, fit_grid: dict) -> list[Config]:
+    """Every combination: model_id x compile choices x fit choices."""
+    for grid in (compile_grid, fit_grid):
+        for key, values in _flat_items(grid):
+            if is_distribution(values) and values[-1] in DISTRIBUTIONS:
+                raise MadlibMopError(
+                    f"'{key}': grid search cannot sample from a distribution",
+                    sqlstate=errors.INVALID_PARAMETER_VALUE,
+                    hint="Use search_type => 'random', or list the values.")
+    text = repr(compile_grid)
+    compile_texts = []
+    keys = _compile_keys(compile_grid)
+    for optimizer_dict in _optimizer_dicts(compile_grid):
+        names = list(optimizer_dict)
+        for choice in itertools.product(*(optimizer_dict[k] for k in names)):
+            optimizer = _optimizer_of(dict(zip(names, choice)), text)
+            for values in itertools.product(*(compile_grid[k] for k in keys)):
+                compile_texts.append(_compile_text(optimizer, dict(zip(keys, values)), text))
+    fit_keys = list(fit_grid)
+    fit_texts = [
+        fit_params_text(fit_params_from(dict(zip(fit_keys, values)), repr(fit_grid)))
+        for values in itertools.product(*(fit_grid[k] for k in fit_keys))]
+    configs = [Config(m, c, f) for m in model_ids for c in dict.fromkeys(compile_texts)
+               for f in dict.fromkeys(fit_texts)]
+    return configs
+
+
+def _flat_items(grid: dict):
+    for key, values in grid.items():
+        if key == "optimizer_params_list":
+            for optimizer_dict in values:
+                if isinstance(optimizer_dict, dict):
+                    yield from optimizer_dict.items()
+        else:
+            yield key, values
+
+
+def _sample(values: list, key: str, rng) -> Any:
+    if is_distribution(values):
+        low, high, kind = _check_distribution(key, values)
+        if kind == "linear":
+            return float(rng.uniform(low, high))
+        if kind == "log":
+            return float(10 ** rng.uniform(math.log10(low), math.log10(high)))
+        return float(1 - 10 ** rng.uniform(math.log10(1 - high), math.log10(1 - low)))
+    choice = values[int(rng.integers(len(values)))]
+    return choice.item() if hasattr(choice, "item") else choice
+
+
+def random_search(model_ids: list[int], compile_grid: dict, fit_grid: dict, num_configs: int,
+                  random_state: int | None) -> list[Config]:
+    """`num_configs` distinct configurations drawn with a generator seeded by random_state."""
+    import numpy as np
+
+    rng = np.random.default_rng(random_state)
+    text = repr(compile_grid)
+    keys = _compile_keys(compile_grid)
+    optimizer_dicts = _optimizer_dicts(compile_grid)
+    configs: dict[Config, None] = {}
+    attempts = 0
+    while len(configs) < num_configs:
+        attempts += 1
+        if attempts > 100 * num_configs:
+            raise MadlibMopError(
+                f"could only draw {len(configs)} distinct configurations of {num_configs}",
+                sqlstate=errors.INVALID_PARAMETER_VALUE,
+                hint="The grids hold fewer combinations: ask for fewer, or widen the grids.")
+        model_id = model_ids[int(rng.integers(len(model_ids)))]
+        optimizer_dict = optimizer_dicts[int(rng.integers(len(optimizer_dicts)))]
+        optimizer = _optimizer_of({k: _sample(v, k, rng) for k, v in optimizer_dict.items()}, text)
+        compile_text = _compile_text(optimizer, {k: _sample(compile_grid[k], k, rng) for k in keys}, text)
+        fit = fit_params_from({k: _sample(v, k, rng) for k, v in fit_grid.items()}, repr(fit_grid))
+        configs.setdefault(Config(model_id, compile_text, fit_params_text(fit)))
+    return list(configs)
