@@ -55,9 +55,20 @@ def parse_model_json(text: Any) -> dict:
 
 
 def _refuse_code(node: Any) -> None:
-    """Refuse layers that carry Python code, anywhere in the architecture."""
+    """Refuse layers that carry Python code, and classes from outside Keras, anywhere in
+    the architecture."""
     if isinstance(node, dict):
         name = node.get("class_name")
+        module = node.get("module")
+        registered = node.get("registered_name")
+        if name is not None and (
+                (isinstance(module, str) and module != "keras" and not module.startswith("keras."))
+                or (isinstance(registered, str) and registered != name)):
+            raise MadlibMopError(
+                f"model_arch uses {name}, which is not a built-in Keras class",
+                sqlstate=errors.INVALID_PARAMETER_VALUE,
+                detail=f"module {module!r}, registered name {registered!r}",
+                hint="Use built-in Keras layers only; custom layers and objects are not loaded.")
         if name in CODE_LAYERS:
             raise MadlibMopError(
                 f"model_arch contains a {name} layer, which runs Python code",

@@ -123,11 +123,16 @@ def _create_mst_tables(plpy: Any, out: catalog.NewTable, summary: catalog.NewTab
 
 
 def _insert_configs(plpy: Any, table: str, configs: list[model_config.Config]) -> int:
+    """Insert the configurations not yet in the table, so mst_key stays contiguous."""
+    present = {model_config.Config(r["model_id"], r["compile_params"], r["fit_params"])
+               for r in plpy.execute(f"SELECT model_id, compile_params, fit_params FROM {table}")}
     plan = plpy.prepare(
-        f"INSERT INTO {table} (model_id, compile_params, fit_params) VALUES ($1, $2, $3) "
-        "ON CONFLICT (model_id, compile_params, fit_params) DO NOTHING RETURNING mst_key",
+        f"INSERT INTO {table} (model_id, compile_params, fit_params) VALUES ($1, $2, $3)",
         ["integer", "varchar", "varchar"])
-    return sum(len(plpy.execute(plan, [c.model_id, c.compile_params, c.fit_params])) for c in configs)
+    new = [c for c in dict.fromkeys(configs) if c not in present]
+    for config in new:
+        plpy.execute(plan, [config.model_id, config.compile_params, config.fit_params])
+    return len(new)
 
 
 def generate_model_configs(plpy: Any, model_arch_table: str, model_selection_table: str,

@@ -44,7 +44,7 @@ METRICS = frozenset({
     "sparse_categorical_crossentropy", "kl_divergence", "poisson", "hinge", "squared_hinge",
     "categorical_hinge", "cosine_similarity", "mean_squared_error", "mean_absolute_error",
     "mean_absolute_percentage_error", "mean_squared_logarithmic_error", "mse", "mae", "mape",
-    "msle", "root_mean_squared_error", "log_cosh",
+    "msle", "root_mean_squared_error",
 })
 COMPILE_KEYS = ("optimizer", "loss", "metrics", "loss_weights", "weighted_metrics")
 FIT_KEYS = ("batch_size", "epochs", "verbose", "shuffle", "class_weight", "initial_epoch",

@@ -30,8 +30,13 @@ def import_tensorflow(threads: int | None = None) -> ModuleType:
 
     if _configured_threads is None:
         wanted = threads or os.cpu_count() or 1
-        tf.config.threading.set_intra_op_parallelism_threads(wanted)
-        tf.config.threading.set_inter_op_parallelism_threads(min(2, wanted))
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(wanted)
+            tf.config.threading.set_inter_op_parallelism_threads(min(2, wanted))
+        except RuntimeError:
+            # TensorFlow already ran in this process (a client program that imported it
+            # first): its thread pools are fixed, keep them.
+            wanted = tf.config.threading.get_intra_op_parallelism_threads() or wanted
         _configured_threads = wanted
     return tf
 

@@ -6,7 +6,7 @@ CREATE FUNCTION @extschema@.training_preprocessor_dl(
     dependent_varname   varchar,
     independent_varname varchar,
     buffer_size         integer   DEFAULT NULL,
-    normalizing_const   real      DEFAULT 1.0,
+    normalizing_const   double precision DEFAULT 1.0,  -- MADlib: real; also takes float8 values
     num_classes         integer[] DEFAULT NULL,
     distribution_rules  text      DEFAULT NULL,
     seed                integer   DEFAULT 0
@@ -17,7 +17,7 @@ AS $python$
 #include "training_preprocessor_dl.py"
 $python$;
 
-COMMENT ON FUNCTION @extschema@.training_preprocessor_dl(varchar, varchar, varchar, varchar, integer, real, integer[], text, integer) IS
+COMMENT ON FUNCTION @extschema@.training_preprocessor_dl(varchar, varchar, varchar, varchar, integer, double precision, integer[], text, integer) IS
     'Shuffles and packs a table into minibatch buffers spread over segments; SELECT training_preprocessor_dl(''help'') for usage';
 
 CREATE FUNCTION @extschema@.validation_preprocessor_dl(

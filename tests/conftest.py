@@ -82,8 +82,9 @@ def extension_dsn(database_dsn: str) -> str:
     return database_dsn
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def conn(extension_dsn: str) -> Iterator[psycopg.Connection]:
-    """An autocommit superuser connection to the module's database."""
+    """An autocommit superuser connection to the module's database, shared by the module's
+    tests: its server backend imports TensorFlow once."""
     with psycopg.connect(extension_dsn, autocommit=True) as connection:
         yield connection

@@ -1,0 +1,111 @@
+"""Architectures as JSON without a database: Keras 3 and Keras 2 layouts, safe loading."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from madlib_mop import keras_json
+from madlib_mop.errors import MadlibMopError
+
+keras = pytest.importorskip("keras")
+
+
+def _dense(name, units, activation, **extra):
+    return {"class_name": "Dense", "config": {
+        "name": name, "trainable": True, "dtype": "float32", "units": units,
+        "activation": activation, "use_bias": True,
+        "kernel_initializer": {"class_name": "GlorotUniform", "config": {"seed": None}},
+        "bias_initializer": {"class_name": "Zeros", "config": {}},
+        "kernel_regularizer": None, "bias_regularizer": None, "activity_regularizer": None,
+        "kernel_constraint": None, "bias_constraint": None, **extra}}
+
+
+# What tf.keras 2.x wrote for Sequential([Dense(10, input_shape=(4,)), Dense(3)]).
+KERAS2_SEQUENTIAL = {
+    "class_name": "Sequential",
+    "config": {"name": "sequential", "layers": [
+        _dense("dense", 10, "relu", batch_input_shape=[None, 4]), _dense("dense_1", 3, "softmax")]},
+    "keras_version": "2.4.0", "backend": "tensorflow"}
+
+
+def _build(config):
+    return keras_json.build_model(keras_json.parse_model_json(json.dumps(config)))
+
+
+def test_keras3_json_builds():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(10), keras.layers.Dense(3)])
+    built = _build(json.loads(model.to_json()))
+    assert built.count_params() == model.count_params() == 83
+    assert keras_json.input_shape(built) == [4]
+
+
+def test_keras2_sequential_with_batch_input_shape():
+    model = _build(KERAS2_SEQUENTIAL)
+    assert keras_json.input_shape(model) == [4]
+    assert model.count_params() == 4 * 10 + 10 + 10 * 3 + 3
+    assert model.output_shape == (None, 3)
+
+
+def test_keras_2_2_sequential_whose_config_is_a_list():
+    old = {"class_name": "Sequential", "config": KERAS2_SEQUENTIAL["config"]["layers"],
+           "keras_version": "2.2.4", "backend": "tensorflow"}
+    assert keras_json.input_shape(_build(old)) == [4]
+
+
+def test_keras2_functional_model():
+    functional = {"class_name": "Functional", "config": {"name": "model", "layers": [
+        {"name": "input_1", "class_name": "InputLayer", "inbound_nodes": [],
+         "config": {"batch_input_shape": [None, 8, 8, 1], "dtype": "float32", "name": "input_1"}},
+        {"name": "flatten", "class_name": "Flatten", "inbound_nodes": [[["input_1", 0, 0, {}]]],
+         "config": {"name": "flatten", "trainable": True, "dtype": "float32"}},
+        {**_dense("dense", 10, "softmax"), "name": "dense", "inbound_nodes": [[["flatten", 0, 0, {}]]]}],
+        "input_layers": [["input_1", 0, 0]], "output_layers": [["dense", 0, 0]]},
+        "keras_version": "2.6.0", "backend": "tensorflow"}
+    model = _build(functional)
+    assert keras_json.input_shape(model) == [8, 8, 1] and model.count_params() == 650
+
+
+def test_lambda_layer_is_refused_before_keras_sees_it():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Lambda(lambda x: x * 2)])
+    with pytest.raises(MadlibMopError, match="Lambda layer") as raised:
+        keras_json.parse_model_json(model.to_json())
+    assert raised.value.sqlstate == "22023"
+
+
+def test_unknown_custom_layer_is_refused():
+    config = json.loads(keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)]).to_json())
+    config["config"]["layers"][1].update(class_name="EvilLayer", module="evil.layers",
+                                         registered_name="evil>EvilLayer")
+    with pytest.raises(MadlibMopError, match="not a built-in Keras class"):
+        _build(config)
+
+
+@pytest.mark.parametrize(("text", "match"), [
+    ("not json at all", "not valid JSON"),
+    ('{"class_name": "Dense", "config": {}}', "not a Keras model"),
+    ("[1, 2, 3]", "not a Keras model"),
+])
+def test_not_a_model(text, match):
+    with pytest.raises(MadlibMopError, match=match):
+        keras_json.parse_model_json(text)
+
+
+def test_model_without_input_shape():
+    config = {"module": "keras", "class_name": "Sequential",
+              "config": {"name": "s", "layers": [_dense("d", 2, "relu")]}}
+    with pytest.raises(MadlibMopError, match="no input shape"):
+        _build(config)
+
+
+def test_weights_are_checked_and_loaded():
+    model = _build(KERAS2_SEQUENTIAL)
+    flat = np.arange(model.count_params(), dtype=np.float32)
+    keras_json.check_weights(model, flat.tobytes())
+    keras_json.set_flat_weights(model, flat.tobytes())
+    assert np.array_equal(np.concatenate([w.ravel() for w in model.get_weights()]), flat)
+    with pytest.raises(MadlibMopError, match="has 8 bytes, the architecture needs 332") as raised:
+        keras_json.check_weights(model, b"\0" * 8)
+    assert raised.value.sqlstate == "22023"
