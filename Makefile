@@ -29,10 +29,10 @@ PYTEST_ARGS   ?=
 # Optional dependency groups installed into the runtime (the Docker image uses none).
 PIP_EXTRAS    ?= test
 
-.PHONY: help deps venv build install demo test db-start db-stop db-status db-destroy dsn clean
+.PHONY: help deps venv build install demo test bench db-start db-stop db-status db-destroy dsn clean
 
 help:
-	@echo "make demo | make test | make dsn | make install | make db-start | make db-stop | make db-status | make db-destroy | make clean"
+	@echo "make demo | make test | make bench | make dsn | make install | make db-start | make db-stop | make db-status | make db-destroy | make clean"
 
 # ---- Debian packages (as root) ------------------------------------------------
 deps: $(STAMPS)/apt
@@ -97,6 +97,10 @@ demo: install db-start
 
 test: install db-start
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Benchmarks: not part of the tests; each prints a markdown table.
+bench: install db-start
+	$(PY) bench/bench_preprocessor.py
 
 clean:
 	rm -rf build $(STAMPS) .pytest_cache

@@ -170,15 +170,22 @@ class SourceReader:
             plpy.execute(f"CREATE TEMP TABLE {scratch} AS SELECT {x} AS x, {y} AS y "
                          f"FROM {table.name}")
             self.scan_table = catalog.resolve_table(plpy, f"pg_temp.{scratch}")
+            self.scratch = self.scan_table.name
             x, y = "x", "y"
         else:
             self.scan_table = table
+            self.scratch = None
         label_sql = (f"array_agg({y}) AS y, count(*) FILTER (WHERE {y} IS NULL) AS null_labels"
                      if label.classification else f"{schema}.float4_pack({y}) AS y, 0 AS null_labels")
         self.chunk_plan = plpy.prepare(
             f"SELECT count(*) AS n, {schema}.float4_pack({x}) AS x, {label_sql} "
             f"FROM {self.scan_table.name} WHERE ctid >= $1::tid AND ctid < $2::tid",
             ["text", "text"])
+
+    def close(self) -> None:
+        if self.scratch is not None:
+            self.plpy.execute(f"DROP TABLE {self.scratch}")
+            self.scratch = None
 
     def chunks(self):
         """Yield (features float32 (n, *shape), labels: list, or float32 (n, k)) per chunk."""
@@ -385,6 +392,7 @@ def _preprocess(plpy, module, source_table, output_table, dependent_varname, ind
                                       buffer.buffer_id, buffer.segment])
                 written += 1
         wave_start = wave_stop
+    reader.close()
 
     _write_summary(plpy, summary_table, source_table, output_table, label, features, buffer_size,
                    normalizing_const, classes, distribution_rules, segments, rows, layout,

@@ -7,26 +7,20 @@ AS $python$
 #include "usage.py"
 $python$;
 
-CREATE FUNCTION @extschema@.training_preprocessor_dl(message varchar DEFAULT '')
-RETURNS varchar LANGUAGE sql IMMUTABLE
-AS $$ SELECT @extschema@.usage('training_preprocessor_dl', message) $$;
-
-CREATE FUNCTION @extschema@.validation_preprocessor_dl(message varchar DEFAULT '')
-RETURNS varchar LANGUAGE sql IMMUTABLE
-AS $$ SELECT @extschema@.usage('validation_preprocessor_dl', message) $$;
-
-CREATE FUNCTION @extschema@.load_keras_model(message varchar DEFAULT '')
-RETURNS varchar LANGUAGE sql IMMUTABLE
-AS $$ SELECT @extschema@.usage('load_keras_model', message) $$;
-
-CREATE FUNCTION @extschema@.delete_keras_model(message varchar DEFAULT '')
-RETURNS varchar LANGUAGE sql IMMUTABLE
-AS $$ SELECT @extschema@.usage('delete_keras_model', message) $$;
-
-CREATE FUNCTION @extschema@.generate_model_configs(message varchar DEFAULT '')
-RETURNS varchar LANGUAGE sql IMMUTABLE
-AS $$ SELECT @extschema@.usage('generate_model_configs', message) $$;
-
-CREATE FUNCTION @extschema@.load_model_selection_table(message varchar DEFAULT '')
-RETURNS varchar LANGUAGE sql IMMUTABLE
-AS $$ SELECT @extschema@.usage('load_model_selection_table', message) $$;
+-- f(message varchar DEFAULT '') for each function with a usage text.
+DO $usage$
+DECLARE
+    function_name text;
+BEGIN
+    FOREACH function_name IN ARRAY ARRAY[
+        'training_preprocessor_dl', 'validation_preprocessor_dl', 'load_keras_model',
+        'delete_keras_model', 'generate_model_configs', 'load_model_selection_table']
+    LOOP
+        EXECUTE format(
+            'CREATE FUNCTION %I.%I(message varchar DEFAULT %L) RETURNS varchar '
+            'LANGUAGE sql IMMUTABLE AS %L',
+            '@extschema@', function_name, '',
+            format('SELECT %I.usage(%L, message)', '@extschema@', function_name));
+    END LOOP;
+END
+$usage$;
