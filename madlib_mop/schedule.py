@@ -1,0 +1,118 @@
+"""Model hopping schedule: which model trains on which segment, in which order.
+
+Every model visits every segment exactly once per epoch.  Its order of visits is drawn in
+advance from the job's seed (`visit_orders`), so that its weights do not depend on timing:
+a retried, resumed or concurrent run replays the same orders and ends with the same
+weights.  Dispatch is dynamic and has no barrier (`Dispatcher`): whenever a segment is free
+it is given an idle model whose next planned segment it is, preferring the model with the
+most work left (remaining sub-epochs times its observed sub-epoch time), so that the
+slowest models do not finish last and alone; a model never waits for the other models to
+finish their epoch.
+
+The orders are rotations (model i starts at offset i mod S and moves one segment on each
+hop) of a segment labelling drawn afresh each epoch, with the models' offsets shuffled
+too: when models take equal time, S models proceed in lock-step without ever waiting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+_STREAM = 0x4D4F50  # separates the schedule's random stream from the job's other uses
+
+
+def visit_orders(models: list[int], segments: int, epochs: int, seed: int) -> dict[int, list[list[int]]]:
+    """orders[model][epoch] = the segments the model visits that epoch, in order.
+
+    Epoch e's orders depend only on the seed, the models and e (not on how many epochs
+    there are), so a job extended later (warm start) keeps its past orders.
+    """
+    if segments < 1:
+        raise ValueError("segments must be at least 1")
+    models = sorted(models)
+    rng = np.random.default_rng([seed, _STREAM])
+    orders: dict[int, list[list[int]]] = {m: [] for m in models}
+    for _ in range(epochs):
+        labels = rng.permutation(segments)
+        offsets = rng.permutation(len(models))
+        for i, model in enumerate(models):
+            start = int(offsets[i]) % segments
+            orders[model].append([int(labels[(start + j) % segments]) for j in range(segments)])
+    return orders
+
+
+@dataclass
+class _ModelProgress:
+    done: int = 0  # sub-epochs completed
+    busy: bool = False
+    seconds: float | None = None  # observed time of one sub-epoch (moving average)
+
+
+@dataclass
+class Dispatcher:
+    """Barrier-free dispatch of planned visits (pure bookkeeping, no I/O).
+
+    `done` gives, per model, the sub-epochs already completed (a resumed job starts there).
+    """
+
+    orders: dict[int, list[list[int]]]
+    segments: int
+    done: dict[int, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.progress = {m: _ModelProgress(self.done.get(m, 0)) for m in self.orders}
+        self.busy_segments: set[int] = set()
+        self.total = {m: len(o) * self.segments for m, o in self.orders.items()}
+
+    def planned(self, model: int, step: int) -> tuple[int, int, int]:
+        """(epoch, position, segment) of a model's sub-epoch number `step`."""
+        epoch, position = divmod(step, self.segments)
+        return epoch, position, self.orders[model][epoch][position]
+
+    def next_visit(self, segment: int) -> tuple[int, int] | None:
+        """Give the free `segment` a model: (model, step), or None if no idle model's next
+        planned segment is this one."""
+        if segment in self.busy_segments:
+            raise ValueError(f"segment {segment} is busy")
+        known = [p.seconds for p in self.progress.values() if p.seconds is not None]
+        default = sum(known) / len(known) if known else 1.0
+        candidates = [
+            (-(self.total[model] - p.done) * (p.seconds or default), p.done, model)
+            for model, p in self.progress.items()
+            if not p.busy and p.done < self.total[model]
+            and self.planned(model, p.done)[2] == segment]
+        if not candidates:
+            return None
+        *_, model = min(candidates)  # the most work left first
+        self.progress[model].busy = True
+        self.busy_segments.add(segment)
+        return model, self.progress[model].done
+
+    def finish(self, model: int, segment: int, seconds: float | None = None) -> int:
+        """The model's visit to the segment succeeded (in `seconds`); returns its completed
+        sub-epochs."""
+        self._release(model, segment)
+        progress = self.progress[model]
+        progress.done += 1
+        if seconds is not None:
+            progress.seconds = seconds if progress.seconds is None else (
+                0.5 * progress.seconds + 0.5 * seconds)
+        return progress.done
+
+    def retry(self, model: int, segment: int) -> None:
+        """The visit failed: the model and segment are free, the visit is to be run again."""
+        self._release(model, segment)
+
+    def _release(self, model: int, segment: int) -> None:
+        if not self.progress[model].busy or segment not in self.busy_segments:
+            raise ValueError(f"model {model} is not running on segment {segment}")
+        self.progress[model].busy = False
+        self.busy_segments.discard(segment)
+
+    def finished(self) -> bool:
+        return all(p.done >= self.total[m] for m, p in self.progress.items())
+
+    def completed(self, model: int) -> int:
+        return self.progress[model].done

@@ -1,0 +1,94 @@
+"""The byte format of a model's whole training state, the thing that hops between segments.
+
+    b"MOPSTATE" | uint16 format version | uint32 header length | header (JSON) | arrays
+
+The header lists every array (kind, name, dtype, shape) in order; the arrays follow, raw,
+little-endian.  Kinds:
+    weights    model.get_weights(), in order (MADlib's model_weights: these, as float32)
+    variables  the model's other variables (e.g. random seed generator states)
+    optimizer  the optimizer's variables: iteration counter, moments, ...
+Decoding checks the magic, the version and the sizes; restoring into a model checks that
+the layout is the model's own (`check_layout`).  Plain NumPy: the coordinator reads weights
+out of a state without TensorFlow.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+MAGIC = b"MOPSTATE"
+FORMAT_VERSION = 1
+KINDS = ("weights", "variables", "optimizer")
+_PREFIX = struct.Struct("<HI")
+
+
+class StateFormatError(ValueError):
+    """Bytes that are not a state of this format, or of another model."""
+
+
+@dataclass
+class Entry:
+    kind: str
+    name: str
+    array: np.ndarray
+
+
+def encode(entries: list[Entry], meta: dict | None = None) -> bytes:
+    layout, payload = [], []
+    for entry in entries:
+        if entry.kind not in KINDS:
+            raise ValueError(f"unknown kind {entry.kind}")
+        array = np.asarray(entry.array)
+        little = array.astype(array.dtype.newbyteorder("<"), copy=False)
+        layout.append({"kind": entry.kind, "name": entry.name, "dtype": little.dtype.str,
+                       "shape": list(array.shape)})
+        payload.append(np.ascontiguousarray(little).tobytes())
+    header = json.dumps({"format": FORMAT_VERSION, "layout": layout, "meta": meta or {}},
+                        separators=(",", ":")).encode()
+    return MAGIC + _PREFIX.pack(FORMAT_VERSION, len(header)) + header + b"".join(payload)
+
+
+def decode(blob: bytes) -> tuple[list[Entry], dict]:
+    blob = bytes(blob)
+    if blob[: len(MAGIC)] != MAGIC:
+        raise StateFormatError("not a madlib_mop model state (bad magic)")
+    version, length = _PREFIX.unpack_from(blob, len(MAGIC))
+    if version != FORMAT_VERSION:
+        raise StateFormatError(f"model state format {version}, this version reads {FORMAT_VERSION}")
+    start = len(MAGIC) + _PREFIX.size
+    header = json.loads(blob[start: start + length])
+    offset, entries = start + length, []
+    for item in header["layout"]:
+        dtype = np.dtype(item["dtype"])
+        count = int(np.prod(item["shape"], dtype=np.int64))
+        end = offset + count * dtype.itemsize
+        if end > len(blob):
+            raise StateFormatError("model state is truncated")
+        array = np.frombuffer(blob, dtype=dtype, count=count, offset=offset).reshape(item["shape"])
+        entries.append(Entry(item["kind"], item["name"], array))
+        offset = end
+    if offset != len(blob):
+        raise StateFormatError("model state has trailing bytes")
+    return entries, header["meta"]
+
+
+def layout_of(entries: list[Entry]) -> list[tuple[str, tuple]]:
+    """Kinds and shapes, in order.  Names are informative only: Keras numbers them by how
+    many models a process has built (dense_3/kernel)."""
+    return [(e.kind, tuple(e.array.shape)) for e in entries]
+
+
+def check_layout(found: list[Entry], expected: list[Entry]) -> None:
+    if layout_of(found) != layout_of(expected):
+        raise StateFormatError("model state does not fit this model: its variables differ")
+
+
+def madlib_weights(blob: bytes) -> bytes:
+    """MADlib's model_weights: the float32 values of get_weights(), concatenated."""
+    entries, _ = decode(blob)
+    weights = [e.array.astype("<f4").ravel() for e in entries if e.kind == "weights"]
+    return np.concatenate(weights).tobytes() if weights else b""

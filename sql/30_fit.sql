@@ -1,0 +1,121 @@
+-- Model selection by model hopping: the jobs catalog, the fit functions and procedures,
+-- and the segment workers' entry points.
+
+CREATE TABLE @extschema@.jobs (
+    job_id                bigserial PRIMARY KEY,
+    owner                 name NOT NULL DEFAULT current_user,
+    state                 text NOT NULL DEFAULT 'created'
+                          CHECK (state IN ('created', 'running', 'finished', 'failed', 'interrupted')),
+    model_output_table    text NOT NULL,
+    source_table          text NOT NULL,
+    validation_table      text,
+    model_selection_table text NOT NULL,
+    arguments             jsonb NOT NULL,   -- the call's arguments: a repeat call resumes
+    tables                jsonb NOT NULL,   -- output and per-job tables (quoted names)
+    num_models            integer NOT NULL,
+    num_segments          integer NOT NULL,
+    validation_partitions integer,
+    seed                  integer NOT NULL,
+    subepochs_total       integer NOT NULL,
+    subepochs_done        integer NOT NULL DEFAULT 0,
+    created_at            timestamptz NOT NULL DEFAULT now(),
+    started_at            timestamptz,
+    updated_at            timestamptz,
+    finished_at           timestamptz,
+    coordinator_pid       integer,
+    last_error            text
+);
+COMMENT ON TABLE @extschema@.jobs IS 'Model selection jobs: one row per fit call; each role sees its own';
+
+-- Each role sees and changes its own jobs only (superusers see all).
+ALTER TABLE @extschema@.jobs ENABLE ROW LEVEL SECURITY;
+CREATE POLICY jobs_of_their_owner ON @extschema@.jobs
+    USING (owner = current_user) WITH CHECK (owner = current_user);
+GRANT SELECT, INSERT, UPDATE ON @extschema@.jobs TO PUBLIC;
+GRANT USAGE ON SEQUENCE @extschema@.jobs_job_id_seq TO PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.jobs', '');
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.jobs_job_id_seq', '');
+
+CREATE VIEW @extschema@.job_progress WITH (security_barrier) AS
+SELECT job_id, owner, state, model_output_table,
+       num_models AS models, num_segments AS segments,
+       round(subepochs_done::numeric / (num_segments * num_models), 2) AS epochs_done,
+       round(subepochs_total::numeric / (num_segments * num_models), 2) AS epochs_total,
+       subepochs_done, subepochs_total,
+       round(100.0 * subepochs_done / nullif(subepochs_total, 0), 1) AS percent_done,
+       started_at, updated_at, finished_at,
+       CASE WHEN state = 'running' AND subepochs_done > 0
+            THEN updated_at + (updated_at - started_at) * (subepochs_total - subepochs_done)
+                              / subepochs_done
+       END AS eta,
+       last_error
+FROM @extschema@.jobs;
+COMMENT ON VIEW @extschema@.job_progress IS 'Progress of your model selection jobs, readable from any session';
+GRANT SELECT ON @extschema@.job_progress TO PUBLIC;
+
+CREATE FUNCTION @extschema@.madlib_keras_fit_multiple_model(
+    source_table              varchar,
+    model_output_table        varchar,
+    model_selection_table     varchar,
+    num_iterations            integer,
+    use_gpus                  boolean DEFAULT FALSE,
+    validation_table          varchar DEFAULT NULL,
+    metrics_compute_frequency integer DEFAULT NULL,
+    warm_start                boolean DEFAULT FALSE,
+    name                      varchar DEFAULT NULL,
+    description               varchar DEFAULT NULL,
+    use_caching               boolean DEFAULT TRUE,
+    seed                      integer DEFAULT 0
+)
+RETURNS void
+LANGUAGE plpython3u VOLATILE
+AS $python$
+#include "madlib_keras_fit_multiple_model.py"
+$python$;
+
+CREATE PROCEDURE @extschema@.fit_multiple(
+    source_table              varchar,
+    model_output_table        varchar,
+    model_selection_table     varchar,
+    num_iterations            integer,
+    use_gpus                  boolean DEFAULT FALSE,
+    validation_table          varchar DEFAULT NULL,
+    metrics_compute_frequency integer DEFAULT NULL,
+    warm_start                boolean DEFAULT FALSE,
+    name                      varchar DEFAULT NULL,
+    description               varchar DEFAULT NULL,
+    use_caching               boolean DEFAULT TRUE,
+    seed                      integer DEFAULT 0
+)
+LANGUAGE plpython3u
+AS $python$
+#include "fit_multiple.py"
+$python$;
+
+CREATE FUNCTION @extschema@.resume_job(job_id bigint)
+RETURNS void
+LANGUAGE plpython3u VOLATILE
+AS $python$
+#include "resume_job.py"
+$python$;
+
+CREATE PROCEDURE @extschema@.resume(job_id bigint)
+LANGUAGE plpython3u
+AS $python$
+#include "resume.py"
+$python$;
+
+-- Segment workers: called by the coordinator over its worker connections.
+CREATE FUNCTION @extschema@._mop_train(job_id bigint, mst_key integer, step integer, segment integer)
+RETURNS jsonb
+LANGUAGE plpython3u VOLATILE
+AS $python$
+#include "mop_train.py"
+$python$;
+
+CREATE FUNCTION @extschema@._mop_evaluate(job_id bigint, mst_key integer, step integer, partition integer)
+RETURNS jsonb
+LANGUAGE plpython3u VOLATILE
+AS $python$
+#include "mop_evaluate.py"
+$python$;

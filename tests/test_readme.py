@@ -1,0 +1,23 @@
+"""The README's SQL session runs as written."""
+
+from __future__ import annotations
+
+import re
+
+from madlib_mop.demo import load_iris
+from madlib_mop.embedded import REPO_ROOT
+
+
+def _readme_session() -> str:
+    text = (REPO_ROOT / "README.md").read_text()
+    start = text.index("A session, after `make demo`")
+    return re.search(r"```sql\n(.*?)```", text[start:], re.S).group(1)
+
+
+def test_readme_session_runs(conn):
+    load_iris(conn)  # what make demo loads: madlib_mop_demo.iris
+    conn.execute(_readme_session())
+    rows = conn.execute("SELECT mst_key, compile_params, fit_params FROM mst ORDER BY 1").fetchall()
+    assert len(rows) == 4 and rows[0][2] == "batch_size=16,epochs=1"
+    assert conn.execute("SELECT num_rows FROM iris_packed_summary").fetchone()[0] == 150
+    assert conn.execute("SELECT name FROM model_arch").fetchone()[0] == "mlp"

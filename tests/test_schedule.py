@@ -1,0 +1,114 @@
+"""The schedule's invariants, by simulating jobs with random sub-epoch durations."""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+import pytest
+
+from madlib_mop.schedule import Dispatcher, visit_orders
+
+
+def _simulate(models, segments, epochs, seed, durations, failures=frozenset(), done=None):
+    """Run a dispatcher against simulated time; return the visits as (start, end, model, segment, step)."""
+    orders = visit_orders(models, segments, epochs, seed)
+    dispatcher = Dispatcher(orders, segments, dict(done or {}))
+    clock, events, log, attempts = 0.0, [], [], {}
+    free = set(range(segments))
+    while not dispatcher.finished():
+        for segment in sorted(free):
+            given = dispatcher.next_visit(segment)
+            if given:
+                model, step = given
+                free.discard(segment)
+                heapq.heappush(events, (clock + durations[model], model, segment, step, clock))
+        assert events, "deadlock: nothing running, job not finished"
+        clock, model, segment, step, start = heapq.heappop(events)
+        free.add(segment)
+        attempts[(model, step)] = attempts.get((model, step), 0) + 1
+        if (model, step) in failures and attempts[(model, step)] == 1:
+            dispatcher.retry(model, segment)
+            continue
+        assert dispatcher.planned(model, step)[2] == segment
+        dispatcher.finish(model, segment, durations[model])
+        log.append((start, clock, model, segment, step))
+    return orders, log
+
+
+@pytest.mark.parametrize(("models", "segments"), [(8, 2), (3, 3), (2, 4), (16, 4), (1, 1)])
+def test_invariants(models, segments):
+    rng = np.random.default_rng(models * 10 + segments)
+    durations = {m: float(rng.uniform(1, 5)) for m in range(1, models + 1)}
+    epochs = 3
+    orders, log = _simulate(list(range(1, models + 1)), segments, epochs, 0, durations)
+    # Each model visits each segment exactly once per epoch, in its planned order.
+    for model in orders:
+        visits = sorted((step, segment) for _, _, m, segment, step in log if m == model)
+        assert [step for step, _ in visits] == list(range(epochs * segments))
+        for epoch in range(epochs):
+            per_epoch = [s for step, s in visits if step // segments == epoch]
+            assert sorted(per_epoch) == list(range(segments))
+            assert per_epoch == orders[model][epoch]
+    # No segment trains two models at once; no model is on two segments at once.
+    for key in (3, 2):
+        by = {}
+        for visit in log:
+            by.setdefault(visit[key], []).append(visit)
+        for visits in by.values():
+            visits.sort()
+            assert all(a[1] <= b[0] for a, b in zip(visits, visits[1:]))
+
+
+def test_orders_depend_on_the_seed_only():
+    a = visit_orders([1, 2, 3, 4], 2, 5, seed=1)
+    assert a == visit_orders([4, 3, 2, 1], 2, 5, seed=1)
+    assert a != visit_orders([1, 2, 3, 4], 2, 5, seed=2)
+    # Extending a job keeps the orders of its first epochs.
+    longer = visit_orders([1, 2, 3, 4], 2, 8, seed=1)
+    assert all(longer[m][:5] == a[m] for m in a)
+
+
+def test_equal_models_never_wait_when_as_many_as_segments():
+    durations = {m: 1.0 for m in range(4)}
+    _, log = _simulate(list(range(4)), 4, 3, 5, durations)
+    assert max(end for _, end, *_ in log) == pytest.approx(3 * 4 * 1.0)
+
+
+def test_heterogeneous_models_stay_near_the_lower_bound():
+    """Models whose sub-epochs differ 4x to 10x in cost: the makespan stays within 15% of
+    max(total work / S, the longest model's own time), with no barrier between epochs."""
+    for seed in range(5):
+        rng = np.random.default_rng(seed)
+        durations = {m: float(rng.choice([1.0, 4.0, 10.0])) for m in range(1, 9)}
+        _, log = _simulate(list(range(1, 9)), 2, 3, seed, durations)
+        makespan = max(end for _, end, *_ in log)
+        bound = max(sum(durations.values()) * 3 * 2 / 2, max(durations.values()) * 3 * 2)
+        assert makespan <= 1.15 * bound, (seed, makespan, bound)
+
+
+def test_failed_visits_are_run_again():
+    durations = {m: 1.0 + m for m in range(1, 5)}
+    failures = {(1, 0), (2, 3), (4, 5)}
+    orders, log = _simulate([1, 2, 3, 4], 2, 3, 9, durations, failures)
+    assert sorted((m, step) for *_, m, _, step in log) == sorted(
+        (m, s) for m in orders for s in range(6))
+
+
+def test_resume_starts_where_models_stopped():
+    durations = {m: 1.0 for m in range(1, 4)}
+    orders, log = _simulate([1, 2, 3], 3, 2, 4, durations, done={1: 4, 2: 6, 3: 0})
+    assert sorted(step for *_, m, _, step in log if m == 1) == [4, 5]
+    assert not [1 for *_, m, _, _ in log if m == 2]
+    assert len([1 for *_, m, _, _ in log if m == 3]) == 6
+
+
+def test_dispatcher_refuses_inconsistent_calls():
+    dispatcher = Dispatcher(visit_orders([1], 2, 1, 0), 2)
+    segment = visit_orders([1], 2, 1, 0)[1][0][0]
+    assert dispatcher.next_visit(1 - segment) is None
+    assert dispatcher.next_visit(segment) == (1, 0)
+    with pytest.raises(ValueError):
+        dispatcher.next_visit(segment)
+    with pytest.raises(ValueError):
+        dispatcher.finish(1, 1 - segment)

@@ -1,0 +1,4 @@
+from madlib_mop.plpy_bridge import run
+from madlib_mop.worker import evaluate
+
+return run(plpy, evaluate, job_id, mst_key, step, partition)
