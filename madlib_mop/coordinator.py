@@ -109,9 +109,10 @@ class WorkerThread(threading.Thread):
 def worker_conninfo(plpy: Any) -> str:
     """How workers reach this server: the setting madlib_mop.worker_conninfo, completed with
     this server's socket (or 127.0.0.1) and port, this database and the current user."""
+    schema = catalog.extension_schema(plpy)
     row = plpy.execute(
         "SELECT current_setting('port') AS port, current_database() AS db, current_user AS usr, "
-        "split_part(current_setting('unix_socket_directories'), ',', 1) AS socket, "
+        f"{schema}._server_socket_directory() AS socket, "
         f"current_setting('{CONNINFO_SETTING}', true) AS extra")[0]
     params = {"host": row["socket"].strip() or "127.0.0.1", "port": row["port"],
               "dbname": row["db"], "user": row["usr"]}
@@ -381,8 +382,9 @@ class Coordinator:
                 try:
                     task, result, error = results.get(timeout=1.0)
                 except queue.Empty:
-                    self._check_interrupts()
                     continue
+                finally:
+                    self._check_interrupts()
                 del running[task.segment]
                 if error is not None:
                     self._failed(task, error, dispatcher, pending_evals)

@@ -119,3 +119,10 @@ LANGUAGE plpython3u VOLATILE
 AS $python$
 #include "mop_evaluate.py"
 $python$;
+
+-- Where workers reach this server: its first Unix socket folder.  Reading the setting needs
+-- pg_read_all_settings, which a role running a job need not have.
+CREATE FUNCTION @extschema@._server_socket_directory()
+RETURNS text
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog
+AS $$ SELECT trim(split_part(current_setting('unix_socket_directories'), ',', 1)) $$;

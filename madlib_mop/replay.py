@@ -1,0 +1,108 @@
+"""Replay: train one model of a finished job again, in plain Keras, in this process.
+
+It reads the job's recorded visits (which segment, in which order), the model's initial
+state and the packed data, and runs the same sub-epochs one after another with no
+database in between.  The result equals the weights the job stored (up to float rounding
+of a different thread count), which shows that model hopping is plain sequential SGD over
+a permuted order of the partitions.
+
+    python -m madlib_mop.replay iris_model 1        # prints the largest difference
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+import psycopg
+from psycopg.rows import dict_row
+
+from madlib_mop import preprocessor, training
+from madlib_mop.embedded import configured_dsn
+
+
+def _job(conn: psycopg.Connection, model_output_table: str) -> dict:
+    conn.row_factory = dict_row
+    schema = conn.execute("SELECT quote_ident(extnamespace::regnamespace::text) AS s "
+                          "FROM pg_extension WHERE extname = 'madlib_mop'").fetchone()["s"]
+    job = conn.execute(
+        f"SELECT j.* FROM {schema}.jobs j WHERE j.model_output_table = ("
+        "SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname) FROM pg_class c "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass(%s)) "
+        "ORDER BY job_id DESC LIMIT 1", (model_output_table,)).fetchone()
+    if job is None:
+        raise LookupError(f"no madlib_mop job wrote {model_output_table}")
+    return job
+
+
+def _segment_buffers(conn: psycopg.Connection, summary: dict, segment: int) -> list[training.Buffer]:
+    x, y = preprocessor.packed_columns(summary)
+    label_dtype = "<i2" if summary["label_kind"] == "classification" else "<f4"
+    rows = conn.execute(
+        psycopg.sql.SQL("SELECT {x}, {y}, {xs}, {ys} FROM {t} WHERE __dist_key__ = %s "
+                        "ORDER BY buffer_id").format(
+            x=psycopg.sql.Identifier(x), y=psycopg.sql.Identifier(y),
+            xs=psycopg.sql.Identifier(x + "_shape"), ys=psycopg.sql.Identifier(y + "_shape"),
+            t=psycopg.sql.SQL(summary["packed_table"])), (segment,)).fetchall()
+    buffers = []
+    for features, labels, x_shape, y_shape in (tuple(r.values()) for r in rows):
+        data = (np.frombuffer(features, dtype="<f4").reshape(x_shape),
+                np.frombuffer(labels, dtype=label_dtype).reshape(y_shape))
+        buffers.append(training.Buffer(len(data[0]), lambda d=data: d))
+    return buffers
+
+
+def replay(conn: psycopg.Connection, model_output_table: str, mst_key: int) -> np.ndarray:
+    """The model's weights after replaying its recorded visits (float32, get_weights order)."""
+    job = _job(conn, model_output_table)
+    tables = job["tables"]
+    spec_row = conn.execute(f"SELECT * FROM {tables['models']} WHERE mst_key = %s", (mst_key,)).fetchone()
+    if spec_row is None:
+        raise LookupError(f"mst_key {mst_key} is not a model of {model_output_table}")
+    spec = training.ModelSpec(mst_key, _json_text(spec_row["model_arch"]), spec_row["compile_params"],
+                              spec_row["fit_params"], spec_row["initial_weights"])
+    summary = conn.execute(f"SELECT * FROM {job['source_table']}_summary").fetchone()
+    summary["packed_table"] = job["source_table"]
+    initial = conn.execute(f"SELECT state FROM {tables['state']} WHERE mst_key = %s AND step = 0",
+                           (mst_key,)).fetchone()["state"]
+    visits = conn.execute(f"SELECT step, segment FROM {tables['visits']} WHERE mst_key = %s "
+                          "ORDER BY step", (mst_key,)).fetchall()
+    classification = summary["label_kind"] == "classification"
+    model = training.build_model(spec, job["seed"])
+    training.restore_state(model, bytes(initial))
+    buffers: dict[int, list[training.Buffer]] = {}
+    for visit in visits:
+        segment = visit["segment"]
+        if segment not in buffers:
+            buffers[segment] = _segment_buffers(conn, summary, segment)
+        training.train_subepoch(model, spec, buffers[segment], job["seed"], visit["step"],
+                                classification)
+    return np.concatenate([w.ravel() for w in model.get_weights()]).astype(np.float32)
+
+
+def _json_text(value) -> str:
+    import json
+
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Replay one model of a madlib_mop job in plain Keras.")
+    parser.add_argument("model_output_table")
+    parser.add_argument("mst_key", type=int)
+    args = parser.parse_args(argv)
+    with psycopg.connect(configured_dsn()) as conn:
+        replayed = replay(conn, args.model_output_table, args.mst_key)
+        stored = conn.execute(
+            psycopg.sql.SQL("SELECT model_weights FROM {} WHERE mst_key = %s").format(
+                psycopg.sql.SQL(_job(conn, args.model_output_table)["model_output_table"])),
+            (args.mst_key,)).fetchone()["model_weights"]
+    stored = np.frombuffer(stored, dtype=np.float32)
+    print(f"{replayed.size} weights; largest difference from the job's: "
+          f"{float(np.max(np.abs(replayed - stored))):.3g}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,324 @@
+"""madlib_keras_fit_multiple_model end to end in a real server: outputs, reproducibility,
+replay, failures of workers and of the coordinator, concurrent jobs, bad input."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import numpy as np
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.rows import dict_row
+
+from madlib_mop.replay import replay
+from madlib_mop.schedule import visit_orders
+
+keras = pytest.importorskip("keras")
+
+COMPILE_GRID = ("{'loss': ['categorical_crossentropy'], 'optimizer_params_list': ["
+                "{'optimizer': ['Adam'], 'lr': [0.01, 0.05]}], 'metrics': ['accuracy']}")
+FIT_GRID = "{'batch_size': [8, 16], 'epochs': [1]}"
+
+
+def _mlp(inputs, hidden, classes):
+    return keras.Sequential([keras.Input((inputs,)), keras.layers.Dense(hidden, activation="relu"),
+                             keras.layers.Dense(classes, activation="softmax")]).to_json()
+
+
+@pytest.fixture(scope="module")
+def data(extension_dsn):
+    from sklearn.datasets import load_digits, load_iris
+
+    iris, digits = load_iris(), load_digits()
+    with psycopg.connect(extension_dsn, autocommit=True) as conn:
+        conn.execute("SET search_path = public, madlib_mop")
+        conn.execute("CREATE TABLE iris (id int, attributes float8[], class_text text)")
+        with conn.cursor().copy("COPY iris FROM STDIN") as copy:
+            for i, (x, y) in enumerate(zip(iris.data, iris.target)):
+                copy.write_row((i, [float(v) for v in x], str(iris.target_names[y])))
+        conn.execute("CREATE TABLE digits (id int, pixels real[], digit int)")
+        with conn.cursor().copy("COPY digits FROM STDIN") as copy:
+            for i, (x, y) in enumerate(zip(digits.data, digits.target)):
+                copy.write_row((i, [float(v) for v in x], int(y)))
+        conn.execute("SELECT training_preprocessor_dl('iris', 'iris_packed', 'class_text', "
+                     "'attributes', distribution_rules => '2')")
+        conn.execute("SELECT validation_preprocessor_dl('iris', 'iris_valid', 'class_text', "
+                     "'attributes', 'iris_packed')")
+        conn.execute("CREATE TABLE digits_train AS SELECT * FROM digits WHERE id % 5 <> 0")
+        conn.execute("CREATE TABLE digits_test AS SELECT * FROM digits WHERE id % 5 = 0")
+        conn.execute("SELECT training_preprocessor_dl('digits_train', 'digits_packed', 'digit', "
+                     "'pixels', normalizing_const => 16, distribution_rules => '2')")
+        conn.execute("SELECT validation_preprocessor_dl('digits_test', 'digits_valid', 'digit', "
+                     "'pixels', 'digits_packed')")
+        for inputs, hidden, classes in ((4, 8, 3), (64, 32, 10), (5, 8, 3), (4, 8, 2)):
+            conn.execute("SELECT load_keras_model('arch', %s::json)", (_mlp(inputs, hidden, classes),))
+        conn.execute("SELECT generate_model_configs('arch', 'mst_iris', ARRAY[1], %s, %s)",
+                     (COMPILE_GRID, FIT_GRID))
+        conn.execute("SELECT generate_model_configs('arch', 'mst_digits', ARRAY[2], %s, %s)",
+                     (COMPILE_GRID, "{'batch_size': [16], 'epochs': [1]}"))
+    return extension_dsn
+
+
+def _connect(dsn):
+    conn = psycopg.connect(dsn, autocommit=True)
+    conn.execute("SET search_path = public, madlib_mop")
+    return conn
+
+
+def _fit(dsn, out, mst="mst_iris", source="iris_packed", iterations=3, validation="iris_valid",
+         seed=0, notices=None, procedure=False):
+    with _connect(dsn) as conn:
+        if notices is not None:
+            conn.add_notice_handler(lambda diag: notices.append(diag.message_primary))
+        statement = ("CALL fit_multiple(%s, %s, %s, %s, FALSE, %s, 1, seed => %s)" if procedure else
+                     "SELECT madlib_keras_fit_multiple_model(%s, %s, %s, %s, FALSE, %s, 1, seed => %s)")
+        conn.execute(statement, (source, out, mst, iterations, validation, seed))
+
+
+def _weights(conn, out):
+    return dict(conn.execute(sql.SQL("SELECT mst_key, model_weights FROM {} ORDER BY 1").format(
+        sql.Identifier(out))).fetchall())
+
+
+@pytest.fixture(scope="module")
+def reference(data):
+    """An uninterrupted job: every other run must end with these weights."""
+    notices: list[str] = []
+    _fit(data, "ref", notices=notices)
+    with _connect(data) as conn:
+        return _weights(conn, "ref"), notices
+
+
+def test_outputs_follow_madlib(data, reference):
+    weights, notices = reference
+    with _connect(data) as conn:
+        columns = lambda t: [r[0] for r in conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
+            "AND NOT attisdropped ORDER BY attnum", (t,))]
+        assert columns("ref") == ["mst_key", "model_weights", "model_arch"]
+        assert columns("ref_info")[:17] == [
+            "mst_key", "model_id", "compile_params", "fit_params", "model_type", "model_size",
+            "metrics_elapsed_time", "metrics_type", "loss_type", "training_metrics_final",
+            "training_loss_final", "training_metrics", "training_loss", "validation_metrics_final",
+            "validation_loss_final", "validation_metrics", "validation_loss"]
+        assert columns("ref_summary")[:4] == ["source_table", "validation_table", "model", "model_info"]
+        model = keras.models.model_from_json(_mlp(4, 8, 3))
+        assert sorted(weights) == [1, 2, 3, 4]
+        assert all(len(w) == 4 * model.count_params() for w in weights.values())
+        info = conn.cursor(row_factory=dict_row).execute("SELECT * FROM ref_info ORDER BY mst_key").fetchall()
+        for row in info:
+            assert row["metrics_type"] == ["accuracy"] and row["loss_type"] == "categorical_crossentropy"
+            assert len(row["training_loss"]) == len(row["validation_metrics"]) == 3
+            assert row["metrics_iters"] == [1, 2, 3]
+            assert row["training_loss_final"] == row["training_loss"][-1]
+            assert 0 <= row["validation_metrics_final"] <= 1
+            assert row["metrics_elapsed_time"] == sorted(row["metrics_elapsed_time"])
+        # The best configuration learns something.
+        assert max(r["validation_metrics_final"] for r in info) > 0.6
+        summary = conn.cursor(row_factory=dict_row).execute("SELECT * FROM ref_summary").fetchone()
+        assert summary["class_text_class_values"] == ["setosa", "versicolor", "virginica"]
+        assert summary["num_iterations"] == 3 and summary["end_training_time"] is not None
+        progress = conn.cursor(row_factory=dict_row).execute(
+            "SELECT * FROM job_progress WHERE model_output_table = 'public.ref'").fetchone()
+        assert progress["state"] == "finished" and progress["percent_done"] == 100
+    epoch_notices = [n for n in notices if ": epoch " in n]
+    assert len(epoch_notices) == 3 and "epoch 3/3" in epoch_notices[-1] and "ETA" in epoch_notices[0]
+
+
+def test_visits_follow_the_schedule(data, reference):
+    with _connect(data) as conn:
+        visits = conn.execute("SELECT mst_key, step, segment FROM ref_mop_visits ORDER BY 1, 2").fetchall()
+        seed = conn.execute("SELECT seed FROM jobs WHERE model_output_table = 'public.ref'").fetchone()[0]
+    orders = visit_orders([1, 2, 3, 4], 2, 3, seed)
+    for mst_key in (1, 2, 3, 4):
+        segments = [s for k, _, s in visits if k == mst_key]
+        assert segments == [s for epoch in orders[mst_key] for s in epoch]
+
+
+def test_same_seed_same_weights_and_replay(data, reference):
+    weights, _ = reference
+    _fit(data, "again", procedure=True)  # the procedure, committing as it goes
+    _fit(data, "other_seed", seed=1)
+    with _connect(data) as conn:
+        assert _weights(conn, "again") == weights
+        assert _weights(conn, "other_seed") != weights
+        for mst_key in (1, 4):
+            replayed = replay(conn, "ref", mst_key)
+            stored = np.frombuffer(weights[mst_key], dtype=np.float32)
+            assert np.max(np.abs(replayed - stored)) <= 1e-6
+
+
+def test_two_concurrent_jobs_match_each_alone(data, reference):
+    weights, _ = reference
+    alone = {}
+    _fit(data, "digits_alone", mst="mst_digits", source="digits_packed", validation="digits_valid",
+         iterations=2)
+    with _connect(data) as conn:
+        alone = _weights(conn, "digits_alone")
+    runs = [threading.Thread(target=_fit, args=(data, "con_iris")),
+            threading.Thread(target=_fit, args=(data, "con_digits"),
+                             kwargs=dict(mst="mst_digits", source="digits_packed",
+                                         validation="digits_valid", iterations=2))]
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join()
+    with _connect(data) as conn:
+        assert _weights(conn, "con_iris") == weights
+        assert _weights(conn, "con_digits") == alone
+
+
+def _wait_for(conn, query, params=None, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        row = conn.execute(query, params).fetchone()
+        if row and row[0]:
+            return row
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for: {query}")
+
+
+def test_a_killed_worker_changes_nothing(data, reference):
+    weights, _ = reference
+    notices: list[str] = []
+    job = threading.Thread(target=_fit, args=(data, "killed_worker"), kwargs=dict(notices=notices))
+    job.start()
+    with _connect(data) as watcher:
+        _wait_for(watcher, "SELECT subepochs_done >= 4 FROM jobs WHERE model_output_table = 'public.killed_worker'")
+        # Progress is visible while the job runs.
+        running = watcher.execute("SELECT state, subepochs_done FROM job_progress "
+                                  "WHERE model_output_table = 'public.killed_worker'").fetchone()
+        assert running[0] == "running" and 0 < running[1] < 24
+        pid = _wait_for(watcher, "SELECT pid FROM pg_stat_activity WHERE application_name LIKE "
+                                 "'madlib_mop worker job % segment 1' AND state = 'active' "
+                                 "AND query LIKE '%_mop_train%' AND datname = current_database()")[0]
+        assert watcher.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0]
+    job.join()
+    assert any("failed" in n and "running it again" in n for n in notices), notices
+    with _connect(data) as conn:
+        assert _weights(conn, "killed_worker") == weights
+
+
+def test_a_killed_coordinator_resumes(data, reference):
+    weights, _ = reference
+    failure: list[Exception] = []
+
+    def fit_until_killed():
+        try:
+            _fit(data, "killed_coordinator")
+        except psycopg.OperationalError as error:
+            failure.append(error)
+
+    job = threading.Thread(target=fit_until_killed)
+    job.start()
+    with _connect(data) as watcher:
+        job_id, pid = _wait_for(
+            watcher, "SELECT job_id, coordinator_pid FROM jobs WHERE model_output_table = "
+                     "'public.killed_coordinator' AND subepochs_done >= 6")
+        watcher.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        job.join()
+        assert failure, "the coordinator's session should have been terminated"
+        state, done = watcher.execute("SELECT state, subepochs_done FROM jobs WHERE job_id = %s",
+                                      (job_id,)).fetchone()
+        assert state == "running" and done < 24  # left as it was: nobody marked it
+        _wait_for(watcher, "SELECT pg_try_advisory_lock(%s, %s)", (0x4D4F50, job_id))
+        watcher.execute("SELECT pg_advisory_unlock(%s, %s)", (0x4D4F50, job_id))
+        watcher.execute("CALL resume(%s)", (job_id,))
+        assert watcher.execute("SELECT state FROM jobs WHERE job_id = %s", (job_id,)).fetchone()[0] == "finished"
+        assert _weights(watcher, "killed_coordinator") == weights
+
+
+def test_calling_the_fit_again_continues_an_unfinished_job(data, reference):
+    weights, _ = reference
+    with _connect(data) as conn, _connect(data) as watcher:
+        # A job cancelled after its first sub-epochs (Ctrl-C in psql does the same).
+        def cancel_soon():
+            _wait_for(watcher, "SELECT subepochs_done >= 4 FROM jobs "
+                               "WHERE model_output_table = 'public.cancelled'")
+            conn.cancel_safe()
+
+        canceller = threading.Thread(target=cancel_soon)
+        canceller.start()
+        with pytest.raises(psycopg.errors.QueryCanceled):
+            conn.execute("SELECT madlib_keras_fit_multiple_model('iris_packed', 'cancelled', "
+                         "'mst_iris', 3, FALSE, 'iris_valid', 1)")
+        canceller.join()
+        state, done = conn.execute("SELECT state, subepochs_done FROM jobs "
+                                   "WHERE model_output_table = 'public.cancelled'").fetchone()
+        assert state == "interrupted" and done < 24
+        notices: list[str] = []
+        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary))
+        conn.execute("SELECT madlib_keras_fit_multiple_model('iris_packed', 'cancelled', "
+                     "'mst_iris', 3, FALSE, 'iris_valid', 1)")
+        assert any("continuing job" in n for n in notices)
+        assert _weights(conn, "cancelled") == weights
+
+
+def test_warm_start_continues_training(data, reference):
+    _fit(data, "warm", iterations=1)
+    with _connect(data) as conn:
+        conn.execute("SELECT madlib_keras_fit_multiple_model('iris_packed', 'warm', 'mst_iris', 2, "
+                     "FALSE, 'iris_valid', 1, TRUE)")
+        info = conn.execute("SELECT metrics_iters FROM warm_info").fetchall()
+        assert all(row[0] == [1, 2] for row in info)  # MADlib: arrays cover the new run
+        jobs = conn.execute("SELECT count(*) FROM jobs WHERE model_output_table = 'public.warm'").fetchone()[0]
+        assert jobs == 2
+
+
+def test_non_superuser_runs_a_job(data):
+    role = f"analyst_{uuid.uuid4().hex[:6]}"
+    with _connect(data) as conn:
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+        try:
+            conn.execute(sql.SQL("GRANT USAGE ON SCHEMA madlib_mop TO {0}; GRANT CREATE ON SCHEMA public TO {0}; "
+                                 "GRANT SELECT ON ALL TABLES IN SCHEMA public TO {0}").format(sql.Identifier(role)))
+            conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+            conn.execute("SELECT madlib_keras_fit_multiple_model('iris_packed', 'analyst_model', "
+                         "'mst_iris', 1, FALSE)")
+            assert len(_weights(conn, "analyst_model")) == 4
+            owners = conn.execute("SELECT DISTINCT owner FROM jobs").fetchall()
+            assert owners == [(role,)]  # another role's jobs are not visible
+        finally:
+            conn.execute("RESET ROLE")
+            conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+            conn.execute("DELETE FROM jobs WHERE owner = %s", (role,))
+            conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+@pytest.mark.parametrize(("args", "sqlstate", "message"), [
+    (("iris", "bad_out", "mst_iris", 1), "42P01", "has no summary table"),
+    (("iris_packed", "bad_out", "no_mst", 1), "42P01", "does not exist"),
+    (("iris_packed", "bad_out", "mst_iris", 0), "22023", "num_iterations must be at least 1"),
+    (("iris_packed", "bad_out", "mst_iris", 2, False, None, 0), "22023", "metrics_compute_frequency"),
+    (("iris_packed", "bad_out", "mst_iris", 1, True), "0A000", "use_gpus"),
+    (("iris_packed", "bad_out", "mst_shape", 1), "42804", "takes input of shape [5]"),
+    (("iris_packed", "bad_out", "mst_outputs", 1), "42804", "has 2 outputs"),
+    (("iris_packed", "bad_out", "mst_loss", 1), "42804", "binary_crossentropy with 1 output"),
+    (("iris_packed", "bad_out", "mst_iris", 1, False, "digits_valid"), "42804", "does not match"),
+    (("iris_packed", "ref", "mst_iris", 1), "42P07", "already exists"),
+])
+def test_bad_input(data, reference, args, sqlstate, message):
+    with _connect(data) as conn:
+        conn.execute("DROP TABLE IF EXISTS mst_shape, mst_shape_summary, mst_outputs, "
+                     "mst_outputs_summary, mst_loss, mst_loss_summary")
+        conn.execute("SELECT load_model_selection_table('arch', 'mst_shape', ARRAY[3], "
+                     "ARRAY[$$loss='categorical_crossentropy',optimizer='Adam'$$], ARRAY['epochs=1'])")
+        conn.execute("SELECT load_model_selection_table('arch', 'mst_outputs', ARRAY[4], "
+                     "ARRAY[$$loss='categorical_crossentropy',optimizer='Adam'$$], ARRAY['epochs=1'])")
+        conn.execute("SELECT load_keras_model('arch', %s::json)", (
+            keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, activation="sigmoid")]).to_json(),))
+        last = conn.execute("SELECT max(model_id) FROM arch").fetchone()[0]
+        conn.execute("SELECT load_model_selection_table('arch', 'mst_loss', ARRAY[%s], "
+                     "ARRAY[$$loss='binary_crossentropy',optimizer='Adam'$$], ARRAY['epochs=1'])", (last,))
+        jobs_before = conn.execute("SELECT count(*) FROM jobs").fetchone()[0]
+        placeholders = sql.SQL(", ").join([sql.Placeholder()] * len(args))
+        with pytest.raises(psycopg.Error) as raised:
+            conn.execute(sql.SQL("SELECT madlib_keras_fit_multiple_model({})").format(placeholders), args)
+        diag = raised.value.diag
+        assert diag.sqlstate == sqlstate and message in diag.message_primary and diag.message_hint
+        assert conn.execute("SELECT to_regclass('bad_out') IS NULL AND to_regclass('bad_out_info') IS NULL "
+                            "AND to_regclass('bad_out_mop_state') IS NULL").fetchone()[0]
+        assert conn.execute("SELECT count(*) FROM jobs").fetchone()[0] == jobs_before
