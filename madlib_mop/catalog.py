@@ -13,9 +13,13 @@ from typing import Any
 from madlib_mop import errors
 from madlib_mop.errors import MadlibMopError
 
+# Names are always schema-qualified: they are also used by other sessions (workers),
+# whose search_path may differ.
 _RESOLVE = """
-    SELECT c.oid, c.oid::regclass::text AS name, c.relkind AS kind
-    FROM (SELECT to_regclass($1) AS r) q LEFT JOIN pg_class c ON c.oid = q.r
+    SELECT c.oid, quote_ident(n.nspname) || '.' || quote_ident(c.relname) AS name, c.relkind AS kind
+    FROM (SELECT to_regclass($1) AS r) q
+    LEFT JOIN pg_class c ON c.oid = q.r
+    LEFT JOIN pg_namespace n ON n.oid = c.relnamespace
 """
 _COLUMNS = """
     SELECT a.attname AS name, format_type(a.atttypid, a.atttypmod) AS type,
@@ -32,7 +36,7 @@ _COLUMNS = """
 @dataclass(frozen=True)
 class Table:
     oid: int
-    name: str  # regclass text: quoted and schema-qualified as needed, safe to put in SQL
+    name: str  # "schema"."table", quoted as needed: safe to put in SQL
     kind: str = "r"  # pg_class.relkind
 
 

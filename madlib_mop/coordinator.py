@@ -227,7 +227,8 @@ def plan_job(plpy: Any, source_table: str, model_output_table: str, model_select
     missing = [c for c in ("mst_key", "model_id", "compile_params", "fit_params")
                if c not in catalog.columns(plpy, mst)]
     summary_row = plpy.execute(plpy.prepare(
-        "SELECT to_regclass(format('%I.%I', n.nspname, c.relname || '_summary'))::text AS s "
+        "SELECT (SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname || '_summary') "
+        "WHERE to_regclass(format('%I.%I', n.nspname, c.relname || '_summary')) IS NOT NULL) AS s "
         "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1",
         ["oid"]), [mst.oid])[0]["s"]
     if missing or summary_row is None:
@@ -513,7 +514,9 @@ class Coordinator:
             return [r.get(name) for r in rows] if rows else None
 
         first = metric_names[0] if metric_names else None
-        training_seconds = sum(v["seconds"]["total"] for v in model.visits.values())
+        # Time the model's sub-epochs took, without each worker's one-off start-up.
+        training_seconds = sum(v["seconds"]["total"] - v["seconds"].get("setup", 0.0)
+                               for v in model.visits.values())
         self.q(sql.SQL("""
             UPDATE {info} SET metrics_elapsed_time = %s,
                 training_metrics_final = %s, training_loss_final = %s,

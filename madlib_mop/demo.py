@@ -1,33 +1,44 @@
-"""`make demo`: the extension at work on a real data set, in the server.
+"""`make demo`: model selection by model hopping on a real data set, in the server.
 
-Creates the extension (schema madlib_mop) if it is missing, loads scikit-learn's iris data
-set into madlib_mop_demo.iris, and has the server train a Keras model on it through
-PL/Python.  Everything it creates lives in the schema madlib_mop_demo.
+Creates the extension (schema madlib_mop) if it is missing, loads scikit-learn's digits
+(8x8 images, 10 classes) and iris data sets into schema madlib_mop_demo, packs digits over
+2 segments, and trains 8 configurations (2 architectures x 2 learning rates x 2 batch sizes)
+at once with madlib_keras_fit_multiple_model, validating on held-out images; then prints
+the leaderboard.  Everything it creates lives in the schema madlib_mop_demo.
 
     python -m madlib_mop.demo            # uses MADLIB_MOP_DSN, else the embedded server
 """
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 
 import psycopg
 from psycopg import sql
 
-from madlib_mop.embedded import configured_dsn
+from madlib_mop.embedded import EmbeddedCluster, configured_dsn
+from madlib_mop.extension_build import built_id
 
 DEMO_SCHEMA = "madlib_mop_demo"
 EXTENSION_SCHEMA = "madlib_mop"
 
 
 def ensure_extension(conn: psycopg.Connection, schema: str = EXTENSION_SCHEMA) -> str:
-    """Create or update the extension; return the schema it lives in."""
+    """Create or update the extension; return the schema it lives in.
+
+    In the embedded server's own database, an extension installed by an earlier build of
+    the same version is replaced (development); elsewhere it is only updated."""
     row = conn.execute(
         "SELECT extnamespace::regnamespace::text, extversion FROM pg_extension "
         "WHERE extname = 'madlib_mop'"
     ).fetchone()
+    if row is not None and configured_dsn() == EmbeddedCluster().dsn():
+        installed = conn.execute(sql.SQL("SELECT {}.build_id()").format(sql.Identifier(row[0]))).fetchone()[0] \
+            if conn.execute("SELECT to_regproc(%s) IS NOT NULL", (f"{row[0]}.build_id",)).fetchone()[0] else None
+        if installed != built_id():
+            conn.execute("DROP EXTENSION madlib_mop CASCADE")
+            row = None
     if row is None:
         conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
         conn.execute(
@@ -38,12 +49,16 @@ def ensure_extension(conn: psycopg.Connection, schema: str = EXTENSION_SCHEMA) -
     return row[0]
 
 
+def _demo_schema(conn: psycopg.Connection) -> None:
+    conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(DEMO_SCHEMA)))
+
+
 def load_iris(conn: psycopg.Connection) -> str:
     """Load iris into madlib_mop_demo.iris (id, attributes float8[], class_text text)."""
     from sklearn.datasets import load_iris as sklearn_iris
 
     data = sklearn_iris()
-    conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(DEMO_SCHEMA)))
+    _demo_schema(conn)
     table = sql.Identifier(DEMO_SCHEMA, "iris")
     conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
     conn.execute(sql.SQL(
@@ -55,40 +70,93 @@ def load_iris(conn: psycopg.Connection) -> str:
     return f"{DEMO_SCHEMA}.iris"
 
 
+def load_digits(conn: psycopg.Connection) -> str:
+    """Load digits into madlib_mop_demo.digits (id, image real[8][8][1], digit integer)."""
+    from sklearn.datasets import load_digits as sklearn_digits
+
+    data = sklearn_digits()
+    _demo_schema(conn)
+    table = sql.Identifier(DEMO_SCHEMA, "digits")
+    conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
+    conn.execute(sql.SQL("CREATE TABLE {} (id integer PRIMARY KEY, image real[] NOT NULL, "
+                         "digit integer NOT NULL)").format(table))
+    with conn.cursor().copy(sql.SQL("COPY {} FROM STDIN").format(table)) as copy:
+        for i, (image, target) in enumerate(zip(data.images, data.target), start=1):
+            copy.write_row((i, image.reshape(8, 8, 1).tolist(), int(target)))
+    return f"{DEMO_SCHEMA}.digits"
+
+
+def _layer(class_name: str, **config) -> dict:
+    return {"class_name": class_name, "config": config}
+
+
+def _architectures() -> list[tuple[str, str]]:
+    """Two architectures as a MADlib user has them: tf.keras-style JSON (written here by
+    hand; no TensorFlow needed on the client)."""
+    import json
+
+    shape = {"batch_input_shape": [None, 8, 8, 1]}
+    mlp = [_layer("Flatten", **shape), _layer("Dense", units=32, activation="relu"),
+           _layer("Dense", units=10, activation="softmax")]
+    cnn = [_layer("Conv2D", filters=16, kernel_size=[3, 3], activation="relu", **shape),
+           _layer("Flatten"), _layer("Dense", units=32, activation="relu"),
+           _layer("Dense", units=10, activation="softmax")]
+    return [(name, json.dumps({"class_name": "Sequential", "config": {"name": name, "layers": layers}}))
+            for name, layers in (("mlp_64_32_10", mlp), ("cnn_16x3x3_32_10", cnn))]
+
+
 def main() -> int:
     dsn = configured_dsn()
     print(f"server: {dsn}")
     with psycopg.connect(dsn, autocommit=True) as conn:
         schema = ensure_extension(conn)
-        print(f"extension madlib_mop is installed in schema {schema}")
-        table = load_iris(conn)
-        count = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
-            sql.Identifier(DEMO_SCHEMA, "iris"))).fetchone()[0]
-        print(f"loaded scikit-learn's iris data set: {count} rows into {table}")
-
-        started = time.perf_counter()
         version = conn.execute(sql.SQL("SELECT {}.version()").format(sql.Identifier(schema))).fetchone()[0]
-        print(f"in-database runtime: {version}")
-        report = conn.execute(
-            sql.SQL("SELECT {}.runtime_check(%s, %s, %s, epochs => %s)").format(sql.Identifier(schema)),
-            (table, "class_text", "attributes", 30),
-        ).fetchone()[0]
+        print(f"extension madlib_mop in schema {schema}: {version}")
+        load_iris(conn)
+        load_digits(conn)
+        print(f"loaded scikit-learn's digits (1797 images of 8x8) and iris into schema {DEMO_SCHEMA}")
+        for table in ("digits_packed", "digits_valid", "model_arch", "mst", "digits_models"):
+            for suffix in ("", "_summary", "_info", "_mop_models", "_mop_state", "_mop_visits",
+                           "_mop_evals"):
+                conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(
+                    sql.Identifier(DEMO_SCHEMA, table + suffix)))
+        conn.execute(sql.SQL("SET search_path = {}, {}").format(
+            sql.Identifier(DEMO_SCHEMA), sql.Identifier(schema)))
+        conn.add_notice_handler(lambda diag: print("  " + diag.message_primary, flush=True))
+        conn.execute("CREATE TEMP VIEW digits_train AS SELECT * FROM digits WHERE id % 5 <> 0")
+        conn.execute("CREATE TEMP VIEW digits_test AS SELECT * FROM digits WHERE id % 5 = 0")
+        print("\npacking: 80% for training over 2 segments, 20% for validation")
+        conn.execute("SELECT training_preprocessor_dl('digits_train', 'digits_packed', 'digit', 'image', "
+                     "normalizing_const => 16, distribution_rules => '2')")
+        conn.execute("SELECT validation_preprocessor_dl('digits_test', 'digits_valid', 'digit', 'image', "
+                     "'digits_packed')")
+        names = {}
+        for name, arch in _architectures():
+            conn.execute("SELECT load_keras_model('model_arch', %s::json, NULL, %s)", (arch, name))
+        names = dict(conn.execute("SELECT model_id, name FROM model_arch").fetchall())
+        conn.execute("""SELECT generate_model_configs('model_arch', 'mst', ARRAY[1, 2],
+            $${'loss': ['categorical_crossentropy'],
+               'optimizer_params_list': [{'optimizer': ['Adam'], 'lr': [0.001, 0.01]}],
+               'metrics': ['accuracy']}$$,
+            $${'batch_size': [16, 64], 'epochs': [1]}$$)""")
+        print("\ntraining 8 configurations at once by model hopping (5 iterations):")
+        started = time.perf_counter()
+        conn.execute("SELECT madlib_keras_fit_multiple_model('digits_packed', 'digits_models', 'mst', "
+                     "5, FALSE, 'digits_valid', 1)")
         elapsed = time.perf_counter() - started
-    if isinstance(report, str):
-        report = json.loads(report)
-    print(
-        f"\nThe server read {report['rows']} rows x {report['features']} features from "
-        f"{report['source_table']} and trained a Keras model (TensorFlow {report['tensorflow']}) "
-        f"for {report['epochs']} epochs inside PostgreSQL, in PL/Python:"
-    )
-    print(f"  classes: {', '.join(report['class_values'])}")
-    print(f"  {'epoch':>5}  {'loss':>8}  {'accuracy':>8}")
-    for epoch in sorted({0, 4, 9, 19, report['epochs'] - 1}):
-        if epoch < report["epochs"]:
-            print(f"  {epoch + 1:>5}  {report['loss'][epoch]:8.4f}  {report['accuracy'][epoch]:8.4f}")
-    print(f"  read {report['read_seconds']}s, train {report['train_seconds']}s, "
-          f"whole call (with TensorFlow import) {elapsed:.1f}s")
-    print(f'\nTry it yourself:  psql "$(make -s dsn)" -c "SELECT {schema}.version()"')
+        rows = conn.execute("""
+            SELECT i.mst_key, i.model_id, i.compile_params, i.fit_params,
+                   i.validation_metrics_final, i.validation_loss_final, i.training_seconds
+            FROM digits_models_info i ORDER BY i.validation_metrics_final DESC, i.mst_key""").fetchall()
+    print(f"\nleaderboard (validation on {DEMO_SCHEMA}.digits_valid; whole job {elapsed:.1f}s):\n")
+    print(f"{'mst_key':>7}  {'model':<18} {'optimizer':<20} {'batch':>5}  {'val acc':>7}  "
+          f"{'val loss':>8}  {'train s':>7}")
+    for mst_key, model_id, compile_params, fit_params, accuracy, loss, seconds in rows:
+        optimizer = compile_params.split("'")[1]
+        batch = fit_params.split("batch_size=")[1].split(",")[0]
+        print(f"{mst_key:>7}  {names[model_id]:<18} {optimizer:<20} {batch:>5}  {accuracy:7.4f}  "
+              f"{loss:8.4f}  {seconds:7.1f}")
+    print(f'\nTry it yourself:  psql "$(make -s dsn)" -c "SELECT * FROM {schema}.job_progress"')
     return 0
 
 

@@ -18,6 +18,7 @@ Output (in --out):
 from __future__ import annotations
 
 import argparse
+import hashlib
 import re
 import sysconfig
 from pathlib import Path
@@ -98,8 +99,14 @@ def build(version: str, out: Path, site_packages: str,
     for source in sources:
         parts.append(f"\n-- ==== {source.name} ====\n")
         parts.append(expand_includes(source.read_text(encoding="utf-8"), udf_dir, site_packages, used))
+    body = "".join(parts)
+    # Which build this is: lets a development database notice that its extension is stale
+    # although the version number is the same.
+    fingerprint = hashlib.sha256(body.encode()).hexdigest()[:16]
+    body += (f"\n-- ==== build ====\nCREATE FUNCTION @extschema@.build_id() RETURNS text "
+             f"LANGUAGE sql IMMUTABLE AS $$ SELECT '{version}+{fingerprint}'::text $$;\n")
     written = [out / f"{EXTENSION}--{version}.sql"]
-    written[0].write_text("".join(parts), encoding="utf-8")
+    written[0].write_text(body, encoding="utf-8")
 
     for upgrade in sorted((sql_dir / "upgrades").glob("*.sql")):
         match = UPGRADE_NAME.match(upgrade.name)
@@ -123,6 +130,16 @@ def build(version: str, out: Path, site_packages: str,
     control.write_text(CONTROL.format(version=version), encoding="utf-8")
     written.append(control)
     return written
+
+
+def built_id(out: Path = REPO_ROOT / "build", version: str | None = None) -> str | None:
+    """The build_id() of the install script in `out` (None if there is none)."""
+    scripts = sorted(out.glob(f"{EXTENSION}--{version or '*'}.sql"))
+    scripts = [p for p in scripts if UPGRADE_NAME.match(p.name) is None]
+    if not scripts:
+        return None
+    found = re.search(r"AS \$\$ SELECT '([^']+)'::text \$\$;", scripts[-1].read_text(encoding="utf-8"))
+    return found.group(1) if found else None
 
 
 def main(argv: list[str] | None = None) -> int:

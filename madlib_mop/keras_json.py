@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from typing import Any
 
 from madlib_mop import errors
@@ -21,6 +22,8 @@ from madlib_mop.tf_runtime import import_tensorflow
 MODEL_CLASSES = {"Sequential", "Functional", "Model"}
 # Layers that run arbitrary Python, refused whatever their config says.
 CODE_LAYERS = {"Lambda", "TFOpLambda", "SlicingOpLambda"}
+
+_SCOPE_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-/>]")
 
 _NOT_A_MODEL_HINT = (
     "Pass the output of model.to_json() of a keras.Sequential or functional keras.Model."
@@ -51,6 +54,11 @@ def parse_model_json(text: Any) -> dict:
     _refuse_code(config)
     if "module" not in config:
         config = upgrade_legacy_json(config)
+    body = config.get("config")
+    if isinstance(body, dict) and isinstance(body.get("name"), str):
+        # TensorFlow uses the model's name as a scope name, which allows fewer characters
+        # than a Keras name (no spaces); nothing refers to the model's own name.
+        body["name"] = _SCOPE_UNSAFE.sub("_", body["name"]).lstrip("_") or "model"
     return config
 
 

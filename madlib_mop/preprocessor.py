@@ -257,7 +257,8 @@ def read_summary(plpy: Any, packed_table: str, *, argument: str) -> dict:
     """The `<packed>_summary` row of a table made by training_preprocessor_dl."""
     table = catalog.resolve_table(plpy, packed_table, argument=argument)
     summary_name = plpy.execute(plpy.prepare(
-        "SELECT to_regclass(format('%I.%I', n.nspname, c.relname || '_summary'))::text AS s "
+        "SELECT (SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname || '_summary') "
+        "WHERE to_regclass(format('%I.%I', n.nspname, c.relname || '_summary')) IS NOT NULL) AS s "
         "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1",
         ["oid"]), [table.oid])[0]["s"]
     hint = f"Create {table.name} with training_preprocessor_dl()."

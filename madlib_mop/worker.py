@@ -144,6 +144,7 @@ def train(plpy: Any, job_id: int, mst_key: int, step: int, segment: int) -> str:
     """One sub-epoch of model `mst_key` on `segment`, from its state at `step`."""
     started = time.perf_counter()
     ctx = context(plpy, job_id)
+    setup = time.perf_counter()  # TensorFlow's import and the job's context: once per worker
     buffers = _buffers(plpy, ctx, ctx.train, segment)
     read = time.perf_counter()
     model = _model(ctx, mst_key)
@@ -159,7 +160,7 @@ def train(plpy: Any, job_id: int, mst_key: int, step: int, segment: int) -> str:
     result = json.dumps({
         "rows": outcome.rows, "metrics": outcome.means(), "segment": segment, "pid": os.getpid(),
         "finished_at": time.time(),
-        "seconds": {"read": read - started, "restore": restored - read,
+        "seconds": {"setup": setup - started, "read": read - setup, "restore": restored - read,
                     "train": outcome.seconds_train,
                     "other": trained - restored - outcome.seconds_train,
                     "save": saved - trained, "total": saved - started}})

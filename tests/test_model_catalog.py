@@ -132,7 +132,7 @@ def test_generate_model_configs_grid(conn, arch):
     assert rows[0] == (1, 1, "optimizer='Adam(lr=0.001)',loss='categorical_crossentropy',"
                              "metrics=['accuracy']", "batch_size=16,epochs=1")
     assert conn.execute("SELECT model_arch_table, object_table FROM mst_summary").fetchall() == [
-        ("arch_m", None)]
+        ("public.arch_m", None)]
     # Calling again appends (MADlib's behaviour); identical configurations are not repeated.
     conn.execute("SELECT madlib_mop.generate_model_configs('arch_m', 'mst', ARRAY[1], %s, %s)",
                  (COMPILE_GRID, "{'batch_size': [16, 64], 'epochs': [1]}"))
