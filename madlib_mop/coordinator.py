@@ -40,6 +40,21 @@ MAX_ATTEMPTS = 3
 CONNINFO_SETTING = "madlib_mop.worker_conninfo"
 JOB_TABLES = ("models", "state", "visits", "evals")
 LOCK_CLASS = 0x4D4F50  # advisory lock namespace: one coordinator per job
+# <out>_info: MADlib's 17 columns, then madlib_mop's (all metrics by name, timings).
+INFO_COLUMNS = [
+    ("mst_key", "integer PRIMARY KEY"), ("model_id", "integer"), ("compile_params", "text"),
+    ("fit_params", "text"), ("model_type", "text"), ("model_size", "double precision"),
+    ("metrics_elapsed_time", "double precision[]"), ("metrics_type", "text[]"),
+    ("loss_type", "text"), ("training_metrics_final", "double precision"),
+    ("training_loss_final", "double precision"), ("training_metrics", "double precision[]"),
+    ("training_loss", "double precision[]"), ("validation_metrics_final", "double precision"),
+    ("validation_loss_final", "double precision"), ("validation_metrics", "double precision[]"),
+    ("validation_loss", "double precision[]"), ("metrics_iters", "integer[]"),
+    ("training_metrics_all", "jsonb"), ("validation_metrics_all", "jsonb"),
+    ("training_seconds", "double precision"), ("subepochs_done", "integer"),
+]
+# madlib_keras_fit: the info columns its summary repeats (all but mst_key).
+SINGLE_SUMMARY_COLUMNS = tuple(name for name, _ in INFO_COLUMNS[1:] if name != "metrics_iters")
 
 
 # ---- worker connections --------------------------------------------------------------------
@@ -73,8 +88,7 @@ class WorkerThread(threading.Thread):
         if self.connection is None or self.connection.closed:
             self.connection = psycopg.connect(
                 self.conninfo, autocommit=True,
-                application_name=f"madlib_mop worker job {self.job_id} segment {self.segment}",
-                options="-c statement_timeout=0 -c idle_in_transaction_session_timeout=0")
+                application_name=f"madlib_mop worker job {self.job_id} segment {self.segment}")
             self.backend_pid = self.connection.info.backend_pid
         return self.connection
 
@@ -106,16 +120,30 @@ class WorkerThread(threading.Thread):
         self.inbox.put(None)
 
 
+FORWARDED_SETTINGS = ("madlib_mop.worker_memory_mb",)
+
+
 def worker_conninfo(plpy: Any) -> str:
     """How workers reach this server: the setting madlib_mop.worker_conninfo, completed with
-    this server's socket (or 127.0.0.1) and port, this database and the current user."""
+    this server's socket (or 127.0.0.1) and port, this database and the current user.
+    Worker sessions run without statement timeout and get this session's madlib_mop
+    settings (e.g. worker_memory_mb)."""
     schema = catalog.extension_schema(plpy)
     row = plpy.execute(
         "SELECT current_setting('port') AS port, current_database() AS db, current_user AS usr, "
         f"{schema}._server_socket_directory() AS socket, "
         f"current_setting('{CONNINFO_SETTING}', true) AS extra")[0]
-    params = {"host": row["socket"].strip() or "127.0.0.1", "port": row["port"],
-              "dbname": row["db"], "user": row["usr"]}
+    options = ["-c statement_timeout=0", "-c idle_in_transaction_session_timeout=0"]
+    for name in FORWARDED_SETTINGS:
+        value = plpy.execute(plpy.prepare("SELECT current_setting($1, true) AS v", ["text"]), [name])[0]["v"]
+        if value:
+            if not value.isdigit():
+                raise MadlibMopError(f"setting {name} = '{value}' is not a whole number",
+                                     sqlstate=errors.INVALID_PARAMETER_VALUE,
+                                     hint=f"SET {name} = 1024, or RESET {name}.")
+            options.append(f"-c {name}={value}")
+    params = {"host": row["socket"] or "127.0.0.1", "port": row["port"], "dbname": row["db"],
+              "user": row["usr"], "options": " ".join(options)}
     base = psycopg.conninfo.make_conninfo(**params)
     return psycopg.conninfo.make_conninfo(base + " " + (row["extra"] or ""))
 
@@ -295,8 +323,7 @@ class Coordinator:
         self.args = json.loads(job["arguments"])
         self.attempts: dict[tuple[int, int], int] = {}
         self.db = psycopg.connect(self.conninfo, autocommit=True,
-                                  application_name=f"madlib_mop coordinator job {self.job_id}",
-                                  options="-c statement_timeout=0")
+                                  application_name=f"madlib_mop coordinator job {self.job_id}")
         locked = self.db.execute("SELECT pg_try_advisory_lock(%s, %s)",
                                  (LOCK_CLASS, self.job_id)).fetchone()[0]
         if not locked:
@@ -537,6 +564,12 @@ class Coordinator:
             json.dumps({n: series(training_rows, n) for n in ["loss"] + metric_names}),
             json.dumps({n: series(validation_rows, n) for n in ["loss"] + metric_names}) if partitions else None,
             training_seconds, len(model.visits), model.mst_key))
+        if self.args.get("single"):
+            columns = sql.SQL(", ").join(sql.Identifier(n) for n in SINGLE_SUMMARY_COLUMNS)
+            self.q(sql.SQL("UPDATE {summary} s SET ({c}) = (SELECT {c} FROM {info} i "
+                           "WHERE i.mst_key = %s)").format(
+                summary=sql.SQL(self.tables["summary"]), info=sql.SQL(self.tables["info"]),
+                c=columns), (model.mst_key,))
         if finished:
             step = finished * per_iteration
             blob = self.q(f"SELECT state FROM {self.tables['state']} WHERE mst_key = %s AND step = %s",

@@ -16,33 +16,9 @@ from psycopg import sql
 
 import madlib_mop
 from madlib_mop import catalog, errors, model_config, state, training
-from madlib_mop.coordinator import JOB_TABLES, Coordinator, plan_job, worker_conninfo
+from madlib_mop.coordinator import INFO_COLUMNS, JOB_TABLES, Coordinator, plan_job, worker_conninfo
 from madlib_mop.errors import MadlibMopError
 
-INFO_COLUMNS = """
-    mst_key integer PRIMARY KEY,
-    model_id integer,
-    compile_params text,
-    fit_params text,
-    model_type text,
-    model_size double precision,
-    metrics_elapsed_time double precision[],
-    metrics_type text[],
-    loss_type text,
-    training_metrics_final double precision,
-    training_loss_final double precision,
-    training_metrics double precision[],
-    training_loss double precision[],
-    validation_metrics_final double precision,
-    validation_loss_final double precision,
-    validation_metrics double precision[],
-    validation_loss double precision[],
-    metrics_iters integer[],
-    training_metrics_all jsonb,
-    validation_metrics_all jsonb,
-    training_seconds double precision,
-    subepochs_done integer
-"""
 
 
 def _names(plpy: Any, out: catalog.NewTable) -> dict[str, str]:
@@ -127,7 +103,8 @@ def _create_job(plpy: Any, plan, previous_job: dict | None) -> dict:
         t = {k: sql.SQL(v) for k, v in names.items()}
         db.execute(sql.SQL("CREATE TABLE {} (mst_key integer PRIMARY KEY, model_weights bytea, "
                            "model_arch json)").format(t["output"]))
-        db.execute(sql.SQL("CREATE TABLE {} ({})").format(t["info"], sql.SQL(INFO_COLUMNS)))
+        db.execute(sql.SQL("CREATE TABLE {} ({})").format(t["info"], sql.SQL(", ").join(
+            sql.SQL(f"{name} {kind}") for name, kind in INFO_COLUMNS)))
         db.execute(sql.SQL("CREATE TABLE {} (mst_key integer PRIMARY KEY, model_id integer, "
                            "model_arch json, compile_params text, fit_params text, "
                            "initial_weights bytea)").format(t["models"]))
@@ -202,6 +179,13 @@ def _create_summary(db, table, plan, names: dict, job_id: int) -> None:
         plan.arguments["description"], f"madlib_mop {madlib_mop.__version__}",
         source["num_classes"], class_values, source["dependent_vartype"],
         source["normalizing_const"], iters, job_id, source["num_segments"], plan.arguments["seed"]))
+    if plan.arguments.get("single"):
+        # madlib_keras_fit keeps its one model's results in the summary (MADlib's layout).
+        for name, kind in INFO_COLUMNS[1:]:
+            if name == "metrics_iters":  # the summary has it already
+                continue
+            db.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} {}").format(
+                table, sql.Identifier(name), sql.SQL(kind)))
 
 
 def run_job(plpy: Any, job: dict, can_commit: bool) -> None:
@@ -219,10 +203,13 @@ def fit_multiple_model(plpy: Any, source_table: str, model_output_table: str,
                        validation_table: str | None = None,
                        metrics_compute_frequency: int | None = None, warm_start: bool = False,
                        name: str | None = None, description: str | None = None,
-                       use_caching: bool = True, seed: int = 0, *, can_commit: bool = False) -> None:
+                       use_caching: bool = True, seed: int = 0, *, can_commit: bool = False,
+                       single: bool = False) -> None:
     plan = plan_job(plpy, source_table, model_output_table, model_selection_table, num_iterations,
                     use_gpus, validation_table, metrics_compute_frequency, warm_start, name,
                     description, use_caching, seed)
+    if single:
+        plan.arguments["single"] = True
     unfinished = _find_job(plpy, plan.out, unfinished=True)
     if unfinished is not None and not _tables_exist(plpy, unfinished):
         _abandon(plpy, unfinished, "its tables were dropped")
@@ -275,3 +262,32 @@ def resume(plpy: Any, job_id: int, *, can_commit: bool = False) -> None:
         plpy.notice(f"madlib_mop: job {job_id} is already finished")
         return
     run_job(plpy, job, can_commit)
+
+
+SINGLE_FIT_CONFIGS = "pg_temp.madlib_mop_fit_configs"
+
+
+def fit_single_model(plpy: Any, source_table: str, model: str, model_arch_table: str,
+                     model_id: int, compile_params: str, fit_params: str | None,
+                     num_iterations: int, use_gpus: bool = False,
+                     validation_table: str | None = None,
+                     metrics_compute_frequency: int | None = None, warm_start: bool = False,
+                     name: str | None = None, description: str | None = None,
+                     object_table: str | None = None, seed: int = 0) -> None:
+    """madlib_keras_fit: one configuration, trained by the same engine (it hops over the
+    segments like any model; with one model, one segment trains at a time).  Outputs:
+    <model> (mst_key 1, model_weights, model_arch), <model>_summary with MADlib's
+    single-model columns (the per-iteration arrays), and <model>_info."""
+    from madlib_mop.model_catalog import load_model_selection_table
+
+    if compile_params is None or not compile_params.strip():
+        raise MadlibMopError("compile_params is empty", sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint="e.g. $$loss='categorical_crossentropy', optimizer='Adam(lr=0.01)', "
+                                  "metrics=['accuracy']$$")
+    for table in (SINGLE_FIT_CONFIGS, SINGLE_FIT_CONFIGS + "_summary"):
+        plpy.execute(f"DROP TABLE IF EXISTS {table}")
+    load_model_selection_table(plpy, model_arch_table, SINGLE_FIT_CONFIGS, [model_id],
+                               [compile_params], [fit_params or ""], object_table)
+    fit_multiple_model(plpy, source_table, model, SINGLE_FIT_CONFIGS, num_iterations, use_gpus,
+                       validation_table, metrics_compute_frequency, warm_start, name,
+                       description, True, seed, single=True)

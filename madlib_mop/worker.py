@@ -159,6 +159,7 @@ def train(plpy: Any, job_id: int, mst_key: int, step: int, segment: int) -> str:
     saved = time.perf_counter()
     result = json.dumps({
         "rows": outcome.rows, "metrics": outcome.means(), "segment": segment, "pid": os.getpid(),
+        "in_memory": chunk_rows is None,
         "finished_at": time.time(),
         "seconds": {"setup": setup - started, "read": read - setup, "restore": restored - read,
                     "train": outcome.seconds_train,

@@ -126,3 +126,26 @@ CREATE FUNCTION @extschema@._server_socket_directory()
 RETURNS text
 LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog
 AS $$ SELECT trim(split_part(current_setting('unix_socket_directories'), ',', 1)) $$;
+
+CREATE FUNCTION @extschema@.madlib_keras_fit(
+    source_table              varchar,
+    model                     varchar,
+    model_arch_table          varchar,
+    model_id                  integer,
+    compile_params            varchar,
+    fit_params                varchar,
+    num_iterations            integer,
+    use_gpus                  boolean DEFAULT FALSE,
+    validation_table          varchar DEFAULT NULL,
+    metrics_compute_frequency integer DEFAULT NULL,
+    warm_start                boolean DEFAULT FALSE,
+    name                      varchar DEFAULT NULL,
+    description               varchar DEFAULT NULL,
+    object_table              varchar DEFAULT NULL,
+    seed                      integer DEFAULT 0
+)
+RETURNS void
+LANGUAGE plpython3u VOLATILE
+AS $python$
+#include "madlib_keras_fit.py"
+$python$;

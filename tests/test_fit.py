@@ -288,6 +288,64 @@ def test_non_superuser_runs_a_job(data):
             conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
+def test_initial_weights_from_the_architecture_table(data):
+    """Transfer learning: a model starts from the weights stored with its architecture."""
+    from madlib_mop import state
+
+    model = keras.models.model_from_json(_mlp(4, 8, 3))
+    start = np.linspace(-0.5, 0.5, model.count_params()).astype(np.float32)
+    with _connect(data) as conn:
+        conn.execute("SELECT load_keras_model('arch_pretrained', %s::json, %s)", (_mlp(4, 8, 3), start.tobytes()))
+        conn.execute("SELECT load_model_selection_table('arch_pretrained', 'mst_pretrained', ARRAY[1], "
+                     "ARRAY[$$loss='categorical_crossentropy',optimizer='SGD(lr=0.0)'$$], ARRAY['batch_size=16'])")
+        conn.execute("SELECT madlib_keras_fit_multiple_model('iris_packed', 'pretrained', 'mst_pretrained', 1, FALSE)")
+        initial = conn.execute("SELECT state FROM pretrained_mop_state WHERE step = 0").fetchone()[0]
+        assert state.madlib_weights(initial) == start.tobytes()
+        # With a learning rate of 0 the weights stay where they started.
+        assert _weights(conn, "pretrained")[1] == start.tobytes()
+
+
+def test_madlib_keras_fit_single_model(data):
+    with _connect(data) as conn:
+        conn.execute("SELECT madlib_keras_fit('iris_packed', 'single', 'arch', 1, "
+                     "$$loss='categorical_crossentropy', optimizer='Adam(lr=0.01)', metrics=['accuracy']$$, "
+                     "'batch_size=8', 3, FALSE, 'iris_valid')")
+        model = conn.cursor(row_factory=dict_row).execute("SELECT * FROM single").fetchone()
+        assert len(model["model_weights"]) == 4 * 67 and model["model_arch"]["class_name"] == "Sequential"
+        summary = conn.cursor(row_factory=dict_row).execute("SELECT * FROM single_summary").fetchone()
+        for column in ("source_table", "model", "dependent_varname", "independent_varname",
+                       "model_arch_table", "model_id", "compile_params", "fit_params",
+                       "num_iterations", "validation_table", "metrics_compute_frequency",
+                       "model_type", "model_size", "start_training_time", "end_training_time",
+                       "metrics_elapsed_time", "madlib_version", "num_classes", "metrics_type",
+                       "loss_type", "training_metrics_final", "training_loss_final",
+                       "training_metrics", "training_loss", "validation_metrics_final",
+                       "validation_loss_final", "validation_metrics", "validation_loss",
+                       "metrics_iters", "class_text_class_values"):
+            assert column in summary, column
+        assert summary["model_id"] == 1 and summary["metrics_iters"] == [3]
+        assert len(summary["training_loss"]) == 1 and summary["validation_metrics_final"] is not None
+
+
+def test_streamed_segments_train_like_cached_ones(data):
+    """Over the memory budget, workers read buffers per sub-epoch: same minibatches, same weights."""
+    with _connect(data) as conn:
+        conn.execute("SELECT training_preprocessor_dl('digits_train', 'digits_small', 'digit', "
+                     "'pixels', buffer_size => 100, normalizing_const => 16, distribution_rules => '2')")
+        assert conn.execute("SELECT count(*) FROM digits_small").fetchone()[0] >= 14
+        conn.execute("SELECT madlib_keras_fit_multiple_model('digits_small', 'cached', 'mst_digits', 1, FALSE)")
+        conn.execute("SET madlib_mop.worker_memory_mb = 0")
+        conn.execute("SELECT madlib_keras_fit_multiple_model('digits_small', 'streamed', 'mst_digits', 1, FALSE)")
+        conn.execute("RESET madlib_mop.worker_memory_mb")
+        assert _weights(conn, "streamed") == _weights(conn, "cached")
+        # Both read the same rows: every sub-epoch saw its segment's rows.
+        rows = conn.execute("SELECT sum((result->>'rows')::int) FROM streamed_mop_visits").fetchone()[0]
+        assert rows == 1437 * 2  # 2 models, one pass each over the 1437 training rows
+        modes = conn.execute("SELECT (SELECT bool_and((result->>'in_memory')::boolean) FROM cached_mop_visits), "
+                             "(SELECT bool_or((result->>'in_memory')::boolean) FROM streamed_mop_visits)").fetchone()
+        assert modes == (True, False)
+
+
 @pytest.mark.parametrize(("args", "sqlstate", "message"), [
     (("iris", "bad_out", "mst_iris", 1), "42P01", "has no summary table"),
     (("iris_packed", "bad_out", "no_mst", 1), "42P01", "does not exist"),
