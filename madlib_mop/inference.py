@@ -1,0 +1,454 @@
+"""Evaluate and predict (MADlib's madlib_keras_evaluate, madlib_keras_predict,
+madlib_keras_predict_byom), run on worker sessions in parallel and in batches.
+
+The calling session checks the arguments and creates the output table through its own
+connection; workers (one per partition of the test data: the packed table's segments for
+evaluate, ranges of blocks of the plain table for predict) read their part in chunks,
+run Keras on whole chunks, and return (evaluate) or insert (predict) their results.  If any
+part fails, the output table is dropped: nothing half-written is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import psycopg
+from psycopg import sql
+
+from madlib_mop import catalog, errors, keras_json, model_config, packing, preprocessor, training
+from madlib_mop.coordinator import worker_conninfo
+from madlib_mop.errors import MadlibMopError
+
+CHUNK_BYTES = 32 * 1024 * 1024
+PREDICT_BATCH = 4096
+WORKERS_SETTING = "madlib_mop.segments"
+
+
+# ---- which model --------------------------------------------------------------------------
+
+@dataclass
+class ModelRef:
+    """A trained model: where its architecture, weights and parameters are."""
+
+    model_table: str  # quoted
+    mst_key: int | None  # None: madlib_keras_fit's one model, or BYOM
+    model_arch: str
+    weights: bytes | None
+    compile_params: str | None
+    class_values: list | None
+    normalizing_const: float
+    dependent_varname: str
+
+    def spec(self) -> training.ModelSpec:
+        return training.ModelSpec(self.mst_key or 0, self.model_arch,
+                                  self.compile_params or "loss='mse'", "", None)
+
+
+def _summary_of(plpy: Any, table: catalog.Table) -> dict:
+    name = plpy.execute(plpy.prepare(
+        "SELECT (SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname || '_summary') "
+        "WHERE to_regclass(format('%I.%I', n.nspname, c.relname || '_summary')) IS NOT NULL) AS s "
+        "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1",
+        ["oid"]), [table.oid])[0]["s"]
+    rows = plpy.execute(f"SELECT * FROM {name}") if name else []
+    if len(rows) != 1 or "normalizing_const" not in rows[0] or "model_info" not in rows[0]:
+        raise MadlibMopError(f"model_table {table.name} was not made by madlib_keras_fit or "
+                             "madlib_keras_fit_multiple_model",
+                             sqlstate=errors.UNDEFINED_TABLE,
+                             hint="Pass the model_output_table of a fit.")
+    return dict(rows[0])
+
+
+def trained_models(plpy: Any, model_table: str, mst_key: int | None, *, all_models: bool = False
+                   ) -> list[ModelRef]:
+    table = catalog.resolve_table(plpy, model_table, argument="model_table")
+    summary = _summary_of(plpy, table)
+    single = "compile_params" in summary  # madlib_keras_fit's summary holds its one model
+    if single and mst_key is not None:
+        raise MadlibMopError(f"{table.name} holds one model: do not pass mst_key",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE, hint="Pass mst_key => NULL.")
+    if not single and mst_key is None and not all_models:
+        raise MadlibMopError(f"{table.name} holds several models: pass mst_key",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint=f"SELECT mst_key FROM {summary['model_info']}; lists them "
+                                  "(madlib_keras_evaluate_multiple_model evaluates all).")
+    label = summary["dependent_varname"][0]
+    rows = plpy.execute(plpy.prepare(
+        f"SELECT o.mst_key, o.model_arch::text AS model_arch, o.model_weights, i.compile_params "
+        f"FROM {table.name} o JOIN {summary['model_info']} i USING (mst_key) "
+        "WHERE $1::int IS NULL OR o.mst_key = $1 ORDER BY o.mst_key", ["integer"]),
+        [None if single else mst_key])
+    if not rows:
+        raise MadlibMopError(f"mst_key {mst_key} is not in {table.name}",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint=f"SELECT mst_key FROM {table.name}; lists the models.")
+    values = summary.get(f"{label}_class_values")
+    values = list(values) if values is not None else None
+    while values and values[-1] is None:
+        values.pop()
+    return [ModelRef(table.name, None if single else r["mst_key"], r["model_arch"],
+                     r["model_weights"], r["compile_params"], values,
+                     float(summary["normalizing_const"] or 1.0), label) for r in rows]
+
+
+def _build(ref: ModelRef, compile_model: bool):
+    from madlib_mop.tf_runtime import import_tensorflow
+
+    import_tensorflow()
+    if compile_model:
+        model = training.build_model(ref.spec(), 0)
+    else:
+        model = keras_json.build_model(keras_json.parse_model_json(ref.model_arch))
+    keras_json.check_weights(model, ref.weights)
+    keras_json.set_flat_weights(model, ref.weights)
+    return model
+
+
+# ---- running on workers -------------------------------------------------------------------
+
+def _run_parallel(plpy: Any, calls: list[tuple[str, tuple]]) -> list[Any]:
+    """Run each (statement, params) on its own worker session, concurrently; the results in
+    order.  The first failure is raised after every call has ended."""
+    conninfo = worker_conninfo(plpy)
+    results: list[Any] = [None] * len(calls)
+    failures: list[BaseException] = []
+
+    def work(index: int, statement: str, params: tuple) -> None:
+        try:
+            with psycopg.connect(conninfo, autocommit=True,
+                                 application_name=f"madlib_mop inference worker {index}") as conn:
+                results[index] = conn.execute(statement, params).fetchone()[0]
+        except BaseException as error:  # reported below, in the backend's main thread
+            failures.append(error)
+
+    threads = [threading.Thread(target=work, args=(i, s, p), daemon=True)
+               for i, (s, p) in enumerate(calls)]
+    for thread in threads:
+        thread.start()
+    while any(t.is_alive() for t in threads):
+        for thread in threads:
+            thread.join(timeout=0.5)
+        plpy.execute("SELECT 1")  # lets a cancel of this call take effect
+    if failures:
+        error = failures[0]
+        diag = getattr(error, "diag", None)
+        raise MadlibMopError(
+            (diag.message_primary if diag and diag.message_primary else str(error)).replace(
+                "madlib_mop: ", ""),
+            sqlstate=(diag.sqlstate if diag and diag.sqlstate else errors.DATA_EXCEPTION),
+            detail=diag.message_detail if diag else None,
+            hint=(diag.message_hint if diag and diag.message_hint else "See the server log."))
+    return results
+
+
+def _worker_count(plpy: Any) -> int:
+    row = plpy.execute(f"SELECT current_setting('{WORKERS_SETTING}', true) AS v")[0]["v"]
+    return int(row) if row and row.isdigit() and int(row) > 0 else (os.cpu_count() or 1)
+
+
+# ---- evaluate -----------------------------------------------------------------------------
+
+def evaluate(plpy: Any, model_table: str, test_table: str, output_table: str,
+             use_gpus: bool | None = False, mst_key: int | None = None) -> None:
+    _evaluate(plpy, model_table, test_table, output_table, use_gpus, mst_key, all_models=False)
+
+
+def evaluate_multiple(plpy: Any, model_table: str, test_table: str, output_table: str,
+                      use_gpus: bool | None = False) -> None:
+    _evaluate(plpy, model_table, test_table, output_table, use_gpus, None, all_models=True)
+
+
+def _no_gpus(use_gpus: bool | None) -> None:
+    if use_gpus:
+        raise MadlibMopError("use_gpus: this server has no GPU support configured",
+                             sqlstate=errors.FEATURE_NOT_SUPPORTED, hint="Pass use_gpus => FALSE.")
+
+
+def _evaluate(plpy, model_table, test_table, output_table, use_gpus, mst_key, all_models):
+    _no_gpus(use_gpus)
+    refs = trained_models(plpy, model_table, mst_key, all_models=all_models)
+    test = preprocessor.read_summary(plpy, test_table, argument="test_table")
+    out = catalog.new_table(plpy, output_table, argument="output_table")
+    out.must_not_exist(plpy)
+    model = _build(refs[0], compile_model=True)
+    if list(keras_json.input_shape(model)) != list(test["feature_shape"]):
+        raise MadlibMopError(
+            f"the model takes input of shape {keras_json.input_shape(model)}, the features of "
+            f"{test['packed_table']} have shape {list(test['feature_shape'])}",
+            sqlstate=errors.DATATYPE_MISMATCH, hint="Evaluate on data packed like the training data.")
+    trained_for = "classification" if refs[0].class_values is not None else "regression"
+    if test["label_kind"] != trained_for:
+        raise MadlibMopError(
+            f"the model was trained for {trained_for}, {test['packed_table']} holds "
+            f"{test['label_kind']} labels", sqlstate=errors.DATATYPE_MISMATCH,
+            hint="Evaluate on data packed like the model's training data.")
+    if test["label_kind"] == "classification" and \
+            [str(v) for v in test["class_values"]] != [str(v) for v in refs[0].class_values]:
+        raise MadlibMopError(f"{test['packed_table']} has other class values than the model",
+                             sqlstate=errors.DATATYPE_MISMATCH,
+                             hint="Pack the test data with validation_preprocessor_dl() against "
+                                  "the model's training table.")
+    schema = catalog.extension_schema(plpy)
+    task = json.dumps({"model_table": refs[0].model_table,
+                       "mst_keys": [r.mst_key for r in refs], "test_table": test["packed_table"]})
+    calls = [(f"SELECT {schema}._mop_infer_evaluate(%s::jsonb, %s)", (task, p))
+             for p in range(test["num_segments"])]
+    parts = _run_parallel(plpy, calls)
+    rows = []
+    for index, ref in enumerate(refs):
+        per_model = [part[index] for part in parts if part[index]["rows"]]
+        total = sum(p["rows"] for p in per_model)
+        means = {k: sum(p["metrics"][k] * p["rows"] for p in per_model) / total
+                 for k in per_model[0]["metrics"]}
+        params = model_config.parse_compile_params(ref.compile_params)
+        metrics = list(params.metrics)
+        rows.append((ref.mst_key, means.get("loss"), means.get(metrics[0]) if metrics else None,
+                     metrics or None, params.loss, json.dumps(means)))
+    key = "mst_key integer, " if all_models else ""
+    plpy.execute(f"CREATE TABLE {out.quoted} ({key}loss double precision, metric double precision, "
+                 "metrics_type text[], loss_type text, metrics jsonb)")
+    insert = plpy.prepare(
+        f"INSERT INTO {out.quoted} VALUES ({'$1, ' if all_models else ''}"
+        + ", ".join(f"${i}" for i in range(2 if all_models else 1, 7 if all_models else 6)) + ")",
+        (["integer"] if all_models else []) + ["float8", "float8", "text[]", "text", "jsonb"])
+    for row in rows:
+        plpy.execute(insert, list(row) if all_models else list(row[1:]))
+
+
+def worker_evaluate(plpy: Any, task: str, partition: int) -> str:
+    """Loss and metrics of each model over one partition of a packed table."""
+    task = json.loads(task)
+    test = preprocessor.read_summary(plpy, task["test_table"], argument="test_table")
+    x_col, y_col = preprocessor.packed_columns(test)
+    q = plpy.quote_ident
+    classification = test["label_kind"] == "classification"
+    buffers = []
+    for row in plpy.execute(plpy.prepare(
+            f"SELECT {q(x_col)} AS x, {q(y_col)} AS y, {q(x_col + '_shape')} AS xs, "
+            f"{q(y_col + '_shape')} AS ys FROM {test['packed_table']} WHERE __dist_key__ = $1 "
+            "ORDER BY buffer_id", ["integer"]), [partition]):
+        data = (np.frombuffer(row["x"], dtype="<f4").reshape(row["xs"]),
+                np.frombuffer(row["y"], dtype="<i2" if classification else "<f4").reshape(row["ys"]))
+        buffers.append(training.Buffer(len(data[0]), lambda d=data: d))
+    results = []
+    for mst_key in task["mst_keys"]:
+        ref = trained_models(plpy, task["model_table"], mst_key, all_models=True)[0]
+        model = _build(ref, compile_model=True)
+        outcome = training.evaluate(model, ref.spec(), buffers, classification)
+        results.append({"rows": outcome.rows, "metrics": outcome.means()})
+    return json.dumps(results)
+
+
+# ---- predict ------------------------------------------------------------------------------
+
+@dataclass
+class PredictPlan:
+    source: catalog.Table
+    id_col: str
+    id_type: str
+    features: str  # SQL giving one numeric array per row
+    pred_type: Any  # 'prob' | 'response' | int k | float threshold
+    class_name: str
+    class_values: list | None  # None: regression
+    normalizing_const: float
+
+
+def _pred_type(value: str | None) -> Any:
+    text = (value or "prob").strip()
+    if text.lower() in ("prob", "response"):
+        return text.lower()
+    try:
+        number = float(text)
+    except ValueError:
+        number = None
+    if number is not None and number.is_integer() and "." not in text and number >= 1:
+        return int(number)
+    if number is not None and 0.0 <= number < 1.0:
+        return number
+    raise MadlibMopError(
+        f"pred_type '{value}' is not valid",
+        sqlstate=errors.INVALID_PARAMETER_VALUE,
+        hint="Pass 'response', 'prob', an integer k > 0 (top k classes) or a probability "
+             "threshold in [0, 1).")
+
+
+def predict(plpy: Any, model_table: str, test_table: str, id_col: str, independent_varname: str,
+            output_table: str, pred_type: str | None = "prob", use_gpus: bool | None = False,
+            mst_key: int | None = None) -> None:
+    _no_gpus(use_gpus)
+    ref = trained_models(plpy, model_table, mst_key)[0]
+    _predict(plpy, ref, test_table, id_col, independent_varname, output_table, pred_type)
+
+
+def predict_byom(plpy: Any, model_arch_table: str, model_id: int, test_table: str, id_col: str,
+                 independent_varname: str, output_table: str, pred_type: str | None = "prob",
+                 use_gpus: bool | None = False, class_values: list | None = None,
+                 normalizing_const: float | None = None) -> None:
+    _no_gpus(use_gpus)
+    table = catalog.resolve_table(plpy, model_arch_table, argument="model_arch_table")
+    rows = plpy.execute(plpy.prepare(
+        f"SELECT model_arch::text AS model_arch, model_weights FROM {table.name} WHERE model_id = $1",
+        ["integer"]), [model_id])
+    if not rows:
+        raise MadlibMopError(f"model_id {model_id} is not in {table.name}",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint=f"SELECT model_id, name FROM {table.name}; lists the models.")
+    if rows[0]["model_weights"] is None:
+        raise MadlibMopError(f"model_id {model_id} of {table.name} has no weights",
+                             sqlstate=errors.NULL_VALUE_NOT_ALLOWED,
+                             hint="Load the model with its weights: load_keras_model(table, arch, weights).")
+    if normalizing_const is not None and not normalizing_const > 0:
+        raise MadlibMopError("normalizing_const must be positive",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE, hint="Pass NULL for 1.0.")
+    ref = ModelRef(table.name, None, rows[0]["model_arch"], rows[0]["model_weights"], None,
+                   list(class_values) if class_values is not None else None,
+                   float(normalizing_const or 1.0), "dependent_var")
+    if ref.class_values is None:  # MADlib: classes 0..n-1 when none are given
+        outputs = _build(ref, compile_model=False).output_shape[-1]
+        ref.class_values = [str(i) for i in range(outputs)]
+    _predict(plpy, ref, test_table, id_col, independent_varname, output_table, pred_type)
+
+
+def _predict(plpy, ref: ModelRef, test_table, id_col, independent_varname, output_table, pred_type):
+    kind = _pred_type(pred_type)
+    source = catalog.resolve_table(plpy, test_table, argument="test_table")
+    id_column = catalog.column(plpy, source, id_col, argument="id_col")
+    features = preprocessor._features(plpy, source, independent_varname)
+    out = catalog.new_table(plpy, output_table, argument="output_table")
+    out.must_not_exist(plpy)
+    model = _build(ref, compile_model=False)
+    shape = keras_json.input_shape(model)
+    first = plpy.execute(f"SELECT {features.expression} AS x FROM {source.name} LIMIT 1")
+    if not first:
+        raise MadlibMopError(f"test_table {source.name} is empty", sqlstate=errors.DATA_EXCEPTION,
+                             hint="Predict on a table with rows.")
+    found = np.asarray(first[0]["x"], dtype=object).shape
+    if math_prod(found) != math_prod(shape):
+        raise MadlibMopError(
+            f"the features of {source.name} have {math_prod(found)} values per row, the model "
+            f"takes input of shape {shape} ({math_prod(shape)} values)",
+            sqlstate=errors.DATATYPE_MISMATCH,
+            hint="Pass the feature column(s) the model was trained on.")
+    classification = ref.class_values is not None
+    if classification and model.output_shape[-1] != len(ref.class_values):
+        raise MadlibMopError(f"the model has {model.output_shape[-1]} outputs but "
+                             f"{len(ref.class_values)} class values",
+                             sqlstate=errors.DATATYPE_MISMATCH,
+                             hint="Pass one class value per output of the model.")
+    q = plpy.quote_ident
+    id_type = id_column.base_type
+    schema = catalog.extension_schema(plpy)
+    conninfo = worker_conninfo(plpy)
+    with psycopg.connect(conninfo, autocommit=True) as db:
+        if classification:
+            rank = ", rank integer" if kind != "response" else ""
+            db.execute(f"CREATE TABLE {out.quoted} ({q(id_col)} {id_type}, class_name text, "
+                       f"class_value text, prob double precision{rank})")
+        else:
+            db.execute(f"CREATE TABLE {out.quoted} ({q(id_col)} {id_type}, prediction double precision[])")
+    blocks = plpy.execute(plpy.prepare(
+        "SELECT pg_relation_size($1::oid) / current_setting('block_size')::bigint AS b",
+        ["oid"]), [source.oid])[0]["b"] if source.kind in ("r", "m") else None
+    if blocks is None:
+        raise MadlibMopError(f"test_table {source.name} is not a table",
+                             sqlstate=errors.FEATURE_NOT_SUPPORTED,
+                             hint="Predict from a table or materialized view (CREATE TABLE ... AS "
+                                  "SELECT from the view).")
+    workers = max(1, min(_worker_count(plpy), int(blocks) or 1))
+    step = -(-int(blocks) // workers) if blocks else 1
+    task = {"model_table": ref.model_table, "mst_key": ref.mst_key, "model_arch": ref.model_arch,
+            "class_values": [str(v) for v in ref.class_values] if classification else None,
+            "class_name": ref.dependent_varname, "normalizing_const": ref.normalizing_const,
+            "source": source.name, "id": q(id_col), "features": features.expression,
+            "output": out.quoted, "pred_type": kind, "id_type": id_type}
+    weights_hex = ref.weights.hex()
+    calls = [(f"SELECT {schema}._mop_infer_predict(%s::jsonb, %s, %s, decode(%s, 'hex'))",
+              (json.dumps(task), w * step, (w + 1) * step, weights_hex)) for w in range(workers)]
+    try:
+        _run_parallel(plpy, calls)
+    except BaseException:
+        with psycopg.connect(conninfo, autocommit=True) as db:
+            db.execute(f"DROP TABLE IF EXISTS {out.quoted}")
+        raise
+
+
+def math_prod(shape) -> int:
+    total = 1
+    for d in shape:
+        total *= int(d)
+    return total
+
+
+def worker_predict(plpy: Any, task: str, first_block: int, last_block: int, weights: bytes) -> str:
+    """Predict the rows in blocks [first_block, last_block) and insert them into the output,
+    a chunk of rows (one float4_pack) at a time."""
+    task = json.loads(task)
+    schema = catalog.extension_schema(plpy)
+    ref = ModelRef(task["model_table"], task["mst_key"], task["model_arch"], bytes(weights), None,
+                   task["class_values"], task["normalizing_const"], task["class_name"])
+    model = _build(ref, compile_model=False)
+    shape = tuple(keras_json.input_shape(model))
+    chunk = plpy.prepare(
+        f"SELECT count(*) AS n, {schema}.float4_pack({task['features']}) AS x, "
+        f"array_agg({task['id']}) AS ids FROM {task['source']} "
+        "WHERE ctid >= $1::tid AND ctid < $2::tid", ["text", "text"])
+    ids_type = f"{task['id_type']}[]"
+    classification = task["class_values"] is not None
+    kind = task["pred_type"]
+    ranked = kind != "response"
+    if classification:
+        insert = plpy.prepare(
+            f"INSERT INTO {task['output']} SELECT i, $2, v, p{', r' if ranked else ''} "
+            f"FROM unnest($1, $3, $4{', $5' if ranked else ''}) AS u(i, v, p{', r' if ranked else ''})",
+            [ids_type, "text", "text[]", "float8[]"] + (["integer[]"] if ranked else []))
+    else:
+        insert = plpy.prepare(
+            f"INSERT INTO {task['output']} SELECT $1[g], $2[(g - 1) * $3 + 1 : g * $3] "
+            "FROM generate_subscripts($1, 1) AS g", [ids_type, "float8[]", "integer"])
+    values = np.asarray(task["class_values"] or [], dtype=object)
+    rows_done, started = 0, time.perf_counter()
+    span = max(1, CHUNK_BYTES // 8192)
+    for first in range(first_block, last_block, span):
+        row = plpy.execute(chunk, [f"({first},0)", f"({min(first + span, last_block)},0)"])[0]
+        if not row["n"]:
+            continue
+        n = row["n"]
+        x = packing.unpack_float4(row["x"], n).reshape((n, *shape)) / np.float32(task["normalizing_const"])
+        predictions = model.predict(x, batch_size=PREDICT_BATCH, verbose=0).reshape(n, -1)
+        if classification:
+            _insert_classes(plpy, insert, kind, row["ids"], predictions, values, task["class_name"])
+        else:
+            plpy.execute(insert, [row["ids"], predictions.astype(float).ravel().tolist(),
+                                  predictions.shape[1]])
+        rows_done += n
+    return json.dumps({"rows": rows_done, "seconds": time.perf_counter() - started})
+
+
+def _insert_classes(plpy, insert, kind, ids, probabilities, values, class_name) -> None:
+    """One row per (id, class) kept by pred_type, with the class's rank by probability."""
+    n, k = probabilities.shape
+    order = np.argsort(-probabilities, axis=1, kind="stable")
+    if kind == "response":
+        best = order[:, 0]
+        plpy.execute(insert, [ids, class_name, values[best].tolist(),
+                              probabilities[np.arange(n), best].astype(float).tolist()])
+        return
+    ranks = np.empty_like(order)
+    ranks[np.arange(n)[:, None], order] = np.arange(1, k + 1)
+    if isinstance(kind, int):
+        keep = ranks <= kind
+    elif isinstance(kind, float):
+        keep = probabilities > kind
+    else:
+        keep = np.ones((n, k), dtype=bool)
+    rows, columns = np.nonzero(keep)
+    plpy.execute(insert, [np.asarray(ids, dtype=object)[rows].tolist(), class_name,
+                          values[columns].tolist(),
+                          probabilities[rows, columns].astype(float).tolist(),
+                          ranks[rows, columns].astype(int).tolist()])

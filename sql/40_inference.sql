@@ -1,0 +1,75 @@
+-- Evaluate and predict (MADlib's API), run on worker sessions in parallel.
+
+CREATE FUNCTION @extschema@.madlib_keras_evaluate(
+    model_table  varchar,
+    test_table   varchar,
+    output_table varchar,
+    use_gpus     boolean DEFAULT FALSE,
+    mst_key      integer DEFAULT NULL
+)
+RETURNS void
+LANGUAGE plpython3u VOLATILE
+AS $python$
+#include "madlib_keras_evaluate.py"
+$python$;
+
+CREATE FUNCTION @extschema@.madlib_keras_evaluate_multiple_model(
+    model_table  varchar,
+    test_table   varchar,
+    output_table varchar,
+    use_gpus     boolean DEFAULT FALSE
+)
+RETURNS void
+LANGUAGE plpython3u VOLATILE
+AS $python$
+#include "madlib_keras_evaluate_multiple_model.py"
+$python$;
+
+CREATE FUNCTION @extschema@.madlib_keras_predict(
+    model_table         varchar,
+    test_table          varchar,
+    id_col              varchar,
+    independent_varname varchar,
+    output_table        varchar,
+    pred_type           varchar DEFAULT 'prob',
+    use_gpus            boolean DEFAULT FALSE,
+    mst_key             integer DEFAULT NULL
+)
+RETURNS void
+LANGUAGE plpython3u VOLATILE
+AS $python$
+#include "madlib_keras_predict.py"
+$python$;
+
+CREATE FUNCTION @extschema@.madlib_keras_predict_byom(
+    model_arch_table    varchar,
+    model_id            integer,
+    test_table          varchar,
+    id_col              varchar,
+    independent_varname varchar,
+    output_table        varchar,
+    pred_type           varchar DEFAULT 'prob',
+    use_gpus            boolean DEFAULT FALSE,
+    class_values        text[]  DEFAULT NULL,
+    normalizing_const   double precision DEFAULT NULL
+)
+RETURNS void
+LANGUAGE plpython3u VOLATILE
+AS $python$
+#include "madlib_keras_predict_byom.py"
+$python$;
+
+-- Workers' entry points.
+CREATE FUNCTION @extschema@._mop_infer_evaluate(task jsonb, partition integer)
+RETURNS jsonb
+LANGUAGE plpython3u VOLATILE
+AS $python$
+#include "mop_infer_evaluate.py"
+$python$;
+
+CREATE FUNCTION @extschema@._mop_infer_predict(task jsonb, first_block bigint, last_block bigint, weights bytea)
+RETURNS jsonb
+LANGUAGE plpython3u VOLATILE
+AS $python$
+#include "mop_infer_predict.py"
+$python$;

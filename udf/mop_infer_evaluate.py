@@ -1,0 +1,4 @@
+from madlib_mop.inference import worker_evaluate
+from madlib_mop.plpy_bridge import run
+
+return run(plpy, worker_evaluate, task, partition)
