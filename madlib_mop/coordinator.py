@@ -133,7 +133,8 @@ def worker_conninfo(plpy: Any) -> str:
         "SELECT current_setting('port') AS port, current_database() AS db, current_user AS usr, "
         f"{schema}._server_socket_directory() AS socket, "
         f"current_setting('{CONNINFO_SETTING}', true) AS extra")[0]
-    options = ["-c statement_timeout=0", "-c idle_in_transaction_session_timeout=0"]
+    # jit=off: worker sessions load TensorFlow, whose LLVM cannot live next to the JIT's.
+    options = ["-c statement_timeout=0", "-c idle_in_transaction_session_timeout=0", "-c jit=off"]
     for name in FORWARDED_SETTINGS:
         value = plpy.execute(plpy.prepare("SELECT current_setting($1, true) AS v", ["text"]), [name])[0]["v"]
         if value:

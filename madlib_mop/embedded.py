@@ -134,15 +134,27 @@ class EmbeddedCluster:
             "shared_buffers": "256MB",
             "logging_collector": "off",
             "log_min_messages": "warning",
+            # PostgreSQL's JIT and TensorFlow each load their own LLVM: not in one process.
+            "jit": "off",
         }
         with open(self.data / "postgresql.auto.conf", "a", encoding="utf-8") as conf:
             conf.write("# written by madlib_mop.embedded\n")
             for key, value in settings.items():
                 conf.write(f"{key} = {value}\n")
 
+    def _ensure_setting(self, name: str, value: str) -> None:
+        """Clusters made by an earlier version get settings added since (read at start)."""
+        conf = self.data / "postgresql.auto.conf"
+        text = conf.read_text(encoding="utf-8")
+        if f"\n{name} = " not in text:
+            conf.write_text(text + f"{name} = {value}\n", encoding="utf-8")
+            if self.is_running():
+                self._run([self._tool("pg_ctl"), "reload", "-D", str(self.data)])
+
     def start(self, database: str = DEFAULT_DATABASE) -> str:
         """Start the cluster if it is not running, make sure `database` exists; return its DSN."""
         self.initialize()
+        self._ensure_setting("jit", "off")
         if not self.is_running():
             self._prepare_folders()
             result = self._run(

@@ -205,6 +205,10 @@ def fit_multiple_model(plpy: Any, source_table: str, model_output_table: str,
                        name: str | None = None, description: str | None = None,
                        use_caching: bool = True, seed: int = 0, *, can_commit: bool = False,
                        single: bool = False) -> None:
+    if can_commit:
+        # A procedure cannot carry SET jit = off (it commits); this session loads TensorFlow,
+        # whose LLVM cannot live next to the JIT's: turn JIT off for the session.
+        plpy.execute("SELECT set_config('jit', 'off', false)")
     plan = plan_job(plpy, source_table, model_output_table, model_selection_table, num_iterations,
                     use_gpus, validation_table, metrics_compute_frequency, warm_start, name,
                     description, use_caching, seed)

@@ -97,10 +97,10 @@ def trained_models(plpy: Any, model_table: str, mst_key: int | None, *, all_mode
                      float(summary["normalizing_const"] or 1.0), label) for r in rows]
 
 
-def _build(ref: ModelRef, compile_model: bool):
+def _build(ref: ModelRef, compile_model: bool, threads: int | None = None):
     from madlib_mop.tf_runtime import import_tensorflow
 
-    import_tensorflow()
+    import_tensorflow(threads)
     if compile_model:
         model = training.build_model(ref.spec(), 0)
     else:
@@ -366,7 +366,8 @@ def _predict(plpy, ref: ModelRef, test_table, id_col, independent_varname, outpu
             "class_values": [str(v) for v in ref.class_values] if classification else None,
             "class_name": ref.dependent_varname, "normalizing_const": ref.normalizing_const,
             "source": source.name, "id": q(id_col), "features": features.expression,
-            "output": out.quoted, "pred_type": kind, "id_type": id_type}
+            "output": out.quoted, "pred_type": kind, "id_type": id_type,
+            "threads": max(1, (os.cpu_count() or 1) // workers)}
     weights_hex = ref.weights.hex()
     calls = [(f"SELECT {schema}._mop_infer_predict(%s::jsonb, %s, %s, decode(%s, 'hex'))",
               (json.dumps(task), w * step, (w + 1) * step, weights_hex)) for w in range(workers)]
@@ -392,7 +393,7 @@ def worker_predict(plpy: Any, task: str, first_block: int, last_block: int, weig
     schema = catalog.extension_schema(plpy)
     ref = ModelRef(task["model_table"], task["mst_key"], task["model_arch"], bytes(weights), None,
                    task["class_values"], task["normalizing_const"], task["class_name"])
-    model = _build(ref, compile_model=False)
+    model = _build(ref, compile_model=False, threads=task["threads"])
     shape = tuple(keras_json.input_shape(model))
     chunk = plpy.prepare(
         f"SELECT count(*) AS n, {schema}.float4_pack({task['features']}) AS x, "

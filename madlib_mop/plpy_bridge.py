@@ -30,6 +30,9 @@ def _error_class(plpy: Any) -> type:
 
 
 def run(plpy: Any, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    # Sessions that use madlib_mop may load TensorFlow, whose LLVM cannot live next to the
+    # JIT compiler's: JIT stays off in this session from now on.
+    plpy.execute("SELECT set_config('jit', 'off', false)")
     try:
         return function(plpy, *args, **kwargs)
     except MadlibMopError as error:

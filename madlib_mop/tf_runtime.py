@@ -20,6 +20,8 @@ def import_tensorflow(threads: int | None = None) -> ModuleType:
     first call in a backend decides them for the life of that backend.
     """
     global _configured_threads
+    if "tensorflow" not in sys.modules:
+        _refuse_next_to_jit()
     # The interpreter embedded in PostgreSQL has no sys.argv; absl (used by TensorFlow)
     # reads it at import.
     if not hasattr(sys, "argv"):
@@ -39,6 +41,27 @@ def import_tensorflow(threads: int | None = None) -> ModuleType:
             wanted = tf.config.threading.get_intra_op_parallelism_threads() or wanted
         _configured_threads = wanted
     return tf
+
+
+def _refuse_next_to_jit() -> None:
+    """PostgreSQL's JIT compiler (llvmjit) and TensorFlow each bring their own LLVM; loaded
+    into one server process they crash it, and with it every session.  A session that has
+    JIT-compiled a query must not import TensorFlow."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            loaded = any("llvmjit" in line for line in maps)
+    except OSError:
+        return
+    if loaded:
+        from madlib_mop.errors import MadlibMopError
+
+        raise MadlibMopError(
+            "this session has used PostgreSQL's JIT compiler, which cannot share a process "
+            "with TensorFlow",
+            sqlstate="55000",
+            detail="Both bring their own LLVM; loading TensorFlow now would crash the server.",
+            hint="Run the call in a new session, and turn JIT off where madlib_mop runs: "
+                 "ALTER DATABASE ... SET jit = off (or jit = off in postgresql.conf).")
 
 
 def make_deterministic(seed: int) -> None:

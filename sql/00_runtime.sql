@@ -3,6 +3,7 @@
 CREATE FUNCTION @extschema@.version()
 RETURNS text
 LANGUAGE plpython3u VOLATILE
+SET jit = off
 AS $python$
 #include "version.py"
 $python$;
@@ -19,6 +20,7 @@ CREATE FUNCTION @extschema@.runtime_check(
 )
 RETURNS jsonb
 LANGUAGE plpython3u VOLATILE
+SET jit = off
 AS $python$
 #include "runtime_check.py"
 $python$;

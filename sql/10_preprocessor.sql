@@ -13,6 +13,7 @@ CREATE FUNCTION @extschema@.training_preprocessor_dl(
 )
 RETURNS void
 LANGUAGE plpython3u VOLATILE
+SET jit = off
 AS $python$
 #include "training_preprocessor_dl.py"
 $python$;
@@ -31,6 +32,7 @@ CREATE FUNCTION @extschema@.validation_preprocessor_dl(
 )
 RETURNS void
 LANGUAGE plpython3u VOLATILE
+SET jit = off
 AS $python$
 #include "validation_preprocessor_dl.py"
 $python$;

@@ -9,6 +9,7 @@ CREATE FUNCTION @extschema@.load_keras_model(
 )
 RETURNS void
 LANGUAGE plpython3u VOLATILE
+SET jit = off
 AS $python$
 #include "load_keras_model.py"
 $python$;
@@ -19,6 +20,7 @@ CREATE FUNCTION @extschema@.delete_keras_model(
 )
 RETURNS void
 LANGUAGE plpython3u VOLATILE
+SET jit = off
 AS $python$
 #include "delete_keras_model.py"
 $python$;
@@ -36,6 +38,7 @@ CREATE FUNCTION @extschema@.generate_model_configs(
 )
 RETURNS void
 LANGUAGE plpython3u VOLATILE
+SET jit = off
 AS $python$
 #include "generate_model_configs.py"
 $python$;
@@ -50,6 +53,7 @@ CREATE FUNCTION @extschema@.load_model_selection_table(
 )
 RETURNS void
 LANGUAGE plpython3u VOLATILE
+SET jit = off
 AS $python$
 #include "load_model_selection_table.py"
 $python$;

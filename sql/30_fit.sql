@@ -69,6 +69,7 @@ CREATE FUNCTION @extschema@.madlib_keras_fit_multiple_model(
 )
 RETURNS void
 LANGUAGE plpython3u VOLATILE
+SET jit = off
 AS $python$
 #include "madlib_keras_fit_multiple_model.py"
 $python$;
@@ -95,6 +96,7 @@ $python$;
 CREATE FUNCTION @extschema@.resume_job(job_id bigint)
 RETURNS void
 LANGUAGE plpython3u VOLATILE
+SET jit = off
 AS $python$
 #include "resume_job.py"
 $python$;
@@ -109,6 +111,7 @@ $python$;
 CREATE FUNCTION @extschema@._mop_train(job_id bigint, mst_key integer, step integer, segment integer)
 RETURNS jsonb
 LANGUAGE plpython3u VOLATILE
+SET jit = off
 AS $python$
 #include "mop_train.py"
 $python$;
@@ -116,6 +119,7 @@ $python$;
 CREATE FUNCTION @extschema@._mop_evaluate(job_id bigint, mst_key integer, step integer, partition integer)
 RETURNS jsonb
 LANGUAGE plpython3u VOLATILE
+SET jit = off
 AS $python$
 #include "mop_evaluate.py"
 $python$;
@@ -146,6 +150,7 @@ CREATE FUNCTION @extschema@.madlib_keras_fit(
 )
 RETURNS void
 LANGUAGE plpython3u VOLATILE
+SET jit = off
 AS $python$
 #include "madlib_keras_fit.py"
 $python$;

@@ -9,6 +9,7 @@ CREATE FUNCTION @extschema@.madlib_keras_evaluate(
 )
 RETURNS void
 LANGUAGE plpython3u VOLATILE
+SET jit = off
 AS $python$
 #include "madlib_keras_evaluate.py"
 $python$;
@@ -21,6 +22,7 @@ CREATE FUNCTION @extschema@.madlib_keras_evaluate_multiple_model(
 )
 RETURNS void
 LANGUAGE plpython3u VOLATILE
+SET jit = off
 AS $python$
 #include "madlib_keras_evaluate_multiple_model.py"
 $python$;
@@ -37,6 +39,7 @@ CREATE FUNCTION @extschema@.madlib_keras_predict(
 )
 RETURNS void
 LANGUAGE plpython3u VOLATILE
+SET jit = off
 AS $python$
 #include "madlib_keras_predict.py"
 $python$;
@@ -55,6 +58,7 @@ CREATE FUNCTION @extschema@.madlib_keras_predict_byom(
 )
 RETURNS void
 LANGUAGE plpython3u VOLATILE
+SET jit = off
 AS $python$
 #include "madlib_keras_predict_byom.py"
 $python$;
@@ -63,6 +67,7 @@ $python$;
 CREATE FUNCTION @extschema@._mop_infer_evaluate(task jsonb, partition integer)
 RETURNS jsonb
 LANGUAGE plpython3u VOLATILE
+SET jit = off
 AS $python$
 #include "mop_infer_evaluate.py"
 $python$;
@@ -70,6 +75,7 @@ $python$;
 CREATE FUNCTION @extschema@._mop_infer_predict(task jsonb, first_block bigint, last_block bigint, weights bytea)
 RETURNS jsonb
 LANGUAGE plpython3u VOLATILE
+SET jit = off
 AS $python$
 #include "mop_infer_predict.py"
 $python$;

@@ -3,6 +3,7 @@
 CREATE FUNCTION @extschema@.usage(function_name text, message text DEFAULT '')
 RETURNS text
 LANGUAGE plpython3u IMMUTABLE
+SET jit = off
 AS $python$
 #include "usage.py"
 $python$;

@@ -99,3 +99,19 @@ def test_bad_rows_get_a_clear_error(conn, rows, sqlstate, message):
         _check(conn, "bad_rows", "y", "x")
     assert raised.value.diag.sqlstate == sqlstate
     assert message in raised.value.diag.message_primary
+
+
+def test_tensorflow_refuses_a_session_that_used_jit(extension_dsn):
+    """JIT's LLVM and TensorFlow's crash the server when loaded together: a clear error instead."""
+    with psycopg.connect(extension_dsn, autocommit=True) as fresh:
+        fresh.execute("SET jit = on")
+        fresh.execute("SET jit_above_cost = 0")
+        fresh.execute("SELECT sum(i) FROM generate_series(1, 1000) AS i").fetchone()
+        with pytest.raises(psycopg.Error) as raised:
+            fresh.execute("SELECT madlib_mop.version()")
+        assert raised.value.diag.sqlstate == "55000"
+        assert "JIT" in raised.value.diag.message_primary
+        assert "jit = off" in raised.value.diag.message_hint
+    with psycopg.connect(extension_dsn, autocommit=True) as other:
+        other.execute("SELECT madlib_mop.version()")  # the server is fine
+        assert other.execute("SHOW jit").fetchone()[0] == "off"  # and JIT is off from then on
