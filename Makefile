@@ -101,6 +101,7 @@ test: install db-start
 # Benchmarks: not part of the tests; each prints a markdown table.
 bench: install db-start
 	$(PY) bench/bench_preprocessor.py
+	$(PY) bench/bench_predict.py
 
 clean:
 	rm -rf build $(STAMPS) .pytest_cache

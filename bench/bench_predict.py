@@ -64,17 +64,25 @@ def main() -> None:
             for i, (identifier, values) in enumerate(copy.rows()):
                 ids[i], x[i] = identifier, values
 
-        in_db, in_memory = [], []
-        for _ in range(args.repeat):
-            started = time.perf_counter()
-            model.predict(x, batch_size=4096, verbose=0)
-            in_memory.append(time.perf_counter() - started)
+        def in_database() -> float:
             conn.execute("DROP TABLE IF EXISTS predictions")
             conn.execute("CHECKPOINT")
             started = time.perf_counter()
             conn.execute("SELECT madlib_keras_predict_byom('arch', 1, 'source', 'id', 'x', 'predictions', "
                          "'response')")
-            in_db.append(time.perf_counter() - started)
+            return time.perf_counter() - started
+
+        # The first call starts the worker sessions (TensorFlow's import, the model's build);
+        # later calls of the same session reuse them.
+        cold = in_database()
+        model.predict(x[:4096], verbose=0)  # the same warm-up for Keras in this process
+        in_db, in_memory = [], []
+        for _ in range(args.repeat):
+            time.sleep(1)  # let the server's background writers settle
+            started = time.perf_counter()
+            model.predict(x, batch_size=4096, verbose=0)
+            in_memory.append(time.perf_counter() - started)
+            in_db.append(in_database())
         written = conn.execute("SELECT count(*) FROM predictions").fetchone()[0]
         conn.execute(f"DROP SCHEMA {SCHEMA} CASCADE")
 
@@ -89,11 +97,14 @@ def main() -> None:
           f"{args.rows / memory_s:,.0f} | 1.00 |")
     print(f"| madlib_keras_predict_byom (read, predict on workers, write) | {db_s:.2f} | "
           f"{args.rows / db_s:,.0f} | {ratio:.2f} |")
+    print(f"| the same, first call of the session (starts the workers) | {cold:.2f} | "
+          f"{args.rows / cold:,.0f} | {memory_s / cold:.2f} |")
     print(f"\ntarget: at least 0.50: {'met' if ratio >= 0.5 else 'MISSED'}")
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "predict.json").write_text(json.dumps({
         "benchmark": "predict", "when": datetime.now(timezone.utc).isoformat(), "rows": args.rows,
         "features": args.features, "in_memory_seconds": in_memory, "in_database_seconds": in_db,
+        "in_database_first_call_seconds": cold,
         "ratio": ratio}, indent=2))
 
 

@@ -112,18 +112,31 @@ def _build(ref: ModelRef, compile_model: bool, threads: int | None = None):
 
 # ---- running on workers -------------------------------------------------------------------
 
+_pool: dict[str, list[psycopg.Connection]] = {}
+
+
+def _workers(conninfo: str, count: int) -> list[psycopg.Connection]:
+    """Worker sessions kept for this session's later calls: TensorFlow is imported and the
+    model built once per worker, not once per call."""
+    pool = [c for c in _pool.get(conninfo, []) if not c.closed and not c.broken]
+    while len(pool) < count:
+        pool.append(psycopg.connect(conninfo, autocommit=True,
+                                    application_name=f"madlib_mop inference worker {len(pool)}"))
+    _pool[conninfo] = pool
+    return pool[:count]
+
+
 def _run_parallel(plpy: Any, calls: list[tuple[str, tuple]]) -> list[Any]:
     """Run each (statement, params) on its own worker session, concurrently; the results in
     order.  The first failure is raised after every call has ended."""
     conninfo = worker_conninfo(plpy)
+    sessions = _workers(conninfo, len(calls))
     results: list[Any] = [None] * len(calls)
     failures: list[BaseException] = []
 
     def work(index: int, statement: str, params: tuple) -> None:
         try:
-            with psycopg.connect(conninfo, autocommit=True,
-                                 application_name=f"madlib_mop inference worker {index}") as conn:
-                results[index] = conn.execute(statement, params).fetchone()[0]
+            results[index] = sessions[index].execute(statement, params).fetchone()[0]
         except BaseException as error:  # reported below, in the backend's main thread
             failures.append(error)
 
@@ -131,10 +144,15 @@ def _run_parallel(plpy: Any, calls: list[tuple[str, tuple]]) -> list[Any]:
                for i, (s, p) in enumerate(calls)]
     for thread in threads:
         thread.start()
-    while any(t.is_alive() for t in threads):
-        for thread in threads:
-            thread.join(timeout=0.5)
-        plpy.execute("SELECT 1")  # lets a cancel of this call take effect
+    try:
+        while any(t.is_alive() for t in threads):
+            for thread in threads:
+                thread.join(timeout=0.5)
+            plpy.execute("SELECT 1")  # lets a cancel of this call take effect
+    except BaseException:
+        for session in sessions:
+            session.cancel_safe()
+        raise
     if failures:
         error = failures[0]
         diag = getattr(error, "diag", None)
@@ -386,14 +404,25 @@ def math_prod(shape) -> int:
     return total
 
 
+_models: dict[tuple, Any] = {}
+
+
 def worker_predict(plpy: Any, task: str, first_block: int, last_block: int, weights: bytes) -> str:
     """Predict the rows in blocks [first_block, last_block) and insert them into the output,
-    a chunk of rows (one float4_pack) at a time."""
+    a chunk of rows (one float4_pack) at a time.  Predictions go back to SQL as bytes
+    (float4_unpack, int4_unpack): no Python object per value."""
+    import hashlib
+
     task = json.loads(task)
     schema = catalog.extension_schema(plpy)
-    ref = ModelRef(task["model_table"], task["mst_key"], task["model_arch"], bytes(weights), None,
-                   task["class_values"], task["normalizing_const"], task["class_name"])
-    model = _build(ref, compile_model=False, threads=task["threads"])
+    weights = bytes(weights)
+    key = (task["model_arch"], hashlib.sha256(weights).hexdigest())
+    if key not in _models:  # kept for this worker session's later calls
+        _models.clear()
+        ref = ModelRef(task["model_table"], task["mst_key"], task["model_arch"], weights, None,
+                       task["class_values"], task["normalizing_const"], task["class_name"])
+        _models[key] = _build(ref, compile_model=False, threads=task["threads"])
+    model = _models[key]
     shape = tuple(keras_json.input_shape(model))
     chunk = plpy.prepare(
         f"SELECT count(*) AS n, {schema}.float4_pack({task['features']}) AS x, "
@@ -402,17 +431,20 @@ def worker_predict(plpy: Any, task: str, first_block: int, last_block: int, weig
     ids_type = f"{task['id_type']}[]"
     classification = task["class_values"] is not None
     kind = task["pred_type"]
-    ranked = kind != "response"
     if classification:
+        ranked = kind != "response"
         insert = plpy.prepare(
-            f"INSERT INTO {task['output']} SELECT i, $2, v, p{', r' if ranked else ''} "
-            f"FROM unnest($1, $3, $4{', $5' if ranked else ''}) AS u(i, v, p{', r' if ranked else ''})",
-            [ids_type, "text", "text[]", "float8[]"] + (["integer[]"] if ranked else []))
+            f"INSERT INTO {task['output']} SELECT u.i, $2, $3[u.k + 1], u.p"
+            f"{', u.r' if ranked else ''} FROM unnest($1, {schema}.int4_unpack($4), "
+            f"{schema}.float4_unpack($5){f', {schema}.int4_unpack($6)' if ranked else ''}) "
+            f"AS u(i, k, p{', r' if ranked else ''})",
+            [ids_type, "text", "text[]", "bytea", "bytea"] + (["bytea"] if ranked else []))
     else:
         insert = plpy.prepare(
-            f"INSERT INTO {task['output']} SELECT $1[g], $2[(g - 1) * $3 + 1 : g * $3] "
-            "FROM generate_subscripts($1, 1) AS g", [ids_type, "float8[]", "integer"])
-    values = np.asarray(task["class_values"] or [], dtype=object)
+            f"INSERT INTO {task['output']} SELECT $1[g], v[(g - 1) * $3 + 1 : g * $3] "
+            f"FROM generate_subscripts($1, 1) AS g, "
+            f"CAST({schema}.float4_unpack($2) AS double precision[]) AS v",
+            [ids_type, "bytea", "integer"])
     rows_done, started = 0, time.perf_counter()
     span = max(1, CHUNK_BYTES // 8192)
     for first in range(first_block, last_block, span):
@@ -423,23 +455,23 @@ def worker_predict(plpy: Any, task: str, first_block: int, last_block: int, weig
         x = packing.unpack_float4(row["x"], n).reshape((n, *shape)) / np.float32(task["normalizing_const"])
         predictions = model.predict(x, batch_size=PREDICT_BATCH, verbose=0).reshape(n, -1)
         if classification:
-            _insert_classes(plpy, insert, kind, row["ids"], predictions, values, task["class_name"])
+            _insert_classes(plpy, insert, kind, row["ids"], predictions, task["class_values"],
+                            task["class_name"])
         else:
-            plpy.execute(insert, [row["ids"], predictions.astype(float).ravel().tolist(),
-                                  predictions.shape[1]])
+            plpy.execute(insert, [row["ids"], predictions.astype("=f4").tobytes(), predictions.shape[1]])
         rows_done += n
     return json.dumps({"rows": rows_done, "seconds": time.perf_counter() - started})
 
 
-def _insert_classes(plpy, insert, kind, ids, probabilities, values, class_name) -> None:
+def _insert_classes(plpy, insert, kind, ids, probabilities, class_values, class_name) -> None:
     """One row per (id, class) kept by pred_type, with the class's rank by probability."""
     n, k = probabilities.shape
-    order = np.argsort(-probabilities, axis=1, kind="stable")
     if kind == "response":
-        best = order[:, 0]
-        plpy.execute(insert, [ids, class_name, values[best].tolist(),
-                              probabilities[np.arange(n), best].astype(float).tolist()])
+        best = np.argmax(probabilities, axis=1)
+        plpy.execute(insert, [ids, class_name, class_values, best.astype("=i4").tobytes(),
+                              probabilities[np.arange(n), best].astype("=f4").tobytes()])
         return
+    order = np.argsort(-probabilities, axis=1, kind="stable")
     ranks = np.empty_like(order)
     ranks[np.arange(n)[:, None], order] = np.arange(1, k + 1)
     if isinstance(kind, int):
@@ -449,7 +481,7 @@ def _insert_classes(plpy, insert, kind, ids, probabilities, values, class_name) 
     else:
         keep = np.ones((n, k), dtype=bool)
     rows, columns = np.nonzero(keep)
-    plpy.execute(insert, [np.asarray(ids, dtype=object)[rows].tolist(), class_name,
-                          values[columns].tolist(),
-                          probabilities[rows, columns].astype(float).tolist(),
-                          ranks[rows, columns].astype(int).tolist()])
+    plpy.execute(insert, [np.asarray(ids, dtype=object)[rows].tolist(), class_name, class_values,
+                          columns.astype("=i4").tobytes(),
+                          probabilities[rows, columns].astype("=f4").tobytes(),
+                          ranks[rows, columns].astype("=i4").tobytes()])

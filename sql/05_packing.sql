@@ -20,3 +20,14 @@ CREATE AGGREGATE @extschema@.float4_pack(anyarray) (
 
 COMMENT ON AGGREGATE @extschema@.float4_pack(anyarray) IS
     'Packs same-shaped numeric arrays into float32 bytes: int32 ndim, int32 dims[], float32 values';
+
+-- The reverse: bytes of float32 / int32 values (server byte order) as an array.
+CREATE FUNCTION @extschema@.float4_unpack(bytea)
+RETURNS real[]
+AS 'MODULE_PATHNAME', 'madlib_mop_float4_unpack'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
+CREATE FUNCTION @extschema@.int4_unpack(bytea)
+RETURNS integer[]
+AS 'MODULE_PATHNAME', 'madlib_mop_int4_unpack'
+LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;

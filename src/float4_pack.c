@@ -179,3 +179,56 @@ madlib_mop_float4_pack_finalfn(PG_FUNCTION_ARGS)
 	memcpy(VARDATA(result), state->buf.data, state->buf.len);
 	PG_RETURN_BYTEA_P(result);
 }
+
+/*
+ * float4_unpack(bytea) -> real[] and int4_unpack(bytea) -> integer[]: the reverse
+ * direction, for results computed in Python (predictions, class indexes), which then reach
+ * SQL without a Python object per value.  The bytes are in the server's byte order.
+ */
+static Datum
+unpack_array(bytea *bytes, Oid element_type, int element_size, bool byval, char align)
+{
+	int			length = VARSIZE_ANY_EXHDR(bytes);
+	int			count;
+	ArrayType  *result;
+	int			dims[1];
+	int			lbs[1] = {1};
+	int			nbytes;
+
+	if (length % element_size != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_BINARY_REPRESENTATION),
+				 errmsg("madlib_mop: %d bytes are not a whole number of %d-byte values",
+						length, element_size),
+				 errhint("Pass the bytes of a NumPy array of that type.")));
+	count = length / element_size;
+	dims[0] = count;
+	nbytes = ARR_OVERHEAD_NONULLS(1) + length;
+	result = (ArrayType *) palloc0(nbytes);
+	SET_VARSIZE(result, nbytes);
+	result->ndim = 1;
+	result->dataoffset = 0;
+	result->elemtype = element_type;
+	memcpy(ARR_DIMS(result), dims, sizeof(int));
+	memcpy(ARR_LBOUND(result), lbs, sizeof(int));
+	memcpy(ARR_DATA_PTR(result), VARDATA_ANY(bytes), length);
+	(void) byval;
+	(void) align;
+	PG_RETURN_ARRAYTYPE_P(result);
+}
+
+PG_FUNCTION_INFO_V1(madlib_mop_float4_unpack);
+
+Datum
+madlib_mop_float4_unpack(PG_FUNCTION_ARGS)
+{
+	return unpack_array(PG_GETARG_BYTEA_PP(0), FLOAT4OID, sizeof(float4), true, 'i');
+}
+
+PG_FUNCTION_INFO_V1(madlib_mop_int4_unpack);
+
+Datum
+madlib_mop_int4_unpack(PG_FUNCTION_ARGS)
+{
+	return unpack_array(PG_GETARG_BYTEA_PP(0), INT4OID, sizeof(int32), true, 'i');
+}
