@@ -209,10 +209,6 @@ def _check_model(plpy: Any, config: dict, source: dict) -> None:
                 f"mst_key {config['mst_key']}: loss {params.loss} with 1 output does not fit "
                 f"{width} one-hot classes", sqlstate=errors.DATATYPE_MISMATCH,
                 hint=f"Give the last layer {width} units.")
-        if params.loss in ("mean_squared_error", "mse", "mae", "mean_absolute_error", "huber",
-                           "mean_absolute_percentage_error", "mape", "msle",
-                           "mean_squared_logarithmic_error", "log_cosh", "poisson", "cosine_similarity"):
-            pass  # regression losses on one-hot labels are legal Keras, if unusual
     else:
         if params.loss in training.SPARSE_LOSSES or params.loss in (
                 "categorical_crossentropy", "categorical_focal_crossentropy", "categorical_hinge"):
@@ -519,7 +515,7 @@ class Coordinator:
         S = self.segments
         per_iteration = S * model.epochs
         finished = len(model.visits) // per_iteration
-        iters = [i for i in range(1, finished + 1) if _metrics_due(i, frequency, iterations)]
+        due = iters = [i for i in range(1, finished + 1) if _metrics_due(i, frequency, iterations)]
         metric_names = list(model_config.parse_compile_params(model.compile_params).metrics)
         training_rows, validation_rows, elapsed = [], [], []
         partitions = self.job["validation_partitions"] or 0
@@ -578,12 +574,15 @@ class Coordinator:
             if blob is not None:
                 self.q(sql.SQL("UPDATE {} SET model_weights = %s WHERE mst_key = %s").format(
                     sql.SQL(self.tables["output"])), (state.madlib_weights(blob[0]), model.mst_key))
-            self._prune(model, step)
+            self._prune(model, step, due, partitions)
 
-    def _prune(self, model: ModelRecord, keep_from: int) -> None:
-        """Keep the initial state, the latest, and those validation still needs."""
+    def _prune(self, model: ModelRecord, latest: int, due: list[int], partitions: int) -> None:
+        """Keep the initial state (replay), the latest, and those validation still needs."""
+        per_iteration = self.segments * model.epochs
+        waiting = [i * per_iteration for i in due
+                   if any((i * per_iteration, p) not in model.evals for p in range(partitions))]
         self.q(f"DELETE FROM {self.tables['state']} WHERE mst_key = %s AND step > 0 AND step < %s",
-               (model.mst_key, keep_from))
+               (model.mst_key, min([latest] + waiting)))
 
     def _finish(self) -> None:
         self.q(sql.SQL("UPDATE {} SET end_training_time = now()").format(

@@ -37,7 +37,12 @@ SELECT pg_catalog.pg_extension_config_dump('@extschema@.jobs', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.jobs_job_id_seq', '');
 
 CREATE VIEW @extschema@.job_progress WITH (security_barrier) AS
-SELECT job_id, owner, state, model_output_table,
+SELECT job_id, owner,
+       -- A running job whose coordinator's session has ended is waiting for resume().
+       CASE WHEN state = 'running' AND NOT EXISTS (
+                SELECT 1 FROM pg_catalog.pg_stat_activity a WHERE a.pid = coordinator_pid)
+            THEN 'interrupted' ELSE state END AS state,
+       model_output_table,
        num_models AS models, num_segments AS segments,
        round(subepochs_done::numeric / (num_segments * num_models), 2) AS epochs_done,
        round(subepochs_total::numeric / (num_segments * num_models), 2) AS epochs_total,

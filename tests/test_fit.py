@@ -224,6 +224,8 @@ def test_a_killed_coordinator_resumes(data, reference):
         state, done = watcher.execute("SELECT state, subepochs_done FROM jobs WHERE job_id = %s",
                                       (job_id,)).fetchone()
         assert state == "running" and done < 24  # left as it was: nobody marked it
+        # ... but the progress view sees that its coordinator is gone.
+        _wait_for(watcher, "SELECT state = 'interrupted' FROM job_progress WHERE job_id = %s", (job_id,))
         _wait_for(watcher, "SELECT pg_try_advisory_lock(%s, %s)", (0x4D4F50, job_id))
         watcher.execute("SELECT pg_advisory_unlock(%s, %s)", (0x4D4F50, job_id))
         watcher.execute("CALL resume(%s)", (job_id,))
