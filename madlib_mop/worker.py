@@ -73,6 +73,8 @@ def context(plpy: Any, job_id: int) -> JobContext:
     tables = json.loads(job["tables"])
     setting = plpy.execute(f"SELECT current_setting('{MEMORY_SETTING}', true) AS v")[0]["v"]
     budget = int(setting) if setting and setting.isdigit() else DEFAULT_MEMORY_MB
+    if json.loads(job["arguments"]).get("use_caching") is False:
+        budget = 0  # use_caching => FALSE: read the buffers for every sub-epoch
     import_tensorflow(threads=max(1, (os.cpu_count() or 1) // job["num_segments"]))
     ctx = JobContext(job_id, job["seed"], job["num_segments"], tables,
                      _packed(plpy, job["source_table"]),

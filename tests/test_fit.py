@@ -339,13 +339,16 @@ def test_streamed_segments_train_like_cached_ones(data):
         conn.execute("SET madlib_mop.worker_memory_mb = 0")
         conn.execute("SELECT madlib_keras_fit_multiple_model('digits_small', 'streamed', 'mst_digits', 1, FALSE)")
         conn.execute("RESET madlib_mop.worker_memory_mb")
-        assert _weights(conn, "streamed") == _weights(conn, "cached")
+        conn.execute("SELECT madlib_keras_fit_multiple_model('digits_small', 'uncached', 'mst_digits', 1, "
+                     "FALSE, use_caching => FALSE)")
+        assert _weights(conn, "streamed") == _weights(conn, "cached") == _weights(conn, "uncached")
         # Both read the same rows: every sub-epoch saw its segment's rows.
         rows = conn.execute("SELECT sum((result->>'rows')::int) FROM streamed_mop_visits").fetchone()[0]
         assert rows == 1437 * 2  # 2 models, one pass each over the 1437 training rows
         modes = conn.execute("SELECT (SELECT bool_and((result->>'in_memory')::boolean) FROM cached_mop_visits), "
-                             "(SELECT bool_or((result->>'in_memory')::boolean) FROM streamed_mop_visits)").fetchone()
-        assert modes == (True, False)
+                             "(SELECT bool_or((result->>'in_memory')::boolean) FROM streamed_mop_visits), "
+                             "(SELECT bool_or((result->>'in_memory')::boolean) FROM uncached_mop_visits)").fetchone()
+        assert modes == (True, False, False)
 
 
 @pytest.mark.parametrize(("args", "sqlstate", "message"), [
