@@ -27,7 +27,7 @@ C_SOURCES     := $(wildcard src/*.c)
 SQL_SOURCES   := $(sort $(wildcard sql/*.sql sql/upgrades/*.sql udf/*.py)) madlib_mop/extension_build.py
 PYTEST_ARGS   ?=
 # Optional dependency groups installed into the runtime (the Docker image uses none).
-PIP_EXTRAS    ?= test
+PIP_EXTRAS    ?= test,bench
 
 .PHONY: help deps venv build install demo test bench db-start db-stop db-status db-destroy dsn clean
 
@@ -102,6 +102,7 @@ test: install db-start
 bench: install db-start
 	$(PY) bench/bench_preprocessor.py
 	$(PY) bench/bench_predict.py
+	$(PY) bench/bench_mop.py
 
 clean:
 	rm -rf build $(STAMPS) .pytest_cache
