@@ -318,8 +318,9 @@ def plot(report: dict) -> None:
                       color=plt.cm.tab10(visit["mst_key"] % 10), edgecolor="black", linewidth=0.3)
             axis.text((visit["start"] + visit["end"]) / 2, visit["segment"], str(visit["mst_key"]),
                       ha="center", va="center", fontsize=6)
-        axis.set_xlabel("seconds since the job started")
+        axis.set_xlabel("seconds since the job started (training sub-epochs; validation passes not drawn)")
         axis.set_ylabel("segment")
+        axis.set_yticks(sorted({v["segment"] for v in r["c"]["visits"]}))
         axis.set_title(f"{name}: which model trained on which segment, when (madlib_mop)")
         figure.tight_layout()
         figure.savefig(RESULTS / f"{name.lower()}_timeline.png", dpi=100)

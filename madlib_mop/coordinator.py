@@ -77,19 +77,23 @@ class WorkerThread(threading.Thread):
     executes SQL over its own libpq connection and reports to the coordinator's queue.
     """
 
-    def __init__(self, conninfo: str, schema: str, job_id: int, segment: int, results: queue.Queue):
+    def __init__(self, conninfo: str, schema: str, job_id: int | None, segment: int,
+                 results: queue.Queue):
         super().__init__(daemon=True, name=f"madlib_mop worker {segment}")
         self.conninfo, self.schema, self.job_id, self.segment = conninfo, schema, job_id, segment
         self.results, self.inbox = results, queue.Queue()
         self.connection: psycopg.Connection | None = None
-        self.backend_pid: int | None = None
+        self.named_for: int | None = None
 
     def _connect(self) -> psycopg.Connection:
         if self.connection is None or self.connection.closed:
-            self.connection = psycopg.connect(
-                self.conninfo, autocommit=True,
-                application_name=f"madlib_mop worker job {self.job_id} segment {self.segment}")
-            self.backend_pid = self.connection.info.backend_pid
+            self.connection = psycopg.connect(self.conninfo, autocommit=True)
+            self.named_for = None
+        if self.named_for != self.job_id:  # the job's id may come after the warm-up
+            self.connection.execute(
+                "SELECT set_config('application_name', %s, false)",
+                (f"madlib_mop worker job {self.job_id} segment {self.segment}",))
+            self.named_for = self.job_id
         return self.connection
 
     def run(self) -> None:
@@ -98,6 +102,10 @@ class WorkerThread(threading.Thread):
             if task is None:
                 break
             try:
+                if task.kind == "warm_up":  # TensorFlow's import, while the job is created
+                    self._connect().execute(sql.SQL("SELECT {}._mop_warm_up(%s)").format(
+                        sql.Identifier(self.schema)), (task.partition,))
+                    continue
                 function = "_mop_train" if task.kind == "train" else "_mop_evaluate"
                 query = sql.SQL("SELECT {}.{}(%s, %s, %s, %s)").format(
                     sql.Identifier(self.schema), sql.Identifier(function))
@@ -107,7 +115,8 @@ class WorkerThread(threading.Thread):
             except Exception as error:  # reported to the coordinator, which decides
                 if self.connection is not None and (self.connection.closed or self.connection.broken):
                     self.connection = None
-                self.results.put((task, None, error))
+                if task.kind != "warm_up":  # a failed warm-up shows again in the first task
+                    self.results.put((task, None, error))
         if self.connection is not None:
             self.connection.close()
 
@@ -307,9 +316,23 @@ class ModelRecord:
     weights_bytes: int = 0
 
 
+def start_workers(plpy: Any, segments: int) -> tuple[list[WorkerThread], queue.Queue]:
+    """One worker session per segment, told to import TensorFlow at once (it takes seconds),
+    so that this overlaps with the job's creation."""
+    results: queue.Queue = queue.Queue()
+    conninfo, schema = worker_conninfo(plpy), catalog.extension_schema(plpy)
+    workers = [WorkerThread(conninfo, schema, None, s, results) for s in range(segments)]
+    for worker in workers:
+        worker.start()
+        worker.inbox.put(Task("warm_up", 0, 0, worker.segment, segments))
+    return workers, results
+
+
 class Coordinator:
-    def __init__(self, plpy: Any, job: dict, can_commit: bool):
+    def __init__(self, plpy: Any, job: dict, can_commit: bool,
+                 workers: tuple[list[WorkerThread], queue.Queue] | None = None):
         self.plpy = plpy
+        self.started_workers = workers
         self.job = job
         self.job_id = job["job_id"]
         self.can_commit = can_commit
@@ -379,10 +402,9 @@ class Coordinator:
                                                  validation_partitions)
         for model in self.models.values():
             self._publish(model, frequency, iterations)
-        results: queue.Queue = queue.Queue()
-        workers = [WorkerThread(self.conninfo, self.schema, self.job_id, s, results) for s in range(S)]
+        workers, results = self.started_workers or start_workers(self.plpy, S)
         for worker in workers:
-            worker.start()
+            worker.job_id = self.job_id
         running: dict[int, Task] = {}
         reported_epoch = min(done[k] // S for k in done)
         try:

@@ -16,7 +16,8 @@ from psycopg import sql
 
 import madlib_mop
 from madlib_mop import catalog, errors, model_config, state, training
-from madlib_mop.coordinator import INFO_COLUMNS, JOB_TABLES, Coordinator, plan_job, worker_conninfo
+from madlib_mop.coordinator import (INFO_COLUMNS, JOB_TABLES, Coordinator, plan_job, start_workers,
+                                    worker_conninfo)
 from madlib_mop.errors import MadlibMopError
 
 
@@ -188,8 +189,13 @@ def _create_summary(db, table, plan, names: dict, job_id: int) -> None:
                 table, sql.Identifier(name), sql.SQL(kind)))
 
 
-def run_job(plpy: Any, job: dict, can_commit: bool) -> None:
-    coordinator = Coordinator(plpy, job, can_commit)
+def run_job(plpy: Any, job: dict, can_commit: bool, workers=None) -> None:
+    try:
+        coordinator = Coordinator(plpy, job, can_commit, workers)
+    except BaseException:
+        for worker in (workers or ([], None))[0]:
+            worker.stop()
+        raise
     try:
         coordinator.run()
     except BaseException as error:
@@ -247,10 +253,16 @@ def fit_multiple_model(plpy: Any, source_table: str, model_output_table: str,
         raise MadlibMopError(f"warm_start: {plan.out.quoted} does not exist",
                              sqlstate=errors.UNDEFINED_TABLE,
                              hint="Train it first, or pass warm_start => FALSE.")
-    job = _create_job(plpy, plan, previous)
+    workers = start_workers(plpy, plan.source["num_segments"])
+    try:
+        job = _create_job(plpy, plan, previous)
+    except BaseException:
+        for worker in workers[0]:
+            worker.stop()
+        raise
     plpy.notice(f"madlib_keras_fit_multiple_model: job {job['job_id']}: {len(plan.configs)} "
                 f"models, {plan.source['num_segments']} segments, {num_iterations} iterations")
-    run_job(plpy, job, can_commit)
+    run_job(plpy, job, can_commit, workers)
 
 
 def resume(plpy: Any, job_id: int, *, can_commit: bool = False) -> None:

@@ -199,3 +199,9 @@ def evaluate(plpy: Any, job_id: int, mst_key: int, step: int, partition: int) ->
         "VALUES ($1, $2, $3, $4) ON CONFLICT (mst_key, step, partition) DO NOTHING",
         ["integer", "integer", "integer", "jsonb"]), [mst_key, step, partition, result])
     return result
+
+
+def warm_up(plpy: Any, segments: int) -> None:
+    """Import TensorFlow (with cores / segments threads) before the job's first sub-epoch."""
+    import_tensorflow(threads=max(1, (os.cpu_count() or 1) // max(1, segments)))
+    import keras  # noqa: F401  (Keras' own import is part of the wait)

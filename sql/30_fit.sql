@@ -159,3 +159,11 @@ SET jit = off
 AS $python$
 #include "madlib_keras_fit.py"
 $python$;
+
+CREATE FUNCTION @extschema@._mop_warm_up(segments integer)
+RETURNS void
+LANGUAGE plpython3u VOLATILE
+SET jit = off
+AS $python$
+#include "mop_warm_up.py"
+$python$;
