@@ -1,10 +1,10 @@
 """Model selection by model hopping against what users would do instead, side by side.
 
 Workloads (fixed seeds):
-  W1  200,000 rows x 64 generated features, 10 classes; 8 MLPs (2 architectures x 2 learning
+  W1  250,000 rows x 64 generated features (200,000 to train on, 50,000 held out), 10 classes; 8 MLPs (2 architectures x 2 learning
       rates x 2 batch sizes), 5 epochs, S segments.
   W2  scikit-learn's digits (64 pixels, 10 classes), 8 MLPs, 10 epochs, 20% held out.
-  W3  100,000 of W1's rows; 8 MLPs whose per-epoch cost differs by more than 4x (a small and a
+  W3  100,000 generated rows (80,000 to train on); 8 MLPs whose per-epoch cost differs by more than 4x (a small and a
       large network, batch 32 and 512): heterogeneous, to show the barrier-free scheduler.
 
 Compared in one run, on the same data and configurations:
@@ -50,7 +50,7 @@ def _configs(hidden_sizes, rates, batches):
 
 
 WORKLOADS = {
-    "W1": {"rows": 200_000, "epochs": 5,
+    "W1": {"rows": 250_000, "epochs": 5,
            "configs": _configs([(64,), (128, 64)], [0.001, 0.01], [64, 256])},
     "W2": {"rows": None, "epochs": 10,
            "configs": _configs([(32,), (64, 32)], [0.001, 0.01], [16, 64])},
