@@ -26,7 +26,6 @@ import json
 import multiprocessing
 import os
 import resource
-import statistics
 import threading
 import time
 from datetime import datetime, timezone

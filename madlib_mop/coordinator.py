@@ -32,7 +32,6 @@ import numpy as np
 import psycopg
 from psycopg import sql
 
-import madlib_mop
 from madlib_mop import catalog, errors, model_config, preprocessor, schedule, state, training
 from madlib_mop.errors import MadlibMopError
 
@@ -313,7 +312,6 @@ class ModelRecord:
     epochs: int  # fit epochs: rounds per iteration
     visits: dict = field(default_factory=dict)  # step -> visit result
     evals: dict = field(default_factory=dict)  # (step, partition) -> eval result
-    weights_bytes: int = 0
 
 
 def start_workers(plpy: Any, segments: int) -> tuple[list[WorkerThread], queue.Queue]:

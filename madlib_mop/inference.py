@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import psycopg
-from psycopg import sql
 
 from madlib_mop import catalog, errors, keras_json, model_config, packing, preprocessor, training
 from madlib_mop.coordinator import worker_conninfo
