@@ -312,6 +312,8 @@ class ModelRecord:
     epochs: int  # fit epochs: rounds per iteration
     visits: dict = field(default_factory=dict)  # step -> visit result
     evals: dict = field(default_factory=dict)  # (step, partition) -> eval result
+    published_step: int = 0  # the step whose weights <out> holds
+    pruned_below: int = 1  # states of steps 1 .. pruned_below - 1 are deleted
 
 
 def start_workers(plpy: Any, segments: int) -> tuple[list[WorkerThread], queue.Queue]:
@@ -589,11 +591,13 @@ class Coordinator:
                 c=columns), (model.mst_key,))
         if finished:
             step = finished * per_iteration
-            blob = self.q(f"SELECT state FROM {self.tables['state']} WHERE mst_key = %s AND step = %s",
-                          (model.mst_key, step)).fetchone()
-            if blob is not None:
-                self.q(sql.SQL("UPDATE {} SET model_weights = %s WHERE mst_key = %s").format(
-                    sql.SQL(self.tables["output"])), (state.madlib_weights(blob[0]), model.mst_key))
+            if step != model.published_step:  # once per iteration, not once per hop
+                blob = self.q(f"SELECT state FROM {self.tables['state']} "
+                              "WHERE mst_key = %s AND step = %s", (model.mst_key, step)).fetchone()
+                if blob is not None:
+                    self.q(sql.SQL("UPDATE {} SET model_weights = %s WHERE mst_key = %s").format(
+                        sql.SQL(self.tables["output"])), (state.madlib_weights(blob[0]), model.mst_key))
+                    model.published_step = step
             self._prune(model, step, due, partitions)
 
     def _prune(self, model: ModelRecord, latest: int, due: list[int], partitions: int) -> None:
@@ -601,8 +605,11 @@ class Coordinator:
         per_iteration = self.segments * model.epochs
         waiting = [i * per_iteration for i in due
                    if any((i * per_iteration, p) not in model.evals for p in range(partitions))]
-        self.q(f"DELETE FROM {self.tables['state']} WHERE mst_key = %s AND step > 0 AND step < %s",
-               (model.mst_key, min([latest] + waiting)))
+        keep_from = min([latest] + waiting)
+        if keep_from > model.pruned_below:
+            self.q(f"DELETE FROM {self.tables['state']} WHERE mst_key = %s AND step > 0 AND step < %s",
+                   (model.mst_key, keep_from))
+            model.pruned_below = keep_from
 
     def _finish(self) -> None:
         self.q(sql.SQL("UPDATE {} SET end_training_time = now()").format(

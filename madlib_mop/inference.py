@@ -11,6 +11,7 @@ part fails, the output table is dropped: nothing half-written is left.
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
@@ -346,10 +347,10 @@ def _predict(plpy, ref: ModelRef, test_table, id_col, independent_varname, outpu
         raise MadlibMopError(f"test_table {source.name} is empty", sqlstate=errors.DATA_EXCEPTION,
                              hint="Predict on a table with rows.")
     found = np.asarray(first[0]["x"], dtype=object).shape
-    if math_prod(found) != math_prod(shape):
+    if math.prod(found) != math.prod(shape):
         raise MadlibMopError(
-            f"the features of {source.name} have {math_prod(found)} values per row, the model "
-            f"takes input of shape {shape} ({math_prod(shape)} values)",
+            f"the features of {source.name} have {math.prod(found)} values per row, the model "
+            f"takes input of shape {shape} ({math.prod(shape)} values)",
             sqlstate=errors.DATATYPE_MISMATCH,
             hint="Pass the feature column(s) the model was trained on.")
     classification = ref.class_values is not None
@@ -394,13 +395,6 @@ def _predict(plpy, ref: ModelRef, test_table, id_col, independent_varname, outpu
         with psycopg.connect(conninfo, autocommit=True) as db:
             db.execute(f"DROP TABLE IF EXISTS {out.quoted}")
         raise
-
-
-def math_prod(shape) -> int:
-    total = 1
-    for d in shape:
-        total *= int(d)
-    return total
 
 
 _models: dict[tuple, Any] = {}
