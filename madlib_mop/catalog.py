@@ -1,8 +1,9 @@
 """Looking up the user's tables and columns through SPI, with clear errors.
 
 Names arrive as text (MADlib style: 'iris' or 'myschema.iris').  They are resolved by
-PostgreSQL itself (`to_regclass`), and only the canonical, already-quoted `regclass` text
-is ever put into SQL; column names go through `quote_ident`.
+PostgreSQL itself (`to_regclass`) against the caller's search_path (the runtime itself runs
+with a pinned one, see `plpy_bridge`), and only the canonical, already-quoted `regclass`
+text is ever put into SQL; column names go through `quote_ident`.
 """
 
 from __future__ import annotations
@@ -10,16 +11,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from madlib_mop import errors
+from madlib_mop import errors, plpy_bridge
 from madlib_mop.errors import MadlibMopError
 
 # Names are always schema-qualified: they are also used by other sessions (workers),
 # whose search_path may differ.
-_RESOLVE = """
+_DESCRIBE = """
     SELECT c.oid, quote_ident(n.nspname) || '.' || quote_ident(c.relname) AS name, c.relkind AS kind
-    FROM (SELECT to_regclass($1) AS r) q
-    LEFT JOIN pg_class c ON c.oid = q.r
-    LEFT JOIN pg_namespace n ON n.oid = c.relnamespace
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE c.oid = $1
 """
 _COLUMNS = """
     SELECT a.attname AS name, format_type(a.atttypid, a.atttypmod) AS type,
@@ -64,15 +64,30 @@ def resolve_table(plpy: Any, name: str | None, *, argument: str = "source_table"
             sqlstate=errors.INVALID_PARAMETER_VALUE,
             hint=f"Pass the table's name as {argument}, e.g. 'iris' or 'myschema.iris'.",
         )
-    row = plpy.execute(plpy.prepare(_RESOLVE, ["text"]), [name])[0]
-    if row["oid"] is None:
+    oid = resolve_name(plpy, name)
+    rows = plpy.execute(plpy.prepare(_DESCRIBE, ["oid"]), [oid]) if oid is not None else []
+    if not rows:
         raise MadlibMopError(
             f'{argument} "{name}" does not exist',
             sqlstate=errors.UNDEFINED_TABLE,
             hint="Give the name of an existing table, schema-qualified if its schema "
                  "is not on the search_path.",
         )
+    row = rows[0]
     return Table(oid=int(row["oid"]), name=row["name"], kind=row["kind"])
+
+
+def resolve_name(plpy: Any, name: str) -> int | None:
+    """The oid of the relation `name` names for the caller (its search_path), or None.
+    Nothing but the qualified built-in runs under the caller's path."""
+    statement = ("SELECT pg_catalog.to_regclass(" + plpy.quote_literal(name)
+                 + "::pg_catalog.text)::pg_catalog.oid AS r")
+    try:
+        with plpy_bridge.caller_search_path(plpy):
+            row = plpy.execute(statement)[0]
+    except plpy.SPIError:  # a name that is not a name, e.g. 'a.b.c.d'
+        return None
+    return None if row["r"] is None else int(row["r"])
 
 
 def columns(plpy: Any, table: Table) -> dict[str, Column]:
@@ -180,6 +195,9 @@ def new_table(plpy: Any, name: str | None, *, argument: str) -> NewTable:
             "SELECT parse_ident($1) AS parts, current_schema() AS current", ["text"]), [name])[0]
     except plpy.SPIError:
         parts = None
+    calling = plpy_bridge.caller()
+    if parts is not None and calling is not None:  # where the caller's CREATE TABLE would go
+        parts = {"parts": parts["parts"], "current": calling.current_schema}
     if parts is None or len(parts["parts"]) > 2:
         raise MadlibMopError(f'{argument} "{name}" is not a valid table name',
                              sqlstate=errors.INVALID_PARAMETER_VALUE,

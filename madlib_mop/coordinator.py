@@ -32,11 +32,11 @@ import numpy as np
 import psycopg
 from psycopg import sql
 
-from madlib_mop import catalog, errors, model_config, preprocessor, schedule, state, training
+from madlib_mop import (catalog, errors, model_config, plpy_bridge, preprocessor, schedule, state,
+                        training, worker_session)
 from madlib_mop.errors import MadlibMopError
 
 MAX_ATTEMPTS = 3
-CONNINFO_SETTING = "madlib_mop.worker_conninfo"
 JOB_TABLES = ("models", "state", "visits", "evals")
 LOCK_CLASS = 0x4D4F50  # advisory lock namespace: one coordinator per job
 # <out>_info: MADlib's 17 columns, then madlib_mop's (all metrics by name, timings).
@@ -86,7 +86,7 @@ class WorkerThread(threading.Thread):
 
     def _connect(self) -> psycopg.Connection:
         if self.connection is None or self.connection.closed:
-            self.connection = psycopg.connect(self.conninfo, autocommit=True)
+            self.connection = worker_session.connect(self.conninfo)
             self.named_for = None
         if self.named_for != self.job_id:  # the job's id may come after the warm-up
             self.connection.execute(
@@ -126,35 +126,6 @@ class WorkerThread(threading.Thread):
             except Exception:
                 pass
         self.inbox.put(None)
-
-
-FORWARDED_SETTINGS = ("madlib_mop.worker_memory_mb",)
-
-
-def worker_conninfo(plpy: Any) -> str:
-    """How workers reach this server: the setting madlib_mop.worker_conninfo, completed with
-    this server's socket (or 127.0.0.1) and port, this database and the current user.
-    Worker sessions run without statement timeout and get this session's madlib_mop
-    settings (e.g. worker_memory_mb)."""
-    schema = catalog.extension_schema(plpy)
-    row = plpy.execute(
-        "SELECT current_setting('port') AS port, current_database() AS db, current_user AS usr, "
-        f"{schema}._server_socket_directory() AS socket, "
-        f"current_setting('{CONNINFO_SETTING}', true) AS extra")[0]
-    # jit=off: worker sessions load TensorFlow, whose LLVM cannot live next to the JIT's.
-    options = ["-c statement_timeout=0", "-c idle_in_transaction_session_timeout=0", "-c jit=off"]
-    for name in FORWARDED_SETTINGS:
-        value = plpy.execute(plpy.prepare("SELECT current_setting($1, true) AS v", ["text"]), [name])[0]["v"]
-        if value:
-            if not value.isdigit():
-                raise MadlibMopError(f"setting {name} = '{value}' is not a whole number",
-                                     sqlstate=errors.INVALID_PARAMETER_VALUE,
-                                     hint=f"SET {name} = 1024, or RESET {name}.")
-            options.append(f"-c {name}={value}")
-    params = {"host": row["socket"] or "127.0.0.1", "port": row["port"], "dbname": row["db"],
-              "user": row["usr"], "options": " ".join(options)}
-    base = psycopg.conninfo.make_conninfo(**params)
-    return psycopg.conninfo.make_conninfo(base + " " + (row["extra"] or ""))
 
 
 # ---- the job -------------------------------------------------------------------------------
@@ -320,7 +291,7 @@ def start_workers(plpy: Any, segments: int) -> tuple[list[WorkerThread], queue.Q
     """One worker session per segment, told to import TensorFlow at once (it takes seconds),
     so that this overlaps with the job's creation."""
     results: queue.Queue = queue.Queue()
-    conninfo, schema = worker_conninfo(plpy), catalog.extension_schema(plpy)
+    conninfo, schema = worker_session.conninfo(plpy), catalog.extension_schema(plpy)
     workers = [WorkerThread(conninfo, schema, None, s, results) for s in range(segments)]
     for worker in workers:
         worker.start()
@@ -339,11 +310,11 @@ class Coordinator:
         self.tables = json.loads(job["tables"])
         self.segments = job["num_segments"]
         self.schema = catalog.extension_schema(plpy)
-        self.conninfo = worker_conninfo(plpy)
+        self.conninfo = worker_session.conninfo(plpy)
         self.args = json.loads(job["arguments"])
         self.attempts: dict[tuple[int, int], int] = {}
-        self.db = psycopg.connect(self.conninfo, autocommit=True,
-                                  application_name=f"madlib_mop coordinator job {self.job_id}")
+        self.db = worker_session.connect(
+            self.conninfo, application_name=f"madlib_mop coordinator job {self.job_id}")
         locked = self.db.execute("SELECT pg_try_advisory_lock(%s, %s)",
                                  (LOCK_CLASS, self.job_id)).fetchone()[0]
         if not locked:
@@ -473,8 +444,10 @@ class Coordinator:
         self.q(f"UPDATE {self.schema}.jobs SET last_error = %s, updated_at = now() WHERE job_id = %s",
                (f"{task.kind} mst_key {task.mst_key} step {task.step} segment {task.segment} "
                 f"attempt {task.attempt}: {message}", self.job_id))
-        sqlstate = getattr(getattr(error, "diag", None), "sqlstate", None)
-        user_error = sqlstate is not None and sqlstate[:2] in ("22", "42", "0A")
+        sqlstate = (error.sqlstate if isinstance(error, MadlibMopError)
+                    else getattr(getattr(error, "diag", None), "sqlstate", None))
+        # Errors that a retry cannot fix: the data, the model, privileges, authentication.
+        user_error = sqlstate is not None and sqlstate[:2] in ("22", "42", "0A", "28")
         if task.attempt >= MAX_ATTEMPTS or user_error:
             raise MadlibMopError(
                 f"job {self.job_id}: {task.kind} of mst_key {task.mst_key} on segment "
@@ -501,6 +474,7 @@ class Coordinator:
         """CALL fit_multiple commits as it goes, so that it holds no snapshot for hours."""
         try:
             self.plpy.commit()
+            plpy_bridge.renew_pin(self.plpy)
         except Exception:
             raise MadlibMopError(
                 "CALL fit_multiple cannot run inside a transaction block",

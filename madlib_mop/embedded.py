@@ -1,8 +1,12 @@
 """The project's own PostgreSQL cluster, kept under the repository.
 
-`make demo` and `make test` use it unless MADLIB_MOP_DSN names another server.  It is a
-plain `initdb` cluster of Debian's PostgreSQL 15 listening on 127.0.0.1 only, with trust
-authentication (it is a development server: nothing but local processes can reach it).
+`make demo` and `make test` use it unless MADLIB_MOP_DSN names another server.  It is an
+`initdb` cluster of Debian's PostgreSQL 15 listening on 127.0.0.1 only, authenticated as
+Debian sets a server up (peer on the Unix socket, scram-sha-256 on TCP) plus the
+madlib_mop map that lets the server open worker sessions as the calling role
+(`madlib_mop.server_auth`, the DBA's set-up of the README).  The superuser `postgres` has a
+generated password, kept in a libpq password file `.pg/passfile` that the connection string
+names.
 
 PostgreSQL refuses to run as root, so when this runs as root the cluster belongs to the
 `postgres` OS user (created by Debian's postgresql package) and every server command runs
@@ -18,12 +22,15 @@ from __future__ import annotations
 import argparse
 import os
 import pwd
+import secrets
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 from urllib.parse import quote
+
+from madlib_mop import server_auth
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DSN_VARIABLE = "MADLIB_MOP_DSN"
@@ -55,11 +62,18 @@ class EmbeddedCluster:
         self.data = self.base / "data"
         self.socket_dir = self.base / "run"
         self.log = self.base / "server.log"
+        self.passfile = self.base / "passfile"
         self.bindir = _pg_bindir()
 
     # -- connection strings -------------------------------------------------
     def dsn(self, dbname: str = DEFAULT_DATABASE) -> str:
-        return f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/{quote(dbname)}"
+        return (f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/{quote(dbname)}"
+                f"?passfile={quote(str(self.passfile))}")
+
+    @property
+    def server_os_user(self) -> str:
+        """The OS user the server runs as: the one its worker sessions come from."""
+        return SERVER_OS_USER if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
 
     # -- running server commands as the right OS user -------------------------
     def _as_server_user(self, argv: list[str]) -> list[str]:
@@ -116,16 +130,33 @@ class EmbeddedCluster:
         self._prepare_folders()
         if self.is_initialized():
             return
-        self._run(
-            [
-                self._tool("initdb"),
-                "-D", str(self.data),
-                "-U", SUPERUSER,
-                "-A", "trust",
-                "-E", "UTF8",
-                "--locale=C.UTF-8",
-            ]
-        )
+        password = secrets.token_urlsafe(24)
+        pwfile = self.base / "initdb-password"
+        pwfile.write_text(password + "\n", encoding="utf-8")
+        os.chmod(pwfile, 0o600)
+        if os.geteuid() == 0:
+            owner = pwd.getpwnam(SERVER_OS_USER)
+            os.chown(pwfile, owner.pw_uid, owner.pw_gid)
+        try:
+            # What Debian's pg_createcluster does: peer on the socket, scram-sha-256 on TCP.
+            self._run(
+                [
+                    self._tool("initdb"),
+                    "-D", str(self.data),
+                    "-U", SUPERUSER,
+                    "--auth-local=peer", "--auth-host=scram-sha-256",
+                    f"--pwfile={pwfile}",
+                    "-E", "UTF8",
+                    "--locale=C.UTF-8",
+                ]
+            )
+        finally:
+            pwfile.unlink()
+        self._write_passfile(password)
+        hba = self.data / "pg_hba.conf"
+        # ... and its first line: the DBA's login as the superuser, by the server's OS user.
+        hba.write_text(DEBIAN_SUPERUSER_LINE + hba.read_text(encoding="utf-8"), encoding="utf-8")
+        self._configure_workers()
         settings = {
             "port": str(self.port),
             "listen_addresses": "'127.0.0.1'",
@@ -141,6 +172,40 @@ class EmbeddedCluster:
             conf.write("# written by madlib_mop.embedded\n")
             for key, value in settings.items():
                 conf.write(f"{key} = {value}\n")
+
+    def _write_passfile(self, password: str) -> None:
+        """The superuser's password, for clients of the invoking OS user (libpq's format)."""
+        self.passfile.write_text(f"127.0.0.1:{self.port}:*:{SUPERUSER}:{password}\n",
+                                 encoding="utf-8")
+        os.chmod(self.passfile, 0o600)
+
+    def _configure_workers(self) -> bool:
+        """The README's DBA set-up: the madlib_mop map on the socket's peer line."""
+        hba, ident = self.data / "pg_hba.conf", self.data / "pg_ident.conf"
+        changed = server_auth.configure(hba, ident, self.server_os_user)
+        if self.server_os_user != SUPERUSER:  # the superuser's own fits, and our tools
+            changed |= server_auth.allow(ident, self.server_os_user, SUPERUSER)
+        return changed
+
+    def allow_worker_role(self, role: str) -> None:
+        """Let this server open worker sessions as `role` (pg_ident.conf), and reload."""
+        if server_auth.allow(self.data / "pg_ident.conf", self.server_os_user, role) and self.is_running():
+            self._run([self._tool("pg_ctl"), "reload", "-D", str(self.data)])
+
+    def _secure_trust_cluster(self) -> None:
+        """A cluster made by an earlier version trusted every local connection: give the
+        superuser a password and Debian's authentication with the madlib_mop map."""
+        hba = self.data / "pg_hba.conf"
+        rules = [line.split() for line in hba.read_text(encoding="utf-8").splitlines()
+                 if line.strip() and not line.lstrip().startswith("#")]
+        if self.passfile.exists() and not any("trust" in rule for rule in rules):
+            return
+        password = secrets.token_urlsafe(24)
+        self._psql(f"ALTER ROLE {SUPERUSER} PASSWORD " + _sql_literal(password))
+        self._write_passfile(password)
+        hba.write_text(DEBIAN_SUPERUSER_LINE + DEBIAN_HBA, encoding="utf-8")
+        self._configure_workers()
+        self._run([self._tool("pg_ctl"), "reload", "-D", str(self.data)])
 
     def _ensure_setting(self, name: str, value: str) -> None:
         """Clusters made by an earlier version get settings added since (read at start)."""
@@ -174,6 +239,9 @@ class EmbeddedCluster:
                     + f"\nIf port {self.port} is taken, set MADLIB_MOP_PGPORT to a free port."
                 )
         self._wait_ready()
+        self._secure_trust_cluster()
+        if self._configure_workers():
+            self._run([self._tool("pg_ctl"), "reload", "-D", str(self.data)])
         self.create_database(database)
         return self.dsn(database)
 
@@ -181,7 +249,7 @@ class EmbeddedCluster:
         deadline = time.monotonic() + timeout
         while True:
             ready = self._run(
-                [self._tool("pg_isready"), "-h", "127.0.0.1", "-p", str(self.port), "-U", SUPERUSER],
+                [self._tool("pg_isready"), "-h", str(self.socket_dir), "-p", str(self.port), "-U", SUPERUSER],
                 check=False,
             )
             if ready.returncode == 0:
@@ -194,7 +262,7 @@ class EmbeddedCluster:
         result = self._run(
             [
                 self._tool("psql"), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1",
-                "-h", "127.0.0.1", "-p", str(self.port), "-U", SUPERUSER, "-d", dbname,
+                "-h", str(self.socket_dir), "-p", str(self.port), "-U", SUPERUSER, "-d", dbname,
                 "-c", sql,
             ]
         )
@@ -207,7 +275,7 @@ class EmbeddedCluster:
         if not exists:
             self._run(
                 [
-                    self._tool("createdb"), "-h", "127.0.0.1", "-p", str(self.port),
+                    self._tool("createdb"), "-h", str(self.socket_dir), "-p", str(self.port),
                     "-U", SUPERUSER, database,
                 ]
             )
@@ -220,6 +288,21 @@ class EmbeddedCluster:
         self.stop()
         if self.base.exists():
             shutil.rmtree(self.base)
+
+
+# The first line pg_createcluster writes; then initdb's own lines for peer / scram-sha-256.
+DEBIAN_SUPERUSER_LINE = f"""# Database administrative login by Unix domain socket
+local   all             {SUPERUSER}                                peer
+
+"""
+DEBIAN_HBA = """# TYPE  DATABASE        USER            ADDRESS                 METHOD
+local   all             all                                     peer
+host    all             all             127.0.0.1/32            scram-sha-256
+host    all             all             ::1/128                 scram-sha-256
+local   replication     all                                     peer
+host    replication     all             127.0.0.1/32            scram-sha-256
+host    replication     all             ::1/128                 scram-sha-256
+"""
 
 
 def _sql_literal(text: str) -> str:

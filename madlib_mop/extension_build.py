@@ -75,6 +75,8 @@ def expand_includes(sql: str, udf_dir: Path, site_packages: str, used: set[str])
         text = path.read_text(encoding="utf-8")
         if "$python$" in text:
             raise BuildError(f"{path} contains the dollar-quote tag $python$")
+        if "run(plpy, " not in text:  # it pins the search_path and reports errors
+            raise BuildError(f"{path} does not call madlib_mop.plpy_bridge.run(plpy, ...)")
         return PREAMBLE.format(site=site_packages) + text.rstrip("\n")
 
     return INCLUDE.sub(body, sql)
@@ -104,7 +106,8 @@ def build(version: str, out: Path, site_packages: str,
     # although the version number is the same.
     fingerprint = hashlib.sha256(body.encode()).hexdigest()[:16]
     body += (f"\n-- ==== build ====\nCREATE FUNCTION @extschema@.build_id() RETURNS text "
-             f"LANGUAGE sql IMMUTABLE AS $$ SELECT '{version}+{fingerprint}'::text $$;\n")
+             f"LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp "
+             f"AS $$ SELECT '{version}+{fingerprint}'::text $$;\n")
     written = [out / f"{EXTENSION}--{version}.sql"]
     written[0].write_text(body, encoding="utf-8")
 

@@ -15,9 +15,8 @@ import psycopg
 from psycopg import sql
 
 import madlib_mop
-from madlib_mop import catalog, errors, model_config, state, training
-from madlib_mop.coordinator import (INFO_COLUMNS, JOB_TABLES, Coordinator, plan_job, start_workers,
-                                    worker_conninfo)
+from madlib_mop import catalog, errors, model_config, state, training, worker_session
+from madlib_mop.coordinator import INFO_COLUMNS, JOB_TABLES, Coordinator, plan_job, start_workers
 from madlib_mop.errors import MadlibMopError
 
 
@@ -48,7 +47,7 @@ def _abandon(plpy: Any, job: dict, why: str) -> None:
     """An unfinished job whose tables are gone cannot continue: record why, through the
     coordinator's connection so that it stays recorded whatever this call does next."""
     schema = catalog.extension_schema(plpy)
-    with psycopg.connect(worker_conninfo(plpy), autocommit=True) as db:
+    with worker_session.connect(worker_session.conninfo(plpy)) as db:
         db.execute(f"UPDATE {schema}.jobs SET state = 'failed', last_error = %s, updated_at = now() "
                    "WHERE job_id = %s", (f"abandoned: {why}", job["job_id"]))
 
@@ -72,7 +71,8 @@ def _create_job(plpy: Any, plan, previous_job: dict | None) -> dict:
     names = _names(plpy, plan.out)
     seed = plan.arguments["seed"]
     previous_states: dict[int, bytes] = {}
-    with psycopg.connect(worker_conninfo(plpy), application_name="madlib_mop coordinator") as db:
+    with worker_session.connect(worker_session.conninfo(plpy), autocommit=False,
+                                application_name="madlib_mop coordinator") as db:
         if previous_job is not None:  # warm start: continue from the last states
             old = json.loads(previous_job["tables"])
             if db.execute("SELECT to_regclass(%s)", (old["state"],)).fetchone()[0]:

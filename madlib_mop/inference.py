@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import psycopg
 
-from madlib_mop import catalog, errors, keras_json, model_config, packing, preprocessor, training
-from madlib_mop.coordinator import worker_conninfo
+from madlib_mop import (catalog, errors, keras_json, model_config, packing, preprocessor, training,
+                        worker_session)
 from madlib_mop.errors import MadlibMopError
 
 CHUNK_BYTES = 32 * 1024 * 1024
@@ -120,8 +120,8 @@ def _workers(conninfo: str, count: int) -> list[psycopg.Connection]:
     model built once per worker, not once per call."""
     pool = [c for c in _pool.get(conninfo, []) if not c.closed and not c.broken]
     while len(pool) < count:
-        pool.append(psycopg.connect(conninfo, autocommit=True,
-                                    application_name=f"madlib_mop inference worker {len(pool)}"))
+        pool.append(worker_session.connect(
+            conninfo, application_name=f"madlib_mop inference worker {len(pool)}"))
     _pool[conninfo] = pool
     return pool[:count]
 
@@ -129,7 +129,7 @@ def _workers(conninfo: str, count: int) -> list[psycopg.Connection]:
 def _run_parallel(plpy: Any, calls: list[tuple[str, tuple]]) -> list[Any]:
     """Run each (statement, params) on its own worker session, concurrently; the results in
     order.  The first failure is raised after every call has ended."""
-    conninfo = worker_conninfo(plpy)
+    conninfo = worker_session.conninfo(plpy)
     sessions = _workers(conninfo, len(calls))
     results: list[Any] = [None] * len(calls)
     failures: list[BaseException] = []
@@ -362,8 +362,8 @@ def _predict(plpy, ref: ModelRef, test_table, id_col, independent_varname, outpu
     q = plpy.quote_ident
     id_type = id_column.base_type
     schema = catalog.extension_schema(plpy)
-    conninfo = worker_conninfo(plpy)
-    with psycopg.connect(conninfo, autocommit=True) as db:
+    conninfo = worker_session.conninfo(plpy)
+    with worker_session.connect(conninfo) as db:
         if classification:
             rank = ", rank integer" if kind != "response" else ""
             db.execute(f"CREATE TABLE {out.quoted} ({q(id_col)} {id_type}, class_name text, "
@@ -392,7 +392,7 @@ def _predict(plpy, ref: ModelRef, test_table, id_col, independent_varname, outpu
     try:
         _run_parallel(plpy, calls)
     except BaseException:
-        with psycopg.connect(conninfo, autocommit=True) as db:
+        with worker_session.connect(conninfo) as db:
             db.execute(f"DROP TABLE IF EXISTS {out.quoted}")
         raise
 

@@ -29,6 +29,17 @@ OPTIMIZERS = {name.lower(): name for name in (
     "Lion", "Lamb", "Adafactor")}
 # Keras 2 spellings of Keras 3 optimizer arguments.
 OPTIMIZER_ALIASES = {"lr": "learning_rate"}
+# Ranges Keras does not check itself (a negative learning rate trains "uphill" silently).
+_POSITIVE = (lambda v: v > 0, "greater than 0")
+_FRACTION = (lambda v: 0 <= v < 1, "in [0, 1)")
+OPTIMIZER_RANGES = {
+    "learning_rate": _POSITIVE, "epsilon": _POSITIVE, "clipnorm": _POSITIVE,
+    "clipvalue": _POSITIVE, "global_clipnorm": _POSITIVE,
+    "beta_1": _FRACTION, "beta_2": _FRACTION, "rho": _FRACTION, "ema_momentum": _FRACTION,
+    "momentum": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+    "weight_decay": (lambda v: v >= 0, "at least 0"),
+    "initial_accumulator_value": (lambda v: v >= 0, "at least 0"),
+}
 
 LOSSES = frozenset({
     "binary_crossentropy", "binary_focal_crossentropy", "categorical_crossentropy",
@@ -158,6 +169,13 @@ def make_optimizer(name: str, arguments: Iterable[tuple[str, Any]], text: str) -
                 f"{canonical} argument {key}={value!r} is not a finite number, boolean or None",
                 sqlstate=errors.INVALID_PARAMETER_VALUE, detail=f"Got: {text[:300]}",
                 hint="Optimizer arguments are numbers, e.g. Adam(lr=0.001, beta_1=0.9).")
+        check = OPTIMIZER_RANGES.get(OPTIMIZER_ALIASES.get(key, key))
+        if check is not None and isinstance(value, (int, float)) and not isinstance(value, bool) \
+                and not check[0](value):
+            raise MadlibMopError(
+                f"{canonical} argument {key}={value!r} is out of range: it must be {check[1]}",
+                sqlstate=errors.INVALID_PARAMETER_VALUE, detail=f"Got: {text[:300]}",
+                hint="e.g. Adam(lr=0.001); a learning rate is a positive number.")
     return Optimizer(canonical, arguments)
 
 

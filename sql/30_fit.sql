@@ -133,7 +133,7 @@ $python$;
 -- pg_read_all_settings, which a role running a job need not have.
 CREATE FUNCTION @extschema@._server_socket_directory()
 RETURNS text
-LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog
+LANGUAGE sql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
 AS $$ SELECT trim(split_part(current_setting('unix_socket_directories'), ',', 1)) $$;
 
 CREATE FUNCTION @extschema@.madlib_keras_fit(

@@ -19,7 +19,7 @@ BEGIN
     LOOP
         EXECUTE format(
             'CREATE FUNCTION %I.%I(message varchar DEFAULT %L) RETURNS varchar '
-            'LANGUAGE sql IMMUTABLE AS %L',
+            'LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS %L',
             '@extschema@', function_name, '',
             format('SELECT %I.usage(%L, message)', '@extschema@', function_name));
     END LOOP;

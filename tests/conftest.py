@@ -35,6 +35,21 @@ def _docker_engine_reachable() -> bool:
         return False
 
 
+def _uses_embedded_cluster() -> bool:
+    return not os.environ.get(DSN_VARIABLE) and not _docker_engine_reachable()
+
+
+@pytest.fixture(scope="session")
+def allow_worker_role():
+    """Let the server open worker sessions as a role: the DBA's pg_ident.conf line of the
+    README, written into the embedded cluster (other servers: the DBA's own set-up)."""
+    def allow(role: str) -> None:
+        if not _uses_embedded_cluster():
+            pytest.skip(f"needs the madlib_mop user name map for role {role} on the server")
+        EmbeddedCluster().allow_worker_role(role)
+    return allow
+
+
 @pytest.fixture(scope="session")
 def server_dsn() -> Iterator[str]:
     """A superuser connection string to the session's server (database `postgres`)."""

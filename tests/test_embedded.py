@@ -17,7 +17,9 @@ def test_dsn_comes_from_the_environment_when_set(monkeypatch):
     assert configured_dsn() == "postgresql://someone@db.example:5433/prod"
     monkeypatch.delenv("MADLIB_MOP_DSN")
     monkeypatch.setenv("MADLIB_MOP_PGPORT", "55555")
-    assert configured_dsn() == "postgresql://postgres@127.0.0.1:55555/madlib_mop"
+    cluster = EmbeddedCluster()
+    assert configured_dsn() == ("postgresql://postgres@127.0.0.1:55555/madlib_mop"
+                                f"?passfile={cluster.passfile}")
 
 
 def test_make_dsn_prints_the_connection_string():

@@ -14,12 +14,15 @@ def _write(path, text):
     path.write_text(text)
 
 
+BODY = "from madlib_mop.plpy_bridge import run\nreturn run(plpy, lambda plpy: 41 + 1)\n"
+
+
 @pytest.fixture
 def sources(tmp_path):
     _write(tmp_path / "sql" / "10_f.sql",
            'CREATE FUNCTION @extschema@.f() RETURNS int LANGUAGE plpython3u AS $python$\n'
            '#include "f.py"\n$python$;\n')
-    _write(tmp_path / "udf" / "f.py", "return 41 + 1\n")
+    _write(tmp_path / "udf" / "f.py", BODY)
     return tmp_path
 
 
@@ -28,7 +31,7 @@ def test_include_becomes_preamble_and_body(sources, tmp_path):
                     sources / "sql", sources / "udf")
     script = (tmp_path / "out" / "madlib_mop--1.2.0.sql").read_text()
     assert '#include' not in script
-    assert PREAMBLE.format(site="/opt/runtime/site-packages") + "return 41 + 1\n$python$;" in script
+    assert PREAMBLE.format(site="/opt/runtime/site-packages") + BODY + "$python$;" in script
     assert script.startswith("-- madlib_mop 1.2.0")
     assert "\\quit" in script.splitlines()[1]
     control = (tmp_path / "out" / "madlib_mop.control").read_text()
@@ -43,8 +46,15 @@ def test_missing_body_is_an_error(sources, tmp_path):
         build("1.0.0", tmp_path / "out", "/x", sources / "sql", sources / "udf")
 
 
+def test_body_that_bypasses_the_bridge_is_an_error(sources, tmp_path):
+    """Every body goes through plpy_bridge.run, which pins the search_path."""
+    _write(sources / "udf" / "f.py", "return plpy.execute('SELECT 1')\n")
+    with pytest.raises(BuildError, match="does not call madlib_mop.plpy_bridge.run"):
+        build("1.0.0", tmp_path / "out", "/x", sources / "sql", sources / "udf")
+
+
 def test_unused_body_is_an_error(sources, tmp_path):
-    _write(sources / "udf" / "orphan.py", "return 0\n")
+    _write(sources / "udf" / "orphan.py", BODY)
     with pytest.raises(BuildError, match="orphan.py"):
         build("1.0.0", tmp_path / "out", "/x", sources / "sql", sources / "udf")
 
@@ -56,7 +66,7 @@ def test_upgrade_scripts_follow_the_naming_convention(sources, tmp_path):
     written = build("1.1.0", tmp_path / "out", "/x", sources / "sql", sources / "udf")
     assert "madlib_mop--1.0.0--1.1.0.sql" in {p.name for p in written}
     upgrade = (tmp_path / "out" / "madlib_mop--1.0.0--1.1.0.sql").read_text()
-    assert "return 41 + 1" in upgrade
+    assert "41 + 1" in upgrade
     # An upgrade to a version after the one being built is a mistake.
     with pytest.raises(BuildError, match="at most 1.0.0"):
         build("1.0.0", tmp_path / "out2", "/x", sources / "sql", sources / "udf")

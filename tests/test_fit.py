@@ -270,8 +270,9 @@ def test_warm_start_continues_training(data, reference):
         assert jobs == 2
 
 
-def test_non_superuser_runs_a_job(data):
+def test_non_superuser_runs_a_job(data, allow_worker_role):
     role = f"analyst_{uuid.uuid4().hex[:6]}"
+    allow_worker_role(role)
     with _connect(data) as conn:
         conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
         try:

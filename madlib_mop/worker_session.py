@@ -1,0 +1,115 @@
+"""Worker sessions: the sessions a call opens on this server to train, evaluate and predict
+in parallel (and the coordinator's own bookkeeping session).
+
+Who a worker session is never depends on anything a user can set: it is always the role
+that made the call (`current_user`), on the same database, over this server's own Unix
+socket, with the extension's search_path.  It authenticates by peer with the `madlib_mop`
+user name map (see `madlib_mop.server_auth`): no password exists or is typed anywhere.
+
+`madlib_mop.worker_conninfo` may still add libpq parameters that change how, not as whom,
+the session connects (timeouts); any other parameter is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from madlib_mop import errors
+from madlib_mop.errors import MadlibMopError
+from madlib_mop.plpy_bridge import SAFE_SEARCH_PATH
+
+CONNINFO_SETTING = "madlib_mop.worker_conninfo"
+# Settings of the caller's session that its workers get (validated: whole numbers).
+FORWARDED_SETTINGS = ("madlib_mop.worker_memory_mb",)
+# What madlib_mop.worker_conninfo may set: how to connect, never as whom or where.
+ALLOWED_PARAMETERS = ("connect_timeout", "keepalives", "keepalives_idle",
+                      "keepalives_interval", "keepalives_count", "tcp_user_timeout")
+# Parameters that would change the worker's role, database, server, search_path or
+# credentials: refused as a privilege matter, not as a typo.
+IDENTITY_PARAMETERS = ("user", "dbname", "options", "host", "hostaddr", "port", "service",
+                       "servicefile", "passfile", "password", "target_session_attrs",
+                       "sslcert", "sslkey", "sslpassword", "krbsrvname", "gssencmode",
+                       "require_auth", "load_balance_hosts", "channel_binding")
+
+
+def _extra_parameters(text: str | None) -> dict[str, str]:
+    if not text or not text.strip():
+        return {}
+    try:
+        given = conninfo_to_dict(text)
+    except psycopg.ProgrammingError as error:
+        raise MadlibMopError(f"{CONNINFO_SETTING} is not a connection string: {error}",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint=f"e.g. SET {CONNINFO_SETTING} = 'connect_timeout=10', or "
+                                  f"RESET {CONNINFO_SETTING}.") from None
+    for key in given:
+        if key in IDENTITY_PARAMETERS:
+            raise MadlibMopError(
+                f"{CONNINFO_SETTING} cannot set {key}",
+                sqlstate=errors.INSUFFICIENT_PRIVILEGE,
+                detail="Worker sessions always run as the calling role, on this database of "
+                       "this server, with the extension's own search_path.",
+                hint=f"RESET {CONNINFO_SETTING}; it may set only "
+                     f"{', '.join(ALLOWED_PARAMETERS)}.")
+        if key not in ALLOWED_PARAMETERS:
+            raise MadlibMopError(
+                f"{CONNINFO_SETTING}: parameter {key} is not supported",
+                sqlstate=errors.INVALID_PARAMETER_VALUE,
+                hint=f"It may set only {', '.join(ALLOWED_PARAMETERS)}.")
+    return given
+
+
+def conninfo(plpy: Any) -> str:
+    """How this call's worker sessions connect: this server's socket (127.0.0.1 on a server
+    without one) and port, this database, the current role.  They run without statement
+    timeout, with JIT off (they load TensorFlow, whose LLVM cannot live next to the JIT's)
+    and with the caller's madlib_mop settings (e.g. worker_memory_mb)."""
+    row = plpy.execute(
+        "SELECT pg_catalog.current_setting('port') AS port, pg_catalog.current_database() AS db, "
+        "CURRENT_USER AS usr, (SELECT pg_catalog.quote_ident(extnamespace::regnamespace::text) "
+        "FROM pg_catalog.pg_extension WHERE extname = 'madlib_mop') AS schema, "
+        f"pg_catalog.current_setting('{CONNINFO_SETTING}', true) AS extra")[0]
+    socket = plpy.execute(f"SELECT {row['schema']}._server_socket_directory() AS s")[0]["s"]
+    # search_path: the one the runtime pins (plpy_bridge) from the session's first statement
+    # on; every name of the extension and of the user's tables is schema-qualified.
+    options = ["-c statement_timeout=0", "-c idle_in_transaction_session_timeout=0",
+               "-c jit=off", "-c search_path=" + SAFE_SEARCH_PATH.replace(" ", "")]
+    setting = plpy.prepare("SELECT pg_catalog.current_setting($1, true) AS v", ["text"])
+    for name in FORWARDED_SETTINGS:
+        value = plpy.execute(setting, [name])[0]["v"]
+        if value:
+            if not value.isdigit():
+                raise MadlibMopError(f"setting {name} = '{value}' is not a whole number",
+                                     sqlstate=errors.INVALID_PARAMETER_VALUE,
+                                     hint=f"SET {name} = 1024, or RESET {name}.")
+            options.append(f"-c {name}={value}")
+    extra = _extra_parameters(row["extra"])
+    # The identity comes last and from the server alone: nothing in `extra` can name it.
+    return make_conninfo("", **extra, host=socket or "127.0.0.1", port=row["port"],
+                         dbname=row["db"], user=row["usr"], options=" ".join(options))
+
+
+def connect(info: str, autocommit: bool = True, **kwargs: Any) -> psycopg.Connection:
+    """A worker session; a refused login becomes an error that says what the DBA must do."""
+    try:
+        return psycopg.connect(info, autocommit=autocommit, **kwargs)
+    except psycopg.OperationalError as error:
+        params = conninfo_to_dict(info)
+        role, host = params.get("user"), params.get("host")
+        text = str(error).strip()
+        refused = any(word in text for word in ("authentication failed", "no pg_hba.conf entry",
+                                                "password", "does not match"))
+        if not refused:
+            raise
+        raise MadlibMopError(
+            f"the server could not open a worker session as role {role}",
+            sqlstate=errors.INVALID_AUTHORIZATION,
+            detail=f"Connecting over {host}: {text}",
+            hint="Worker sessions are opened by the server's OS user over its Unix socket with "
+                 "peer authentication and the madlib_mop user name map. A DBA allows this role "
+                 f"once: add 'madlib_mop  postgres  {role}' to pg_ident.conf (the server's OS "
+                 "user, then the role), with 'local all all peer map=madlib_mop' in "
+                 "pg_hba.conf, and reload (README: Deploying on your server).") from None
