@@ -54,7 +54,8 @@ def _pg_bindir() -> Path:
 class EmbeddedCluster:
     """One initdb cluster: its folder, its port, and how to start and stop it."""
 
-    def __init__(self, base: Path | None = None, port: int | None = None):
+    def __init__(self, base: Path | None = None, port: int | None = None,
+                 worker_auth: bool = True):
         self.base = Path(
             base or os.environ.get("MADLIB_MOP_EMBEDDED_DIR") or REPO_ROOT / ".pg"
         ).resolve()
@@ -63,6 +64,9 @@ class EmbeddedCluster:
         self.socket_dir = self.base / "run"
         self.log = self.base / "server.log"
         self.passfile = self.base / "passfile"
+        # False: Debian's authentication alone, without the madlib_mop map (a DBA's server
+        # before the README's set-up, as a test makes it).
+        self.worker_auth = worker_auth
         self.bindir = _pg_bindir()
 
     # -- connection strings -------------------------------------------------
@@ -156,7 +160,6 @@ class EmbeddedCluster:
         hba = self.data / "pg_hba.conf"
         # ... and its first line: the DBA's login as the superuser, by the server's OS user.
         hba.write_text(DEBIAN_SUPERUSER_LINE + hba.read_text(encoding="utf-8"), encoding="utf-8")
-        self._configure_workers()
         settings = {
             "port": str(self.port),
             "listen_addresses": "'127.0.0.1'",
@@ -181,6 +184,8 @@ class EmbeddedCluster:
 
     def _configure_workers(self) -> bool:
         """The README's DBA set-up: the madlib_mop map on the socket's peer line."""
+        if not self.worker_auth:
+            return False
         hba, ident = self.data / "pg_hba.conf", self.data / "pg_ident.conf"
         changed = server_auth.configure(hba, ident, self.server_os_user)
         if self.server_os_user != SUPERUSER:  # the superuser's own fits, and our tools
