@@ -33,7 +33,8 @@ OPTIMIZER_ALIASES = {"lr": "learning_rate"}
 _POSITIVE = (lambda v: v > 0, "greater than 0")
 _FRACTION = (lambda v: 0 <= v < 1, "in [0, 1)")
 OPTIMIZER_RANGES = {
-    "learning_rate": _POSITIVE, "epsilon": _POSITIVE, "clipnorm": _POSITIVE,
+    # 0 is allowed: it keeps the weights (e.g. to measure a pretrained model as it is).
+    "learning_rate": (lambda v: v >= 0, "at least 0"), "epsilon": _POSITIVE, "clipnorm": _POSITIVE,
     "clipvalue": _POSITIVE, "global_clipnorm": _POSITIVE,
     "beta_1": _FRACTION, "beta_2": _FRACTION, "rho": _FRACTION, "ema_momentum": _FRACTION,
     "momentum": (lambda v: 0 <= v <= 1, "in [0, 1]"),

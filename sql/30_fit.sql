@@ -36,7 +36,9 @@ GRANT USAGE ON SEQUENCE @extschema@.jobs_job_id_seq TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.jobs', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.jobs_job_id_seq', '');
 
-CREATE VIEW @extschema@.job_progress WITH (security_barrier) AS
+-- security_invoker: the view reads jobs as the caller, so its row-level security applies (a
+-- view owned by the extension's superuser owner would bypass it and show every role's jobs).
+CREATE VIEW @extschema@.job_progress WITH (security_barrier, security_invoker) AS
 SELECT job_id, owner,
        -- A running job whose coordinator's session has ended is waiting for resume().
        CASE WHEN state = 'running' AND NOT EXISTS (

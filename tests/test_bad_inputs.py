@@ -100,8 +100,8 @@ CASES = [
     Case("gen: negative learning rate", f"{GEN}('arch', 'g1', ARRAY[1], $${{'loss': ['mse'], "
          "'optimizer_params_list': [{'optimizer': ['Adam'], 'lr': [-0.01]}], 'metrics': []}$$, "
          f"{FIT_GRID})", "22023"),
-    Case("gen: zero learning rate", f"{GEN}('arch', 'g1', ARRAY[1], $${{'loss': ['mse'], "
-         "'optimizer_params_list': [{'optimizer': ['SGD'], 'lr': [0]}], 'metrics': []}$$, "
+    Case("gen: negative epsilon", f"{GEN}('arch', 'g1', ARRAY[1], $${{'loss': ['mse'], "
+         "'optimizer_params_list': [{'optimizer': ['Adam'], 'epsilon': [-1e-7]}], 'metrics': []}$$, "
          f"{FIT_GRID})", "22023"),
     Case("gen: negative learning rate sampled", f"{GEN}('arch', 'g1', ARRAY[1], $${{'loss': ['mse'], "
          "'optimizer_params_list': [{'optimizer': ['Adam'], 'lr': [-0.1, 0.1, 'linear']}], "

@@ -34,7 +34,9 @@ def roles(extension_dsn, allow_worker_role):
             admin.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
                 sql.Identifier(role), sql.Literal(PASSWORD)))
             admin.execute(sql.SQL("GRANT USAGE ON SCHEMA madlib_mop TO {0}; "
-                                  "GRANT CREATE ON SCHEMA public TO {0}").format(sql.Identifier(role)))
+                                  "GRANT CREATE ON SCHEMA public TO {0}; "
+                                  "GRANT CREATE ON DATABASE {1} TO {0}").format(
+                sql.Identifier(role), sql.Identifier(conninfo_to_dict(extension_dsn)["dbname"])))
         admin.execute("CREATE TABLE public.secret AS SELECT i AS id, "
                       "ARRAY[i % 7, i % 5, i % 3, i % 11]::real[] AS x, (i % 3)::text AS y "
                       "FROM generate_series(1, 60) i")
@@ -133,15 +135,17 @@ def test_worker_conninfo_cannot_change_who_or_where(extension_dsn, roles, settin
                             "LIKE %s", (f"%{names['out']}%",)).fetchone()[0] == 0
 
 
-def test_a_superuser_cannot_be_given_another_search_path_either(conn):
+def test_a_superuser_cannot_be_given_another_search_path_either(conn, roles):
     """The escalation path: a superuser's own workers with a search_path from a setting."""
-    conn.execute("SET madlib_mop.worker_conninfo = 'options=''-c search_path=public'''")
+    names = _prepare(conn, roles["alice"], "su")
+    conn.execute("SELECT set_config('madlib_mop.worker_conninfo', %s, false)",
+                 ("options='-c search_path=public'",))
     try:
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
-            conn.execute("SELECT madlib_mop.madlib_keras_predict('nothing', 'nothing', 'id', "
-                         "'x', 'nothing_out')")
+            conn.execute(*_fit_sql(names))
     finally:
         conn.execute("RESET madlib_mop.worker_conninfo")
+    assert not _exists(conn, names["out"])
 
 
 def test_unknown_worker_conninfo_parameters_are_refused(extension_dsn, roles):
@@ -228,7 +232,8 @@ def test_a_hostile_search_path_changes_nothing_the_extension_runs(extension_dsn,
             assert after == before + 1, f"{after - before - 1} calls of look-alike functions"
             # The caller's search_path is the caller's again.
             assert conn.execute("SHOW search_path").fetchone()[0] == hostile
-            assert conn.execute("SELECT pg_catalog.count(*) FROM public.pred_hostile"
+            # Outputs go where the caller's CREATE TABLE would put them: its current schema.
+            assert conn.execute("SELECT pg_catalog.count(*) FROM evil.pred_hostile"
                                 ).fetchone()[0] == 90
         finally:
             conn.execute("ALTER ROLE CURRENT_USER RESET search_path")
@@ -237,7 +242,7 @@ def test_a_hostile_search_path_changes_nothing_the_extension_runs(extension_dsn,
 def test_every_function_pins_its_search_path(conn):
     rows = conn.execute("""
         SELECT p.proname, l.lanname, p.prosecdef, p.proconfig, p.prosrc
-        FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
+        FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang AND p.prokind <> 'a'
         JOIN pg_depend d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e'
         JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'madlib_mop'""").fetchall()
     assert len(rows) > 30
