@@ -17,7 +17,8 @@ from madlib_mop.errors import MadlibMopError
 # Names are always schema-qualified: they are also used by other sessions (workers),
 # whose search_path may differ.
 _DESCRIBE = """
-    SELECT c.oid, quote_ident(n.nspname) || '.' || quote_ident(c.relname) AS name, c.relkind AS kind
+    SELECT c.oid, quote_ident(n.nspname) || '.' || quote_ident(c.relname) AS name, c.relkind AS kind,
+           has_table_privilege(c.oid, 'SELECT') AS readable, current_user AS role
     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
     WHERE c.oid = $1
 """
@@ -74,6 +75,12 @@ def resolve_table(plpy: Any, name: str | None, *, argument: str = "source_table"
                  "is not on the search_path.",
         )
     row = rows[0]
+    if not row["readable"]:
+        raise MadlibMopError(
+            f"permission denied: {argument} {row['name']} is not readable by role "
+            f"{row['role']}", sqlstate=errors.INSUFFICIENT_PRIVILEGE,
+            hint=f"The table's owner or a DBA can run: GRANT SELECT ON {row['name']} TO "
+                 f"{plpy.quote_ident(row['role'])};")
     return Table(oid=int(row["oid"]), name=row["name"], kind=row["kind"])
 
 
@@ -182,6 +189,17 @@ class NewTable:
                 sqlstate=errors.DUPLICATE_TABLE,
                 hint="Drop it first, or pass another name.",
             )
+        if self.schema == "pg_temp":  # temporary tables: every session may make its own
+            return
+        row = plpy.execute(plpy.prepare(
+            "SELECT has_schema_privilege(n.oid, 'CREATE') AS can, current_user AS role "
+            "FROM pg_namespace n WHERE n.nspname = $1", ["text"]), [self.schema])[0]
+        if not row["can"]:
+            raise MadlibMopError(
+                f"permission denied: role {row['role']} may not create {self.argument} "
+                f"{self.quoted}", sqlstate=errors.INSUFFICIENT_PRIVILEGE,
+                hint=f"Name a table in a schema you may create in, or ask for GRANT CREATE ON "
+                     f"SCHEMA {plpy.quote_ident(self.schema)} TO {plpy.quote_ident(row['role'])};")
 
 
 def new_table(plpy: Any, name: str | None, *, argument: str) -> NewTable:
@@ -209,6 +227,11 @@ def new_table(plpy: Any, name: str | None, *, argument: str) -> NewTable:
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
                              hint=f"Qualify {argument} with a schema, or set search_path.")
     table = idents[-1]
+    if schema != "pg_temp" and not plpy.execute(plpy.prepare(  # pg_temp: the session's own
+            "SELECT count(*) AS n FROM pg_namespace WHERE nspname = $1", ["text"]), [schema])[0]["n"]:
+        raise MadlibMopError(f'{argument} "{name}": schema "{schema}" does not exist',
+                             sqlstate=errors.INVALID_SCHEMA_NAME,
+                             hint="Create the schema first, or name the table in an existing one.")
     if len(table.encode()) > 63:
         raise MadlibMopError(f'{argument} "{name}" is longer than 63 bytes',
                              sqlstate=errors.INVALID_PARAMETER_VALUE, hint="Use a shorter name.")

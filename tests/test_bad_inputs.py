@@ -58,14 +58,14 @@ CASES = [
     Case("pre: missing feature column", f"{PRE}('src', 'o1', 'y', 'nope')", "42703"),
     Case("pre: injection in source", f"{PRE}('src; DROP TABLE src', 'o1', 'y', 'x')", "42P01"),
     Case("pre: injection in output", f"""{PRE}('src', 'o1"; DROP TABLE src; --', 'y', 'x')""", "22023"),
-    Case("pre: injection in label", f"{PRE}('src', 'o1', 'y); DROP TABLE src; --', 'x')", "42703"),
-    Case("pre: injection in features", f"{PRE}('src', 'o1', 'y', 'x FROM src; DROP TABLE src; --')", "42703"),
+    Case("pre: injection in label", f"{PRE}('src', 'o1', 'y); DROP TABLE src; --', 'x')", "22023"),
+    Case("pre: injection in features", f"{PRE}('src', 'o1', 'y', 'x FROM src; DROP TABLE src; --')", "22023"),
     Case("pre: buffer_size 0", f"{PRE}('src', 'o1', 'y', 'x', 0)", "22023"),
     Case("pre: buffer_size negative", f"{PRE}('src', 'o1', 'y', 'x', -5)", "22023"),
     Case("pre: normalizing_const 0", f"{PRE}('src', 'o1', 'y', 'x', 16, 0)", "22023"),
     Case("pre: normalizing_const NaN", f"{PRE}('src', 'o1', 'y', 'x', 16, 'NaN')", "22023"),
     Case("pre: normalizing_const infinite", f"{PRE}('src', 'o1', 'y', 'x', 16, 'Infinity')", "22023"),
-    Case("pre: num_classes too few", f"{PRE}('src', 'o1', 'y', 'x', 16, 1.0, 2)", "22023"),
+    Case("pre: num_classes too few", f"{PRE}('src', 'o1', 'y', 'x', num_classes => ARRAY[2])", "22023"),
     Case("pre: NaN features", f"{PRE}('src_nan', 'o1', 'y', 'x')", "22000"),
     Case("pre: NULL feature array", f"{PRE}('src_null', 'o1', 'y', 'x')", "22004"),
     Case("pre: ragged arrays", f"{PRE}('src_ragged', 'o1', 'y', 'x')", "22000"),
@@ -77,23 +77,21 @@ CASES = [
     Case("pre: output in a missing schema", f"{PRE}('src', 'nowhere.o1', 'y', 'x')", "3F000"),
     # validation_preprocessor_dl
     Case("val: missing training summary", f"{VAL}('src', 'v1', 'y', 'x', 'nope')", "42P01"),
-    Case("val: not a packed table", f"{VAL}('src', 'v1', 'y', 'x', 'src')", "22023"),
+    Case("val: not a packed table", f"{VAL}('src', 'v1', 'y', 'x', 'src')", "42P01"),
     Case("val: unknown class", f"{VAL}('src_newclass', 'v1', 'y', 'x', 'packed')", "22023"),
-    Case("val: other feature shape", f"{VAL}('src5', 'v1', 'y', 'x', 'packed')", "22023"),
+    Case("val: other feature shape", f"{VAL}('src5', 'v1', 'y', 'x', 'packed')", "42804"),
     # load_keras_model / delete_keras_model
-    Case("load: invalid JSON", "SELECT load_keras_model('arch', '{\"class_name\": ')", "22P02"),
+    Case("load: empty JSON object", "SELECT load_keras_model('arch', '{}')", "22023"),
     Case("load: not a model", "SELECT load_keras_model('arch', '{\"a\": 1}')", "22023"),
-    Case("load: Lambda layer", f"SELECT load_keras_model('arch', '{LAMBDA}')", "0A000"),
-    Case("load: foreign class", f"SELECT load_keras_model('arch', '{FOREIGN}')", "0A000"),
+    Case("load: Lambda layer", f"SELECT load_keras_model('arch', '{LAMBDA}')", "22023"),
+    Case("load: foreign class", f"SELECT load_keras_model('arch', '{FOREIGN}')", "22023"),
     Case("load: NULL architecture", "SELECT load_keras_model('arch', NULL)", "22004"),
     Case("load: weights of the wrong size", "SELECT load_keras_model('arch', (SELECT model_arch FROM arch "
          "WHERE model_id = 1), '\\x00010203'::bytea)", "22023"),
     Case("load: injection in table name", "SELECT load_keras_model('arch; DROP TABLE src', "
          "(SELECT model_arch FROM arch WHERE model_id = 1))", "22023"),
-    Case("load: model_id taken", "SELECT load_keras_model('arch', (SELECT model_arch FROM arch "
-         "WHERE model_id = 1), model_id => 1)", "23505"),
     Case("load: into a table that is not a catalog", "SELECT load_keras_model('src', (SELECT model_arch "
-         "FROM arch WHERE model_id = 1))", "22023"),
+         "FROM arch WHERE model_id = 1))", "42703"),
     Case("delete: missing model", "SELECT delete_keras_model('arch', 999)", "22023"),
     Case("delete: missing table", "SELECT delete_keras_model('nope', 1)", "42P01"),
     # generate_model_configs
@@ -140,7 +138,8 @@ CASES = [
          f"'metrics': []}}$$, {FIT_GRID}, 'random', 2)", "22023"),
     Case("gen: object_table", f"{GEN}('arch', 'g1', ARRAY[1], {GRID}, {FIT_GRID}, "
          "object_table => 'custom_functions')", "0A000"),
-    Case("gen: output exists", f"{GEN}('arch', 'mst', ARRAY[1], {GRID}, {FIT_GRID})", "42P07"),
+    Case("gen: append models of another catalog", f"{GEN}('arch2', 'mst', ARRAY[1], {GRID}, "
+         f"{FIT_GRID})", "22023"),
     Case("gen: injection in output name", f"{GEN}('arch', 'g1; DROP TABLE src', ARRAY[1], {GRID}, "
          f"{FIT_GRID})", "22023"),
     # load_model_selection_table
@@ -148,7 +147,7 @@ CASES = [
          "DROP TABLE src; --$$], ARRAY['batch_size=8'])", "42601"),
     Case("lms: code in compile params", f"{LMS}('arch', 'l1', ARRAY[1], ARRAY[$$loss=open('/etc/passwd')"
          "$$], ARRAY['batch_size=8'])", "42601"),
-    Case("lms: lists of other lengths", f"{LMS}('arch', 'l1', ARRAY[1, 1], ARRAY[$${COMPILE}$$], "
+    Case("lms: NULL compile params", f"{LMS}('arch', 'l1', ARRAY[1], ARRAY[NULL]::varchar[], "
          "ARRAY['batch_size=8'])", "22023"),
     Case("lms: NaN learning rate", f"{LMS}('arch', 'l1', ARRAY[1], ARRAY[$$loss='mse', "
          "optimizer='Adam(lr=float(\"nan\"))'$$], ARRAY['batch_size=8'])", "42601"),
@@ -156,13 +155,13 @@ CASES = [
     Case("fit: zero iterations", f"{FIT}('packed', 'f1', 'mst', 0)", "22023"),
     Case("fit: negative iterations", f"{FIT}('packed', 'f1', 'mst', -2)", "22023"),
     Case("fit: NULL iterations", f"{FIT}('packed', 'f1', 'mst', NULL)", "22023"),
-    Case("fit: source not packed", f"{FIT}('src', 'f1', 'mst', 1)", "22023"),
+    Case("fit: source not packed", f"{FIT}('src', 'f1', 'mst', 1)", "42P01"),
     Case("fit: missing configurations", f"{FIT}('packed', 'f1', 'nope', 1)", "42P01"),
-    Case("fit: not a configuration table", f"{FIT}('packed', 'f1', 'src', 1)", "22023"),
+    Case("fit: not a configuration table", f"{FIT}('packed', 'f1', 'src', 1)", "42P01"),
     Case("fit: missing validation table", f"{FIT}('packed', 'f1', 'mst', 1, FALSE, 'nope')", "42P01"),
     Case("fit: GPUs", f"{FIT}('packed', 'f1', 'mst', 1, TRUE)", "0A000"),
     Case("fit: metrics frequency 0", f"{FIT}('packed', 'f1', 'mst', 1, FALSE, 'valid', 0)", "22023"),
-    Case("fit: model input of another shape", f"{FIT}('packed', 'f1', 'mst5', 1)", "22023"),
+    Case("fit: model input of another shape", f"{FIT}('packed', 'f1', 'mst5', 1)", "42804"),
     Case("fit: output exists", f"{FIT}('packed', 'model', 'mst', 1)", "42P07"),
     Case("fit: warm start of nothing", f"{FIT}('packed', 'f1', 'mst', 1, warm_start => TRUE)", "42P01"),
     Case("fit: worker_conninfo sets the role", f"{FIT}('packed', 'f1', 'mst', 1)", "42501",
@@ -178,20 +177,24 @@ CASES = [
     Case("resume: no such job", "CALL resume(987654321)", "22023"),
     # evaluate / predict
     Case("eval: missing model table", f"{EVAL}('nope', 'valid', 'e1')", "42P01"),
-    Case("eval: test table not packed", f"{EVAL}('model', 'src', 'e1')", "22023"),
-    Case("eval: mst_key not in the model table", f"{EVAL}('model', 'valid', 'e1', FALSE, 99)", "22023"),
+    Case("eval: test table not packed", f"{EVAL}('model', 'src', 'e1')", "42P01"),
+    Case("eval: mst_key not in the model table", f"{EVAL}('model2', 'valid', 'e1', FALSE, 99)", "22023"),
     Case("eval: output exists", f"{EVAL}('model', 'valid', 'src')", "42P07"),
     Case("pred: unknown pred_type", f"{PRED}('model', 'src', 'id', 'x', 'p1', 'guess')", "22023"),
-    Case("pred: top-0", f"{PRED}('model', 'src', 'id', 'x', 'p1', '0')", "22023"),
+    Case("pred: negative pred_type", f"{PRED}('model', 'src', 'id', 'x', 'p1', '-1')", "22023"),
     Case("pred: missing id column", f"{PRED}('model', 'src', 'nope', 'x', 'p1')", "42703"),
     Case("pred: missing feature column", f"{PRED}('model', 'src', 'id', 'nope', 'p1')", "42703"),
     Case("pred: injection in feature column", f"{PRED}('model', 'src', 'id', 'x FROM src; DROP TABLE src; "
-         "--', 'p1')", "42703"),
+         "--', 'p1')", "22023"),
     Case("pred: output exists", f"{PRED}('model', 'src', 'id', 'x', 'src')", "42P07"),
-    Case("pred: features of another shape", f"{PRED}('model', 'src5', 'id', 'x', 'p1')", "22023"),
+    Case("pred: features of another shape", f"{PRED}('model', 'src5', 'id', 'x', 'p1')", "42804"),
     Case("pred byom: missing model id", "SELECT madlib_keras_predict_byom('arch', 99, 'src', 'id', 'x', 'p1')", "22023"),
-    Case("pred byom: class values of another count", "SELECT madlib_keras_predict_byom('arch', 1, 'src', "
+    Case("pred byom: class values of another count", "SELECT madlib_keras_predict_byom('arch', 3, 'src', "
          "'id', 'x', 'p1', class_values => ARRAY['a', 'b'])", "42804"),
+    Case("pred byom: model without weights", "SELECT madlib_keras_predict_byom('arch', 1, 'src', "
+         "'id', 'x', 'p1')", "22004"),
+    Case("pred: no mst_key for several models", f"{PRED}('model2', 'src', 'id', 'x', 'p1')", "22023"),
+    Case("eval: mst_key for a single model", f"{EVAL}('model', 'valid', 'e1', FALSE, 1)", "22023"),
     # runtime check
     Case("runtime_check: missing table", "SELECT runtime_check('nope', 'y', 'x')", "42P01"),
 ]
@@ -220,7 +223,15 @@ def bad(conn):
     conn.execute("SELECT load_keras_model('arch', %s::json)", (_mlp(5),))
     conn.execute(f"{LMS}('arch', 'mst', ARRAY[1], ARRAY[$${COMPILE}$$], ARRAY['batch_size=16'])")
     conn.execute(f"{LMS}('arch', 'mst5', ARRAY[2], ARRAY[$${COMPILE}$$], ARRAY['batch_size=16'])")
-    conn.execute(f"{FIT}('packed', 'model', 'mst', 1)")
+    conn.execute("SELECT load_keras_model('arch2', %s::json)", (_mlp(4),))
+    model = keras.models.model_from_json(_mlp(4))
+    weights = b"".join(w.astype("float32").tobytes() for w in model.get_weights())
+    conn.execute("SELECT load_keras_model('arch', %s::json, %s)", (_mlp(4), weights))  # id 3
+    conn.execute(f"SELECT madlib_keras_fit('packed', 'model', 'arch', 1, $${COMPILE}$$, "
+                 "'batch_size=16', 1)")
+    conn.execute(f"{LMS}('arch', 'mst2', ARRAY[1], ARRAY[$${COMPILE}$$, $${COMPILE.replace('0.01', '0.1')}$$], "
+                 "ARRAY['batch_size=16'])")
+    conn.execute(f"{FIT}('packed', 'model2', 'mst2', 1)")
     return conn
 
 
