@@ -135,9 +135,8 @@ def test_readme_deployment_on_a_debian_configured_server(debian_server):
     with psycopg.connect(dsn, autocommit=True) as admin:
         admin.execute("GRANT SELECT ON public.mst, public.mst_summary, public.arch TO bob")
     with _login(dsn, "bob", "bob-password") as conn:
-        conn.execute("CREATE TABLE points AS SELECT i AS id, ARRAY[i % 7, i % 5, i % 3, i % 11]::real[] "
-                     "AS x, (i % 3)::text AS y FROM generate_series(1, 60) i")
-        conn.execute("ALTER TABLE points RENAME TO bob_points")
+        conn.execute("CREATE TABLE bob_points AS SELECT i AS id, ARRAY[i % 7, i % 5, i % 3, i % 11]"
+                     "::real[] AS x, (i % 3)::text AS y FROM generate_series(1, 60) i")
         conn.execute("SELECT madlib_mop.training_preprocessor_dl('bob_points', 'bob_packed', 'y', "
                      "'x', 16, distribution_rules => '2')")
         with pytest.raises(psycopg.errors.InvalidAuthorizationSpecification) as caught:
