@@ -103,6 +103,7 @@ bench: install db-start
 	$(PY) bench/bench_preprocessor.py
 	$(PY) bench/bench_predict.py
 	$(PY) bench/bench_mop.py
+	$(PY) bench/bench_worker_auth.py
 
 clean:
 	rm -rf build $(STAMPS) .pytest_cache
