@@ -84,6 +84,16 @@ def resolve_table(plpy: Any, name: str | None, *, argument: str = "source_table"
     return Table(oid=int(row["oid"]), name=row["name"], kind=row["kind"])
 
 
+def sibling_table(plpy: Any, table: Table, suffix: str) -> Table:
+    """The table MADlib names `<table><suffix>` in the same schema (e.g. `_info`), which must
+    exist."""
+    row = plpy.execute(plpy.prepare(
+        "SELECT pg_catalog.format('%I.%I', n.nspname, c.relname || $2) AS name "
+        "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1",
+        ["oid", "text"]), [table.oid, suffix])[0]
+    return resolve_table(plpy, row["name"], argument=f"{table.name}{suffix}")
+
+
 def resolve_name(plpy: Any, name: str) -> int | None:
     """The oid of the relation `name` names for the caller (its search_path), or None.
     Nothing but the qualified built-in runs under the caller's path."""
@@ -240,8 +250,8 @@ def new_table(plpy: Any, name: str | None, *, argument: str) -> NewTable:
 
 def extension_schema(plpy: Any) -> str:
     """The quoted schema madlib_mop is installed in, for calls to its own objects."""
-    row = plpy.execute("SELECT quote_ident(extnamespace::regnamespace::text) AS s "
-                       "FROM pg_extension WHERE extname = 'madlib_mop'")
+    row = plpy.execute("SELECT quote_ident(n.nspname) AS s FROM pg_extension e "
+                       "JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'madlib_mop'")
     if not row:
         raise MadlibMopError("the madlib_mop extension is not installed in this database",
                              sqlstate=errors.UNDEFINED_OBJECT,

@@ -31,7 +31,9 @@ def _names(plpy: Any, out: catalog.NewTable) -> dict[str, str]:
 def _find_job(plpy: Any, out: catalog.NewTable, unfinished: bool):
     schema = catalog.extension_schema(plpy)
     rows = plpy.execute(plpy.prepare(
-        f"SELECT * FROM {schema}.jobs WHERE model_output_table = $1 "
+        # owner: row-level security does not bind a superuser, who must not continue a job
+        # another role recorded (its stored table names would run with the superuser's rights).
+        f"SELECT * FROM {schema}.jobs WHERE model_output_table = $1 AND owner = current_user "
         + ("AND state <> 'finished' " if unfinished else "AND state = 'finished' ")
         + "ORDER BY job_id DESC LIMIT 1", ["text"]), [out.quoted])
     return dict(rows[0]) if rows else None
@@ -267,12 +269,13 @@ def fit_multiple_model(plpy: Any, source_table: str, model_output_table: str,
 
 def resume(plpy: Any, job_id: int, *, can_commit: bool = False) -> None:
     schema = catalog.extension_schema(plpy)
-    rows = plpy.execute(plpy.prepare(f"SELECT * FROM {schema}.jobs WHERE job_id = $1", ["bigint"]),
-                        [job_id])
+    rows = plpy.execute(plpy.prepare(f"SELECT * FROM {schema}.jobs WHERE job_id = $1 "
+                                     "AND owner = current_user", ["bigint"]), [job_id])
     if not rows:
         raise MadlibMopError(f"job {job_id} does not exist (or is another role's)",
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
-                             hint=f"SELECT * FROM {schema}.job_progress; lists your jobs.")
+                             hint=f"SELECT * FROM {schema}.job_progress; lists your jobs. A job "
+                                  "runs as its owner: SET ROLE to it to resume another's.")
     job = dict(rows[0])
     if job["state"] == "finished":
         plpy.notice(f"madlib_mop: job {job_id} is already finished")

@@ -79,9 +79,12 @@ def trained_models(plpy: Any, model_table: str, mst_key: int | None, *, all_mode
                              hint=f"SELECT mst_key FROM {summary['model_info']}; lists them "
                                   "(madlib_keras_evaluate_multiple_model evaluates all).")
     label = summary["dependent_varname"][0]
+    # <model>_info beside the model table, resolved by the catalog: the summary's model_info
+    # text is data (possibly another role's), never SQL.
+    info = catalog.sibling_table(plpy, table, "_info")
     rows = plpy.execute(plpy.prepare(
         f"SELECT o.mst_key, o.model_arch::text AS model_arch, o.model_weights, i.compile_params "
-        f"FROM {table.name} o JOIN {summary['model_info']} i USING (mst_key) "
+        f"FROM {table.name} o JOIN {info.name} i USING (mst_key) "
         "WHERE $1::int IS NULL OR o.mst_key = $1 ORDER BY o.mst_key", ["integer"]),
         [None if single else mst_key])
     if not rows:

@@ -24,13 +24,15 @@ from madlib_mop.embedded import configured_dsn
 
 def _job(conn: psycopg.Connection, model_output_table: str) -> dict:
     conn.row_factory = dict_row
-    schema = conn.execute("SELECT quote_ident(extnamespace::regnamespace::text) AS s "
-                          "FROM pg_extension WHERE extname = 'madlib_mop'").fetchone()["s"]
+    schema = conn.execute("SELECT quote_ident(n.nspname) AS s FROM pg_extension e "
+                          "JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'madlib_mop'").fetchone()["s"]
     job = conn.execute(
         f"SELECT j.* FROM {schema}.jobs j WHERE j.model_output_table = ("
         "SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname) FROM pg_class c "
         "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass(%s)) "
-        "ORDER BY job_id DESC LIMIT 1", (model_output_table,)).fetchone()
+        # owner: a superuser is not bound by the jobs' row-level security, and the table
+        # names a job row stores are put into SQL: only the caller's own jobs are replayed.
+        "AND j.owner = current_user ORDER BY job_id DESC LIMIT 1", (model_output_table,)).fetchone()
     if job is None:
         raise LookupError(f"no madlib_mop job wrote {model_output_table}")
     return job

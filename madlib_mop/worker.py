@@ -51,7 +51,7 @@ class JobContext:
     buffers: dict[tuple[str, int], list[training.Buffer]] = field(default_factory=dict)
 
 
-_contexts: dict[int, JobContext] = {}
+_contexts: dict[tuple[int, str], JobContext] = {}  # (job_id, owner)
 
 
 def _packed(plpy: Any, table: str) -> PackedData:
@@ -61,10 +61,13 @@ def _packed(plpy: Any, table: str) -> PackedData:
 
 
 def context(plpy: Any, job_id: int) -> JobContext:
-    if job_id in _contexts:
-        return _contexts[job_id]
+    # Looked up at every call, as the current role: a backend's cache never serves a job to
+    # a role that does not own it (also not after SET ROLE), nor one that no longer exists.
     rows = plpy.execute(plpy.prepare(
-        f"SELECT * FROM {catalog.extension_schema(plpy)}.jobs WHERE job_id = $1", ["bigint"]), [job_id])
+        f"SELECT * FROM {catalog.extension_schema(plpy)}.jobs WHERE job_id = $1 "
+        "AND owner = current_user", ["bigint"]), [job_id])
+    if rows and (job_id, rows[0]["owner"]) in _contexts:
+        return _contexts[(job_id, rows[0]["owner"])]
     if not rows:
         raise MadlibMopError(f"job {job_id} does not exist (or is another role's)",
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
@@ -85,7 +88,7 @@ def context(plpy: Any, job_id: int) -> JobContext:
             row["mst_key"], row["model_arch"], row["compile_params"], row["fit_params"],
             row["initial_weights"])
     _contexts.clear()  # a backend serves one job at a time: drop another job's caches
-    _contexts[job_id] = ctx
+    _contexts[(job_id, job["owner"])] = ctx
     return ctx
 
 
@@ -186,7 +189,8 @@ def evaluate(plpy: Any, job_id: int, mst_key: int, step: int, partition: int) ->
     ctx = context(plpy, job_id)
     if ctx.validation is None:
         raise MadlibMopError(f"job {job_id} has no validation table",
-                             sqlstate=errors.INVALID_PARAMETER_VALUE, hint="")
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint="Only the jobs of a fit given a validation_table evaluate.")
     buffers = _buffers(plpy, ctx, ctx.validation, partition)
     model = _model(ctx, mst_key)
     training.restore_state(model, _read_state(plpy, ctx, mst_key, step))

@@ -69,8 +69,8 @@ def conninfo(plpy: Any) -> str:
     and with the caller's madlib_mop settings (e.g. worker_memory_mb)."""
     row = plpy.execute(
         "SELECT pg_catalog.current_setting('port') AS port, pg_catalog.current_database() AS db, "
-        "CURRENT_USER AS usr, (SELECT pg_catalog.quote_ident(extnamespace::regnamespace::text) "
-        "FROM pg_catalog.pg_extension WHERE extname = 'madlib_mop') AS schema, "
+        "CURRENT_USER AS usr, (SELECT pg_catalog.quote_ident(n.nspname) FROM pg_catalog.pg_extension e "
+        "JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'madlib_mop') AS schema, "
         f"pg_catalog.current_setting('{CONNINFO_SETTING}', true) AS extra")[0]
     socket = plpy.execute(f"SELECT {row['schema']}._server_socket_directory() AS s")[0]["s"]
     # search_path: the one the runtime pins (plpy_bridge) from the session's first statement

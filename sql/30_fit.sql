@@ -31,7 +31,14 @@ COMMENT ON TABLE @extschema@.jobs IS 'Model selection jobs: one row per fit call
 ALTER TABLE @extschema@.jobs ENABLE ROW LEVEL SECURITY;
 CREATE POLICY jobs_of_their_owner ON @extschema@.jobs
     USING (owner = current_user) WITH CHECK (owner = current_user);
-GRANT SELECT, INSERT, UPDATE ON @extschema@.jobs TO PUBLIC;
+-- Column privileges: a role records its jobs but never chooses a job_id (the sequence's) or
+-- an owner (current_user, the default).
+GRANT SELECT ON @extschema@.jobs TO PUBLIC;
+GRANT INSERT (model_output_table, source_table, validation_table, model_selection_table,
+              arguments, tables, num_models, num_segments, validation_partitions, seed,
+              subepochs_total) ON @extschema@.jobs TO PUBLIC;
+GRANT UPDATE (state, subepochs_done, started_at, updated_at, finished_at, coordinator_pid,
+              last_error) ON @extschema@.jobs TO PUBLIC;
 GRANT USAGE ON SEQUENCE @extschema@.jobs_job_id_seq TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.jobs', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.jobs_job_id_seq', '');

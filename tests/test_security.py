@@ -5,6 +5,7 @@ that cannot be borrowed through dblink."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -291,3 +292,30 @@ def test_a_role_never_sees_or_resumes_another_roles_job(extension_dsn, roles):
             conn.execute(sql.SQL("SELECT * FROM public.{}").format(sql.Identifier(names["out"])))
         assert conn.execute("UPDATE madlib_mop.jobs SET state = 'failed' WHERE job_id = %s",
                             (job,)).rowcount == 0
+
+
+def test_a_superuser_does_not_run_a_job_row_another_role_forged(conn, extension_dsn, roles):
+    """Any role may insert job rows (its own); their stored table names are SQL.  A
+    superuser, whom row-level security does not bind, never runs another role's job."""
+    payload = "public.secret; CREATE TABLE public.pwned (); --"
+    tables = {"models": payload, "state": payload, "visits": payload, "evals": payload,
+              "output": payload, "info": payload, "summary": payload}
+    with _as(extension_dsn, roles["bob"]) as bob:
+        for column, value in (("job_id", 10 ** 9), ("owner", "postgres")):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):  # never chosen by a role
+                bob.execute(f"INSERT INTO madlib_mop.jobs ({column}, model_output_table, source_table, "
+                            "model_selection_table, arguments, tables, num_models, num_segments, "
+                            "seed, subepochs_total) VALUES (%s, 'x', 'x', 'x', '{}', '{}', 1, 1, 0, 1)",
+                            (value,))
+        job = bob.execute(
+            "INSERT INTO madlib_mop.jobs (model_output_table, source_table, model_selection_table, "
+            "arguments, tables, num_models, num_segments, seed, subepochs_total) "
+            "VALUES ('public.secret', 'public.secret', 'public.secret', '{}', %s, 1, 1, 0, 1) "
+            "RETURNING job_id", (json.dumps(tables),)).fetchone()[0]
+    for statement in ("CALL madlib_mop.resume(%s)", "SELECT madlib_mop.resume_job(%s)",
+                      "SELECT madlib_mop._mop_train(%s, 1, 0, 0)",
+                      "SELECT madlib_mop._mop_evaluate(%s, 1, 0, 0)"):
+        with pytest.raises(psycopg.errors.InvalidParameterValue) as caught:
+            conn.execute(statement, (job,))
+        assert "another role" in caught.value.diag.message_primary
+    assert not _exists(conn, "public.pwned")

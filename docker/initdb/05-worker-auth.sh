@@ -6,6 +6,9 @@
 #   /opt/madlib_mop/.venv/bin/python -m madlib_mop.server_auth allow "$PGDATA/pg_ident.conf" ROLE
 # and SELECT pg_reload_conf();
 set -euo pipefail
-sed -ri 's/^(local[[:space:]]+all[[:space:]]+all[[:space:]]+)trust[[:space:]]*$/\1peer/' "$PGDATA/pg_hba.conf"
+# No trust anywhere: sockets peer, TCP scram-sha-256 (the image's initdb trusts both).
+sed -ri -e 's/^(local([[:space:]]+[^[:space:]]+){2}[[:space:]]+)trust[[:space:]]*$/\1peer/' \
+        -e 's/^(host[a-z]*([[:space:]]+[^[:space:]]+){3}[[:space:]]+)trust[[:space:]]*$/\1scram-sha-256/' \
+        "$PGDATA/pg_hba.conf"
 /opt/madlib_mop/.venv/bin/python -m madlib_mop.server_auth configure \
     "$PGDATA/pg_hba.conf" "$PGDATA/pg_ident.conf" --server-user postgres
