@@ -169,8 +169,13 @@ def _run_parallel(plpy: Any, calls: list[tuple[str, tuple]]) -> list[Any]:
 
 
 def _worker_count(plpy: Any) -> int:
-    row = plpy.execute(f"SELECT current_setting('{WORKERS_SETTING}', true) AS v")[0]["v"]
-    return int(row) if row and row.isdigit() and int(row) > 0 else (os.cpu_count() or 1)
+    """The setting, else the CPU count; at most a quarter of the server's connections (as
+    segments, see preprocessor.segment_count)."""
+    row = plpy.execute(f"SELECT current_setting('{WORKERS_SETTING}', true) AS v, "
+                       "current_setting('max_connections')::int / 4 AS cap")[0]
+    wanted = int(row["v"]) if row["v"] and row["v"].isdigit() and int(row["v"]) > 0 \
+        else (os.cpu_count() or 1)
+    return max(1, min(wanted, row["cap"]))
 
 
 # ---- evaluate -----------------------------------------------------------------------------

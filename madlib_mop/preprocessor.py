@@ -76,10 +76,26 @@ def segment_count(plpy: Any, distribution_rules: str | None) -> int:
     """S from distribution_rules: NULL/'all_segments' -> the setting madlib_mop.segments,
     else the server's CPU count; or a positive number of segments."""
     rules = (distribution_rules or "all_segments").strip().lower()
+    # A job opens a session per segment: a quarter of the server's connections at most, so
+    # that one role's job cannot take every connection slot of the server.
+    limit = max(1, int(plpy.execute("SELECT current_setting('max_connections') AS m")[0]["m"]) // 4)
     if rules == "all_segments":
-        return _positive_int_setting(plpy, SEGMENTS_SETTING) or os.cpu_count() or 1
-    if rules.isdigit() and int(rules) >= 1:
-        return int(rules)
+        wanted = _positive_int_setting(plpy, SEGMENTS_SETTING)
+        if wanted is None:
+            return min(os.cpu_count() or 1, limit)
+    elif rules.isdigit() and int(rules) >= 1:
+        wanted = int(rules)
+    else:
+        wanted = None
+    if wanted is not None:
+        if wanted > limit:
+            raise MadlibMopError(
+                f"{wanted} segments are more than this server serves ({limit})",
+                sqlstate=errors.INVALID_PARAMETER_VALUE,
+                detail="A job opens one worker session per segment; a server takes at most a "
+                       "quarter of max_connections.",
+                hint=f"Use at most {limit} segments (or raise max_connections).")
+        return wanted
     if rules == "gpu_segments":
         raise MadlibMopError("distribution_rules 'gpu_segments' is not supported",
                              sqlstate=errors.FEATURE_NOT_SUPPORTED,

@@ -72,6 +72,8 @@ CASES = [
     Case("pre: text features", f"{PRE}('src_text', 'o1', 'y', 'x')", "42804"),
     Case("pre: bad distribution_rules", f"{PRE}('src', 'o1', 'y', 'x', 16, distribution_rules => 'everywhere')", "22023"),
     Case("pre: zero segments", f"{PRE}('src', 'o1', 'y', 'x', 16, distribution_rules => '0')", "22023"),
+    Case("pre: more segments than the server serves", f"{PRE}('src', 'o1', 'y', 'x', 16, "
+         "distribution_rules => '1000')", "22023"),
     Case("pre: empty table", f"{PRE}('src_empty', 'o1', 'y', 'x')", "22000"),
     Case("pre: output name too long", f"{PRE}('src', '{'o' * 70}', 'y', 'x')", "22023"),
     Case("pre: output in a missing schema", f"{PRE}('src', 'nowhere.o1', 'y', 'x')", "3F000"),
@@ -195,8 +197,24 @@ CASES = [
          "'id', 'x', 'p1')", "22004"),
     Case("pred: no mst_key for several models", f"{PRED}('model2', 'src', 'id', 'x', 'p1')", "22023"),
     Case("eval: mst_key for a single model", f"{EVAL}('model', 'valid', 'e1', FALSE, 1)", "22023"),
-    # runtime check
+    Case("eval multiple: missing model table", "SELECT madlib_keras_evaluate_multiple_model('nope', "
+         "'valid', 'e1')", "42P01"),
+    Case("pred byom: missing architecture table", "SELECT madlib_keras_predict_byom('nope', 1, 'src', "
+         "'id', 'x', 'p1')", "42P01"),
+    Case("fit procedure: zero iterations", "CALL fit_multiple('packed', 'f1', 'mst', 0)", "22023"),
+    Case("resume_job: no such job", "SELECT resume_job(987654321)", "22023"),
+    Case("fit single: object_table", f"SELECT madlib_keras_fit('packed', 'f1', 'arch', 1, $${COMPILE}$$, "
+         "'batch_size=8', 1, object_table => 'custom_functions')", "0A000"),
+    # packing and unpacking (C)
+    Case("unpack: bytes that are no float32 values", "SELECT float4_unpack('\\x010203'::bytea)", "22P03"),
+    Case("unpack: bytes that are no int32 values", "SELECT int4_unpack('\\x0102030405'::bytea)", "22P03"),
+    Case("pack: NULL features", "SELECT float4_pack(x) FROM src_null", "22004"),
+    Case("pack: arrays of other shapes", "SELECT float4_pack(x) FROM src_ragged", "22000"),
+    Case("pack: NaN", "SELECT float4_pack(x) FROM src_nan", "22000"),
+    # usage texts and the runtime check
+    Case("usage: unknown function", "SELECT usage('no_such_function')", "42704"),
     Case("runtime_check: missing table", "SELECT runtime_check('nope', 'y', 'x')", "42P01"),
+    Case("runtime_check: zero epochs", "SELECT runtime_check('src', 'y', 'x', 0)", "22023"),
 ]
 
 
