@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import psycopg
 from psycopg import sql
 
 import madlib_mop

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import psycopg
 import pytest
 
-keras = pytest.importorskip("keras")
+import keras
 
 COMPILE = "loss='categorical_crossentropy', optimizer='Adam(lr=0.01)', metrics=['accuracy']"
 GRID = ("$${'loss': ['categorical_crossentropy'], 'optimizer_params_list': "

@@ -15,7 +15,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-keras = pytest.importorskip("keras")
+import keras
 
 PASSWORD = "analyst-password-" + uuid.uuid4().hex[:8]
 MLP = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
