@@ -59,6 +59,11 @@ def _extra_parameters(text: str | None) -> dict[str, str]:
                 f"{CONNINFO_SETTING}: parameter {key} is not supported",
                 sqlstate=errors.INVALID_PARAMETER_VALUE,
                 hint=f"It may set only {', '.join(ALLOWED_PARAMETERS)}.")
+        if not str(given[key]).isdigit():  # every allowed parameter is a whole number
+            raise MadlibMopError(
+                f"{CONNINFO_SETTING}: {key} = '{given[key]}' is not a whole number",
+                sqlstate=errors.INVALID_PARAMETER_VALUE,
+                hint=f"e.g. SET {CONNINFO_SETTING} = 'connect_timeout=10'.")
     return given
 
 

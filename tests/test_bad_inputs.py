@@ -170,6 +170,8 @@ CASES = [
          "SET madlib_mop.worker_conninfo = 'user=someone_else'"),
     Case("fit: worker_conninfo not a conninfo", f"{FIT}('packed', 'f1', 'mst', 1)", "22023",
          "SET madlib_mop.worker_conninfo = 'this is not = = a conninfo'"),
+    Case("fit: worker_conninfo timeout not a number", f"{FIT}('packed', 'f1', 'mst', 1)", "22023",
+         "SET madlib_mop.worker_conninfo = 'connect_timeout=soon'"),
     Case("fit: worker memory not a number", f"{FIT}('packed', 'f1', 'mst', 1)", "22023",
          "SET madlib_mop.worker_memory_mb = 'lots'"),
     Case("fit single: empty compile params", "SELECT madlib_keras_fit('packed', 'f1', 'arch', 1, '', "
