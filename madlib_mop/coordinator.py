@@ -38,7 +38,6 @@ from madlib_mop.errors import MadlibMopError
 
 MAX_ATTEMPTS = 3
 JOB_TABLES = ("models", "state", "visits", "evals")
-LOCK_CLASS = 0x4D4F50  # advisory lock namespace: one coordinator per job
 # <out>_info: MADlib's 17 columns, then madlib_mop's (all metrics by name, timings).
 INFO_COLUMNS = [
     ("mst_key", "integer PRIMARY KEY"), ("model_id", "integer"), ("compile_params", "text"),
@@ -315,8 +314,8 @@ class Coordinator:
         self.attempts: dict[tuple[int, int], int] = {}
         self.db = worker_session.connect(
             self.conninfo, application_name=f"madlib_mop coordinator job {self.job_id}")
-        locked = self.db.execute("SELECT pg_try_advisory_lock(%s, %s)",
-                                 (LOCK_CLASS, self.job_id)).fetchone()[0]
+        locked = self.db.execute(f"SELECT pg_try_advisory_lock(lock_key) FROM {self.schema}.jobs "
+                                 "WHERE job_id = %s", (self.job_id,)).fetchone()[0]
         if not locked:
             self.db.close()
             raise MadlibMopError(f"job {self.job_id} is running in another session",

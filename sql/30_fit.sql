@@ -23,7 +23,11 @@ CREATE TABLE @extschema@.jobs (
     updated_at            timestamptz,
     finished_at           timestamptz,
     coordinator_pid       integer,
-    last_error            text
+    last_error            text,
+    -- The advisory lock its coordinator holds: random, and visible to the job's owner only
+    -- (row-level security), so another role cannot take it first and block the job.
+    lock_key              bigint NOT NULL DEFAULT
+                          ('x' || substr(md5(gen_random_uuid()::text), 1, 16))::bit(64)::bigint
 );
 COMMENT ON TABLE @extschema@.jobs IS 'Model selection jobs: one row per fit call; each role sees its own';
 

@@ -226,8 +226,8 @@ def test_a_killed_coordinator_resumes(data, reference):
         assert state == "running" and done < 24  # left as it was: nobody marked it
         # ... but the progress view sees that its coordinator is gone.
         _wait_for(watcher, "SELECT state = 'interrupted' FROM job_progress WHERE job_id = %s", (job_id,))
-        _wait_for(watcher, "SELECT pg_try_advisory_lock(%s, %s)", (0x4D4F50, job_id))
-        watcher.execute("SELECT pg_advisory_unlock(%s, %s)", (0x4D4F50, job_id))
+        _wait_for(watcher, "SELECT pg_try_advisory_lock(lock_key) FROM jobs WHERE job_id = %s", (job_id,))
+        watcher.execute("SELECT pg_advisory_unlock(lock_key) FROM jobs WHERE job_id = %s", (job_id,))
         watcher.execute("CALL resume(%s)", (job_id,))
         assert watcher.execute("SELECT state FROM jobs WHERE job_id = %s", (job_id,)).fetchone()[0] == "finished"
         assert _weights(watcher, "killed_coordinator") == weights

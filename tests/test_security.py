@@ -319,3 +319,18 @@ def test_a_superuser_does_not_run_a_job_row_another_role_forged(conn, extension_
             conn.execute(statement, (job,))
         assert "another role" in caught.value.diag.message_primary
     assert not _exists(conn, "public.pwned")
+
+
+def test_another_role_cannot_block_a_job_by_taking_its_lock(extension_dsn, roles):
+    """Job ids are visible (application_name) and predictable; the coordinator's advisory
+    lock is a random key only the owner can read."""
+    alice, bob = roles["alice"], roles["bob"]
+    with _as(extension_dsn, bob) as squatter, _as(extension_dsn, alice) as conn:
+        names = _prepare(conn, alice, "lock")
+        for guess in range(1, 150):  # every likely job id, in the old scheme's keys and as is
+            squatter.execute("SELECT pg_advisory_lock(%s, %s), pg_advisory_lock(%s)",
+                             (0x4D4F50, guess, guess))
+        conn.execute(*_fit_sql(names))
+        assert conn.execute("SELECT state FROM madlib_mop.jobs WHERE model_output_table LIKE %s",
+                            (f"%{names['out']}",)).fetchone()[0] == "finished"
+        assert squatter.execute("SELECT count(lock_key) FROM madlib_mop.jobs").fetchone()[0] == 0
