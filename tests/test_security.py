@@ -333,4 +333,5 @@ def test_another_role_cannot_block_a_job_by_taking_its_lock(extension_dsn, roles
         conn.execute(*_fit_sql(names))
         assert conn.execute("SELECT state FROM madlib_mop.jobs WHERE model_output_table LIKE %s",
                             (f"%{names['out']}",)).fetchone()[0] == "finished"
-        assert squatter.execute("SELECT count(lock_key) FROM madlib_mop.jobs").fetchone()[0] == 0
+        assert squatter.execute("SELECT count(lock_key) FROM madlib_mop.jobs WHERE owner = %s",
+                                (alice,)).fetchone()[0] == 0  # alice's keys are hers
