@@ -24,7 +24,7 @@ STAMPS        := .make
 EXT_FILES     := build/madlib_mop.control build/madlib_mop--$(VERSION).sql
 EXT_LIBRARY   := build/madlib_mop.so
 C_SOURCES     := $(wildcard src/*.c)
-SQL_SOURCES   := $(sort $(wildcard sql/*.sql sql/upgrades/*.sql udf/*.py)) madlib_mop/extension_build.py
+SQL_SOURCES   := $(sort $(wildcard sql/*.sql sql/upgrades/*.sql udf/*.py)) madlib_mop/tools/extension_build.py
 PYTEST_ARGS   ?=
 # Optional dependency groups installed into the runtime (the Docker image uses none).
 PIP_EXTRAS    ?= test,bench
@@ -56,7 +56,7 @@ $(STAMPS)/venv: pyproject.toml | $(STAMPS)/apt
 # ---- the extension -------------------------------------------------------------
 build: $(EXT_FILES) $(EXT_LIBRARY)
 $(EXT_FILES) &: $(SQL_SOURCES) pyproject.toml | $(STAMPS)/venv
-	$(PY) -m madlib_mop.extension_build --version $(VERSION) --out build
+	$(PY) -m madlib_mop.tools.extension_build --version $(VERSION) --out build
 
 # The C part (src/): compiled against the server's headers (postgresql-server-dev).
 $(EXT_LIBRARY): $(C_SOURCES) | $(STAMPS)/apt
@@ -77,23 +77,23 @@ install: $(EXT_FILES) $(EXT_LIBRARY)
 # ---- the embedded PostgreSQL (skipped when MADLIB_MOP_DSN names a server) --------
 db-start: $(STAMPS)/apt
 	@if [ -n "$$MADLIB_MOP_DSN" ]; then echo "using MADLIB_MOP_DSN; embedded server not started"; \
-	else PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.embedded start; fi
+	else PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.embedded start; fi
 
 db-stop:
-	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.embedded stop
+	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.embedded stop
 
 db-status:
-	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.embedded status
+	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.embedded status
 
 db-destroy:
-	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.embedded destroy
+	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.embedded destroy
 
 dsn:
-	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.embedded dsn
+	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.embedded dsn
 
 # ---- the two commands -------------------------------------------------------------
 demo: install db-start
-	$(PY) -m madlib_mop.demo
+	$(PY) -m madlib_mop.tools.demo
 
 test: install db-start
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -34,8 +34,8 @@ from pathlib import Path
 import numpy as np
 import psycopg
 
-from madlib_mop.demo import ensure_extension
-from madlib_mop.embedded import configured_dsn
+from madlib_mop.tools.demo import ensure_extension
+from madlib_mop.tools.embedded import configured_dsn
 
 SCHEMA = "madlib_mop_bench"
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -23,7 +23,7 @@ import sysconfig
 import psycopg
 from psycopg import sql
 
-from madlib_mop.embedded import EmbeddedCluster, configured_dsn
+from madlib_mop.tools.embedded import EmbeddedCluster, configured_dsn
 
 ROLE = "madlib_mop_bench_analyst"
 

@@ -11,7 +11,7 @@ CREATE TABLE @extschema@.jobs (
     validation_table      text,
     model_selection_table text NOT NULL,
     arguments             jsonb NOT NULL,   -- the call's arguments: a repeat call resumes
-    tables                jsonb NOT NULL,   -- output and per-job tables (quoted names)
+    tables                jsonb NOT NULL,   -- output and per-job tables: {key: [schema, table]}
     num_models            integer NOT NULL,
     num_segments          integer NOT NULL,
     validation_partitions integer,
@@ -125,16 +125,20 @@ AS $python$
 #include "resume.py"
 $python$;
 
--- Segment workers: called by the coordinator over its worker connections.
-CREATE FUNCTION @extschema@._mop_train(job_id bigint, mst_key integer, step integer, segment integer)
-RETURNS jsonb
+-- Segment workers: called by the coordinator over its worker sessions.  The model's state
+-- comes with the call and the new state goes back with the result; the coordinator commits
+-- it (madlib_mop.engine.base).
+CREATE FUNCTION @extschema@._mop_train(job_id bigint, mst_key integer, step integer,
+                                       segment integer, model_state bytea,
+                                       OUT new_state bytea, OUT result jsonb)
 LANGUAGE plpython3u VOLATILE
 SET jit = off
 AS $python$
 #include "mop_train.py"
 $python$;
 
-CREATE FUNCTION @extschema@._mop_evaluate(job_id bigint, mst_key integer, step integer, partition integer)
+CREATE FUNCTION @extschema@._mop_evaluate(job_id bigint, mst_key integer, step integer,
+                                          partition integer, model_state bytea)
 RETURNS jsonb
 LANGUAGE plpython3u VOLATILE
 SET jit = off

@@ -20,7 +20,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from madlib_mop.embedded import DSN_VARIABLE, EmbeddedCluster
+from madlib_mop.tools.embedded import DSN_VARIABLE, EmbeddedCluster
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from madlib_mop.embedded import REPO_ROOT, EmbeddedCluster
+from madlib_mop.tools.embedded import REPO_ROOT, EmbeddedCluster
 
 import keras
 

@@ -9,7 +9,7 @@ import uuid
 import psycopg
 import pytest
 
-from madlib_mop.embedded import REPO_ROOT, EmbeddedCluster, configured_dsn
+from madlib_mop.tools.embedded import REPO_ROOT, EmbeddedCluster, configured_dsn
 
 
 def test_dsn_comes_from_the_environment_when_set(monkeypatch):

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from madlib_mop.extension_build import PREAMBLE, REPO_ROOT, BuildError, build
+from madlib_mop.tools.extension_build import PREAMBLE, REPO_ROOT, BuildError, build
 
 
 def _write(path, text):
@@ -14,7 +14,7 @@ def _write(path, text):
     path.write_text(text)
 
 
-BODY = "from madlib_mop.plpy_bridge import run\nreturn run(plpy, lambda plpy: 41 + 1)\n"
+BODY = "from madlib_mop.runtime.plpy_bridge import run\nreturn run(plpy, lambda plpy: 41 + 1)\n"
 
 
 @pytest.fixture
@@ -49,7 +49,7 @@ def test_missing_body_is_an_error(sources, tmp_path):
 def test_body_that_bypasses_the_bridge_is_an_error(sources, tmp_path):
     """Every body goes through plpy_bridge.run, which pins the search_path."""
     _write(sources / "udf" / "f.py", "return plpy.execute('SELECT 1')\n")
-    with pytest.raises(BuildError, match="does not call madlib_mop.plpy_bridge.run"):
+    with pytest.raises(BuildError, match="does not call madlib_mop.runtime.plpy_bridge.run"):
         build("1.0.0", tmp_path / "out", "/x", sources / "sql", sources / "udf")
 
 

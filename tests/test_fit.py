@@ -13,10 +13,10 @@ import pytest
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from madlib_mop.replay import replay
-from madlib_mop.schedule import visit_orders
+from madlib_mop.tools.replay import replay
+from madlib_mop.job.schedule import visit_orders
 
-keras = pytest.importorskip("keras")
+import keras  # noqa: E402  (a missing Keras fails these tests, it does not skip them)
 
 COMPILE_GRID = ("{'loss': ['categorical_crossentropy'], 'optimizer_params_list': ["
                 "{'optimizer': ['Adam'], 'lr': [0.01, 0.05]}], 'metrics': ['accuracy']}")
@@ -293,7 +293,7 @@ def test_non_superuser_runs_a_job(data, allow_worker_role):
 
 def test_initial_weights_from_the_architecture_table(data):
     """Transfer learning: a model starts from the weights stored with its architecture."""
-    from madlib_mop import state
+    from madlib_mop.runtime import state
 
     model = keras.models.model_from_json(_mlp(4, 8, 3))
     start = np.linspace(-0.5, 0.5, model.count_params()).astype(np.float32)

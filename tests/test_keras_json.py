@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from madlib_mop import keras_json
+from madlib_mop.runtime import keras_json
 from madlib_mop.errors import MadlibMopError
 
-keras = pytest.importorskip("keras")
+import keras  # noqa: E402  (a missing Keras fails these tests, it does not skip them)
 
 
 def _dense(name, units, activation, **extra):

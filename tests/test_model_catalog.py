@@ -11,7 +11,7 @@ from psycopg import sql
 
 from tests.test_keras_json import KERAS2_SEQUENTIAL
 
-keras = pytest.importorskip("keras")
+import keras  # noqa: E402  (a missing Keras fails these tests, it does not skip them)
 
 COMPILE_GRID = ("{'loss': ['categorical_crossentropy'], 'optimizer_params_list': ["
                 "{'optimizer': ['Adam'], 'lr': [0.001, 0.01]}, {'optimizer': ['SGD'], 'lr': [0.1]}], "

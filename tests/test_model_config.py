@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from madlib_mop import model_config as mc
+from madlib_mop.runtime import model_config as mc
 from madlib_mop.errors import MadlibMopError
 
 
@@ -76,66 +76,6 @@ def test_bad_fit_params(text, match):
         mc.parse_fit_params(text)
 
 
-COMPILE_GRID = ("{'loss': ['categorical_crossentropy'], 'optimizer_params_list': ["
-                "{'optimizer': ['Adam'], 'lr': [0.001, 0.01]}, {'optimizer': ['SGD'], 'lr': [0.1], "
-                "'momentum': [0.9, 0.99]}], 'metrics': ['accuracy', ['accuracy', 'top_k_categorical_accuracy']]}")
-FIT_GRID = "{'batch_size': [32, 64], 'epochs': [1]}"
-
-
-def test_grid_search_is_the_full_product():
-    configs = mc.grid_search([1, 2], mc.parse_grid(COMPILE_GRID, "c"), mc.parse_grid(FIT_GRID, "f"))
-    # 2 models x (2 Adam + 2 SGD) x 2 metric choices x 2 batch sizes
-    assert len(configs) == 2 * 4 * 2 * 2 == len(set(configs))
-    assert configs[0] == mc.Config(
-        1, "optimizer='Adam(lr=0.001)',loss='categorical_crossentropy',metrics=['accuracy']",
-        "batch_size=32,epochs=1")
-    assert {c.model_id for c in configs} == {1, 2}
-    for config in configs:  # every generated string parses back to itself
-        assert str(mc.parse_compile_params(config.compile_params)) == config.compile_params
-        assert mc.fit_params_text(mc.parse_fit_params(config.fit_params)) == config.fit_params
-
-
-def test_json_grids_work_too():
-    grid = mc.parse_grid('{"loss": ["mse"], "optimizer": ["SGD(lr=0.1)", "Adam"]}', "c")
-    configs = mc.grid_search([3], grid, mc.parse_grid('{"epochs": [1, 2]}', "f"))
-    assert [c.compile_params for c in configs[::2]] == [
-        "optimizer='SGD(lr=0.1)',loss='mse'", "optimizer='Adam()',loss='mse'"]
-
-
-def test_random_search_is_reproducible_and_samples_in_bounds():
-    grid = mc.parse_grid(
-        "{'loss': ['categorical_crossentropy'], 'optimizer_params_list': ["
-        "{'optimizer': ['SGD'], 'lr': [0.0001, 0.1, 'log'], 'momentum': [0.9, 0.999, 'log_near_one']},"
-        "{'optimizer': ['Adam'], 'lr': [0.001, 0.01, 'linear']}]}", "c")
-    fit = mc.parse_grid("{'batch_size': [16, 32, 64], 'epochs': [1]}", "f")
-    first = mc.random_search([1, 2], grid, fit, 20, random_state=7)
-    assert first == mc.random_search([1, 2], grid, fit, 20, random_state=7)
-    assert first != mc.random_search([1, 2], grid, fit, 20, random_state=8)
-    assert len(first) == len(set(first)) == 20
-    for config in first:
-        params = mc.parse_compile_params(config.compile_params).optimizer.keras_arguments()
-        if "momentum" in params:
-            assert 0.0001 <= params["learning_rate"] <= 0.1 and 0.9 <= params["momentum"] <= 0.999
-        else:
-            assert 0.001 <= params["learning_rate"] <= 0.01
-    assert {c.model_id for c in first} == {1, 2}
-
-
-def test_log_sampling_spreads_over_orders_of_magnitude():
-    grid = mc.parse_grid("{'loss': ['mse'], 'optimizer_params_list': [{'optimizer': ['SGD'], "
-                         "'lr': [0.00001, 0.1, 'log']}]}", "c")
-    configs = mc.random_search([1], grid, {"epochs": [1]}, 200, random_state=0)
-    rates = [mc.parse_compile_params(c.compile_params).optimizer.keras_arguments()["learning_rate"]
-             for c in configs]
-    below = sum(r < 0.001 for r in rates)  # half of the log range; a linear draw gives ~1%
-    assert 70 <= below <= 130
-
-
-def test_random_search_cannot_draw_more_than_the_grid_holds():
-    with pytest.raises(MadlibMopError, match="distinct configurations"):
-        mc.random_search([1], {"loss": ["mse"]}, {"epochs": [1, 2]}, 5, random_state=0)
-
-
 @pytest.mark.parametrize(("text", "match"), [
     ("__import__('os').system('id')", "not a dict literal"),
     ("{'loss': ['mse'], 'x': open('/etc/passwd')}", "not a dict literal"),
@@ -147,20 +87,6 @@ def test_random_search_cannot_draw_more_than_the_grid_holds():
 def test_bad_grids(text, match):
     with pytest.raises(MadlibMopError, match=match):
         mc.parse_grid(text, "compile_params_grid")
-
-
-def test_grid_search_refuses_distributions():
-    grid = mc.parse_grid("{'loss': ['mse'], 'optimizer_params_list': "
-                         "[{'optimizer': ['SGD'], 'lr': [0.001, 0.1, 'log']}]}", "c")
-    with pytest.raises(MadlibMopError, match="grid search cannot sample"):
-        mc.grid_search([1], grid, {"epochs": [1]})
-
-
-def test_bad_distribution():
-    grid = mc.parse_grid("{'loss': ['mse'], 'optimizer_params_list': "
-                         "[{'optimizer': ['SGD'], 'lr': [0.1, 0.001, 'log']}]}", "c")
-    with pytest.raises(MadlibMopError, match="not a distribution"):
-        mc.random_search([1], grid, {"epochs": [1]}, 1, random_state=0)
 
 
 def test_whitelisted_names_exist_in_keras():

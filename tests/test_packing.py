@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from madlib_mop import packing
+from madlib_mop.runtime import packing
 from madlib_mop.errors import MadlibMopError
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 
-from madlib_mop.demo import load_iris
-from madlib_mop.embedded import REPO_ROOT
+from madlib_mop.tools.demo import load_iris
+from madlib_mop.tools.embedded import REPO_ROOT
 
 
 def _readme_session() -> str:

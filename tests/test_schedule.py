@@ -7,7 +7,7 @@ import heapq
 import numpy as np
 import pytest
 
-from madlib_mop.schedule import Dispatcher, visit_orders
+from madlib_mop.job.schedule import Dispatcher, added_model_orders, visit_orders
 
 
 def _simulate(models, segments, epochs, seed, durations, failures=frozenset(), done=None):
@@ -112,3 +112,63 @@ def test_dispatcher_refuses_inconsistent_calls():
         dispatcher.next_visit(segment)
     with pytest.raises(ValueError):
         dispatcher.finish(1, 1 - segment)
+
+
+def _drain(dispatcher, segments):
+    """Run every planned visit to the end in dispatch order; the visits per model."""
+    visits: dict[int, list[int]] = {}
+    while not dispatcher.finished():
+        progressed = False
+        for segment in range(segments):
+            given = dispatcher.next_visit(segment)
+            if given:
+                model, step = given
+                visits.setdefault(model, []).append(dispatcher.planned(model, step)[2])
+                dispatcher.finish(model, segment, 1.0)
+                progressed = True
+        assert progressed, "deadlock"
+    return visits
+
+
+def test_adding_a_model_changes_no_other_models_order():
+    segments, epochs, seed = 3, 4, 5
+    orders = visit_orders([1, 2, 3, 4], segments, epochs, seed)
+    dispatcher = Dispatcher({k: list(o) for k, o in orders.items()}, segments)
+    before: dict[int, list[int]] = {}
+    for segment in range(segments):  # the job is under way when model 9 joins
+        model, step = dispatcher.next_visit(segment)
+        before.setdefault(model, []).append(dispatcher.planned(model, step)[2])
+        dispatcher.finish(model, segment, 1.0)
+    added = added_model_orders(9, segments, epochs, seed)
+    dispatcher.add(9, added)
+    joined = _drain(dispatcher, segments)
+    for model in orders:  # every visit as planned before model 9 existed
+        assert before.get(model, []) + joined[model] == [s for e in orders[model] for s in e]
+    assert joined[9] == [s for epoch in added for s in epoch]
+    assert all(sorted(epoch) == list(range(segments)) for epoch in added)
+    # its stream is its own: the same whenever (and beside whichever models) it is added
+    assert added == added_model_orders(9, segments, epochs, seed)
+    assert added != added_model_orders(10, segments, epochs, seed)
+
+
+def test_stopping_a_model_changes_no_other_models_order():
+    segments, epochs = 2, 3
+    orders = visit_orders([1, 2, 3], segments, epochs, 8)
+    dispatcher = Dispatcher({k: list(o) for k, o in orders.items()}, segments)
+    given = dispatcher.next_visit(0)
+    dispatcher.stop(given[0])  # stopped while running: that visit may still finish
+    dispatcher.finish(given[0], 0, 1.0)
+    visits = _drain(dispatcher, segments)
+    assert given[0] not in visits
+    for model in set(orders) - {given[0]}:
+        assert visits[model] == [s for epoch in orders[model] for s in epoch]
+
+
+def test_a_held_model_is_not_dispatched_until_released():
+    orders = visit_orders([1, 2], 1, 1, 0)
+    dispatcher = Dispatcher(orders, 1)
+    dispatcher.hold(1)
+    dispatcher.hold(2)
+    assert dispatcher.next_visit(0) is None
+    dispatcher.hold(2, False)
+    assert dispatcher.next_visit(0) == (2, 0)

@@ -286,7 +286,7 @@ def test_a_role_never_sees_or_resumes_another_roles_job(extension_dsn, roles):
             conn.execute("CALL madlib_mop.resume(%s)", (job,))
         assert "another role" in caught.value.diag.message_primary
         with pytest.raises(psycopg.Error) as caught:  # a worker entry point, called directly
-            conn.execute("SELECT madlib_mop._mop_train(%s, 1, 0, 0)", (job,))
+            conn.execute("SELECT madlib_mop._mop_train(%s, 1, 0, 0, ''::bytea)", (job,))
         assert caught.value.diag.sqlstate != "XX000"
         with pytest.raises(psycopg.errors.InsufficientPrivilege):  # its outputs are alice's
             conn.execute(sql.SQL("SELECT * FROM public.{}").format(sql.Identifier(names["out"])))
@@ -313,8 +313,8 @@ def test_a_superuser_does_not_run_a_job_row_another_role_forged(conn, extension_
             "VALUES ('public.secret', 'public.secret', 'public.secret', '{}', %s, 1, 1, 0, 1) "
             "RETURNING job_id", (json.dumps(tables),)).fetchone()[0]
     for statement in ("CALL madlib_mop.resume(%s)", "SELECT madlib_mop.resume_job(%s)",
-                      "SELECT madlib_mop._mop_train(%s, 1, 0, 0)",
-                      "SELECT madlib_mop._mop_evaluate(%s, 1, 0, 0)"):
+                      "SELECT madlib_mop._mop_train(%s, 1, 0, 0, ''::bytea)",
+                      "SELECT madlib_mop._mop_evaluate(%s, 1, 0, 0, ''::bytea)"):
         with pytest.raises(psycopg.errors.InvalidParameterValue) as caught:
             conn.execute(statement, (job,))
         assert "another role" in caught.value.diag.message_primary

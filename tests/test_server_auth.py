@@ -1,11 +1,11 @@
-"""The DBA's pg_hba.conf / pg_ident.conf edits (madlib_mop.server_auth), without a server."""
+"""The DBA's pg_hba.conf / pg_ident.conf edits (madlib_mop.tools.server_auth), without a server."""
 
 from __future__ import annotations
 
 import pytest
 
-from madlib_mop import server_auth
-from madlib_mop.server_auth import AuthConfigError, hba_text, ident_text
+from madlib_mop.tools import server_auth
+from madlib_mop.tools.server_auth import AuthConfigError, hba_text, ident_text
 
 DEBIAN = """local   all             postgres                                peer
 # TYPE  DATABASE        USER            ADDRESS                 METHOD

@@ -14,7 +14,6 @@ metrics must be on the whitelists below.  Nothing is ever evaluated.  Grids may 
 from __future__ import annotations
 
 import ast
-import itertools
 import json
 import math
 from dataclasses import dataclass
@@ -61,7 +60,6 @@ METRICS = frozenset({
 COMPILE_KEYS = ("optimizer", "loss", "metrics", "loss_weights", "weighted_metrics")
 FIT_KEYS = ("batch_size", "epochs", "verbose", "shuffle", "class_weight", "initial_epoch",
             "steps_per_epoch")
-DISTRIBUTIONS = ("linear", "log", "log_near_one")
 DEFAULT_OPTIMIZER = "RMSprop"  # Keras' own default, and MADlib's when a grid names none
 
 
@@ -138,7 +136,7 @@ def optimizer_parameters(name: str) -> set[str]:
     """The keyword arguments the Keras optimizer class accepts."""
     import inspect
 
-    from madlib_mop.tf_runtime import import_tensorflow
+    from madlib_mop.runtime.tf_runtime import import_tensorflow
 
     import_tensorflow()
     import keras
@@ -222,7 +220,7 @@ def _check_name(value: Any, allowed: frozenset, kind: str, text: str) -> str:
     return value
 
 
-def _check_keys(params: dict, allowed: tuple, what: str, text: str) -> None:
+def check_keys(params: dict, allowed: tuple, what: str, text: str) -> None:
     for key in params:
         if key not in allowed:
             raise MadlibMopError(
@@ -232,7 +230,7 @@ def _check_keys(params: dict, allowed: tuple, what: str, text: str) -> None:
 
 
 def compile_params_from(params: dict, text: str) -> CompileParams:
-    _check_keys(params, COMPILE_KEYS, "compile_params", text)
+    check_keys(params, COMPILE_KEYS, "compile_params", text)
     if "loss" not in params:
         raise MadlibMopError("compile_params needs a loss", sqlstate=errors.INVALID_PARAMETER_VALUE,
                              detail=f"Got: {text[:300]}",
@@ -281,7 +279,7 @@ _FIT_CHECKS = {
 
 
 def fit_params_from(params: dict, text: str) -> dict[str, Any]:
-    _check_keys(params, FIT_KEYS, "fit_params", text)
+    check_keys(params, FIT_KEYS, "fit_params", text)
     for key, value in params.items():
         check, expected = _FIT_CHECKS[key]
         if not check(value):
@@ -331,144 +329,8 @@ def parse_grid(text: str | None, argument: str) -> dict[str, list]:
     return grid
 
 
-def is_distribution(values: list) -> bool:
-    """[low, high, 'linear' | 'log' | 'log_near_one']: sample, do not enumerate."""
-    return len(values) > 1 and isinstance(values[-1], str) and not any(
-        isinstance(v, str) for v in values[:-1])
-
-
-def _check_distribution(key: str, values: list) -> tuple[float, float, str]:
-    if len(values) != 3 or values[2] not in DISTRIBUTIONS or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) for v in values[:2]) \
-            or not values[0] < values[1]:
-        raise MadlibMopError(
-            f"'{key}': {values!r} is not a distribution",
-            sqlstate=errors.INVALID_PARAMETER_VALUE,
-            hint="Write [lower_bound, upper_bound, 'linear' | 'log' | 'log_near_one'] "
-                 "with lower_bound < upper_bound.")
-    low, high, kind = values
-    if kind == "log" and low <= 0 or kind == "log_near_one" and not (0 <= low < high < 1):
-        raise MadlibMopError(
-            f"'{key}': bounds {low}, {high} do not fit '{kind}' sampling",
-            sqlstate=errors.INVALID_PARAMETER_VALUE,
-            hint="'log' needs 0 < low; 'log_near_one' needs 0 <= low < high < 1.")
-    return float(low), float(high), kind
-
-
 @dataclass(frozen=True)
 class Config:
     model_id: int
     compile_params: str
     fit_params: str
-
-
-def _optimizer_dicts(grid: dict) -> list[dict]:
-    if "optimizer_params_list" in grid:
-        dicts = grid["optimizer_params_list"]
-        overlap = {k for d in dicts if isinstance(d, dict) for k in d} & (set(grid) - {"optimizer_params_list"})
-        if not all(isinstance(d, dict) and d for d in dicts) or overlap:
-            raise MadlibMopError(
-                "'optimizer_params_list' must be a list of non-empty dicts of optimizer "
-                "arguments, which appear nowhere else in the grid",
-                sqlstate=errors.INVALID_PARAMETER_VALUE,
-                hint="e.g. 'optimizer_params_list': [{'optimizer': ['Adam'], 'lr': [0.001, 0.01]}]")
-        return dicts
-    if "optimizer" in grid:
-        return [{"optimizer": grid["optimizer"]}]
-    return [{"optimizer": [DEFAULT_OPTIMIZER]}]
-
-
-def _compile_keys(grid: dict) -> list[str]:
-    keys = [k for k in grid if k not in ("optimizer_params_list", "optimizer")]
-    _check_keys({k: None for k in keys}, COMPILE_KEYS, "compile_params_grid", repr(grid))
-    return keys
-
-
-def _optimizer_of(choice: dict, text: str) -> Optimizer:
-    """An optimizer from one choice of an optimizer dict: {'optimizer': 'Adam', 'lr': 0.01}."""
-    name = choice.get("optimizer", DEFAULT_OPTIMIZER)
-    if isinstance(name, str) and "(" in name:
-        base = parse_optimizer(name)
-        return make_optimizer(base.name, base.arguments + tuple(
-            (k, v) for k, v in choice.items() if k != "optimizer"), text)
-    return make_optimizer(name, [(k, v) for k, v in choice.items() if k != "optimizer"], text)
-
-
-def _compile_text(optimizer: Optimizer, values: dict, text: str) -> str:
-    return str(compile_params_from({"optimizer": optimizer, **values}, text))
-
-
-def grid_search(model_ids: list[int], compile_grid: dict, fit_grid: dict) -> list[Config]:
-    """Every combination: model_id x compile choices x fit choices."""
-    for grid in (compile_grid, fit_grid):
-        for key, values in _flat_items(grid):
-            if is_distribution(values) and values[-1] in DISTRIBUTIONS:
-                raise MadlibMopError(
-                    f"'{key}': grid search cannot sample from a distribution",
-                    sqlstate=errors.INVALID_PARAMETER_VALUE,
-                    hint="Use search_type => 'random', or list the values.")
-    text = repr(compile_grid)
-    compile_texts = []
-    keys = _compile_keys(compile_grid)
-    for optimizer_dict in _optimizer_dicts(compile_grid):
-        names = list(optimizer_dict)
-        for choice in itertools.product(*(optimizer_dict[k] for k in names)):
-            optimizer = _optimizer_of(dict(zip(names, choice)), text)
-            for values in itertools.product(*(compile_grid[k] for k in keys)):
-                compile_texts.append(_compile_text(optimizer, dict(zip(keys, values)), text))
-    fit_keys = list(fit_grid)
-    fit_texts = [
-        fit_params_text(fit_params_from(dict(zip(fit_keys, values)), repr(fit_grid)))
-        for values in itertools.product(*(fit_grid[k] for k in fit_keys))]
-    configs = [Config(m, c, f) for m in model_ids for c in dict.fromkeys(compile_texts)
-               for f in dict.fromkeys(fit_texts)]
-    return configs
-
-
-def _flat_items(grid: dict):
-    for key, values in grid.items():
-        if key == "optimizer_params_list":
-            for optimizer_dict in values:
-                if isinstance(optimizer_dict, dict):
-                    yield from optimizer_dict.items()
-        else:
-            yield key, values
-
-
-def _sample(values: list, key: str, rng) -> Any:
-    if is_distribution(values):
-        low, high, kind = _check_distribution(key, values)
-        if kind == "linear":
-            return float(rng.uniform(low, high))
-        if kind == "log":
-            return float(10 ** rng.uniform(math.log10(low), math.log10(high)))
-        return float(1 - 10 ** rng.uniform(math.log10(1 - high), math.log10(1 - low)))
-    choice = values[int(rng.integers(len(values)))]
-    return choice.item() if hasattr(choice, "item") else choice
-
-
-def random_search(model_ids: list[int], compile_grid: dict, fit_grid: dict, num_configs: int,
-                  random_state: int | None) -> list[Config]:
-    """`num_configs` distinct configurations drawn with a generator seeded by random_state."""
-    import numpy as np
-
-    rng = np.random.default_rng(random_state)
-    text = repr(compile_grid)
-    keys = _compile_keys(compile_grid)
-    optimizer_dicts = _optimizer_dicts(compile_grid)
-    configs: dict[Config, None] = {}
-    attempts = 0
-    while len(configs) < num_configs:
-        attempts += 1
-        if attempts > 100 * num_configs:
-            raise MadlibMopError(
-                f"could only draw {len(configs)} distinct configurations of {num_configs}",
-                sqlstate=errors.INVALID_PARAMETER_VALUE,
-                hint="The grids hold fewer combinations: ask for fewer, or widen the grids.")
-        model_id = model_ids[int(rng.integers(len(model_ids)))]
-        optimizer_dict = optimizer_dicts[int(rng.integers(len(optimizer_dicts)))]
-        optimizer = _optimizer_of({k: _sample(v, k, rng) for k, v in optimizer_dict.items()}, text)
-        compile_text = _compile_text(optimizer, {k: _sample(compile_grid[k], k, rng) for k in keys}, text)
-        fit = fit_params_from({k: _sample(v, k, rng) for k, v in fit_grid.items()}, repr(fit_grid))
-        configs.setdefault(Config(model_id, compile_text, fit_params_text(fit)))
-    return list(configs)

@@ -4,7 +4,7 @@
 `initdb` cluster of Debian's PostgreSQL 15 listening on 127.0.0.1 only, authenticated as
 Debian sets a server up (peer on the Unix socket, scram-sha-256 on TCP) plus the
 madlib_mop map that lets the server open worker sessions as the calling role
-(`madlib_mop.server_auth`, the DBA's set-up of the README).  The superuser `postgres` has a
+(`madlib_mop.tools.server_auth`, the DBA's set-up of the README).  The superuser `postgres` has a
 generated password, kept in a libpq password file `.pg/passfile` that the connection string
 names.
 
@@ -14,7 +14,7 @@ through `runuser`.
 
 Standard library only: the Makefile calls this before the virtual environment exists.
 
-    python -m madlib_mop.embedded start|stop|status|dsn|destroy
+    python -m madlib_mop.tools.embedded start|stop|status|dsn|destroy
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
-from madlib_mop import server_auth
+from madlib_mop.tools import server_auth
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DSN_VARIABLE = "MADLIB_MOP_DSN"
 DEFAULT_PORT = 54329
 DEFAULT_DATABASE = "madlib_mop"
@@ -51,7 +51,69 @@ def _pg_bindir() -> Path:
     return Path("/usr/lib/postgresql/15/bin")
 
 
-class EmbeddedCluster:
+class _ServerFiles:
+    """The embedded server's configuration files: settings, and authentication (the
+    superuser by password (passfile), worker sessions by peer with the madlib_mop map, as
+    the README's DBA set-up does)."""
+
+    base: Path
+    port: int
+    data: Path
+    passfile: Path
+    worker_auth: bool
+
+    @property
+    def server_os_user(self) -> str:
+        """The OS user the server runs as: the one its worker sessions come from."""
+        return SERVER_OS_USER if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
+
+    def _write_passfile(self, password: str) -> None:
+        """The superuser's password, for clients of the invoking OS user (libpq's format)."""
+        self.passfile.write_text(f"127.0.0.1:{self.port}:*:{SUPERUSER}:{password}\n",
+                                 encoding="utf-8")
+        os.chmod(self.passfile, 0o600)
+
+    def _configure_workers(self) -> bool:
+        """The README's DBA set-up: the madlib_mop map on the socket's peer line."""
+        if not self.worker_auth:
+            return False
+        hba, ident = self.data / "pg_hba.conf", self.data / "pg_ident.conf"
+        changed = server_auth.configure(hba, ident, self.server_os_user)
+        if self.server_os_user != SUPERUSER:  # the superuser's own fits, and our tools
+            changed |= server_auth.allow(ident, self.server_os_user, SUPERUSER)
+        return changed
+
+    def allow_worker_role(self, role: str) -> None:
+        """Let this server open worker sessions as `role` (pg_ident.conf), and reload."""
+        if server_auth.allow(self.data / "pg_ident.conf", self.server_os_user, role) and self.is_running():
+            self._run([self._tool("pg_ctl"), "reload", "-D", str(self.data)])
+
+    def _secure_trust_cluster(self) -> None:
+        """A cluster made by an earlier version trusted every local connection: give the
+        superuser a password and Debian's authentication with the madlib_mop map."""
+        hba = self.data / "pg_hba.conf"
+        rules = [line.split() for line in hba.read_text(encoding="utf-8").splitlines()
+                 if line.strip() and not line.lstrip().startswith("#")]
+        if self.passfile.exists() and not any("trust" in rule for rule in rules):
+            return
+        password = secrets.token_urlsafe(24)
+        self._psql(f"ALTER ROLE {SUPERUSER} PASSWORD " + _sql_literal(password))
+        self._write_passfile(password)
+        hba.write_text(DEBIAN_SUPERUSER_LINE + DEBIAN_HBA, encoding="utf-8")
+        self._configure_workers()
+        self._run([self._tool("pg_ctl"), "reload", "-D", str(self.data)])
+
+    def _ensure_setting(self, name: str, value: str) -> None:
+        """Clusters made by an earlier version get settings added since (read at start)."""
+        conf = self.data / "postgresql.auto.conf"
+        text = conf.read_text(encoding="utf-8")
+        if f"\n{name} = " not in text:
+            conf.write_text(text + f"{name} = {value}\n", encoding="utf-8")
+            if self.is_running():
+                self._run([self._tool("pg_ctl"), "reload", "-D", str(self.data)])
+
+
+class EmbeddedCluster(_ServerFiles):
     """One initdb cluster: its folder, its port, and how to start and stop it."""
 
     def __init__(self, base: Path | None = None, port: int | None = None,
@@ -73,11 +135,6 @@ class EmbeddedCluster:
     def dsn(self, dbname: str = DEFAULT_DATABASE) -> str:
         return (f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/{quote(dbname)}"
                 f"?passfile={quote(str(self.passfile))}")
-
-    @property
-    def server_os_user(self) -> str:
-        """The OS user the server runs as: the one its worker sessions come from."""
-        return SERVER_OS_USER if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
 
     # -- running server commands as the right OS user -------------------------
     def _as_server_user(self, argv: list[str]) -> list[str]:
@@ -172,54 +229,9 @@ class EmbeddedCluster:
             "jit": "off",
         }
         with open(self.data / "postgresql.auto.conf", "a", encoding="utf-8") as conf:
-            conf.write("# written by madlib_mop.embedded\n")
+            conf.write("# written by madlib_mop.tools.embedded\n")
             for key, value in settings.items():
                 conf.write(f"{key} = {value}\n")
-
-    def _write_passfile(self, password: str) -> None:
-        """The superuser's password, for clients of the invoking OS user (libpq's format)."""
-        self.passfile.write_text(f"127.0.0.1:{self.port}:*:{SUPERUSER}:{password}\n",
-                                 encoding="utf-8")
-        os.chmod(self.passfile, 0o600)
-
-    def _configure_workers(self) -> bool:
-        """The README's DBA set-up: the madlib_mop map on the socket's peer line."""
-        if not self.worker_auth:
-            return False
-        hba, ident = self.data / "pg_hba.conf", self.data / "pg_ident.conf"
-        changed = server_auth.configure(hba, ident, self.server_os_user)
-        if self.server_os_user != SUPERUSER:  # the superuser's own fits, and our tools
-            changed |= server_auth.allow(ident, self.server_os_user, SUPERUSER)
-        return changed
-
-    def allow_worker_role(self, role: str) -> None:
-        """Let this server open worker sessions as `role` (pg_ident.conf), and reload."""
-        if server_auth.allow(self.data / "pg_ident.conf", self.server_os_user, role) and self.is_running():
-            self._run([self._tool("pg_ctl"), "reload", "-D", str(self.data)])
-
-    def _secure_trust_cluster(self) -> None:
-        """A cluster made by an earlier version trusted every local connection: give the
-        superuser a password and Debian's authentication with the madlib_mop map."""
-        hba = self.data / "pg_hba.conf"
-        rules = [line.split() for line in hba.read_text(encoding="utf-8").splitlines()
-                 if line.strip() and not line.lstrip().startswith("#")]
-        if self.passfile.exists() and not any("trust" in rule for rule in rules):
-            return
-        password = secrets.token_urlsafe(24)
-        self._psql(f"ALTER ROLE {SUPERUSER} PASSWORD " + _sql_literal(password))
-        self._write_passfile(password)
-        hba.write_text(DEBIAN_SUPERUSER_LINE + DEBIAN_HBA, encoding="utf-8")
-        self._configure_workers()
-        self._run([self._tool("pg_ctl"), "reload", "-D", str(self.data)])
-
-    def _ensure_setting(self, name: str, value: str) -> None:
-        """Clusters made by an earlier version get settings added since (read at start)."""
-        conf = self.data / "postgresql.auto.conf"
-        text = conf.read_text(encoding="utf-8")
-        if f"\n{name} = " not in text:
-            conf.write_text(text + f"{name} = {value}\n", encoding="utf-8")
-            if self.is_running():
-                self._run([self._tool("pg_ctl"), "reload", "-D", str(self.data)])
 
     def start(self, database: str = DEFAULT_DATABASE) -> str:
         """Start the cluster if it is not running, make sure `database` exists; return its DSN."""
@@ -320,7 +332,7 @@ def configured_dsn(database: str = DEFAULT_DATABASE) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m madlib_mop.embedded", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m madlib_mop.tools.embedded", description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=["start", "stop", "status", "dsn", "destroy"])
     args = parser.parse_args(argv)
     cluster = EmbeddedCluster()
@@ -342,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"embedded PostgreSQL removed ({cluster.base})")
     except (ClusterError, subprocess.CalledProcessError) as error:
         detail = getattr(error, "stderr", "") or ""
-        print(f"madlib_mop.embedded: {error}\n{detail}", file=sys.stderr)
+        print(f"madlib_mop.tools.embedded: {error}\n{detail}", file=sys.stderr)
         return 1
     return 0
 

@@ -1,6 +1,6 @@
 """One sub-epoch, the narrow waist of MOP: train a model over one segment's rows, once.
 
-Used by the segment workers inside the server and, unchanged, by `madlib_mop.replay` in a
+Used by the segment workers inside the server and, unchanged, by `madlib_mop.tools.replay` in a
 plain Python process, so that a replay of the recorded visits gives the same weights.
 
 The rows of a sub-epoch come in an order drawn from (job seed, model, step): the segment's
@@ -13,12 +13,13 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 
-from madlib_mop import keras_json, model_config, state
-from madlib_mop.tf_runtime import import_tensorflow
+from madlib_mop.runtime import keras_json, model_config, state
+from madlib_mop.runtime.buffers import Buffer
+from madlib_mop.runtime.tf_runtime import import_tensorflow
 
 SPARSE_LOSSES = {"sparse_categorical_crossentropy"}
 
@@ -93,13 +94,6 @@ def labels_for(loss: str, labels: np.ndarray, classification: bool) -> np.ndarra
     if classification and loss in SPARSE_LOSSES:
         return np.argmax(labels, axis=1).astype(np.int32)
     return labels.astype(np.float32, copy=False)
-
-
-@dataclass
-class Buffer:
-    rows: int
-    load: Callable[[], tuple[np.ndarray, np.ndarray]]  # (features, labels) of the buffer
-    in_memory: bool = True  # False: load() reads the table
 
 
 def subepoch_order(buffers: list[int], seed: int, mst_key: int, step: int,

@@ -26,7 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from madlib_mop import catalog, errors, packing
+from madlib_mop import errors
+from madlib_mop.db import catalog
+from madlib_mop.runtime import packing
 from madlib_mop.errors import MadlibMopError
 
 INTEGER_TYPES = {"smallint", "integer", "bigint"}
@@ -272,16 +274,12 @@ def validation_preprocessor_dl(plpy: Any, source_table: str, output_table: str,
 def read_summary(plpy: Any, packed_table: str, *, argument: str) -> dict:
     """The `<packed>_summary` row of a table made by training_preprocessor_dl."""
     table = catalog.resolve_table(plpy, packed_table, argument=argument)
-    summary_name = plpy.execute(plpy.prepare(
-        "SELECT (SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname || '_summary') "
-        "WHERE to_regclass(format('%I.%I', n.nspname, c.relname || '_summary')) IS NOT NULL) AS s "
-        "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1",
-        ["oid"]), [table.oid])[0]["s"]
+    found = catalog.summary_of(plpy, table)
     hint = f"Create {table.name} with training_preprocessor_dl()."
-    if summary_name is None:
+    if found is None:
         raise MadlibMopError(f"{argument} {table.name} has no summary table",
                              sqlstate=errors.UNDEFINED_TABLE, hint=hint)
-    rows = plpy.execute(f"SELECT * FROM {summary_name}")
+    summary_name, rows = found
     needed = {"normalizing_const", "num_classes", "dependent_varname", "label_kind",
               "feature_shape", "num_segments"}
     if len(rows) != 1 or not needed <= set(rows[0].keys()):

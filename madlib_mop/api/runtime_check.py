@@ -13,9 +13,10 @@ import time
 from typing import Any
 
 import madlib_mop
-from madlib_mop import catalog, errors
+from madlib_mop import errors
+from madlib_mop.db import catalog
 from madlib_mop.errors import MadlibMopError
-from madlib_mop.tf_runtime import import_tensorflow, make_deterministic
+from madlib_mop.runtime.tf_runtime import import_tensorflow, make_deterministic
 
 NUMERIC_ARRAY_TYPES = {
     "smallint[]", "integer[]", "bigint[]", "real[]", "double precision[]", "numeric[]",

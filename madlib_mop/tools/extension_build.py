@@ -12,7 +12,7 @@ Output (in --out):
   madlib_mop--VERSION.sql            the install script of this version
   madlib_mop--OLD--VERSION.sql       upgrade scripts, from sql/upgrades/, same expansion
 
-    python -m madlib_mop.extension_build --version 0.1.0 --out build
+    python -m madlib_mop.tools.extension_build --version 0.1.0 --out build
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import re
 import sysconfig
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 EXTENSION = "madlib_mop"
 INCLUDE = re.compile(r'^#include "(?P<name>[A-Za-z0-9_]+\.py)"\s*$', re.MULTILINE)
 UPGRADE_NAME = re.compile(rf"^{EXTENSION}--(?P<old>[0-9][0-9.]*)--(?P<new>[0-9][0-9.]*)\.sql$")
@@ -76,7 +76,7 @@ def expand_includes(sql: str, udf_dir: Path, site_packages: str, used: set[str])
         if "$python$" in text:
             raise BuildError(f"{path} contains the dollar-quote tag $python$")
         if "run(plpy, " not in text:  # it pins the search_path and reports errors
-            raise BuildError(f"{path} does not call madlib_mop.plpy_bridge.run(plpy, ...)")
+            raise BuildError(f"{path} does not call madlib_mop.runtime.plpy_bridge.run(plpy, ...)")
         return PREAMBLE.format(site=site_packages) + text.rstrip("\n")
 
     return INCLUDE.sub(body, sql)
@@ -95,7 +95,7 @@ def build(version: str, out: Path, site_packages: str,
         stale.unlink()
 
     parts = [
-        f"-- {EXTENSION} {version}: generated from sql/ and udf/ by madlib_mop.extension_build\n",
+        f"-- {EXTENSION} {version}: generated from sql/ and udf/ by madlib_mop.tools.extension_build\n",
         "\\echo Use \"CREATE EXTENSION madlib_mop\" to load this file. \\quit\n",
     ]
     for source in sources:

@@ -13,16 +13,19 @@ from __future__ import annotations
 import json
 import math
 import os
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import psycopg
 
-from madlib_mop import (catalog, errors, keras_json, model_config, packing, preprocessor, training,
-                        worker_session)
+from madlib_mop import errors
+from madlib_mop.api import preprocessor
+from madlib_mop.db import catalog, worker_session
+from madlib_mop.engine.local import LocalEngine
+from madlib_mop.engine.pool import run_all
+from madlib_mop.runtime import keras_json, model_config, packing, training
+from madlib_mop.runtime.buffers import PackedColumns, scan_partition
 from madlib_mop.errors import MadlibMopError
 
 CHUNK_BYTES = 32 * 1024 * 1024
@@ -51,12 +54,8 @@ class ModelRef:
 
 
 def _summary_of(plpy: Any, table: catalog.Table) -> dict:
-    name = plpy.execute(plpy.prepare(
-        "SELECT (SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname || '_summary') "
-        "WHERE to_regclass(format('%I.%I', n.nspname, c.relname || '_summary')) IS NOT NULL) AS s "
-        "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1",
-        ["oid"]), [table.oid])[0]["s"]
-    rows = plpy.execute(f"SELECT * FROM {name}") if name else []
+    found = catalog.summary_of(plpy, table)
+    rows = found[1] if found else []
     if len(rows) != 1 or "normalizing_const" not in rows[0] or "model_info" not in rows[0]:
         raise MadlibMopError(f"model_table {table.name} was not made by madlib_keras_fit or "
                              "madlib_keras_fit_multiple_model",
@@ -101,7 +100,7 @@ def trained_models(plpy: Any, model_table: str, mst_key: int | None, *, all_mode
 
 
 def _build(ref: ModelRef, compile_model: bool, threads: int | None = None):
-    from madlib_mop.tf_runtime import import_tensorflow
+    from madlib_mop.runtime.tf_runtime import import_tensorflow
 
     import_tensorflow(threads)
     if compile_model:
@@ -115,57 +114,11 @@ def _build(ref: ModelRef, compile_model: bool, threads: int | None = None):
 
 # ---- running on workers -------------------------------------------------------------------
 
-_pool: dict[str, list[psycopg.Connection]] = {}
-
-
-def _workers(conninfo: str, count: int) -> list[psycopg.Connection]:
-    """Worker sessions kept for this session's later calls: TensorFlow is imported and the
-    model built once per worker, not once per call."""
-    pool = [c for c in _pool.get(conninfo, []) if not c.closed and not c.broken]
-    while len(pool) < count:
-        pool.append(worker_session.connect(
-            conninfo, application_name=f"madlib_mop inference worker {len(pool)}"))
-    _pool[conninfo] = pool
-    return pool[:count]
-
-
-def _run_parallel(plpy: Any, calls: list[tuple[str, tuple]]) -> list[Any]:
-    """Run each (statement, params) on its own worker session, concurrently; the results in
-    order.  The first failure is raised after every call has ended."""
-    conninfo = worker_session.conninfo(plpy)
-    sessions = _workers(conninfo, len(calls))
-    results: list[Any] = [None] * len(calls)
-    failures: list[BaseException] = []
-
-    def work(index: int, statement: str, params: tuple) -> None:
-        try:
-            results[index] = sessions[index].execute(statement, params).fetchone()[0]
-        except BaseException as error:  # reported below, in the backend's main thread
-            failures.append(error)
-
-    threads = [threading.Thread(target=work, args=(i, s, p), daemon=True)
-               for i, (s, p) in enumerate(calls)]
-    for thread in threads:
-        thread.start()
-    try:
-        while any(t.is_alive() for t in threads):
-            for thread in threads:
-                thread.join(timeout=0.5)
-            plpy.execute("SELECT 1")  # lets a cancel of this call take effect
-    except BaseException:
-        for session in sessions:
-            session.cancel_safe()
-        raise
-    if failures:
-        error = failures[0]
-        diag = getattr(error, "diag", None)
-        raise MadlibMopError(
-            (diag.message_primary if diag and diag.message_primary else str(error)).replace(
-                "madlib_mop: ", ""),
-            sqlstate=(diag.sqlstate if diag and diag.sqlstate else errors.DATA_EXCEPTION),
-            detail=diag.message_detail if diag else None,
-            hint=(diag.message_hint if diag and diag.message_hint else "See the server log."))
-    return results
+def _run_parallel(plpy: Any, calls: list) -> list[Any]:
+    """Each call (worker -> result) on its own inference worker of the engine, concurrently;
+    a cancel of this call cancels them."""
+    engine = LocalEngine(plpy)
+    return run_all(engine.inference_workers(len(calls)), calls, lambda: plpy.execute("SELECT 1"))
 
 
 def _worker_count(plpy: Any) -> int:
@@ -220,12 +173,10 @@ def _evaluate(plpy, model_table, test_table, output_table, use_gpus, mst_key, al
                              sqlstate=errors.DATATYPE_MISMATCH,
                              hint="Pack the test data with validation_preprocessor_dl() against "
                                   "the model's training table.")
-    schema = catalog.extension_schema(plpy)
-    task = json.dumps({"model_table": refs[0].model_table,
-                       "mst_keys": [r.mst_key for r in refs], "test_table": test["packed_table"]})
-    calls = [(f"SELECT {schema}._mop_infer_evaluate(%s::jsonb, %s)", (task, p))
-             for p in range(test["num_segments"])]
-    parts = _run_parallel(plpy, calls)
+    task = {"model_table": refs[0].model_table, "mst_keys": [r.mst_key for r in refs],
+            "test_table": test["packed_table"]}
+    parts = _run_parallel(plpy, [lambda worker, p=p: worker.evaluate_models(task, p)
+                                 for p in range(test["num_segments"])])
     rows = []
     for index, ref in enumerate(refs):
         per_model = [part[index] for part in parts if part[index]["rows"]]
@@ -252,16 +203,9 @@ def worker_evaluate(plpy: Any, task: str, partition: int) -> str:
     task = json.loads(task)
     test = preprocessor.read_summary(plpy, task["test_table"], argument="test_table")
     x_col, y_col = preprocessor.packed_columns(test)
-    q = plpy.quote_ident
     classification = test["label_kind"] == "classification"
-    buffers = []
-    for row in plpy.execute(plpy.prepare(
-            f"SELECT {q(x_col)} AS x, {q(y_col)} AS y, {q(x_col + '_shape')} AS xs, "
-            f"{q(y_col + '_shape')} AS ys FROM {test['packed_table']} WHERE __dist_key__ = $1 "
-            "ORDER BY buffer_id", ["integer"]), [partition]):
-        data = (np.frombuffer(row["x"], dtype="<f4").reshape(row["xs"]),
-                np.frombuffer(row["y"], dtype="<i2" if classification else "<f4").reshape(row["ys"]))
-        buffers.append(training.Buffer(len(data[0]), lambda d=data: d))
+    buffers = scan_partition(plpy, test["packed_table"], PackedColumns(x_col, y_col, classification),
+                             partition)
     results = []
     for mst_key in task["mst_keys"]:
         ref = trained_models(plpy, task["model_table"], mst_key, all_models=True)[0]
@@ -369,7 +313,6 @@ def _predict(plpy, ref: ModelRef, test_table, id_col, independent_varname, outpu
                              hint="Pass one class value per output of the model.")
     q = plpy.quote_ident
     id_type = id_column.base_type
-    schema = catalog.extension_schema(plpy)
     conninfo = worker_session.conninfo(plpy)
     with worker_session.connect(conninfo) as db:
         if classification:
@@ -394,11 +337,11 @@ def _predict(plpy, ref: ModelRef, test_table, id_col, independent_varname, outpu
             "source": source.name, "id": q(id_col), "features": features.expression,
             "output": out.quoted, "pred_type": kind, "id_type": id_type,
             "threads": max(1, (os.cpu_count() or 1) // workers)}
-    weights_hex = ref.weights.hex()
-    calls = [(f"SELECT {schema}._mop_infer_predict(%s::jsonb, %s, %s, decode(%s, 'hex'))",
-              (json.dumps(task), w * step, (w + 1) * step, weights_hex)) for w in range(workers)]
+    weights = bytes(ref.weights)
     try:
-        _run_parallel(plpy, calls)
+        _run_parallel(plpy, [lambda worker, w=w: worker.predict_blocks(task, w * step, (w + 1) * step,
+                                                                        weights)
+                             for w in range(workers)])
     except BaseException:
         with worker_session.connect(conninfo) as db:
             db.execute(f"DROP TABLE IF EXISTS {out.quoted}")

@@ -6,7 +6,7 @@ Creates the extension (schema madlib_mop) if it is missing, loads scikit-learn's
 at once with madlib_keras_fit_multiple_model, validating on held-out images; then prints
 the leaderboard.  Everything it creates lives in the schema madlib_mop_demo.
 
-    python -m madlib_mop.demo            # uses MADLIB_MOP_DSN, else the embedded server
+    python -m madlib_mop.tools.demo            # uses MADLIB_MOP_DSN, else the embedded server
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import time
 import psycopg
 from psycopg import sql
 
-from madlib_mop.embedded import EmbeddedCluster, configured_dsn
-from madlib_mop.extension_build import built_id
+from madlib_mop.tools.embedded import EmbeddedCluster, configured_dsn
+from madlib_mop.tools.extension_build import built_id
 
 DEMO_SCHEMA = "madlib_mop_demo"
 EXTENSION_SCHEMA = "madlib_mop"

@@ -17,7 +17,7 @@ from typing import Any
 
 from madlib_mop import errors
 from madlib_mop.errors import MadlibMopError
-from madlib_mop.tf_runtime import import_tensorflow
+from madlib_mop.runtime.tf_runtime import import_tensorflow
 
 MODEL_CLASSES = {"Sequential", "Functional", "Model"}
 # Layers that run arbitrary Python, refused whatever their config says.

@@ -6,7 +6,7 @@ database in between.  The result equals the weights the job stored (up to float 
 of a different thread count), which shows that model hopping is plain sequential SGD over
 a permuted order of the partitions.
 
-    python -m madlib_mop.replay iris_model 1        # prints the largest difference
+    python -m madlib_mop.tools.replay iris_model 1        # prints the largest difference
 """
 
 from __future__ import annotations
@@ -17,9 +17,13 @@ import sys
 import numpy as np
 import psycopg
 from psycopg.rows import dict_row
+from psycopg.sql import SQL
 
-from madlib_mop import preprocessor, training
-from madlib_mop.embedded import configured_dsn
+from madlib_mop.api import preprocessor
+from madlib_mop.job.store import identifiers
+from madlib_mop.runtime import training
+from madlib_mop.runtime.buffers import Buffer, PackedColumns, in_memory
+from madlib_mop.tools.embedded import configured_dsn
 
 
 def _job(conn: psycopg.Connection, model_output_table: str) -> dict:
@@ -38,42 +42,39 @@ def _job(conn: psycopg.Connection, model_output_table: str) -> dict:
     return job
 
 
-def _segment_buffers(conn: psycopg.Connection, summary: dict, segment: int) -> list[training.Buffer]:
+def _segment_buffers(conn: psycopg.Connection, summary: dict, segment: int) -> list[Buffer]:
     x, y = preprocessor.packed_columns(summary)
-    label_dtype = "<i2" if summary["label_kind"] == "classification" else "<f4"
-    rows = conn.execute(
-        psycopg.sql.SQL("SELECT {x}, {y}, {xs}, {ys} FROM {t} WHERE __dist_key__ = %s "
-                        "ORDER BY buffer_id").format(
-            x=psycopg.sql.Identifier(x), y=psycopg.sql.Identifier(y),
-            xs=psycopg.sql.Identifier(x + "_shape"), ys=psycopg.sql.Identifier(y + "_shape"),
-            t=psycopg.sql.SQL(summary["packed_table"])), (segment,)).fetchall()
-    buffers = []
-    for features, labels, x_shape, y_shape in (tuple(r.values()) for r in rows):
-        data = (np.frombuffer(features, dtype="<f4").reshape(x_shape),
-                np.frombuffer(labels, dtype=label_dtype).reshape(y_shape))
-        buffers.append(training.Buffer(len(data[0]), lambda d=data: d))
-    return buffers
+    columns = PackedColumns(x, y, summary["label_kind"] == "classification")
+    select = columns.select_list(lambda name: psycopg.sql.Identifier(name).as_string(conn))
+    rows = conn.execute(f"SELECT {select} FROM {summary['packed_table']} "  # quoted by the server
+                        "WHERE __dist_key__ = %s ORDER BY buffer_id", (segment,)).fetchall()
+    return in_memory(rows, columns.classification)
 
 
 def replay(conn: psycopg.Connection, model_output_table: str, mst_key: int) -> np.ndarray:
     """The model's weights after replaying its recorded visits (float32, get_weights order)."""
     job = _job(conn, model_output_table)
-    tables = job["tables"]
-    spec_row = conn.execute(f"SELECT * FROM {tables['models']} WHERE mst_key = %s", (mst_key,)).fetchone()
+    tables = identifiers(job["tables"])
+    spec_row = conn.execute(SQL("SELECT * FROM {} WHERE mst_key = %s").format(tables["models"]),
+                            (mst_key,)).fetchone()
     if spec_row is None:
         raise LookupError(f"mst_key {mst_key} is not a model of {model_output_table}")
     spec = training.ModelSpec(mst_key, _json_text(spec_row["model_arch"]), spec_row["compile_params"],
                               spec_row["fit_params"], spec_row["initial_weights"])
-    summary = conn.execute(f"SELECT * FROM {job['source_table']}_summary").fetchone()
+    summary_name = conn.execute(
+        "SELECT format('%%I.%%I', n.nspname, c.relname || '_summary') AS s FROM pg_class c "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass(%s)",
+        (job["source_table"],)).fetchone()["s"]
+    summary = conn.execute(f"SELECT * FROM {summary_name}").fetchone()  # quoted by format()
     summary["packed_table"] = job["source_table"]
-    initial = conn.execute(f"SELECT state FROM {tables['state']} WHERE mst_key = %s AND step = 0",
-                           (mst_key,)).fetchone()["state"]
-    visits = conn.execute(f"SELECT step, segment FROM {tables['visits']} WHERE mst_key = %s "
-                          "ORDER BY step", (mst_key,)).fetchall()
+    initial = conn.execute(SQL("SELECT state FROM {} WHERE mst_key = %s AND step = 0").format(
+        tables["state"]), (mst_key,)).fetchone()["state"]
+    visits = conn.execute(SQL("SELECT step, segment FROM {} WHERE mst_key = %s ORDER BY step")
+                          .format(tables["visits"]), (mst_key,)).fetchall()
     classification = summary["label_kind"] == "classification"
     model = training.build_model(spec, job["seed"])
     training.restore_state(model, bytes(initial))
-    buffers: dict[int, list[training.Buffer]] = {}
+    buffers: dict[int, list[Buffer]] = {}
     for visit in visits:
         segment = visit["segment"]
         if segment not in buffers:

@@ -6,8 +6,9 @@ Rows are shuffled once by a seeded permutation and cut into buffers; buffer b li
 segment b mod S, so segments hold buffer counts that differ by at most one.
 
 A packed buffer stores its features as little-endian float32 bytes of shape
-(rows, *feature_shape) and its labels as float32 bytes of shape (rows, k): one-hot over the
-class values for classification, the targets for regression.
+(rows, *feature_shape) and its labels of shape (rows, k): int16 one-hot over the class
+values for classification, float32 targets for regression (`madlib_mop.runtime.buffers`
+decodes both).
 """
 
 from __future__ import annotations

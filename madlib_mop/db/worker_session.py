@@ -4,7 +4,7 @@ in parallel (and the coordinator's own bookkeeping session).
 Who a worker session is never depends on anything a user can set: it is always the role
 that made the call (`current_user`), on the same database, over this server's own Unix
 socket, with the extension's search_path.  It authenticates by peer with the `madlib_mop`
-user name map (see `madlib_mop.server_auth`): no password exists or is typed anywhere.
+user name map (see `madlib_mop.tools.server_auth`): no password exists or is typed anywhere.
 
 `madlib_mop.worker_conninfo` may still add libpq parameters that change how, not as whom,
 the session connects (timeouts); any other parameter is refused.
@@ -19,7 +19,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from madlib_mop import errors
 from madlib_mop.errors import MadlibMopError
-from madlib_mop.plpy_bridge import SAFE_SEARCH_PATH
+from madlib_mop.runtime.plpy_bridge import SAFE_SEARCH_PATH
 
 CONNINFO_SETTING = "madlib_mop.worker_conninfo"
 # Settings of the caller's session that its workers get (validated: whole numbers).

@@ -23,10 +23,10 @@ a non-superuser's connection that used no password, so a role cannot borrow the 
 PostgreSQL 15 needs one pg_ident.conf line per analyst role (16 and later accept
 `+group` there).
 
-Standard library only: `madlib_mop.embedded` uses it before the virtual environment exists.
+Standard library only: `madlib_mop.tools.embedded` uses it before the virtual environment exists.
 
-    python -m madlib_mop.server_auth configure PG_HBA PG_IDENT [--server-user postgres]
-    python -m madlib_mop.server_auth allow PG_IDENT ROLE [--server-user postgres]
+    python -m madlib_mop.tools.server_auth configure PG_HBA PG_IDENT [--server-user postgres]
+    python -m madlib_mop.tools.server_auth allow PG_IDENT ROLE [--server-user postgres]
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def allow(ident: Path, server_user: str, role: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m madlib_mop.server_auth",
+    parser = argparse.ArgumentParser(prog="python -m madlib_mop.tools.server_auth",
                                      description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     conf = sub.add_parser("configure", help="add the madlib_mop map to pg_hba.conf and pg_ident.conf")
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             changed = allow(args.ident, args.server_user, args.role)
     except (AuthConfigError, OSError) as error:
-        print(f"madlib_mop.server_auth: {error}", file=sys.stderr)
+        print(f"madlib_mop.tools.server_auth: {error}", file=sys.stderr)
         return 1
     print("changed: reload the server (SELECT pg_reload_conf();)" if changed else "unchanged")
     return 0

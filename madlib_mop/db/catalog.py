@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from madlib_mop import errors, plpy_bridge
+from madlib_mop import errors
+from madlib_mop.runtime import plpy_bridge
 from madlib_mop.errors import MadlibMopError
 
 # Names are always schema-qualified: they are also used by other sessions (workers),
@@ -92,6 +93,21 @@ def sibling_table(plpy: Any, table: Table, suffix: str) -> Table:
         "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1",
         ["oid", "text"]), [table.oid, suffix])[0]
     return resolve_table(plpy, row["name"], argument=f"{table.name}{suffix}")
+
+
+_SUMMARY_NAME = (
+    "SELECT (SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname || '_summary') "
+    "WHERE to_regclass(format('%I.%I', n.nspname, c.relname || '_summary')) IS NOT NULL) AS s "
+    "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1")
+
+
+def summary_of(plpy: Any, table: Table) -> tuple[str, list[dict]] | None:
+    """MADlib's `<table>_summary` beside `table`: (its quoted name, its rows), or None if
+    there is no such table."""
+    name = plpy.execute(plpy.prepare(_SUMMARY_NAME, ["oid"]), [table.oid])[0]["s"]
+    if name is None:
+        return None
+    return name, [dict(r) for r in plpy.execute(f"SELECT * FROM {name}")]
 
 
 def resolve_name(plpy: Any, name: str) -> int | None:
@@ -250,7 +266,12 @@ def new_table(plpy: Any, name: str | None, *, argument: str) -> NewTable:
 
 def extension_schema(plpy: Any) -> str:
     """The quoted schema madlib_mop is installed in, for calls to its own objects."""
-    row = plpy.execute("SELECT quote_ident(n.nspname) AS s FROM pg_extension e "
+    return plpy.quote_ident(extension_schema_name(plpy))
+
+
+def extension_schema_name(plpy: Any) -> str:
+    """The name of the schema madlib_mop is installed in (for psycopg.sql.Identifier)."""
+    row = plpy.execute("SELECT n.nspname AS s FROM pg_extension e "
                        "JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'madlib_mop'")
     if not row:
         raise MadlibMopError("the madlib_mop extension is not installed in this database",

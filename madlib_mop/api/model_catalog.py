@@ -5,8 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from madlib_mop import catalog, errors, keras_json, model_config
+from madlib_mop import errors
+from madlib_mop.db import catalog
+from madlib_mop.runtime import keras_json, model_config
 from madlib_mop.errors import MadlibMopError
+from madlib_mop.search import grid
 
 ARCH_COLUMNS = ("model_id", "model_arch", "model_weights", "name", "description",
                 "__internal_madlib_id__")
@@ -149,13 +152,14 @@ def generate_model_configs(plpy: Any, model_arch_table: str, model_selection_tab
             raise MadlibMopError("num_configs and random_state are for random search",
                                  sqlstate=errors.INVALID_PARAMETER_VALUE,
                                  hint="Pass NULL for both with grid search, or search_type => 'random'.")
-        configs = model_config.grid_search(ids, compile_grid, fit_grid)
+        configs = grid.all_configs(grid.GridSearcher(ids, compile_grid, fit_grid))
     elif kind and "random".startswith(kind):
         if num_configs is None or num_configs < 1:
             raise MadlibMopError("random search needs num_configs >= 1",
                                  sqlstate=errors.INVALID_PARAMETER_VALUE,
                                  hint="Pass num_configs => 10, and random_state for repeatability.")
-        configs = model_config.random_search(ids, compile_grid, fit_grid, num_configs, random_state)
+        configs = grid.all_configs(grid.RandomSearcher(ids, compile_grid, fit_grid, num_configs,
+                                                           random_state))
     else:
         raise MadlibMopError(f"search_type '{search_type}' is neither 'grid' nor 'random'",
                              sqlstate=errors.INVALID_PARAMETER_VALUE,

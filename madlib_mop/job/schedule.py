@@ -9,9 +9,12 @@ most work left (remaining sub-epochs times its observed sub-epoch time), so that
 slowest models do not finish last and alone; a model never waits for the other models to
 finish their epoch.
 
-The orders are rotations (model i starts at offset i mod S and moves one segment on each
-hop) of a segment labelling drawn afresh each epoch, with the models' offsets shuffled
-too: when models take equal time, S models proceed in lock-step without ever waiting.
+The orders of the models a job starts with are rotations (model i starts at offset i mod S
+and moves one segment on each hop) of a segment labelling drawn afresh each epoch, with
+the models' offsets shuffled too: when models take equal time, S models proceed in
+lock-step without ever waiting.  A model added later (a searcher's new configuration)
+draws its orders from its own stream (`added_model_orders`), and a stopped model is only
+no longer dispatched, so adding or stopping models changes no other model's order.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 _STREAM = 0x4D4F50  # separates the schedule's random stream from the job's other uses
+_ADDED = 0xADD  # the streams of models added after the start
 
 
 def visit_orders(models: list[int], segments: int, epochs: int, seed: int) -> dict[int, list[list[int]]]:
@@ -43,10 +47,18 @@ def visit_orders(models: list[int], segments: int, epochs: int, seed: int) -> di
     return orders
 
 
+def added_model_orders(model: int, segments: int, epochs: int, seed: int) -> list[list[int]]:
+    """The orders of a model added after the job started: from a stream of its own (job
+    seed, model), the same whenever it is added."""
+    rng = np.random.default_rng([seed, _STREAM, _ADDED, model])
+    return [[int(s) for s in rng.permutation(segments)] for _ in range(epochs)]
+
+
 @dataclass
 class _ModelProgress:
     done: int = 0  # sub-epochs completed
     busy: bool = False
+    held: bool = False
     seconds: float | None = None  # observed time of one sub-epoch (moving average)
 
 
@@ -81,7 +93,7 @@ class Dispatcher:
         candidates = [
             (-(self.total[model] - p.done) * (p.seconds or default), p.done, model)
             for model, p in self.progress.items()
-            if not p.busy and p.done < self.total[model]
+            if not p.busy and not p.held and p.done < self.total[model]
             and self.planned(model, p.done)[2] == segment]
         if not candidates:
             return None
@@ -101,6 +113,23 @@ class Dispatcher:
                 0.5 * progress.seconds + 0.5 * seconds)
         return progress.done
 
+    def add(self, model: int, orders: list[list[int]], done: int = 0) -> None:
+        """A model joins the job (orders: see `added_model_orders`)."""
+        if model in self.orders:
+            raise ValueError(f"model {model} is already scheduled")
+        self.orders[model] = orders
+        self.progress[model] = _ModelProgress(done)
+        self.total[model] = len(orders) * self.segments
+
+    def stop(self, model: int) -> None:
+        """The model trains no further (a running visit of it may still finish)."""
+        progress = self.progress[model]
+        self.total[model] = progress.done + (1 if progress.busy else 0)
+
+    def hold(self, model: int, held: bool = True) -> None:
+        """A held model is not dispatched (it waits for a decision about it)."""
+        self.progress[model].held = held
+
     def retry(self, model: int, segment: int) -> None:
         """The visit failed: the model and segment are free, the visit is to be run again."""
         self._release(model, segment)
@@ -113,6 +142,3 @@ class Dispatcher:
 
     def finished(self) -> bool:
         return all(p.done >= self.total[m] for m, p in self.progress.items())
-
-    def completed(self, model: int) -> int:
-        return self.progress[model].done

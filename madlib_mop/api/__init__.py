@@ -1,0 +1,1 @@
+"""The SQL functions' implementations (MADlib's deep-learning API)."""

@@ -1,0 +1,1 @@
+"""Names and sessions: resolving users' table names, opening sessions as the caller."""

@@ -1,0 +1,1 @@
+"""Where segments live and how their workers are reached."""

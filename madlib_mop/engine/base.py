@@ -1,0 +1,114 @@
+"""The engine contract: where a job's segments live and how work reaches them.
+
+An engine gives workers; a worker is one session on the server that holds a segment (or
+a part of a table to predict on) and runs one call at a time.  Everything above the engine
+(the coordinator, evaluate, predict) speaks only to these two classes.
+
+Contract of a `Worker`:
+- A call blocks until done and runs in the worker's session, as the role that called the
+  SQL function, on the same database name.  `cancel()` may be called from another thread
+  and makes the running call fail soon; `close()` ends the session.
+- **State travels with the call.**  `train` gets the model's whole state (the bytes of
+  `madlib_mop.runtime.state`) and returns the new state with the visit's record; `evaluate`
+  gets the state to evaluate.  A worker never stores a state the job depends on: a
+  sub-epoch counts once the caller has committed the returned state in its store, so a
+  worker that dies loses nothing but the call it was running.
+- The same call with the same arguments gives the same bytes (seeded; see
+  `madlib_mop.runtime.training`), on any worker of the same segment.
+- A worker may cache what it derives from the job (the decoded segment, compiled models)
+  but must look the job up as the current role on every call.
+- Errors are raised as exceptions carrying a SQLSTATE (`psycopg.Error.diag.sqlstate` or
+  `MadlibMopError.sqlstate`); the caller decides about retries.
+
+Contract of an `Engine`:
+- `worker(segment, label)` opens a worker for a segment (a new session; `label` names it
+  in `pg_stat_activity`).  Opening is cheap enough to call again after a failure.
+- `inference_workers(count)` gives `count` workers for evaluate/predict; an engine may keep
+  them for the session's later calls (TensorFlow imported, models built once).
+
+Engines: `local.LocalEngine` (the segments are partitions of one server's packed table;
+workers are sessions of that server).  A several-servers engine implements the same
+classes over sessions on the segment servers; Greenplum's segments would be reached the
+same way (docs/architecture.md).
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+
+class Worker(abc.ABC):
+    segment: int
+
+    @abc.abstractmethod
+    def warm_up(self, segments: int) -> None:
+        """Import TensorFlow (sized for `segments` workers) before the first call needs it."""
+
+    @abc.abstractmethod
+    def train(self, job_id: int, mst_key: int, step: int, segment: int,
+              model_state: bytes) -> tuple[bytes, dict]:
+        """One sub-epoch of model `mst_key` on `segment` from its state after `step`
+        sub-epochs: (the new state, the visit's record: rows, metrics, timings)."""
+
+    @abc.abstractmethod
+    def evaluate(self, job_id: int, mst_key: int, step: int, partition: int,
+                 model_state: bytes) -> dict:
+        """Validation loss and metrics of the state on one partition of the job's
+        validation table: {rows, metrics, finished_at, ...}."""
+
+    @abc.abstractmethod
+    def evaluate_models(self, task: dict, partition: int) -> list[dict]:
+        """madlib_keras_evaluate's part: each model of `task` over one partition of a
+        packed table, [{rows, metrics}] in the task's model order."""
+
+    @abc.abstractmethod
+    def predict_blocks(self, task: dict, first_block: int, last_block: int,
+                       weights: bytes) -> dict:
+        """madlib_keras_predict's part: predict the rows in table blocks [first, last)
+        and insert them into the task's output table: {rows, seconds}."""
+
+    @abc.abstractmethod
+    def cancel(self) -> None: ...
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    @property
+    @abc.abstractmethod
+    def usable(self) -> bool:
+        """False once the session is broken: open a new worker."""
+
+
+class Engine(abc.ABC):
+    @abc.abstractmethod
+    def worker(self, segment: int, label: str) -> Worker: ...
+
+    @abc.abstractmethod
+    def inference_workers(self, count: int) -> list[Worker]: ...
+
+
+def failure_sqlstate(error: BaseException) -> str | None:
+    """The SQLSTATE of a worker call's failure, whichever side raised it."""
+    from madlib_mop.errors import MadlibMopError
+
+    if isinstance(error, MadlibMopError):
+        return error.sqlstate
+    return getattr(getattr(error, "diag", None), "sqlstate", None)
+
+
+def as_error(error: BaseException, default_hint: str = "See the server log.") -> Any:
+    """A worker's failure as the MadlibMopError the caller raises (its SQLSTATE, message,
+    DETAIL and HINT kept)."""
+    from madlib_mop import errors
+    from madlib_mop.errors import MadlibMopError
+
+    if isinstance(error, MadlibMopError):
+        return error
+    diag = getattr(error, "diag", None)
+    return MadlibMopError(
+        (diag.message_primary if diag and diag.message_primary else str(error)).replace(
+            "madlib_mop: ", ""),
+        sqlstate=(diag.sqlstate if diag and diag.sqlstate else errors.DATA_EXCEPTION),
+        detail=diag.message_detail if diag else None,
+        hint=(diag.message_hint if diag and diag.message_hint else default_hint))

@@ -1,0 +1,104 @@
+"""The local engine: every segment is a partition of one server's packed table, every
+worker a session of that same server, opened by the caller's backend as the caller
+(`madlib_mop.db.worker_session`)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+from psycopg import sql
+
+from madlib_mop.db import catalog, worker_session
+from madlib_mop.engine.base import Engine, Worker
+
+# Inference sessions kept for the calling session's later calls, per connection string.
+_inference_pool: dict[str, list["LocalWorker"]] = {}
+
+
+class LocalWorker(Worker):
+    def __init__(self, conninfo: str, schema: str, segment: int, label: str):
+        self.conninfo, self.schema, self.segment, self.label = conninfo, schema, segment, label
+        self._connection: psycopg.Connection | None = None
+        self._named: str | None = None
+
+    def rename(self, label: str) -> None:
+        self.label = label
+
+    def _session(self) -> psycopg.Connection:
+        if self._connection is None or self._connection.closed:
+            self._connection = worker_session.connect(self.conninfo)
+            self._named = None
+        if self._named != self.label:  # a job's id may come after the warm-up
+            self._connection.execute("SELECT set_config('application_name', %s, false)",
+                                     (self.label,))
+            self._named = self.label
+        return self._connection
+
+    def _call(self, function: str, *args: Any, columns: str = "*"):
+        query = sql.SQL("SELECT {} FROM {}.{}({})").format(
+            sql.SQL(columns), sql.Identifier(self.schema), sql.Identifier(function),
+            sql.SQL(", ").join(sql.Placeholder() * len(args)))
+        try:
+            return self._session().execute(query, args).fetchone()
+        except Exception:
+            if self._connection is not None and (self._connection.closed or self._connection.broken):
+                self._connection = None
+            raise
+
+    def warm_up(self, segments: int) -> None:
+        self._call("_mop_warm_up", segments)
+
+    def train(self, job_id, mst_key, step, segment, model_state):
+        new_state, result = self._call("_mop_train", job_id, mst_key, step, segment, model_state)
+        return bytes(new_state), _json(result)
+
+    def evaluate(self, job_id, mst_key, step, partition, model_state):
+        return _json(self._call("_mop_evaluate", job_id, mst_key, step, partition, model_state)[0])
+
+    def evaluate_models(self, task, partition):
+        return _json(self._call("_mop_infer_evaluate", Jsonb(task), partition)[0])
+
+    def predict_blocks(self, task, first_block, last_block, weights):
+        return _json(self._call("_mop_infer_predict", Jsonb(task),
+                                first_block, last_block, weights)[0])
+
+    def cancel(self) -> None:
+        if self._connection is not None and not self._connection.closed:
+            try:
+                self._connection.cancel_safe()
+            except Exception:
+                pass
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    @property
+    def usable(self) -> bool:
+        return self._connection is None or not (self._connection.closed or self._connection.broken)
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, (str, bytes)) else value
+
+
+class LocalEngine(Engine):
+    def __init__(self, plpy: Any):
+        self.conninfo = worker_session.conninfo(plpy)
+        self.schema = catalog.extension_schema(plpy)
+
+    def worker(self, segment: int, label: str) -> LocalWorker:
+        return LocalWorker(self.conninfo, self.schema, segment, label)
+
+    def inference_workers(self, count: int) -> list[Worker]:
+        """Sessions kept for this session's later calls: TensorFlow is imported and the
+        model built once per worker, not once per call."""
+        pool = [w for w in _inference_pool.get(self.conninfo, []) if w.usable]
+        while len(pool) < count:
+            pool.append(self.worker(len(pool), f"madlib_mop inference worker {len(pool)}"))
+        _inference_pool[self.conninfo] = pool
+        return pool[:count]

@@ -1,0 +1,98 @@
+"""Running worker calls concurrently: one thread per worker, results on one queue.
+
+PL/Python allows plpy only in the backend's main thread, so the threads touch no plpy:
+each holds one `Worker` and runs the calls given to it one at a time, and the caller (in
+the main thread) collects the results, polling so that a cancel of its own statement
+takes effect.  Engine-independent: it only calls the `Worker` contract.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Callable
+
+from madlib_mop.engine.base import Worker, as_error
+
+
+class WorkerThread(threading.Thread):
+    def __init__(self, worker: Worker, results: queue.Queue):
+        super().__init__(daemon=True, name=f"madlib_mop worker {worker.segment}")
+        self.worker, self.results, self.inbox = worker, results, queue.Queue()
+
+    def run(self) -> None:
+        while True:
+            item = self.inbox.get()
+            if item is None:
+                break
+            tag, call, report = item
+            try:
+                value = call(self.worker)
+                if report:
+                    self.results.put((tag, value, None))
+            except Exception as error:  # reported to the caller, which decides
+                if report:
+                    self.results.put((tag, None, error))
+        self.worker.close()
+
+    def submit(self, tag: Any, call: Callable[[Worker], Any], report: bool = True) -> None:
+        self.inbox.put((tag, call, report))
+
+    def stop(self) -> None:
+        self.worker.cancel()
+        self.inbox.put(None)
+
+
+class WorkerPool:
+    """One thread per worker; `results` receives (tag, value, error) per reported call."""
+
+    def __init__(self, workers: list[Worker]):
+        self.results: queue.Queue = queue.Queue()
+        self.threads = [WorkerThread(w, self.results) for w in workers]
+        for thread in self.threads:
+            thread.start()
+
+    def submit(self, index: int, tag: Any, call: Callable[[Worker], Any], report: bool = True) -> None:
+        self.threads[index].submit(tag, call, report)
+
+    def next_result(self, timeout: float) -> tuple[Any, Any, BaseException | None] | None:
+        try:
+            return self.results.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def stop(self) -> None:
+        for thread in self.threads:
+            thread.stop()
+
+
+def run_all(workers: list[Worker], calls: list[Callable[[Worker], Any]],
+            poll: Callable[[], None]) -> list[Any]:
+    """Each call on its own worker, concurrently; the results in order.  `poll` runs in
+    the caller's thread while waiting (it lets a cancel of the caller take effect).  The
+    first failure is raised, as a MadlibMopError, after every call has ended; workers are
+    kept open (an engine may reuse them)."""
+    results: list[Any] = [None] * len(calls)
+    failures: list[BaseException] = []
+
+    def work(index: int) -> None:
+        try:
+            results[index] = calls[index](workers[index])
+        except BaseException as error:  # raised below, in the caller's thread
+            failures.append(error)
+
+    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(len(calls))]
+    for thread in threads:
+        thread.start()
+    try:
+        while any(t.is_alive() for t in threads):
+            for thread in threads:
+                thread.join(timeout=0.5)
+            poll()
+    except BaseException:
+        for worker in workers:
+            worker.cancel()
+        raise
+    if failures:
+        raise as_error(failures[0])
+    return results

@@ -1,0 +1,1 @@
+"""A model selection job: plan, schedule, coordinator loop, store, outputs, metrics."""

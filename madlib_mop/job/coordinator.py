@@ -1,0 +1,318 @@
+"""The coordinator: the loop of one model selection job.
+
+It runs in the backend of the session that called the fit.  Free segments get work (a
+pending validation pass, else the sub-epoch the schedule gives them); results come back
+from the engine's workers in any order; every finished sub-epoch is committed in the
+store (new state and record together) before it counts; at each model's iteration
+boundary the metrics are published, the searcher told and the pruner asked.  A failed
+call is run again (`RetryPolicy`); a coordinator that dies leaves a job that `resume` (or
+the same fit call again) continues from what the store holds.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from madlib_mop import errors
+from madlib_mop.db import catalog, worker_session
+from madlib_mop.engine.base import Engine, Worker, failure_sqlstate
+from madlib_mop.engine.pool import WorkerPool
+from madlib_mop.errors import MadlibMopError
+from madlib_mop.job import metrics, outputs, schedule
+from madlib_mop.job.store import JobStore, ModelRecord
+from madlib_mop.runtime import plpy_bridge
+from madlib_mop.search.base import Decision, NoPruner, Pruner, Report, Searcher
+
+
+@dataclass
+class Task:
+    kind: str  # "train" or "evaluate"
+    mst_key: int
+    step: int
+    segment: int  # the worker that runs it
+    partition: int  # the data partition it reads (= segment when training)
+    state: bytes  # the model's state after `step` sub-epochs
+    attempt: int = 1
+
+    def __call__(self, worker: Worker, job_id: int):
+        if self.kind == "train":
+            return worker.train(job_id, self.mst_key, self.step, self.partition, self.state)
+        return worker.evaluate(job_id, self.mst_key, self.step, self.partition, self.state)
+
+
+def start_pool(engine: Engine, segments: int) -> WorkerPool:
+    """One worker per segment, told to import TensorFlow at once (it takes seconds), so that
+    this overlaps with the job's creation."""
+    pool = WorkerPool([engine.worker(s, f"madlib_mop worker segment {s}") for s in range(segments)])
+    for index in range(segments):
+        pool.submit(index, None, lambda worker: worker.warm_up(segments), report=False)
+    return pool
+
+
+class RetryPolicy:
+    """A failed call runs again on a fresh session, up to MAX_ATTEMPTS times; errors that
+    a retry cannot fix (the data, the model, privileges, authentication) end the job."""
+
+    MAX_ATTEMPTS = 3
+    FINAL_CLASSES = ("22", "42", "0A", "28")
+
+    def __init__(self, job_id: int, schema: str):
+        self.job_id, self.schema = job_id, schema
+
+    @staticmethod
+    def message(error: BaseException) -> str:
+        return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+    def check(self, task: Task, error: BaseException) -> None:
+        """Raises if the job cannot go on."""
+        message = self.message(error)
+        sqlstate = failure_sqlstate(error)
+        final = sqlstate is not None and sqlstate[:2] in self.FINAL_CLASSES
+        if task.attempt >= self.MAX_ATTEMPTS or final:
+            raise MadlibMopError(
+                f"job {self.job_id}: {task.kind} of mst_key {task.mst_key} on segment "
+                f"{task.segment} failed {task.attempt} times: {message}",
+                sqlstate=sqlstate if final else errors.DATA_EXCEPTION,
+                hint=f"Fix the cause, then CALL {self.schema}.resume({self.job_id}); finished "
+                     "sub-epochs are kept.")
+
+
+class Coordinator:
+    def __init__(self, plpy: Any, job_id: int, can_commit: bool, engine: Engine,
+                 pool: WorkerPool | None = None, searcher: Searcher | None = None,
+                 pruner: Pruner | None = None):
+        self.plpy, self.can_commit, self.engine, self.pool = plpy, can_commit, engine, pool
+        self.store = JobStore(worker_session.conninfo(plpy), catalog.extension_schema_name(plpy), job_id)
+        self.job, self.job_id = self.store.job, job_id
+        self.args, self.S = self.job["arguments"], self.job["num_segments"]
+        self.partitions = self.job["validation_partitions"] or 0
+        self.retry = RetryPolicy(job_id, catalog.extension_schema(plpy))
+        self.attempts: dict[tuple[int, int], int] = {}
+        self.running: dict[int, Task] = {}
+        self.pending_evals: list[Task] = []
+        self.searcher, self.pruner = searcher, pruner or NoPruner()
+
+    def run(self) -> None:
+        self._start()
+        try:
+            while self._dispatch():
+                outcome = self.pool.next_result(timeout=1.0)
+                self._check_interrupts()
+                if outcome is not None:
+                    self._handle(*outcome)
+        finally:
+            self.pool.stop()
+        self._finish()
+
+    # ---- the loop's steps ----
+    def _start(self) -> None:
+        self.models: dict[int, ModelRecord] = self.store.load_models()
+        iterations = self.args["num_iterations"]
+        rounds = {m.mst_key: iterations * m.epochs for m in self.models.values()}
+        orders = schedule.visit_orders(list(self.models), self.S, max(rounds.values()), self.job["seed"])
+        self.schedule = schedule.Dispatcher({k: o[: rounds[k]] for k, o in orders.items()}, self.S,
+                                            {k: len(m.visits) for k, m in self.models.items()})
+        self.total, self.epochs = sum(rounds.values()) * self.S, max(rounds.values())
+        self.started, self.done_at_start = time.monotonic(), self._done()
+        self.started_epoch = self.store.mark_running(os.getpid())
+        self.decisions = SearchDecisions(self.searcher, self.pruner, self.schedule, self._notice)
+        self.reported_epoch = min(len(m.visits) for m in self.models.values()) // self.S
+        if self.can_commit:
+            self._commit()
+        for model in self.models.values():
+            finished = len(model.visits) // (self.S * model.epochs)
+            for iteration in range(1, finished + 1):
+                self._queue_evals(model, iteration, None)
+            self._publish(model)
+        if self.pool is None:
+            self.pool = start_pool(self.engine, self.S)
+        for index, thread in enumerate(self.pool.threads):
+            thread.worker.rename(f"madlib_mop worker job {self.job_id} segment {index}")
+
+    def _dispatch(self) -> bool:
+        """Give every free segment work; False when nothing runs and nothing is left."""
+        for segment in range(self.S):
+            if segment in self.running:
+                continue
+            task = next((t for t in self.pending_evals if t.segment == segment), None)
+            if task is not None:
+                self.pending_evals.remove(task)
+            elif (given := self.schedule.next_visit(segment)) is not None:
+                mst_key, step = given
+                task = Task("train", mst_key, step, segment, segment, self.models[mst_key].state,
+                            self.attempts.get(given, 1))
+            if task is not None:
+                self.running[segment] = task
+                self.pool.submit(segment, task, lambda worker, t=task: t(worker, self.job_id))
+        if not self.running and self.decisions.release_all():  # no report can come
+            return self._dispatch()
+        return bool(self.running)
+
+    def _handle(self, task: Task, value: Any, error: BaseException | None) -> None:
+        del self.running[task.segment]
+        if error is not None:
+            return self._failed(task, error)
+        model = self.models[task.mst_key]
+        if task.kind == "evaluate":
+            self.store.record_eval(task.mst_key, task.step, task.partition, value)
+            model.evals[(task.step, task.partition)] = value
+        else:
+            new_state, result = value
+            self.store.record_visit(task.mst_key, task.step, task.segment, new_state, result)
+            model.visits[task.step], model.state = result, new_state
+            self.schedule.finish(task.mst_key, task.segment, result["seconds"]["total"])
+            completed = task.step + 1
+            if completed % (self.S * model.epochs) == 0:
+                self._queue_evals(model, completed // (self.S * model.epochs), new_state)
+            self._notice_epoch()
+        self._publish(model)
+        self.store.progress(self._done())
+
+    def _failed(self, task: Task, error: BaseException) -> None:
+        message = RetryPolicy.message(error)
+        self.store.note_error(f"{task.kind} mst_key {task.mst_key} step {task.step} segment "
+                              f"{task.segment} attempt {task.attempt}: {message}")
+        self.retry.check(task, error)
+        self.plpy.notice(f"madlib_mop: job {self.job_id}: {task.kind} of mst_key {task.mst_key} on "
+                         f"segment {task.segment} failed ({message}); running it again")
+        if task.kind == "train":
+            self.schedule.retry(task.mst_key, task.segment)
+            self.attempts[(task.mst_key, task.step)] = task.attempt + 1
+        else:
+            task.attempt += 1
+            self.pending_evals.append(task)
+
+    def _queue_evals(self, model: ModelRecord, iteration: int, state: bytes | None) -> None:
+        if not self.partitions or not metrics.due(iteration, self.args["metrics_compute_frequency"],
+                                                  self.args["num_iterations"]):
+            return
+        step = iteration * self.S * model.epochs
+        missing = [p for p in range(self.partitions) if (step, p) not in model.evals]
+        if missing and state is None:
+            state = self.store.state_at(model.mst_key, step)
+        self.pending_evals += [Task("evaluate", model.mst_key, step, p % self.S, p, state)
+                               for p in missing]
+
+    # ---- iteration boundaries ----
+    def _publish(self, model: ModelRecord) -> None:
+        """Bring the model's output rows up to date, then hand its new reports to search."""
+        per_iteration = self.S * model.epochs
+        curves = metrics.curves(model.visits, model.evals, self.S, model.epochs,
+                                self.args["metrics_compute_frequency"], self.args["num_iterations"],
+                                self.partitions, self.started_epoch)
+        outputs.publish(self.store, model, curves, self.partitions, bool(self.args.get("single")))
+        finished = len(model.visits) // per_iteration
+        if not finished:
+            return
+        step = finished * per_iteration
+        if step != model.published_step:  # once per iteration, not once per hop
+            blob = model.state if len(model.visits) == step else self.store.state_at(model.mst_key, step)
+            outputs.publish_weights(self.store, model.mst_key, blob)
+            model.published_step = step
+        # Keep the initial state (replay), the latest, and those validation still needs.
+        waiting = [t.step for t in self.pending_evals + list(self.running.values())
+                   if t.kind == "evaluate" and t.mst_key == model.mst_key]
+        keep_from = min([step] + waiting)
+        if keep_from > model.pruned_below:
+            self.store.prune_states(model.mst_key, keep_from)
+            model.pruned_below = keep_from
+        for index, iteration in enumerate(curves.iterations):
+            if not self.decisions.has(model.mst_key, iteration):
+                self.decisions.report(Report(model.mst_key, iteration, curves.training[index],
+                                    curves.validation[index] if self.partitions else None))
+
+    # ---- session, progress ----
+    def _check_interrupts(self) -> None:
+        # A query lets PostgreSQL act on a cancel or terminate request for this session.
+        self.plpy.execute("SELECT 1")
+        if self.can_commit:
+            self._commit()
+
+    def _commit(self) -> None:
+        """CALL fit_multiple commits as it goes, so that it holds no snapshot for hours."""
+        try:
+            self.plpy.commit()
+            plpy_bridge.renew_pin(self.plpy)
+        except Exception:
+            raise MadlibMopError(
+                "CALL fit_multiple cannot run inside a transaction block", sqlstate="25001",
+                hint="Run CALL outside BEGIN ... COMMIT, or use SELECT "
+                     "madlib_keras_fit_multiple_model(...).") from None
+
+    def _done(self) -> int:
+        return sum(len(m.visits) for m in self.models.values())
+
+    def _notice_epoch(self) -> None:
+        epoch = min(len(m.visits) for m in self.models.values()) // self.S
+        if epoch <= self.reported_epoch:
+            return
+        self.reported_epoch = epoch
+        losses = [(loss, m.mst_key) for m in self.models.values()
+                  if (loss := metrics.epoch_loss(m.visits, epoch, self.S)) is not None]
+        best = min(losses) if losses else (float("nan"), None)
+        elapsed = time.monotonic() - self.started
+        eta = metrics.eta(elapsed, self._done(), self.done_at_start, self.total)
+        self._notice(
+            f"epoch {epoch}/{self.epochs}: "
+            f"{len(self.models)} models on {self.S} segments, best training loss {best[0]:.4f} "
+            f"(mst_key {best[1]}), elapsed {elapsed:.1f}s, ETA {eta:.1f}s")
+
+    def _finish(self) -> None:
+        outputs.finish(self.store)
+        self.store.finish()
+        self._notice(f"job {self.job_id} finished: {len(self.models)} models in "
+                     f"{time.monotonic() - self.started:.1f}s; results in "
+                     f"{self.store.display('output')}, {self.store.display('info')}")
+
+    def _notice(self, text: str) -> None:
+        self.plpy.notice(f"madlib_keras_fit_multiple_model: {text}")
+
+    def close(self, error: BaseException | None = None) -> None:
+        self.store.close(error)
+
+
+class SearchDecisions:
+    """Hands each (model, iteration) report to the searcher and the pruner, once, and
+    turns the pruner's answers into schedule changes (stop, hold while it waits)."""
+
+    def __init__(self, searcher: Searcher | None, pruner: Pruner, dispatcher: schedule.Dispatcher,
+                 notice):
+        self.searcher, self.pruner, self.schedule, self.notice = searcher, pruner, dispatcher, notice
+        self.reports: dict[int, dict[int, Report]] = {}  # iteration -> mst_key -> report
+        self.waiting: set[tuple[int, int]] = set()  # (mst_key, iteration) held for the pruner
+
+    def has(self, mst_key: int, iteration: int) -> bool:
+        return mst_key in self.reports.get(iteration, {})
+
+    def report(self, report: Report) -> None:
+        peers = self.reports.setdefault(report.iteration, {})
+        peers[report.mst_key] = report
+        if self.searcher is not None:
+            self.searcher.tell(report)
+        self.waiting.add((report.mst_key, report.iteration))
+        for mst_key, iteration in sorted(self.waiting):  # decisions in a fixed order
+            if iteration == report.iteration:
+                self.decide(peers[mst_key], peers)
+
+    def decide(self, report: Report, peers: dict[int, Report]) -> None:
+        decision = self.pruner.decide(report, peers)
+        self.schedule.hold(report.mst_key, decision is Decision.WAIT)
+        if decision is Decision.WAIT:
+            return
+        self.waiting.discard((report.mst_key, report.iteration))
+        if decision is Decision.STOP:
+            self.schedule.stop(report.mst_key)
+            self.notice(f"mst_key "
+                             f"{report.mst_key} stopped: {self.pruner.reason(report)}")
+
+    def release_all(self) -> bool:
+        """No report can come any more: held models go on.  False if none was held."""
+        if not self.waiting:
+            return False
+        for mst_key, _ in sorted(self.waiting):
+            self.schedule.hold(mst_key, False)
+        self.waiting.clear()
+        return True

@@ -1,0 +1,143 @@
+"""MADlib's output tables of a fit: `<out>` (mst_key, model_weights, model_arch),
+`<out>_summary` (one row: the job's arguments and the data's description) and `<out>_info`
+(one row per model: its configuration and metric series).
+
+Created with the job; `publish` brings a model's rows up to date as it finishes iterations,
+so the tables are readable (and correct as far as they go) while the job runs.
+"""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+from psycopg import sql
+
+import madlib_mop
+from madlib_mop.job import metrics
+from madlib_mop.runtime import model_config, state
+
+# <out>_info: MADlib's 17 columns, then madlib_mop's (all metrics by name, timings).
+INFO_COLUMNS = [
+    ("mst_key", "integer PRIMARY KEY"), ("model_id", "integer"), ("compile_params", "text"),
+    ("fit_params", "text"), ("model_type", "text"), ("model_size", "double precision"),
+    ("metrics_elapsed_time", "double precision[]"), ("metrics_type", "text[]"),
+    ("loss_type", "text"), ("training_metrics_final", "double precision"),
+    ("training_loss_final", "double precision"), ("training_metrics", "double precision[]"),
+    ("training_loss", "double precision[]"), ("validation_metrics_final", "double precision"),
+    ("validation_loss_final", "double precision"), ("validation_metrics", "double precision[]"),
+    ("validation_loss", "double precision[]"), ("metrics_iters", "integer[]"),
+    ("training_metrics_all", "jsonb"), ("validation_metrics_all", "jsonb"),
+    ("training_seconds", "double precision"), ("subepochs_done", "integer"),
+]
+# madlib_keras_fit: the info columns its summary repeats (all but mst_key).
+SINGLE_SUMMARY_COLUMNS = tuple(name for name, _ in INFO_COLUMNS[1:] if name != "metrics_iters")
+
+
+def create(db: psycopg.Connection, t: dict[str, sql.Identifier], plan, job_id: int,
+           states: dict[int, bytes], info_name: str) -> None:
+    """The three tables, each model's initial row (its initial weights) included;
+    `info_name` is the `_info` table's name as the summary shows it."""
+    db.execute(sql.SQL("CREATE TABLE {} (mst_key integer PRIMARY KEY, model_weights bytea, "
+                       "model_arch json)").format(t["output"]))
+    db.execute(sql.SQL("CREATE TABLE {} ({})").format(t["info"], sql.SQL(", ").join(
+        sql.SQL("{} {}").format(sql.Identifier(name), sql.SQL(kind)) for name, kind in INFO_COLUMNS)))
+    for config in plan.configs:
+        key = config["mst_key"]
+        params = model_config.parse_compile_params(config["compile_params"])
+        weights = state.madlib_weights(states[key])
+        db.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s)").format(t["output"]),
+                   (key, weights, config["model_arch"]))
+        db.execute(sql.SQL(
+            "INSERT INTO {} (mst_key, model_id, compile_params, fit_params, model_type, "
+            "model_size, metrics_type, loss_type, subepochs_done) "
+            "VALUES (%s, %s, %s, %s, 'madlib_keras', %s, %s, %s, 0)").format(t["info"]),
+            (key, config["model_id"], config["compile_params"], config["fit_params"],
+             len(weights) / 1024.0, list(params.metrics) or None, params.loss))
+    _create_summary(db, t["summary"], plan, info_name, job_id)
+
+
+def _create_summary(db, table: sql.Identifier, plan, info_name: str, job_id: int) -> None:
+    source = plan.source
+    label = source["dependent_varname"][0]
+    class_type = "text[]"
+    if source["label_kind"] == "classification":
+        class_type = db.execute(
+            "SELECT format_type(atttypid, NULL) FROM pg_attribute WHERE attrelid = "
+            "(%s || '_summary')::regclass AND attname = %s",
+            (source["packed_table"], f"{label}_class_values")).fetchone()[0]
+    class_column = sql.Identifier(f"{label}_class_values")
+    db.execute(sql.SQL("""
+        CREATE TABLE {} (
+            source_table text, validation_table text, model text, model_info text,
+            dependent_varname text[], independent_varname text[], model_arch_table text,
+            model_selection_table text, object_table text, num_iterations integer,
+            metrics_compute_frequency integer, warm_start boolean, name text, description text,
+            start_training_time timestamp, end_training_time timestamp, madlib_version text,
+            num_classes integer[], {} {}, dependent_vartype text[], normalizing_const real,
+            metrics_iters integer[], job_id bigint, num_segments integer, seed integer)""").format(
+        table, class_column, sql.SQL(class_type)))
+    arguments = plan.arguments
+    db.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s, %s, %s, %s, %s, NULL, %s, %s, %s, "
+                       "%s, %s, now(), NULL, %s, %s, %s::{}, %s, %s, %s, %s, %s, %s)").format(
+        table, sql.SQL(class_type)), (
+        arguments["source_table"], arguments["validation_table"],
+        arguments["model_output_table"], info_name, source["dependent_varname"],
+        source["independent_varname"], plan.model_arch_table, plan.model_selection_table,
+        plan.num_iterations, plan.frequency, arguments["warm_start"], arguments["name"],
+        arguments["description"], f"madlib_mop {madlib_mop.__version__}",
+        source["num_classes"], source.get(f"{label}_class_values"), source["dependent_vartype"],
+        source["normalizing_const"],
+        metrics.due_iterations(plan.num_iterations, plan.frequency, plan.num_iterations),
+        job_id, source["num_segments"], arguments["seed"]))
+    if arguments.get("single"):
+        # madlib_keras_fit keeps its one model's results in the summary (MADlib's layout).
+        for name, kind in INFO_COLUMNS[1:]:
+            if name != "metrics_iters":  # the summary has it already
+                db.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} {}").format(
+                    table, sql.Identifier(name), sql.SQL(kind)))
+
+
+def publish(store, model, curves: metrics.Curves, partitions: int, single: bool) -> None:
+    """A model's `_info` row (and madlib_keras_fit's summary) from its curves so far."""
+    t = store.tables
+    names = list(model_config.parse_compile_params(model.compile_params).metrics)
+    first = names[0] if names else None
+    training, validation = curves.training, curves.validation
+    # Time the model's sub-epochs took, without each worker's one-off start-up.
+    training_seconds = sum(v["seconds"]["total"] - v["seconds"].get("setup", 0.0)
+                           for v in model.visits.values())
+    store.q(sql.SQL("""
+        UPDATE {} SET metrics_elapsed_time = %s,
+            training_metrics_final = %s, training_loss_final = %s,
+            training_metrics = %s, training_loss = %s,
+            validation_metrics_final = %s, validation_loss_final = %s,
+            validation_metrics = %s, validation_loss = %s,
+            metrics_iters = %s, training_metrics_all = %s, validation_metrics_all = %s,
+            training_seconds = %s, subepochs_done = %s
+        WHERE mst_key = %s""").format(t["info"]), (
+        curves.elapsed,
+        curves.final("training", first), curves.final("training", "loss"),
+        metrics.series(training, first), metrics.series(training, "loss"),
+        curves.final("validation", first) if partitions else None,
+        curves.final("validation", "loss") if partitions else None,
+        metrics.series(validation, first) if partitions else None,
+        metrics.series(validation, "loss") if partitions else None,
+        curves.iterations,
+        json.dumps({n: metrics.series(training, n) for n in ["loss"] + names}),
+        json.dumps({n: metrics.series(validation, n) for n in ["loss"] + names}) if partitions else None,
+        training_seconds, len(model.visits), model.mst_key))
+    if single:
+        columns = sql.SQL(", ").join(sql.Identifier(n) for n in SINGLE_SUMMARY_COLUMNS)
+        store.q(sql.SQL("UPDATE {summary} s SET ({c}) = (SELECT {c} FROM {info} i "
+                        "WHERE i.mst_key = %s)").format(summary=t["summary"], info=t["info"],
+                                                        c=columns), (model.mst_key,))
+
+
+def publish_weights(store, mst_key: int, blob: bytes) -> None:
+    store.q(sql.SQL("UPDATE {} SET model_weights = %s WHERE mst_key = %s").format(
+        store.tables["output"]), (state.madlib_weights(blob), mst_key))
+
+
+def finish(store) -> None:
+    store.q(sql.SQL("UPDATE {} SET end_training_time = now()").format(store.tables["summary"]))

@@ -1,0 +1,148 @@
+"""Planning a job: everything checked before it starts (inputs, models against the data)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from madlib_mop import errors
+from madlib_mop.api import preprocessor
+from madlib_mop.db import catalog
+from madlib_mop.errors import MadlibMopError
+from madlib_mop.job.store import JOB_TABLES
+from madlib_mop.runtime import keras_json, model_config, training
+
+
+@dataclass
+class Plan:
+    """Everything checked before a job starts."""
+
+    source: dict  # summary of the packed training table
+    validation: dict | None
+    model_selection_table: str
+    model_arch_table: str
+    configs: list[dict]  # mst_key, model_id, model_arch, compile_params, fit_params, weights
+    num_iterations: int
+    frequency: int
+    epochs: dict  # mst_key -> fit epochs (passes per iteration)
+    out: catalog.NewTable
+    arguments: dict
+
+
+def _summary(plpy: Any, table: str, argument: str) -> dict:
+    return preprocessor.read_summary(plpy, table, argument=argument)
+
+
+def _check_model(plpy: Any, config: dict, source: dict) -> None:
+    """Does the model fit the data: input shape, output width, loss?"""
+    spec = training.ModelSpec(config["mst_key"], config["model_arch"], config["compile_params"],
+                              config["fit_params"], config["weights"])
+    fit = spec.fit
+    for key in ("steps_per_epoch", "initial_epoch"):
+        if key in fit:
+            raise MadlibMopError(
+                f"mst_key {config['mst_key']}: fit_params {key} is not supported by model hopping",
+                sqlstate=errors.FEATURE_NOT_SUPPORTED,
+                hint="Every sub-epoch is one pass over a segment; remove it from fit_params.")
+    model = keras_json.build_model(keras_json.parse_model_json(config["model_arch"]))
+    shape = keras_json.input_shape(model)
+    if [d for d in shape] != list(source["feature_shape"]):
+        raise MadlibMopError(
+            f"model {config['model_id']} (mst_key {config['mst_key']}) takes input of shape "
+            f"{shape}, the features of {source['packed_table']} have shape {list(source['feature_shape'])}",
+            sqlstate=errors.DATATYPE_MISMATCH,
+            hint="Load an architecture whose input shape is the feature shape.")
+    outputs = model.output_shape[-1]
+    params = spec.compile
+    classification = source["label_kind"] == "classification"
+    width = source["num_classes"][0] if classification else None
+    if classification:
+        if params.loss in training.SPARSE_LOSSES or outputs != 1:
+            if outputs != width:
+                raise MadlibMopError(
+                    f"model {config['model_id']} (mst_key {config['mst_key']}) has {outputs} "
+                    f"outputs, the labels of {source['packed_table']} have {width} classes",
+                    sqlstate=errors.DATATYPE_MISMATCH,
+                    hint=f"Give the last layer {width} units.")
+        else:
+            raise MadlibMopError(
+                f"mst_key {config['mst_key']}: loss {params.loss} with 1 output does not fit "
+                f"{width} one-hot classes", sqlstate=errors.DATATYPE_MISMATCH,
+                hint=f"Give the last layer {width} units.")
+    else:
+        if params.loss in training.SPARSE_LOSSES or params.loss in (
+                "categorical_crossentropy", "categorical_focal_crossentropy", "categorical_hinge"):
+            raise MadlibMopError(
+                f"mst_key {config['mst_key']}: loss {params.loss} needs class labels, "
+                f"{source['packed_table']} holds regression targets",
+                sqlstate=errors.DATATYPE_MISMATCH,
+                hint="Use a regression loss such as mean_squared_error.")
+
+
+def plan_job(plpy: Any, source_table: str, model_output_table: str, model_selection_table: str,
+             num_iterations: int, use_gpus: bool | None, validation_table: str | None,
+             metrics_compute_frequency: int | None, warm_start: bool | None, name: str | None,
+             description: str | None, use_caching: bool | None, seed: int | None) -> Plan:
+    if use_gpus:
+        raise MadlibMopError("use_gpus: this server has no GPU support configured",
+                             sqlstate=errors.FEATURE_NOT_SUPPORTED,
+                             hint="Pass use_gpus => FALSE.")
+    if num_iterations is None or num_iterations < 1:
+        raise MadlibMopError(f"num_iterations must be at least 1, not {num_iterations}",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint="Pass the number of passes over the data, e.g. 10.")
+    frequency = num_iterations if metrics_compute_frequency is None else metrics_compute_frequency
+    if not 1 <= frequency <= num_iterations:
+        raise MadlibMopError(
+            f"metrics_compute_frequency must be between 1 and num_iterations ({num_iterations})",
+            sqlstate=errors.INVALID_PARAMETER_VALUE,
+            hint="Pass NULL (metrics after the last iteration) or a number in that range.")
+    source = _summary(plpy, source_table, "source_table")
+    validation = _summary(plpy, validation_table, "validation_table") if validation_table else None
+    if validation is not None:
+        for key in ("label_kind", "feature_shape", "normalizing_const", "class_values", "num_classes"):
+            if validation[key] != source[key]:
+                raise MadlibMopError(
+                    f"validation_table {validation['packed_table']} does not match "
+                    f"{source['packed_table']}: {key} differs",
+                    sqlstate=errors.DATATYPE_MISMATCH,
+                    hint="Pack the validation data with validation_preprocessor_dl(..., "
+                         f"training_preprocessor_table => '{source_table}').")
+    mst = catalog.resolve_table(plpy, model_selection_table, argument="model_selection_table")
+    missing = [c for c in ("mst_key", "model_id", "compile_params", "fit_params")
+               if c not in catalog.columns(plpy, mst)]
+    found = catalog.summary_of(plpy, mst)
+    summary_row = found[1][0] if found and found[1] and "model_arch_table" in found[1][0] else None
+    if missing or summary_row is None:
+        raise MadlibMopError(
+            f"model_selection_table {mst.name} was not made by generate_model_configs",
+            sqlstate=errors.UNDEFINED_TABLE if summary_row is None else errors.UNDEFINED_COLUMN,
+            hint="Create it with generate_model_configs() or load_model_selection_table().")
+    arch_name = summary_row["model_arch_table"]
+    arch = catalog.resolve_table(plpy, arch_name, argument="model_arch_table")
+    configs = [dict(r) for r in plpy.execute(
+        f"SELECT m.mst_key, m.model_id, m.compile_params, m.fit_params, "
+        f"a.model_arch::text AS model_arch, a.model_weights AS weights "
+        f"FROM {mst.name} m LEFT JOIN {arch.name} a ON a.model_id = m.model_id ORDER BY m.mst_key")]
+    if not configs:
+        raise MadlibMopError(f"model_selection_table {mst.name} is empty",
+                             sqlstate=errors.DATA_EXCEPTION,
+                             hint="Fill it with generate_model_configs().")
+    for config in configs:
+        if config["model_arch"] is None:
+            raise MadlibMopError(f"model_id {config['model_id']} is not in {arch.name}",
+                                 sqlstate=errors.INVALID_PARAMETER_VALUE,
+                                 hint="Load the architecture with load_keras_model().")
+        _check_model(plpy, config, source)
+    out = catalog.new_table(plpy, model_output_table, argument="model_output_table")
+    for suffix in ("_summary", "_info") + tuple(f"_mop_{t}" for t in JOB_TABLES):
+        out.sibling(suffix, plpy)  # checks the names fit
+    arguments = {"source_table": source_table, "model_output_table": model_output_table,
+                 "model_selection_table": model_selection_table, "num_iterations": num_iterations,
+                 "validation_table": validation_table, "metrics_compute_frequency": frequency,
+                 "warm_start": bool(warm_start), "name": name, "description": description,
+                 "use_caching": use_caching is not False, "seed": int(seed or 0)}
+    epochs = {c["mst_key"]: model_config.parse_fit_params(c["fit_params"]).get("epochs", 1)
+              for c in configs}
+    return Plan(source, validation, mst.name, arch.name, configs, num_iterations, frequency,
+                epochs, out, arguments)

@@ -1,0 +1,1 @@
+"""Search: which configurations a job trains (searchers) and which models stop early (pruners)."""
