@@ -41,6 +41,9 @@ from typing import Any
 class Worker(abc.ABC):
     segment: int
 
+    def rename(self, label: str) -> None:
+        """How the worker's session shows in pg_stat_activity from its next call on."""
+
     @abc.abstractmethod
     def warm_up(self, segments: int) -> None:
         """Import TensorFlow (sized for `segments` workers) before the first call needs it."""
