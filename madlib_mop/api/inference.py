@@ -39,7 +39,7 @@ WORKERS_SETTING = "madlib_mop.segments"
 class ModelRef:
     """A trained model: where its architecture, weights and parameters are."""
 
-    model_table: str  # quoted
+    model_table: str | None  # quoted, for messages
     mst_key: int | None  # None: madlib_keras_fit's one model, or BYOM
     model_arch: str
     weights: bytes | None
@@ -47,6 +47,7 @@ class ModelRef:
     class_values: list | None
     normalizing_const: float
     dependent_varname: str
+    model_oid: int | None = None
 
     def spec(self) -> training.ModelSpec:
         return training.ModelSpec(self.mst_key or 0, self.model_arch,
@@ -64,7 +65,7 @@ def _summary_of(plpy: Any, table: catalog.Table) -> dict:
     return dict(rows[0])
 
 
-def trained_models(plpy: Any, model_table: str, mst_key: int | None, *, all_models: bool = False
+def trained_models(plpy: Any, model_table: str | int, mst_key: int | None, *, all_models: bool = False
                    ) -> list[ModelRef]:
     table = catalog.resolve_table(plpy, model_table, argument="model_table")
     summary = _summary_of(plpy, table)
@@ -96,7 +97,7 @@ def trained_models(plpy: Any, model_table: str, mst_key: int | None, *, all_mode
         values.pop()
     return [ModelRef(table.name, None if single else r["mst_key"], r["model_arch"],
                      r["model_weights"], r["compile_params"], values,
-                     float(summary["normalizing_const"] or 1.0), label) for r in rows]
+                     float(summary["normalizing_const"] or 1.0), label, table.oid) for r in rows]
 
 
 def _build(ref: ModelRef, compile_model: bool, threads: int | None = None):
@@ -173,8 +174,8 @@ def _evaluate(plpy, model_table, test_table, output_table, use_gpus, mst_key, al
                              sqlstate=errors.DATATYPE_MISMATCH,
                              hint="Pack the test data with validation_preprocessor_dl() against "
                                   "the model's training table.")
-    task = {"model_table": refs[0].model_table, "mst_keys": [r.mst_key for r in refs],
-            "test_table": test["packed_table"]}
+    task = {"model_table": refs[0].model_oid, "mst_keys": [r.mst_key for r in refs],
+            "test_table": test["packed_oid"]}
     parts = _run_parallel(plpy, [lambda worker, p=p: worker.evaluate_models(task, p)
                                  for p in range(test["num_segments"])])
     rows = []
@@ -331,11 +332,12 @@ def _predict(plpy, ref: ModelRef, test_table, id_col, independent_varname, outpu
                                   "SELECT from the view).")
     workers = max(1, min(_worker_count(plpy), int(blocks) or 1))
     step = -(-int(blocks) // workers) if blocks else 1
-    task = {"model_table": ref.model_table, "mst_key": ref.mst_key, "model_arch": ref.model_arch,
+    # Names and oids, never SQL text: the worker derives its statements as this call did.
+    task = {"mst_key": ref.mst_key, "model_arch": ref.model_arch,
             "class_values": [str(v) for v in ref.class_values] if classification else None,
             "class_name": ref.dependent_varname, "normalizing_const": ref.normalizing_const,
-            "source": source.name, "id": q(id_col), "features": features.expression,
-            "output": out.quoted, "pred_type": kind, "id_type": id_type,
+            "source": source.oid, "id_col": id_col, "independent_varname": independent_varname,
+            "output": [out.schema, out.name], "pred_type": kind,
             "threads": max(1, (os.cpu_count() or 1) // workers)}
     weights = bytes(ref.weights)
     try:
@@ -363,29 +365,33 @@ def worker_predict(plpy: Any, task: str, first_block: int, last_block: int, weig
     key = (task["model_arch"], hashlib.sha256(weights).hexdigest())
     if key not in _models:  # kept for this worker session's later calls
         _models.clear()
-        ref = ModelRef(task["model_table"], task["mst_key"], task["model_arch"], weights, None,
+        ref = ModelRef(None, task["mst_key"], task["model_arch"], weights, None,
                        task["class_values"], task["normalizing_const"], task["class_name"])
         _models[key] = _build(ref, compile_model=False, threads=task["threads"])
     model = _models[key]
     shape = tuple(keras_json.input_shape(model))
+    source = catalog.resolve_table(plpy, task["source"], argument="test_table")
+    features = preprocessor._features(plpy, source, task["independent_varname"])
+    id_type = catalog.column(plpy, source, task["id_col"], argument="id_col").base_type
+    output = ".".join(plpy.quote_ident(part) for part in task["output"])
     chunk = plpy.prepare(
-        f"SELECT count(*) AS n, {schema}.float4_pack({task['features']}) AS x, "
-        f"array_agg({task['id']}) AS ids FROM {task['source']} "
+        f"SELECT count(*) AS n, {schema}.float4_pack({features.expression}) AS x, "
+        f"array_agg({plpy.quote_ident(task['id_col'])}) AS ids FROM {source.name} "
         "WHERE ctid >= $1::tid AND ctid < $2::tid", ["text", "text"])
-    ids_type = f"{task['id_type']}[]"
+    ids_type = f"{id_type}[]"
     classification = task["class_values"] is not None
     kind = task["pred_type"]
     if classification:
         ranked = kind != "response"
         insert = plpy.prepare(
-            f"INSERT INTO {task['output']} SELECT u.i, $2, $3[u.k + 1], u.p"
+            f"INSERT INTO {output} SELECT u.i, $2, $3[u.k + 1], u.p"
             f"{', u.r' if ranked else ''} FROM unnest($1, {schema}.int4_unpack($4), "
             f"{schema}.float4_unpack($5){f', {schema}.int4_unpack($6)' if ranked else ''}) "
             f"AS u(i, k, p{', r' if ranked else ''})",
             [ids_type, "text", "text[]", "bytea", "bytea"] + (["bytea"] if ranked else []))
     else:
         insert = plpy.prepare(
-            f"INSERT INTO {task['output']} SELECT $1[g], v[(g - 1) * $3 + 1 : g * $3] "
+            f"INSERT INTO {output} SELECT $1[g], v[(g - 1) * $3 + 1 : g * $3] "
             f"FROM generate_subscripts($1, 1) AS g, "
             f"CAST({schema}.float4_unpack($2) AS double precision[]) AS v",
             [ids_type, "bytea", "integer"])

@@ -271,7 +271,7 @@ def validation_preprocessor_dl(plpy: Any, source_table: str, output_table: str,
                 training["num_classes"], distribution_rules, seed=None, training=training)
 
 
-def read_summary(plpy: Any, packed_table: str, *, argument: str) -> dict:
+def read_summary(plpy: Any, packed_table: str | int, *, argument: str) -> dict:
     """The `<packed>_summary` row of a table made by training_preprocessor_dl."""
     table = catalog.resolve_table(plpy, packed_table, argument=argument)
     found = catalog.summary_of(plpy, table)
@@ -287,6 +287,7 @@ def read_summary(plpy: Any, packed_table: str, *, argument: str) -> dict:
                              sqlstate=errors.DATA_EXCEPTION, hint=hint)
     summary = dict(rows[0])
     summary["packed_table"] = table.name
+    summary["packed_oid"] = table.oid
     class_column = f"{summary['dependent_varname'][0]}_class_values"
     values = list(summary.get(class_column) or [])
     while values and values[-1] is None:  # padding up to num_classes

@@ -59,14 +59,21 @@ class Column:
         return self.category == "A" and self.element_category == "N"
 
 
-def resolve_table(plpy: Any, name: str | None, *, argument: str = "source_table") -> Table:
+def resolve_table(plpy: Any, name: str | int | None, *, argument: str = "source_table") -> Table:
+    """A table the caller may read, by the name the caller gave (resolved with the caller's
+    search_path) or by oid (a worker given a table its caller resolved)."""
+    if isinstance(name, int):
+        return _described(plpy, name, str(name), argument)
     if name is None or not name.strip():
         raise MadlibMopError(
             f"{argument} must name a table",
             sqlstate=errors.INVALID_PARAMETER_VALUE,
             hint=f"Pass the table's name as {argument}, e.g. 'iris' or 'myschema.iris'.",
         )
-    oid = resolve_name(plpy, name)
+    return _described(plpy, resolve_name(plpy, name), name, argument)
+
+
+def _described(plpy: Any, oid: int | None, name: str, argument: str) -> Table:
     rows = plpy.execute(plpy.prepare(_DESCRIBE, ["oid"]), [oid]) if oid is not None else []
     if not rows:
         raise MadlibMopError(
