@@ -218,18 +218,6 @@ def worker_evaluate(plpy: Any, task: str, partition: int) -> str:
 
 # ---- predict ------------------------------------------------------------------------------
 
-@dataclass
-class PredictPlan:
-    source: catalog.Table
-    id_col: str
-    id_type: str
-    features: str  # SQL giving one numeric array per row
-    pred_type: Any  # 'prob' | 'response' | int k | float threshold
-    class_name: str
-    class_values: list | None  # None: regression
-    normalizing_const: float
-
-
 def _pred_type(value: str | None) -> Any:
     text = (value or "prob").strip()
     if text.lower() in ("prob", "response"):
