@@ -21,18 +21,15 @@ VENV          := $(CURDIR)/.venv
 PY            := $(VENV)/bin/python
 VERSION       := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 STAMPS        := .make
-EXT_FILES     := build/madlib_mop.control build/madlib_mop--$(VERSION).sql
-EXT_LIBRARY   := build/madlib_mop.so
-C_SOURCES     := $(wildcard src/*.c)
 SQL_SOURCES   := $(sort $(wildcard sql/*.sql sql/upgrades/*.sql udf/*.py)) madlib_mop/tools/extension_build.py
 PYTEST_ARGS   ?=
 # Optional dependency groups installed into the runtime (the Docker image uses none).
 PIP_EXTRAS    ?= test,bench
 
-.PHONY: help deps venv build install demo test bench db-start db-stop db-status db-destroy dsn clean
+.PHONY: help deps venv build install installcheck demo test bench db-start db-stop db-status db-destroy dsn clean
 
 help:
-	@echo "make demo | make test | make bench | make dsn | make install | make db-start | make db-stop | make db-status | make db-destroy | make clean"
+	@echo "make demo | make test | make installcheck | make bench | make dsn | make install | make db-start | make db-stop | make db-status | make db-destroy | make clean"
 
 # ---- Debian packages (as root) ------------------------------------------------
 deps: $(STAMPS)/apt
@@ -53,26 +50,36 @@ $(STAMPS)/venv: pyproject.toml | $(STAMPS)/apt
 	$(PY) -m pip install -q --disable-pip-version-check -e '.$(if $(PIP_EXTRAS),[$(PIP_EXTRAS)])'
 	@touch $@
 
-# ---- the extension -------------------------------------------------------------
-build: $(EXT_FILES) $(EXT_LIBRARY)
-$(EXT_FILES) &: $(SQL_SOURCES) pyproject.toml | $(STAMPS)/venv
+# ---- the extension (PGXS: extension.mk) -------------------------------------------------
+# build/ gets the SQL scripts generated from sql/ and udf/; PGXS compiles src/ against the
+# server's headers (postgresql-server-dev) and installs the control file, the scripts and the
+# library where the server looks for them.
+PGXS_MAKE     := $(MAKE) --no-print-directory -f extension.mk PG_CONFIG=$(PG_CONFIG)
+EXT_SCRIPTS   := build/madlib_mop--$(VERSION).sql
+
+build: $(EXT_SCRIPTS) | $(STAMPS)/apt
+	@$(PGXS_MAKE)
+
+$(EXT_SCRIPTS) &: $(SQL_SOURCES) madlib_mop.control pyproject.toml | $(STAMPS)/venv
 	$(PY) -m madlib_mop.tools.extension_build --version $(VERSION) --out build
 
-# The C part (src/): compiled against the server's headers (postgresql-server-dev).
-$(EXT_LIBRARY): $(C_SOURCES) | $(STAMPS)/apt
-	@mkdir -p build
-	gcc -O2 -Wall -fPIC -shared -I$$($(PG_CONFIG) --includedir-server) -o $@ $(C_SOURCES)
-
-# Compared with what is installed rather than stamped: the extension folder is shared by
-# every checkout on the machine, and the install script names this checkout's runtime.
-install: $(EXT_FILES) $(EXT_LIBRARY)
+# The extension folder is shared by every checkout on the machine, and the install script
+# names this checkout's runtime: install whenever what is built differs from what is there.
+install: build
 	@extdir=$$($(PG_CONFIG) --sharedir)/extension; libdir=$$($(PG_CONFIG) --pkglibdir); \
-	for f in build/madlib_mop.control build/madlib_mop--*.sql $(EXT_LIBRARY); do \
-	  case $$f in *.so) dir=$$libdir; mode=755;; *) dir=$$extdir; mode=644;; esac; \
-	  cmp -s "$$f" "$$dir/$$(basename $$f)" && continue; \
-	  if [ ! -w "$$dir" ]; then echo "cannot write $$dir: run 'sudo make install'" >&2; exit 1; fi; \
-	  install -m $$mode "$$f" "$$dir"/ && echo "installed $$(basename $$f) into $$dir"; \
+	for f in madlib_mop.control build/madlib_mop--*.sql madlib_mop.so; do \
+	  case $$f in *.so) dir=$$libdir;; *) dir=$$extdir;; esac; \
+	  cmp -s "$$f" "$$dir/$$(basename $$f)" || { \
+	    if [ ! -w "$$dir" ]; then echo "cannot write $$dir: run 'sudo make install'" >&2; exit 1; fi; \
+	    $(PGXS_MAKE) install >/dev/null && echo "installed madlib_mop $(VERSION) (PGXS)"; break; }; \
 	done
+
+# pg_regress tests of the SQL surface (tests/regress), on the embedded server or the one
+# MADLIB_MOP_DSN names, in a database of their own (contrib_regression).
+installcheck: install db-start
+	@mkdir -p build/regress
+	@eval "$$(PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.embedded env)" && \
+	  $(PGXS_MAKE) installcheck || { cat build/regress/regression.diffs 2>/dev/null | head -100; exit 1; }
 
 # ---- the embedded PostgreSQL (skipped when MADLIB_MOP_DSN names a server) --------
 db-start: $(STAMPS)/apt
@@ -95,7 +102,7 @@ dsn:
 demo: install db-start
 	$(PY) -m madlib_mop.tools.demo
 
-test: install db-start
+test: installcheck
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Benchmarks: not part of the tests; each prints a markdown table.
@@ -106,4 +113,5 @@ bench: install db-start
 	$(PY) bench/bench_worker_auth.py
 
 clean:
+	-@$(PGXS_MAKE) clean
 	rm -rf build $(STAMPS) .pytest_cache

@@ -6,6 +6,8 @@ import re
 
 import pytest
 
+import madlib_mop
+
 from madlib_mop.tools.extension_build import PREAMBLE, REPO_ROOT, BuildError, build
 
 
@@ -15,6 +17,12 @@ def _write(path, text):
 
 
 BODY = "from madlib_mop.runtime.plpy_bridge import run\nreturn run(plpy, lambda plpy: 41 + 1)\n"
+
+
+def _build(version, out, site, sources):
+    """Build the sources with a control file of that version."""
+    _write(sources / "madlib_mop.control", f"default_version = '{version}'\n")
+    return build(version, out, site, sources / "sql", sources / "udf", sources / "madlib_mop.control")
 
 
 @pytest.fixture
@@ -27,62 +35,71 @@ def sources(tmp_path):
 
 
 def test_include_becomes_preamble_and_body(sources, tmp_path):
-    written = build("1.2.0", tmp_path / "out", "/opt/runtime/site-packages",
-                    sources / "sql", sources / "udf")
+    written = _build("1.2.0", tmp_path / "out", "/opt/runtime/site-packages", sources)
     script = (tmp_path / "out" / "madlib_mop--1.2.0.sql").read_text()
     assert '#include' not in script
     assert PREAMBLE.format(site="/opt/runtime/site-packages") + BODY + "$python$;" in script
     assert script.startswith("-- madlib_mop 1.2.0")
     assert "\\quit" in script.splitlines()[1]
-    control = (tmp_path / "out" / "madlib_mop.control").read_text()
-    assert "default_version = '1.2.0'" in control
+    assert {p.name for p in written} == {"madlib_mop--1.2.0.sql"}
+
+
+def test_the_control_file_is_of_the_version_built(sources, tmp_path):
+    control = (REPO_ROOT / "madlib_mop.control").read_text()
     assert "relocatable = false" in control and "\nschema" not in control
-    assert {p.name for p in written} == {"madlib_mop--1.2.0.sql", "madlib_mop.control"}
+    assert f"default_version = '{madlib_mop.__version__}'" in control
+    _write(sources / "madlib_mop.control", "default_version = '1.0.0'\n")
+    with pytest.raises(BuildError, match="default_version is 1.0.0, the version built is 1.1.0"):
+        build("1.1.0", tmp_path / "out", "/x", sources / "sql", sources / "udf",
+              sources / "madlib_mop.control")
 
 
 def test_missing_body_is_an_error(sources, tmp_path):
     (sources / "udf" / "f.py").unlink()
     with pytest.raises(BuildError, match=r'#include "f.py".*does not exist'):
-        build("1.0.0", tmp_path / "out", "/x", sources / "sql", sources / "udf")
+        _build("1.0.0", tmp_path / "out", "/x", sources)
 
 
 def test_body_that_bypasses_the_bridge_is_an_error(sources, tmp_path):
     """Every body goes through plpy_bridge.run, which pins the search_path."""
     _write(sources / "udf" / "f.py", "return plpy.execute('SELECT 1')\n")
     with pytest.raises(BuildError, match="does not call madlib_mop.runtime.plpy_bridge.run"):
-        build("1.0.0", tmp_path / "out", "/x", sources / "sql", sources / "udf")
+        _build("1.0.0", tmp_path / "out", "/x", sources)
 
 
 def test_unused_body_is_an_error(sources, tmp_path):
     _write(sources / "udf" / "orphan.py", BODY)
     with pytest.raises(BuildError, match="orphan.py"):
-        build("1.0.0", tmp_path / "out", "/x", sources / "sql", sources / "udf")
+        _build("1.0.0", tmp_path / "out", "/x", sources)
 
 
 def test_upgrade_scripts_follow_the_naming_convention(sources, tmp_path):
     _write(sources / "sql" / "upgrades" / "madlib_mop--1.0.0--1.1.0.sql",
-           'CREATE OR REPLACE FUNCTION @extschema@.f() RETURNS int LANGUAGE plpython3u AS $python$\n'
-           '#include "f.py"\n$python$;\n')
-    written = build("1.1.0", tmp_path / "out", "/x", sources / "sql", sources / "udf")
+           "DROP FUNCTION @extschema@.g();\n-- @routines\n")
+    written = _build("1.1.0", tmp_path / "out", "/x", sources)
     assert "madlib_mop--1.0.0--1.1.0.sql" in {p.name for p in written}
     upgrade = (tmp_path / "out" / "madlib_mop--1.0.0--1.1.0.sql").read_text()
-    assert "41 + 1" in upgrade
+    # the hand-written part, then every routine of the new version, replaced
+    assert upgrade.index("DROP FUNCTION @extschema@.g()") < upgrade.index(
+        "CREATE OR REPLACE FUNCTION @extschema@.f() RETURNS int")
+    assert "41 + 1" in upgrade and "CREATE OR REPLACE FUNCTION @extschema@.build_id()" in upgrade
+    assert "-- @routines" not in upgrade
     # An upgrade to a version after the one being built is a mistake.
     with pytest.raises(BuildError, match="at most 1.0.0"):
-        build("1.0.0", tmp_path / "out2", "/x", sources / "sql", sources / "udf")
+        _build("1.0.0", tmp_path / "out2", "/x", sources)
     _write(sources / "sql" / "upgrades" / "upgrade.sql", "")
     with pytest.raises(BuildError, match="named madlib_mop--OLD--NEW.sql"):
-        build("1.1.0", tmp_path / "out3", "/x", sources / "sql", sources / "udf")
+        _build("1.1.0", tmp_path / "out3", "/x", sources)
 
 
 def test_version_must_look_like_a_version(sources, tmp_path):
     with pytest.raises(BuildError, match="not of the form"):
-        build("1.0; DROP", tmp_path / "out", "/x", sources / "sql", sources / "udf")
+        _build("1.0; DROP", tmp_path / "out", "/x", sources)
 
 
 def test_the_project_sources_build(tmp_path):
-    build("0.1.0", tmp_path, "/opt/site-packages")
-    script = (tmp_path / "madlib_mop--0.1.0.sql").read_text()
+    build(madlib_mop.__version__, tmp_path, "/opt/site-packages")
+    script = (tmp_path / f"madlib_mop--{madlib_mop.__version__}.sql").read_text()
     functions = re.findall(r"CREATE FUNCTION @extschema@\.(\w+)\(", script)
     bodies = script.count(PREAMBLE.format(site="/opt/site-packages"))
     assert "version" in functions and "runtime_check" in functions

@@ -23,12 +23,13 @@ import argparse
 import os
 import pwd
 import secrets
+import shlex
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from madlib_mop.tools import server_auth
 
@@ -331,14 +332,36 @@ def configured_dsn(database: str = DEFAULT_DATABASE) -> str:
     return os.environ.get(DSN_VARIABLE) or EmbeddedCluster().dsn(database)
 
 
+# libpq connection parameters and the environment variables that set them.
+LIBPQ_ENVIRONMENT = {"host": "PGHOST", "port": "PGPORT", "user": "PGUSER",
+                     "password": "PGPASSWORD", "passfile": "PGPASSFILE", "sslmode": "PGSSLMODE"}
+
+
+def libpq_environment(dsn: str) -> dict[str, str]:
+    """PG* variables for the server a DSN names (URL or key=value form), for tools that take
+    no connection string (pg_regress)."""
+    if "://" in dsn:
+        url = urlsplit(dsn)
+        parameters = {"host": url.hostname, "port": url.port and str(url.port),
+                      "user": url.username and unquote(url.username),
+                      "password": url.password and unquote(url.password)}
+        parameters.update(parse_qsl(url.query))
+    else:
+        parameters = dict(item.split("=", 1) for item in shlex.split(dsn) if "=" in item)
+    return {LIBPQ_ENVIRONMENT[k]: v for k, v in parameters.items() if k in LIBPQ_ENVIRONMENT and v}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m madlib_mop.tools.embedded", description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["start", "stop", "status", "dsn", "destroy"])
+    parser.add_argument("command", choices=["start", "stop", "status", "dsn", "env", "destroy"])
     args = parser.parse_args(argv)
     cluster = EmbeddedCluster()
     try:
         if args.command == "dsn":
             print(configured_dsn())
+        elif args.command == "env":  # eval "$(python -m madlib_mop.tools.embedded env)"
+            for name, value in libpq_environment(configured_dsn()).items():
+                print(f"export {name}={shlex.quote(value)}")
         elif args.command == "start":
             dsn = cluster.start()
             print(f"embedded PostgreSQL running: {dsn} (data in {cluster.data})")

@@ -1,4 +1,4 @@
-"""Builds the PostgreSQL extension files from `sql/` and `udf/`.
+"""Builds the PostgreSQL extension's SQL scripts from `sql/` and `udf/`.
 
 `sql/*.sql` hold the extension's SQL in the order of their names.  A PL/Python function
 there gives its body as one line `#include "name.py"`; the build puts `udf/name.py` in
@@ -7,12 +7,19 @@ TensorFlow, installed in a virtual environment made from the server's Python) im
 by the server's embedded interpreter.  The runtime's location is fixed when the extension
 is built, so the server needs no environment variable.
 
-Output (in --out):
-  madlib_mop.control                 the control file
-  madlib_mop--VERSION.sql            the install script of this version
-  madlib_mop--OLD--VERSION.sql       upgrade scripts, from sql/upgrades/, same expansion
+Upgrade scripts (`sql/upgrades/madlib_mop--OLD--NEW.sql`) hold what an update must change
+by hand (dropped functions, catalog data); a line `-- @routines` in them becomes every
+routine of this version as `CREATE OR REPLACE` (with its comment), so that the routines
+of an updated extension are those of a fresh install, from one declaration.
 
-    python -m madlib_mop.tools.extension_build --version 0.1.0 --out build
+The control file is `madlib_mop.control` at the top of the repository (checked in); its
+default_version must be the version built.
+
+Output (in --out):
+  madlib_mop--VERSION.sql            the install script of this version
+  madlib_mop--OLD--VERSION.sql       upgrade scripts
+
+    python -m madlib_mop.tools.extension_build --version 0.2.0 --out build
 """
 
 from __future__ import annotations
@@ -28,18 +35,12 @@ EXTENSION = "madlib_mop"
 INCLUDE = re.compile(r'^#include "(?P<name>[A-Za-z0-9_]+\.py)"\s*$', re.MULTILINE)
 UPGRADE_NAME = re.compile(rf"^{EXTENSION}--(?P<old>[0-9][0-9.]*)--(?P<new>[0-9][0-9.]*)\.sql$")
 
-CONTROL = """\
-# madlib_mop: in-database deep learning model selection (Model Hopper Parallelism)
-comment = 'In-database deep learning model selection by Model Hopper Parallelism, MADlib-compatible API'
-default_version = '{version}'
-requires = 'plpython3u'
-module_pathname = '$libdir/madlib_mop'
-superuser = true
-# Not relocatable once installed, but installable in any schema:
-#   CREATE SCHEMA madlib_mop; CREATE EXTENSION madlib_mop SCHEMA madlib_mop;
-# (a control-file `schema` would forbid CREATE EXTENSION ... SCHEMA madlib).
-relocatable = false
-"""
+CONTROL_FILE = REPO_ROOT / f"{EXTENSION}.control"
+ROUTINES_MARK = "-- @routines"
+# A routine (or its comment) starts a statement; it ends at a line ending in ";" outside
+# dollar quotes.
+_ROUTINE_START = re.compile(r"^(CREATE (FUNCTION|PROCEDURE|AGGREGATE)|COMMENT ON (FUNCTION|PROCEDURE|AGGREGATE)) ")
+_DOLLAR_TAG = re.compile(r"\$[A-Za-z_]*\$")
 
 PREAMBLE = """\
 # ---- madlib_mop: make the in-database runtime importable (generated) ----
@@ -82,10 +83,38 @@ def expand_includes(sql: str, udf_dir: Path, site_packages: str, used: set[str])
     return INCLUDE.sub(body, sql)
 
 
+def routine_statements(script: str) -> list[str]:
+    """The CREATE FUNCTION / PROCEDURE / AGGREGATE statements of a script (and COMMENT ON
+    them), in order, as CREATE OR REPLACE."""
+    statements, current, quote = [], None, None
+    for line in script.splitlines(keepends=True):
+        if current is None:
+            if not _ROUTINE_START.match(line):
+                continue
+            current = []
+        current.append(line)
+        for tag in _DOLLAR_TAG.findall(line):
+            quote = None if quote == tag else (quote or tag)
+        if quote is None and line.rstrip().endswith(";"):
+            statement = "".join(current)
+            statements.append(re.sub(r"^CREATE ", "CREATE OR REPLACE ", statement))
+            current = None
+    return statements
+
+
+def check_control(version: str, control: Path = CONTROL_FILE) -> None:
+    found = re.search(r"^default_version\s*=\s*'([^']+)'", control.read_text(encoding="utf-8"), re.M)
+    if found is None or found.group(1) != version:
+        raise BuildError(f"{control.name}: default_version is "
+                         f"{found.group(1) if found else 'missing'}, the version built is {version}")
+
+
 def build(version: str, out: Path, site_packages: str,
-          sql_dir: Path = REPO_ROOT / "sql", udf_dir: Path = REPO_ROOT / "udf") -> list[Path]:
+          sql_dir: Path = REPO_ROOT / "sql", udf_dir: Path = REPO_ROOT / "udf",
+          control: Path = CONTROL_FILE) -> list[Path]:
     if not re.fullmatch(r"[0-9]+(\.[0-9]+)*", version):
         raise BuildError(f"version {version!r} is not of the form 1.2.3")
+    check_control(version, control)
     sources = sorted(sql_dir.glob("*.sql"))
     if not sources:
         raise BuildError(f"no SQL sources in {sql_dir}")
@@ -105,9 +134,11 @@ def build(version: str, out: Path, site_packages: str,
     # Which build this is: lets a development database notice that its extension is stale
     # although the version number is the same.
     fingerprint = hashlib.sha256(body.encode()).hexdigest()[:16]
-    body += (f"\n-- ==== build ====\nCREATE FUNCTION @extschema@.build_id() RETURNS text "
-             f"LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp "
-             f"AS $$ SELECT '{version}+{fingerprint}'::text $$;\n")
+    build_id = (f"CREATE FUNCTION @extschema@.build_id() RETURNS text "
+                f"LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp "
+                f"AS $$ SELECT '{version}+{fingerprint}'::text $$;\n")
+    body += "\n-- ==== build ====\n" + build_id
+    routines = "".join(statement + "\n" for statement in routine_statements(body))
     written = [out / f"{EXTENSION}--{version}.sql"]
     written[0].write_text(body, encoding="utf-8")
 
@@ -118,20 +149,20 @@ def build(version: str, out: Path, site_packages: str,
                 f"{upgrade.name}: upgrade scripts are named {EXTENSION}--OLD--NEW.sql "
                 f"with NEW at most {version}"
             )
+        text = expand_includes(upgrade.read_text(encoding="utf-8"), udf_dir, site_packages, used)
+        if match.group("new") == version:
+            if ROUTINES_MARK not in text:
+                raise BuildError(f"{upgrade.name}: no line {ROUTINES_MARK!r} (where this "
+                                 "version's routines go)")
+            text = text.replace(ROUTINES_MARK, f"-- this version's routines (generated)\n{routines}")
         target = out / upgrade.name
-        target.write_text(
-            expand_includes(upgrade.read_text(encoding="utf-8"), udf_dir, site_packages, used),
-            encoding="utf-8",
-        )
+        target.write_text(text, encoding="utf-8")
         written.append(target)
 
     unused = sorted({p.name for p in udf_dir.glob("*.py")} - used)
     if unused:
         raise BuildError(f"udf bodies included by no SQL source: {', '.join(unused)}")
 
-    control = out / f"{EXTENSION}.control"
-    control.write_text(CONTROL.format(version=version), encoding="utf-8")
-    written.append(control)
     return written
 
 
