@@ -92,24 +92,8 @@ AS $python$
 #include "madlib_keras_fit_multiple_model.py"
 $python$;
 
-CREATE PROCEDURE @extschema@.fit_multiple(
-    source_table              varchar,
-    model_output_table        varchar,
-    model_selection_table     varchar,
-    num_iterations            integer,
-    use_gpus                  boolean DEFAULT FALSE,
-    validation_table          varchar DEFAULT NULL,
-    metrics_compute_frequency integer DEFAULT NULL,
-    warm_start                boolean DEFAULT FALSE,
-    name                      varchar DEFAULT NULL,
-    description               varchar DEFAULT NULL,
-    use_caching               boolean DEFAULT TRUE,
-    seed                      integer DEFAULT 0
-)
-LANGUAGE plpython3u
-AS $python$
-#include "fit_multiple.py"
-$python$;
+-- CALL fit_multiple(...): the same call as a procedure, which commits as the job goes.
+#procedure fit_multiple FROM madlib_keras_fit_multiple_model
 
 CREATE FUNCTION @extschema@.resume_job(job_id bigint)
 RETURNS void
@@ -119,11 +103,7 @@ AS $python$
 #include "resume_job.py"
 $python$;
 
-CREATE PROCEDURE @extschema@.resume(job_id bigint)
-LANGUAGE plpython3u
-AS $python$
-#include "resume.py"
-$python$;
+#procedure resume FROM resume_job
 
 -- Segment workers: called by the coordinator over its worker sessions.  The model's state
 -- comes with the call and the new state goes back with the result; the coordinator commits

@@ -38,7 +38,7 @@ def test_include_becomes_preamble_and_body(sources, tmp_path):
     written = _build("1.2.0", tmp_path / "out", "/opt/runtime/site-packages", sources)
     script = (tmp_path / "out" / "madlib_mop--1.2.0.sql").read_text()
     assert '#include' not in script
-    assert PREAMBLE.format(site="/opt/runtime/site-packages") + BODY + "$python$;" in script
+    assert PREAMBLE.format(site="/opt/runtime/site-packages", can_commit=False) + BODY + "$python$;" in script
     assert script.startswith("-- madlib_mop 1.2.0")
     assert "\\quit" in script.splitlines()[1]
     assert {p.name for p in written} == {"madlib_mop--1.2.0.sql"}
@@ -101,6 +101,23 @@ def test_the_project_sources_build(tmp_path):
     build(madlib_mop.__version__, tmp_path, "/opt/site-packages")
     script = (tmp_path / f"madlib_mop--{madlib_mop.__version__}.sql").read_text()
     functions = re.findall(r"CREATE FUNCTION @extschema@\.(\w+)\(", script)
-    bodies = script.count(PREAMBLE.format(site="/opt/site-packages"))
+    bodies = script.count(PREAMBLE.format(site="/opt/site-packages", can_commit=False))
     assert "version" in functions and "runtime_check" in functions
     assert bodies == len(list((REPO_ROOT / "udf").glob("*.py")))
+
+
+def test_a_procedure_is_declared_from_its_function(sources, tmp_path):
+    _write(sources / "sql" / "10_f.sql",
+           "CREATE FUNCTION @extschema@.f(a integer, b text DEFAULT 'x(y)')\nRETURNS int\n"
+           "LANGUAGE plpython3u VOLATILE\nAS $python$\n#include \"f.py\"\n$python$;\n\n"
+           "#procedure p FROM f\n")
+    _build("1.0.0", tmp_path / "out", "/x", sources)
+    script = (tmp_path / "out" / "madlib_mop--1.0.0.sql").read_text()
+    procedure = script[script.index("CREATE PROCEDURE"):]
+    assert procedure.startswith("CREATE PROCEDURE @extschema@.p(a integer, b text DEFAULT 'x(y)')\n"
+                                "LANGUAGE plpython3u\nAS $python$\n")
+    assert "CAN_COMMIT = True" in procedure and "41 + 1" in procedure
+    assert "CAN_COMMIT = False" in script[:script.index("CREATE PROCEDURE")]
+    _write(sources / "sql" / "10_f.sql", "#procedure p FROM missing\n")
+    with pytest.raises(BuildError, match="no function missing"):
+        _build("1.0.0", tmp_path / "out", "/x", sources)

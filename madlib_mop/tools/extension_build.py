@@ -32,7 +32,11 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXTENSION = "madlib_mop"
-INCLUDE = re.compile(r'^#include "(?P<name>[A-Za-z0-9_]+\.py)"\s*$', re.MULTILINE)
+INCLUDE = re.compile(r'^#include "(?P<name>[A-Za-z0-9_]+\.py)"(?P<procedure> as procedure)?\s*$',
+                     re.MULTILINE)
+# `#procedure NAME FROM FUNCTION`: NAME is a procedure with the function's parameters and
+# body, run with CAN_COMMIT = True (it commits as it goes).
+PROCEDURE = re.compile(r"^#procedure (?P<name>\w+) FROM (?P<function>\w+)\s*$", re.MULTILINE)
 UPGRADE_NAME = re.compile(rf"^{EXTENSION}--(?P<old>[0-9][0-9.]*)--(?P<new>[0-9][0-9.]*)\.sql$")
 
 CONTROL_FILE = REPO_ROOT / f"{EXTENSION}.control"
@@ -52,6 +56,7 @@ if {site!r} not in sys.path:
     # The runtime's packages come first, ahead of any the system Python may carry.
     sys.path[:] = [p for p in sys.path if p not in _path_before] + _path_before
     del _path_before
+CAN_COMMIT = {can_commit}  # a procedure (CALL): it may commit as it goes
 # ---- end of preamble ----
 """
 
@@ -78,9 +83,34 @@ def expand_includes(sql: str, udf_dir: Path, site_packages: str, used: set[str])
             raise BuildError(f"{path} contains the dollar-quote tag $python$")
         if "run(plpy, " not in text:  # it pins the search_path and reports errors
             raise BuildError(f"{path} does not call madlib_mop.runtime.plpy_bridge.run(plpy, ...)")
-        return PREAMBLE.format(site=site_packages) + text.rstrip("\n")
+        return PREAMBLE.format(site=site_packages, can_commit=bool(match.group("procedure"))) \
+            + text.rstrip("\n")
 
-    return INCLUDE.sub(body, sql)
+    return INCLUDE.sub(body, expand_procedures(sql))
+
+
+def expand_procedures(sql: str) -> str:
+    """Replace each `#procedure NAME FROM FUNCTION` line by that procedure, declared from the
+    function's own parameters and body (one declaration for both call forms)."""
+
+    def procedure(match: re.Match) -> str:
+        function, name = match.group("function"), match.group("name")
+        head = f"CREATE FUNCTION @extschema@.{function}("
+        start = sql.find(head)
+        if start < 0:
+            raise BuildError(f"#procedure {name}: no function {function} in the same file")
+        depth, end = 1, start + len(head)
+        while depth:  # the parameter list's closing parenthesis
+            depth += {"(": 1, ")": -1}.get(sql[end], 0)
+            end += 1
+        body = INCLUDE.search(sql, end)
+        if body is None:
+            raise BuildError(f"#procedure {name}: function {function} has no #include body")
+        return (f"CREATE PROCEDURE @extschema@.{name}({sql[start + len(head):end - 1]})\n"
+                f"LANGUAGE plpython3u\nAS $python$\n#include \"{body.group('name')}\" as procedure\n"
+                "$python$;")
+
+    return PROCEDURE.sub(procedure, sql)
 
 
 def routine_statements(script: str) -> list[str]:
