@@ -2,11 +2,7 @@
 
 CREATE FUNCTION @extschema@.version()
 RETURNS text
-LANGUAGE plpython3u VOLATILE
-SET jit = off
-AS $python$
-#include "version.py"
-$python$;
+#plpython "version.py"
 
 COMMENT ON FUNCTION @extschema@.version() IS
     'madlib_mop, PostgreSQL, Python, TensorFlow, Keras and NumPy versions of the in-database runtime';
@@ -19,11 +15,7 @@ CREATE FUNCTION @extschema@.runtime_check(
     seed integer DEFAULT 0
 )
 RETURNS jsonb
-LANGUAGE plpython3u VOLATILE
-SET jit = off
-AS $python$
-#include "runtime_check.py"
-$python$;
+#plpython "runtime_check.py"
 
 COMMENT ON FUNCTION @extschema@.runtime_check(text, text, text, integer, integer) IS
     'Installation check: reads source_table inside the server and trains a small Keras classifier on it';

@@ -12,11 +12,7 @@ CREATE FUNCTION @extschema@.training_preprocessor_dl(
     seed                integer   DEFAULT 0
 )
 RETURNS void
-LANGUAGE plpython3u VOLATILE
-SET jit = off
-AS $python$
-#include "training_preprocessor_dl.py"
-$python$;
+#plpython "training_preprocessor_dl.py"
 
 COMMENT ON FUNCTION @extschema@.training_preprocessor_dl(varchar, varchar, varchar, varchar, integer, double precision, integer[], text, integer) IS
     'Shuffles and packs a table into minibatch buffers spread over segments; SELECT training_preprocessor_dl(''help'') for usage';
@@ -31,11 +27,7 @@ CREATE FUNCTION @extschema@.validation_preprocessor_dl(
     distribution_rules          text    DEFAULT NULL
 )
 RETURNS void
-LANGUAGE plpython3u VOLATILE
-SET jit = off
-AS $python$
-#include "validation_preprocessor_dl.py"
-$python$;
+#plpython "validation_preprocessor_dl.py"
 
 COMMENT ON FUNCTION @extschema@.validation_preprocessor_dl(varchar, varchar, varchar, varchar, varchar, integer, text) IS
     'Packs validation data with the class values and normalizing constant of a training table; SELECT validation_preprocessor_dl(''help'') for usage';

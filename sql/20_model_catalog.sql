@@ -8,22 +8,14 @@ CREATE FUNCTION @extschema@.load_keras_model(
     description            text  DEFAULT NULL
 )
 RETURNS void
-LANGUAGE plpython3u VOLATILE
-SET jit = off
-AS $python$
-#include "load_keras_model.py"
-$python$;
+#plpython "load_keras_model.py"
 
 CREATE FUNCTION @extschema@.delete_keras_model(
     keras_model_arch_table varchar,
     model_id               integer
 )
 RETURNS void
-LANGUAGE plpython3u VOLATILE
-SET jit = off
-AS $python$
-#include "delete_keras_model.py"
-$python$;
+#plpython "delete_keras_model.py"
 
 CREATE FUNCTION @extschema@.generate_model_configs(
     model_arch_table      varchar,
@@ -37,11 +29,7 @@ CREATE FUNCTION @extschema@.generate_model_configs(
     object_table          varchar DEFAULT NULL
 )
 RETURNS void
-LANGUAGE plpython3u VOLATILE
-SET jit = off
-AS $python$
-#include "generate_model_configs.py"
-$python$;
+#plpython "generate_model_configs.py"
 
 CREATE FUNCTION @extschema@.load_model_selection_table(
     model_arch_table      varchar,
@@ -52,8 +40,4 @@ CREATE FUNCTION @extschema@.load_model_selection_table(
     object_table          varchar DEFAULT NULL
 )
 RETURNS void
-LANGUAGE plpython3u VOLATILE
-SET jit = off
-AS $python$
-#include "load_model_selection_table.py"
-$python$;
+#plpython "load_model_selection_table.py"

@@ -86,22 +86,14 @@ CREATE FUNCTION @extschema@.madlib_keras_fit_multiple_model(
     seed                      integer DEFAULT 0
 )
 RETURNS void
-LANGUAGE plpython3u VOLATILE
-SET jit = off
-AS $python$
-#include "madlib_keras_fit_multiple_model.py"
-$python$;
+#plpython "madlib_keras_fit_multiple_model.py"
 
 -- CALL fit_multiple(...): the same call as a procedure, which commits as the job goes.
 #procedure fit_multiple FROM madlib_keras_fit_multiple_model
 
 CREATE FUNCTION @extschema@.resume_job(job_id bigint)
 RETURNS void
-LANGUAGE plpython3u VOLATILE
-SET jit = off
-AS $python$
-#include "resume_job.py"
-$python$;
+#plpython "resume_job.py"
 
 #procedure resume FROM resume_job
 
@@ -111,20 +103,12 @@ $python$;
 CREATE FUNCTION @extschema@._mop_train(job_id bigint, mst_key integer, step integer,
                                        segment integer, model_state bytea,
                                        OUT new_state bytea, OUT result jsonb)
-LANGUAGE plpython3u VOLATILE
-SET jit = off
-AS $python$
-#include "mop_train.py"
-$python$;
+#plpython "mop_train.py"
 
 CREATE FUNCTION @extschema@._mop_evaluate(job_id bigint, mst_key integer, step integer,
                                           partition integer, model_state bytea)
 RETURNS jsonb
-LANGUAGE plpython3u VOLATILE
-SET jit = off
-AS $python$
-#include "mop_evaluate.py"
-$python$;
+#plpython "mop_evaluate.py"
 
 -- Where workers reach this server: its first Unix socket folder.  Reading the setting needs
 -- pg_read_all_settings, which a role running a job need not have.
@@ -151,16 +135,8 @@ CREATE FUNCTION @extschema@.madlib_keras_fit(
     seed                      integer DEFAULT 0
 )
 RETURNS void
-LANGUAGE plpython3u VOLATILE
-SET jit = off
-AS $python$
-#include "madlib_keras_fit.py"
-$python$;
+#plpython "madlib_keras_fit.py"
 
 CREATE FUNCTION @extschema@._mop_warm_up(segments integer)
 RETURNS void
-LANGUAGE plpython3u VOLATILE
-SET jit = off
-AS $python$
-#include "mop_warm_up.py"
-$python$;
+#plpython "mop_warm_up.py"

@@ -8,11 +8,7 @@ CREATE FUNCTION @extschema@.madlib_keras_evaluate(
     mst_key      integer DEFAULT NULL
 )
 RETURNS void
-LANGUAGE plpython3u VOLATILE
-SET jit = off
-AS $python$
-#include "madlib_keras_evaluate.py"
-$python$;
+#plpython "madlib_keras_evaluate.py"
 
 CREATE FUNCTION @extschema@.madlib_keras_evaluate_multiple_model(
     model_table  varchar,
@@ -21,11 +17,7 @@ CREATE FUNCTION @extschema@.madlib_keras_evaluate_multiple_model(
     use_gpus     boolean DEFAULT FALSE
 )
 RETURNS void
-LANGUAGE plpython3u VOLATILE
-SET jit = off
-AS $python$
-#include "madlib_keras_evaluate_multiple_model.py"
-$python$;
+#plpython "madlib_keras_evaluate_multiple_model.py"
 
 CREATE FUNCTION @extschema@.madlib_keras_predict(
     model_table         varchar,
@@ -38,11 +30,7 @@ CREATE FUNCTION @extschema@.madlib_keras_predict(
     mst_key             integer DEFAULT NULL
 )
 RETURNS void
-LANGUAGE plpython3u VOLATILE
-SET jit = off
-AS $python$
-#include "madlib_keras_predict.py"
-$python$;
+#plpython "madlib_keras_predict.py"
 
 CREATE FUNCTION @extschema@.madlib_keras_predict_byom(
     model_arch_table    varchar,
@@ -57,25 +45,13 @@ CREATE FUNCTION @extschema@.madlib_keras_predict_byom(
     normalizing_const   double precision DEFAULT NULL
 )
 RETURNS void
-LANGUAGE plpython3u VOLATILE
-SET jit = off
-AS $python$
-#include "madlib_keras_predict_byom.py"
-$python$;
+#plpython "madlib_keras_predict_byom.py"
 
 -- Workers' entry points.
 CREATE FUNCTION @extschema@._mop_infer_evaluate(task jsonb, partition integer)
 RETURNS jsonb
-LANGUAGE plpython3u VOLATILE
-SET jit = off
-AS $python$
-#include "mop_infer_evaluate.py"
-$python$;
+#plpython "mop_infer_evaluate.py"
 
 CREATE FUNCTION @extschema@._mop_infer_predict(task jsonb, first_block bigint, last_block bigint, weights bytea)
 RETURNS jsonb
-LANGUAGE plpython3u VOLATILE
-SET jit = off
-AS $python$
-#include "mop_infer_predict.py"
-$python$;
+#plpython "mop_infer_predict.py"

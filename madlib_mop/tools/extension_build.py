@@ -34,6 +34,10 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 EXTENSION = "madlib_mop"
 INCLUDE = re.compile(r'^#include "(?P<name>[A-Za-z0-9_]+\.py)"(?P<procedure> as procedure)?\s*$',
                      re.MULTILINE)
+# `#plpython "x.py"`: the usual end of a function declaration, its body udf/x.py.
+PLPYTHON = re.compile(r'^#plpython "(?P<name>[A-Za-z0-9_]+\.py)"[ \t]*$', re.MULTILINE)
+PLPYTHON_STANZA = ('LANGUAGE plpython3u VOLATILE\nSET jit = off  -- TensorFlow\'s LLVM and the JIT\'s '
+                   'cannot share a backend\nAS $python$\n#include "{name}"\n$python$;')
 # `#procedure NAME FROM FUNCTION`: NAME is a procedure with the function's parameters and
 # body, run with CAN_COMMIT = True (it commits as it goes).
 PROCEDURE = re.compile(r"^#procedure (?P<name>\w+) FROM (?P<function>\w+)\s*$", re.MULTILINE)
@@ -86,6 +90,7 @@ def expand_includes(sql: str, udf_dir: Path, site_packages: str, used: set[str])
         return PREAMBLE.format(site=site_packages, can_commit=bool(match.group("procedure"))) \
             + text.rstrip("\n")
 
+    sql = PLPYTHON.sub(lambda m: PLPYTHON_STANZA.format(name=m.group("name")), sql)
     return INCLUDE.sub(body, expand_procedures(sql))
 
 
