@@ -85,7 +85,7 @@ def _watch_sessions(admin_dsn: str, database: str, stop: threading.Event, seen: 
     with psycopg.connect(admin_dsn, autocommit=True) as admin:
         while not stop.is_set():
             seen.update(admin.execute(
-                "SELECT usename, application_name FROM pg_stat_activity "
+                "SELECT usename, application_name, pid FROM pg_stat_activity "
                 "WHERE datname = %s AND application_name LIKE 'madlib_mop%%'", (database,)).fetchall())
             time.sleep(0.05)
 
@@ -111,9 +111,9 @@ def test_workers_are_the_calling_role(extension_dsn, roles):
             watcher.join()
         assert conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
             sql.Identifier(names["out"]))).fetchone()[0] == 1
-    workers = {app for user, app in seen if app.startswith("madlib_mop worker")}
-    assert len(workers) == 2, seen  # one per segment
-    assert {user for user, _ in seen} == {alice}
+    workers = {pid for user, app, pid in seen if app.startswith("madlib_mop worker")}
+    assert len(workers) == 2, seen  # one session per segment, for the whole job
+    assert {user for user, _, _ in seen} == {alice}
 
 
 @pytest.mark.parametrize("setting", [
