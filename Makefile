@@ -99,10 +99,10 @@ dsn:
 	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.embedded dsn
 
 # ---- the two commands -------------------------------------------------------------
-demo: install db-start
+demo: $(STAMPS)/venv install db-start
 	$(PY) -m madlib_mop.tools.demo
 
-test: installcheck
+test: $(STAMPS)/venv installcheck
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Benchmarks: not part of the tests; each prints a markdown table.

@@ -2,7 +2,7 @@
 -- validation, evaluate, predict.  Timings and losses vary with the machine: the checks
 -- are on what must hold.
 \set SHOW_CONTEXT never
-SET search_path = madlib_mop, public;
+SET search_path = public, madlib_mop;
 SET client_min_messages = warning;
 CREATE TABLE regress_flowers (id integer, features real[], species text);
 INSERT INTO regress_flowers
@@ -22,7 +22,7 @@ SELECT generate_model_configs('regress_arch', 'regress_mst', ARRAY[1],
     $${'batch_size': [8], 'epochs': [1]}$$);
 SELECT mst_key, compile_params, fit_params FROM regress_mst ORDER BY mst_key;
 SELECT madlib_keras_fit_multiple_model('regress_train', 'regress_model', 'regress_mst', 3,
-                                       FALSE, 'regress_valid');
+                                       FALSE, 'regress_valid', 1);
 SELECT mst_key, metrics_iters, array_length(training_loss, 1) AS losses,
        validation_metrics_final BETWEEN 0 AND 1 AS accuracy_in_range,
        training_loss[3] < training_loss[1] AS loss_went_down, subepochs_done
