@@ -21,7 +21,7 @@ import numpy as np
 
 from madlib_mop import errors
 from madlib_mop.api import preprocessor
-from madlib_mop.db import catalog, worker_session
+from madlib_mop.db import catalog, packed, worker_session
 from madlib_mop.engine.local import LocalEngine
 from madlib_mop.engine.pool import run_all
 from madlib_mop.runtime import keras_json, model_config, packing, training
@@ -153,7 +153,7 @@ def _no_gpus(use_gpus: bool | None) -> None:
 def _evaluate(plpy, model_table, test_table, output_table, use_gpus, mst_key, all_models):
     _no_gpus(use_gpus)
     refs = trained_models(plpy, model_table, mst_key, all_models=all_models)
-    test = preprocessor.read_summary(plpy, test_table, argument="test_table")
+    test = packed.read_summary(plpy, test_table, argument="test_table")
     out = catalog.new_table(plpy, output_table, argument="output_table")
     out.must_not_exist(plpy)
     model = _build(refs[0], compile_model=True)
@@ -202,8 +202,8 @@ def _evaluate(plpy, model_table, test_table, output_table, use_gpus, mst_key, al
 def worker_evaluate(plpy: Any, task: str, partition: int) -> str:
     """Loss and metrics of each model over one partition of a packed table."""
     task = json.loads(task)
-    test = preprocessor.read_summary(plpy, task["test_table"], argument="test_table")
-    x_col, y_col = preprocessor.packed_columns(test)
+    test = packed.read_summary(plpy, task["test_table"], argument="test_table")
+    x_col, y_col = packed.packed_columns(test)
     classification = test["label_kind"] == "classification"
     buffers = scan_partition(plpy, test["packed_table"], PackedColumns(x_col, y_col, classification),
                              partition)
@@ -278,7 +278,7 @@ def _predict(plpy, ref: ModelRef, test_table, id_col, independent_varname, outpu
     kind = _pred_type(pred_type)
     source = catalog.resolve_table(plpy, test_table, argument="test_table")
     id_column = catalog.column(plpy, source, id_col, argument="id_col")
-    features = preprocessor._features(plpy, source, independent_varname)
+    features = preprocessor.feature_columns(plpy, source, independent_varname)
     out = catalog.new_table(plpy, output_table, argument="output_table")
     out.must_not_exist(plpy)
     model = _build(ref, compile_model=False)
@@ -359,7 +359,7 @@ def worker_predict(plpy: Any, task: str, first_block: int, last_block: int, weig
     model = _models[key]
     shape = tuple(keras_json.input_shape(model))
     source = catalog.resolve_table(plpy, task["source"], argument="test_table")
-    features = preprocessor._features(plpy, source, task["independent_varname"])
+    features = preprocessor.feature_columns(plpy, source, task["independent_varname"])
     id_type = catalog.column(plpy, source, task["id_col"], argument="id_col").base_type
     output = ".".join(plpy.quote_ident(part) for part in task["output"])
     chunk = plpy.prepare(

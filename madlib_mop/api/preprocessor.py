@@ -28,12 +28,12 @@ import numpy as np
 
 from madlib_mop import errors
 from madlib_mop.db import catalog
+from madlib_mop.db.packed import MULTI_COLUMN_FEATURES, read_summary
 from madlib_mop.runtime import packing
 from madlib_mop.errors import MadlibMopError
 
 INTEGER_TYPES = {"smallint", "integer", "bigint"}
 PACKABLE_ARRAYS = {"real[]", "double precision[]", "smallint[]", "integer[]", "bigint[]"}
-MULTI_COLUMN_FEATURES = "independent_var"
 CHUNK_BYTES = 32 * 1024 * 1024
 DEFAULT_MEMORY_MB = 1024
 SEGMENTS_SETTING = "madlib_mop.segments"
@@ -110,7 +110,7 @@ def segment_count(plpy: Any, distribution_rules: str | None) -> int:
 
 # ---- argument checks ----------------------------------------------------------------------
 
-def _features(plpy: Any, table: catalog.Table, independent_varname: str) -> Features:
+def feature_columns(plpy: Any, table: catalog.Table, independent_varname: str) -> Features:
     names = catalog.column_names(plpy, independent_varname, argument="independent_varname")
     columns = [catalog.column(plpy, table, name, argument="independent_varname") for name in names]
     if len(columns) == 1 and columns[0].is_numeric_array:
@@ -271,37 +271,6 @@ def validation_preprocessor_dl(plpy: Any, source_table: str, output_table: str,
                 training["num_classes"], distribution_rules, seed=None, training=training)
 
 
-def read_summary(plpy: Any, packed_table: str | int, *, argument: str) -> dict:
-    """The `<packed>_summary` row of a table made by training_preprocessor_dl."""
-    table = catalog.resolve_table(plpy, packed_table, argument=argument)
-    found = catalog.summary_of(plpy, table)
-    hint = f"Create {table.name} with training_preprocessor_dl()."
-    if found is None:
-        raise MadlibMopError(f"{argument} {table.name} has no summary table",
-                             sqlstate=errors.UNDEFINED_TABLE, hint=hint)
-    summary_name, rows = found
-    needed = {"normalizing_const", "num_classes", "dependent_varname", "label_kind",
-              "feature_shape", "num_segments"}
-    if len(rows) != 1 or not needed <= set(rows[0].keys()):
-        raise MadlibMopError(f"{summary_name} is not a summary made by training_preprocessor_dl",
-                             sqlstate=errors.DATA_EXCEPTION, hint=hint)
-    summary = dict(rows[0])
-    summary["packed_table"] = table.name
-    summary["packed_oid"] = table.oid
-    class_column = f"{summary['dependent_varname'][0]}_class_values"
-    values = list(summary.get(class_column) or [])
-    while values and values[-1] is None:  # padding up to num_classes
-        values.pop()
-    summary["class_values"] = values
-    return summary
-
-
-def packed_columns(summary: dict) -> tuple[str, str]:
-    """(feature column, label column) of a packed table, from its summary."""
-    names = summary["independent_varname"]
-    return (names[0] if len(names) == 1 else MULTI_COLUMN_FEATURES), summary["dependent_varname"][0]
-
-
 def _preprocess(plpy, module, source_table, output_table, dependent_varname, independent_varname,
                 buffer_size, normalizing_const, num_classes, distribution_rules, seed, training):
     started = time.perf_counter()
@@ -310,7 +279,7 @@ def _preprocess(plpy, module, source_table, output_table, dependent_varname, ind
     summary_table = out.sibling("_summary", plpy)
     out.must_not_exist(plpy)
     summary_table.must_not_exist(plpy)
-    features = _features(plpy, table, independent_varname)
+    features = feature_columns(plpy, table, independent_varname)
     label = _label(plpy, table, dependent_varname)
     _check_positive(buffer_size, "buffer_size")
     _check_positive(normalizing_const, "normalizing_const")

@@ -21,8 +21,7 @@ from typing import Any
 
 
 from madlib_mop import errors
-from madlib_mop.api import preprocessor
-from madlib_mop.db import catalog
+from madlib_mop.db import catalog, packed
 from madlib_mop.runtime import training
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.runtime.buffers import Buffer, PackedColumns, scan_partition
@@ -56,8 +55,8 @@ class PackedData:
 
 
 def _packed(plpy: Any, table: str) -> PackedData:
-    summary = preprocessor.read_summary(plpy, table, argument="packed table")
-    x, y = preprocessor.packed_columns(summary)
+    summary = packed.read_summary(plpy, table, argument="packed table")
+    x, y = packed.packed_columns(summary)
     return PackedData(summary["packed_table"],
                       PackedColumns(x, y, summary["label_kind"] == "classification"))
 

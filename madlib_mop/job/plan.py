@@ -6,8 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from madlib_mop import errors
-from madlib_mop.api import preprocessor
-from madlib_mop.db import catalog
+from madlib_mop.db import catalog, packed
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.job.store import JOB_TABLES
 from madlib_mop.runtime import keras_json, model_config, training
@@ -30,7 +29,7 @@ class Plan:
 
 
 def _summary(plpy: Any, table: str, argument: str) -> dict:
-    return preprocessor.read_summary(plpy, table, argument=argument)
+    return packed.read_summary(plpy, table, argument=argument)
 
 
 def _check_model(plpy: Any, config: dict, source: dict) -> None:

@@ -19,7 +19,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.sql import SQL
 
-from madlib_mop.api import preprocessor
+from madlib_mop.db import packed
 from madlib_mop.job.store import identifiers
 from madlib_mop.runtime import training
 from madlib_mop.runtime.buffers import Buffer, PackedColumns, in_memory
@@ -43,7 +43,7 @@ def _job(conn: psycopg.Connection, model_output_table: str) -> dict:
 
 
 def _segment_buffers(conn: psycopg.Connection, summary: dict, segment: int) -> list[Buffer]:
-    x, y = preprocessor.packed_columns(summary)
+    x, y = packed.packed_columns(summary)
     columns = PackedColumns(x, y, summary["label_kind"] == "classification")
     select = columns.select_list(lambda name: psycopg.sql.Identifier(name).as_string(conn))
     rows = conn.execute(f"SELECT {select} FROM {summary['packed_table']} "  # quoted by the server
