@@ -52,6 +52,12 @@ class ModelRecord:
 
 
 class JobStore:
+    """Contract: opened for a job of the current role (another role's job is refused) and
+    holding the job's advisory lock for as long as it is open (a second coordinator is
+    refused); every write is committed when the method returns; `record_visit` writes the
+    new state and the visit's record in one transaction; nothing deletes a state that a
+    pending validation or replay still needs (the caller says which: `prune_states`)."""
+
     def __init__(self, conninfo: str, schema: str, job_id: int):
         self.schema = sql.Identifier(schema)
         self.job_id = job_id
