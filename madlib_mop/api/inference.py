@@ -21,14 +21,13 @@ import numpy as np
 
 from madlib_mop import errors
 from madlib_mop.api import preprocessor
-from madlib_mop.db import catalog, packed, worker_session
+from madlib_mop.db import catalog, packed, scan, settings, worker_session
 from madlib_mop.engine.local import LocalEngine
 from madlib_mop.engine.pool import run_all
 from madlib_mop.runtime import keras_json, model_config, packing, training
 from madlib_mop.runtime.buffers import PackedColumns, scan_partition
 from madlib_mop.errors import MadlibMopError
 
-CHUNK_BYTES = 32 * 1024 * 1024
 PREDICT_BATCH = 4096
 WORKERS_SETTING = "madlib_mop.segments"
 
@@ -125,11 +124,8 @@ def _run_parallel(plpy: Any, calls: list) -> list[Any]:
 def _worker_count(plpy: Any) -> int:
     """The setting, else the CPU count; at most a quarter of the server's connections (as
     segments, see preprocessor.segment_count)."""
-    row = plpy.execute(f"SELECT current_setting('{WORKERS_SETTING}', true) AS v, "
-                       "current_setting('max_connections')::int / 4 AS cap")[0]
-    wanted = int(row["v"]) if row["v"] and row["v"].isdigit() and int(row["v"]) > 0 \
-        else (os.cpu_count() or 1)
-    return max(1, min(wanted, row["cap"]))
+    wanted = settings.whole_number(plpy, WORKERS_SETTING, strict=False) or os.cpu_count() or 1
+    return max(1, min(wanted, settings.worker_session_limit(plpy)))
 
 
 # ---- evaluate -----------------------------------------------------------------------------
@@ -310,9 +306,7 @@ def _predict(plpy, ref: ModelRef, test_table, id_col, independent_varname, outpu
                        f"class_value text, prob double precision{rank})")
         else:
             db.execute(f"CREATE TABLE {out.quoted} ({q(id_col)} {id_type}, prediction double precision[])")
-    blocks = plpy.execute(plpy.prepare(
-        "SELECT pg_relation_size($1::oid) / current_setting('block_size')::bigint AS b",
-        ["oid"]), [source.oid])[0]["b"] if source.kind in ("r", "m") else None
+    blocks = scan.table_blocks(plpy, source.oid) if source.kind in ("r", "m") else None
     if blocks is None:
         raise MadlibMopError(f"test_table {source.name} is not a table",
                              sqlstate=errors.FEATURE_NOT_SUPPORTED,
@@ -384,9 +378,8 @@ def worker_predict(plpy: Any, task: str, first_block: int, last_block: int, weig
             f"CAST({schema}.float4_unpack($2) AS double precision[]) AS v",
             [ids_type, "bytea", "integer"])
     rows_done, started = 0, time.perf_counter()
-    span = max(1, CHUNK_BYTES // 8192)
-    for first in range(first_block, last_block, span):
-        row = plpy.execute(chunk, [f"({first},0)", f"({min(first + span, last_block)},0)"])[0]
+    for bounds in scan.block_chunks(first_block, last_block):
+        row = plpy.execute(chunk, list(bounds))[0]
         if not row["n"]:
             continue
         n = row["n"]

@@ -27,14 +27,13 @@ from typing import Any
 import numpy as np
 
 from madlib_mop import errors
-from madlib_mop.db import catalog
+from madlib_mop.db import catalog, scan, settings
 from madlib_mop.db.packed import MULTI_COLUMN_FEATURES, read_summary
 from madlib_mop.runtime import packing
 from madlib_mop.errors import MadlibMopError
 
 INTEGER_TYPES = {"smallint", "integer", "bigint"}
 PACKABLE_ARRAYS = {"real[]", "double precision[]", "smallint[]", "integer[]", "bigint[]"}
-CHUNK_BYTES = 32 * 1024 * 1024
 DEFAULT_MEMORY_MB = 1024
 SEGMENTS_SETTING = "madlib_mop.segments"
 MEMORY_SETTING = "madlib_mop.preprocessor_memory_mb"
@@ -56,33 +55,15 @@ class Label:
     class_values: list = field(default_factory=list)
 
 
-# ---- settings ---------------------------------------------------------------------------
-
-def _setting(plpy: Any, name: str) -> str | None:
-    row = plpy.execute(plpy.prepare("SELECT current_setting($1, true) AS v", ["text"]), [name])[0]
-    return row["v"] or None
-
-
-def _positive_int_setting(plpy: Any, name: str) -> int | None:
-    value = _setting(plpy, name)
-    if value is None:
-        return None
-    if not value.strip().isdigit() or int(value) < 1:
-        raise MadlibMopError(f"setting {name} = '{value}' is not a positive integer",
-                             sqlstate=errors.INVALID_PARAMETER_VALUE,
-                             hint=f"SET {name} = 2 (or RESET {name}).")
-    return int(value)
-
-
 def segment_count(plpy: Any, distribution_rules: str | None) -> int:
     """S from distribution_rules: NULL/'all_segments' -> the setting madlib_mop.segments,
     else the server's CPU count; or a positive number of segments."""
     rules = (distribution_rules or "all_segments").strip().lower()
     # A job opens a session per segment: a quarter of the server's connections at most, so
     # that one role's job cannot take every connection slot of the server.
-    limit = max(1, int(plpy.execute("SELECT current_setting('max_connections') AS m")[0]["m"]) // 4)
+    limit = settings.worker_session_limit(plpy)
     if rules == "all_segments":
-        wanted = _positive_int_setting(plpy, SEGMENTS_SETTING)
+        wanted = settings.whole_number(plpy, SEGMENTS_SETTING)
         if wanted is None:
             return min(os.cpu_count() or 1, limit)
     elif rules.isdigit() and int(rules) >= 1:
@@ -207,13 +188,9 @@ class SourceReader:
 
     def chunks(self):
         """Yield (features float32 (n, *shape), labels: list, or float32 (n, k)) per chunk."""
-        blocks = self.plpy.execute(self.plpy.prepare(
-            "SELECT pg_relation_size($1::oid) / current_setting('block_size')::bigint AS b",
-            ["oid"]), [self.scan_table.oid])[0]["b"]
-        step = max(1, CHUNK_BYTES // 8192)
-        for first in range(0, int(blocks), step):
+        for bounds in scan.block_chunks(0, scan.table_blocks(self.plpy, self.scan_table.oid)):
             try:
-                row = self.plpy.execute(self.chunk_plan, [f"({first},0)", f"({first + step},0)"])[0]
+                row = self.plpy.execute(self.chunk_plan, list(bounds))[0]
             except self.plpy.SPIError as error:
                 raise _source_error(error, self.source) from None
             if row["n"] == 0:
@@ -320,7 +297,7 @@ def _preprocess(plpy, module, source_table, output_table, dependent_varname, ind
     positions = (packing.shuffled_positions(rows, seed) if training is None
                  else np.arange(rows, dtype=np.int64))
     feature_shape = None
-    budget = (_positive_int_setting(plpy, MEMORY_SETTING) or DEFAULT_MEMORY_MB) * 1024 * 1024
+    budget = (settings.whole_number(plpy, MEMORY_SETTING) or DEFAULT_MEMORY_MB) * 1024 * 1024
     class_index = {value: i for i, value in enumerate(label.class_values)}
 
     wave_start, written = 0, 0

@@ -21,7 +21,7 @@ from typing import Any
 
 
 from madlib_mop import errors
-from madlib_mop.db import catalog, packed
+from madlib_mop.db import catalog, packed, settings
 from madlib_mop.runtime import training
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.runtime.buffers import Buffer, PackedColumns, scan_partition
@@ -76,8 +76,8 @@ def context(plpy: Any, job_id: int) -> JobContext:
     job = rows[0]
     tables = {key: ".".join(plpy.quote_ident(part) for part in parts)
               for key, parts in json.loads(job["tables"]).items()}
-    setting = plpy.execute(f"SELECT current_setting('{MEMORY_SETTING}', true) AS v")[0]["v"]
-    budget = int(setting) if setting and setting.isdigit() else DEFAULT_MEMORY_MB
+    budget = settings.whole_number(plpy, MEMORY_SETTING, minimum=0, strict=False)
+    budget = DEFAULT_MEMORY_MB if budget is None else budget
     if json.loads(job["arguments"]).get("use_caching") is False:
         budget = 0  # use_caching => FALSE: read the buffers for every sub-epoch
     import_tensorflow(threads=max(1, (os.cpu_count() or 1) // job["num_segments"]))
