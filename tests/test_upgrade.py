@@ -51,7 +51,7 @@ DATA = """
                           (i % 3) + 0.5, (i % 11) / 10.0]::real[] AS features,
            (ARRAY['a', 'b', 'c'])[i % 3 + 1] AS species
     FROM generate_series(1, 60) i"""
-ARCH = ('{"class_name": "Sequential", "config": {"layers": [{"class_name": "Dense", "config": '
+ARCH = ('{"class_name": "Sequential", "config": {"name": "tiny", "layers": [{"class_name": "Dense", "config": '
         '{"units": 6, "activation": "relu", "batch_input_shape": [null, 4]}}, {"class_name": '
         '"Dense", "config": {"units": 3, "activation": "softmax"}}]}}')
 
