@@ -36,7 +36,7 @@ class JobContext:
     job_id: int
     seed: int
     segments: int
-    tables: dict  # per-job tables: state, models
+    tables: dict  # the per-job tables it reads (models: the configurations)
     train: PackedData
     validation: PackedData | None
     budget_bytes: int
