@@ -8,20 +8,23 @@ AS $python$
 #include "usage.py"
 $python$;
 
--- f(message varchar DEFAULT '') for each function with a usage text.
-DO $usage$
+-- f(message varchar DEFAULT '') for each function with a usage text.  (A DO $routines$
+-- block is part of an upgrade's generated routines: it must be rerunnable.)
+DO $routines$
 DECLARE
     function_name text;
 BEGIN
     FOREACH function_name IN ARRAY ARRAY[
         'training_preprocessor_dl', 'validation_preprocessor_dl', 'load_keras_model',
-        'delete_keras_model', 'generate_model_configs', 'load_model_selection_table']
+        'delete_keras_model', 'generate_model_configs', 'load_model_selection_table',
+        'madlib_keras_fit_multiple_model', 'madlib_keras_fit', 'madlib_keras_evaluate',
+        'madlib_keras_predict', 'madlib_keras_predict_byom']
     LOOP
         EXECUTE format(
-            'CREATE FUNCTION %I.%I(message varchar DEFAULT %L) RETURNS varchar '
+            'CREATE OR REPLACE FUNCTION %I.%I(message varchar DEFAULT %L) RETURNS varchar '
             'LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS %L',
             '@extschema@', function_name, '',
             format('SELECT %I.usage(%L, message)', '@extschema@', function_name));
     END LOOP;
 END
-$usage$;
+$routines$;

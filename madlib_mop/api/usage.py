@@ -110,6 +110,96 @@ SELECT load_model_selection_table(
 );
 The table holds every combination model_id x compile params x fit params.
 """,
+    "madlib_keras_fit_multiple_model": """
+madlib_keras_fit_multiple_model: train every configuration of a model selection table at
+once by model hopping; outputs <model_output_table>, _summary and _info (MADlib's columns).
+
+SELECT madlib_keras_fit_multiple_model(
+    source_table              varchar,   -- packed by training_preprocessor_dl
+    model_output_table        varchar,   -- created (or continued: warm_start, resume)
+    model_selection_table     varchar,   -- made by generate_model_configs
+    num_iterations            integer,
+    use_gpus                  boolean DEFAULT FALSE,   -- GPUs: not supported
+    validation_table          varchar DEFAULT NULL,    -- packed by validation_preprocessor_dl
+    metrics_compute_frequency integer DEFAULT NULL,    -- NULL: after the last iteration
+    warm_start                boolean DEFAULT FALSE,
+    name                      varchar DEFAULT NULL,
+    description               varchar DEFAULT NULL,
+    use_caching               boolean DEFAULT TRUE,
+    seed                      integer DEFAULT 0
+);
+CALL fit_multiple(...) takes the same arguments and commits as the job goes; progress in
+job_progress; CALL resume(job_id) continues an interrupted job.
+""",
+    "madlib_keras_fit": """
+madlib_keras_fit: train one configuration; outputs <model> (mst_key 1), <model>_summary
+with MADlib's single-model columns, and <model>_info.
+
+SELECT madlib_keras_fit(
+    source_table              varchar,   -- packed by training_preprocessor_dl
+    model                     varchar,   -- created
+    model_arch_table          varchar,   -- made by load_keras_model
+    model_id                  integer,
+    compile_params            varchar,   -- e.g. $$loss='categorical_crossentropy',
+                                         --   optimizer='Adam(lr=0.01)',metrics=['accuracy']$$
+    fit_params                varchar,   -- e.g. 'batch_size=32,epochs=1'
+    num_iterations            integer,
+    use_gpus                  boolean DEFAULT FALSE,
+    validation_table          varchar DEFAULT NULL,
+    metrics_compute_frequency integer DEFAULT NULL,
+    warm_start                boolean DEFAULT FALSE,
+    name                      varchar DEFAULT NULL,
+    description               varchar DEFAULT NULL,
+    object_table              varchar DEFAULT NULL,   -- custom objects: not supported
+    seed                      integer DEFAULT 0
+);
+""",
+    "madlib_keras_evaluate": """
+madlib_keras_evaluate: loss and metrics of a trained model on a packed table.
+
+SELECT madlib_keras_evaluate(
+    model_table  varchar,   -- made by madlib_keras_fit or madlib_keras_fit_multiple_model
+    test_table   varchar,   -- packed by validation_preprocessor_dl
+    output_table varchar,   -- created: loss, metric, metrics_type, loss_type, metrics
+    use_gpus     boolean DEFAULT FALSE,
+    mst_key      integer DEFAULT NULL     -- which model of a multiple-model table
+);
+madlib_keras_evaluate_multiple_model(model_table, test_table, output_table) evaluates every
+model of the table (one row per mst_key).
+""",
+    "madlib_keras_predict": """
+madlib_keras_predict: predictions of a trained model for the rows of a table.
+
+SELECT madlib_keras_predict(
+    model_table         varchar,   -- made by madlib_keras_fit or ..._fit_multiple_model
+    test_table          varchar,   -- any table with the features
+    id_col              varchar,
+    independent_varname varchar,   -- the feature column(s) the model was trained on
+    output_table        varchar,   -- created
+    pred_type           varchar DEFAULT 'prob',   -- 'prob', 'response', a number k of top
+                                                  --   classes, or a probability threshold
+    use_gpus            boolean DEFAULT FALSE,
+    mst_key             integer DEFAULT NULL      -- which model of a multiple-model table
+);
+Output: id, class_name, class_value, prob (and rank), or id, prediction for regression.
+""",
+    "madlib_keras_predict_byom": """
+madlib_keras_predict_byom: predictions of a model brought from outside (its architecture
+and weights loaded by load_keras_model).
+
+SELECT madlib_keras_predict_byom(
+    model_arch_table    varchar,
+    model_id            integer,
+    test_table          varchar,
+    id_col              varchar,
+    independent_varname varchar,
+    output_table        varchar,   -- created
+    pred_type           varchar DEFAULT 'prob',
+    use_gpus            boolean DEFAULT FALSE,
+    class_values        text[]  DEFAULT NULL,              -- NULL: classes 0 .. n-1
+    normalizing_const   double precision DEFAULT NULL      -- NULL: 1.0
+);
+""",
 }
 
 HELP_WORDS = {"", "help", "usage", "?"}

@@ -47,7 +47,8 @@ CONTROL_FILE = REPO_ROOT / f"{EXTENSION}.control"
 ROUTINES_MARK = "-- @routines"
 # A routine (or its comment) starts a statement; it ends at a line ending in ";" outside
 # dollar quotes.
-_ROUTINE_START = re.compile(r"^(CREATE (FUNCTION|PROCEDURE|AGGREGATE)|COMMENT ON (FUNCTION|PROCEDURE|AGGREGATE)) ")
+_ROUTINE_START = re.compile(
+    r"^(CREATE (FUNCTION|PROCEDURE|AGGREGATE)|COMMENT ON (FUNCTION|PROCEDURE|AGGREGATE)) |^DO \$routines\$")
 _DOLLAR_TAG = re.compile(r"\$[A-Za-z_]*\$")
 
 PREAMBLE = """\
@@ -120,7 +121,7 @@ def expand_procedures(sql: str) -> str:
 
 def routine_statements(script: str) -> list[str]:
     """The CREATE FUNCTION / PROCEDURE / AGGREGATE statements of a script (and COMMENT ON
-    them), in order, as CREATE OR REPLACE."""
+    them, and `DO $routines$` blocks that create routines), in order, as CREATE OR REPLACE."""
     statements, current, quote = [], None, None
     for line in script.splitlines(keepends=True):
         if current is None:

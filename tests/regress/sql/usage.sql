@@ -10,10 +10,16 @@ FROM (VALUES ('training_preprocessor_dl', madlib_mop.training_preprocessor_dl())
              ('load_keras_model', madlib_mop.load_keras_model('usage')),
              ('delete_keras_model', madlib_mop.delete_keras_model('?')),
              ('generate_model_configs', madlib_mop.generate_model_configs()),
-             ('load_model_selection_table', madlib_mop.load_model_selection_table())) AS u(f, t)
+             ('load_model_selection_table', madlib_mop.load_model_selection_table()),
+             ('madlib_keras_fit_multiple_model', madlib_mop.madlib_keras_fit_multiple_model()),
+             ('madlib_keras_fit', madlib_mop.madlib_keras_fit('help')),
+             ('madlib_keras_evaluate', madlib_mop.madlib_keras_evaluate('help')),
+             ('madlib_keras_predict', madlib_mop.madlib_keras_predict()),
+             ('madlib_keras_predict_byom', madlib_mop.madlib_keras_predict_byom('usage'))) AS u(f, t)
 ORDER BY f;
--- the whole text of one
+-- the whole text of one; another word than a help word
 SELECT madlib_mop.generate_model_configs('help');
+SELECT madlib_mop.madlib_keras_predict('what');
 -- the catalog analysts read
 SELECT column_name FROM information_schema.columns
 WHERE table_schema = 'madlib_mop' AND table_name = 'job_progress' ORDER BY ordinal_position;
