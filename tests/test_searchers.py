@@ -8,7 +8,7 @@ import pytest
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.runtime import model_config as mc
 from madlib_mop.search import grid
-from madlib_mop.search.base import Decision, FixedSearcher, NoPruner, Report
+from madlib_mop.search.base import Decision, NoPruner, Report
 
 
 def grid_search(model_ids, compile_grid, fit_grid):
@@ -119,13 +119,6 @@ def test_random_searcher_asked_one_at_a_time_draws_what_a_batch_draws():
         searcher.tell(Report(1, 1, {"loss": 0.5}, None))  # results do not steer random search
         one_by_one.append(searcher.ask())
     assert one_by_one == batch
-
-
-def test_fixed_searcher_gives_each_configuration_once_in_order():
-    configs = [mc.Config(1, "loss='mse'", ""), mc.Config(2, "loss='mae'", "epochs=2")]
-    searcher = FixedSearcher(configs)
-    assert [searcher.ask(), searcher.ask(), searcher.ask()] == configs + [None]
-    assert searcher.finished()
 
 
 def test_the_default_pruner_stops_nothing():

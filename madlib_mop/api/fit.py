@@ -19,17 +19,14 @@ from madlib_mop.engine.local import LocalEngine
 from madlib_mop.job import outputs
 from madlib_mop.job.coordinator import Coordinator, start_pool
 from madlib_mop.job.plan import plan_job
-from madlib_mop.job.store import JOB_TABLES, identifiers
+from madlib_mop.job.store import TABLE_SUFFIXES, identifiers
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.runtime import training
 
 
-
-def _names(plpy: Any, out: catalog.NewTable) -> dict[str, list[str]]:
+def _names(out: catalog.NewTable) -> dict[str, list[str]]:
     """The job's tables as [schema, table] (how the jobs row records them)."""
-    suffixes = {"output": "", "summary": "_summary", "info": "_info"}
-    suffixes.update({t: f"_mop_{t}" for t in JOB_TABLES})
-    return {key: [out.schema, out.name + suffix] for key, suffix in suffixes.items()}
+    return {key: [out.schema, out.name + suffix] for key, suffix in TABLE_SUFFIXES.items()}
 
 
 def _find_job(plpy: Any, out: catalog.NewTable, unfinished: bool):
@@ -77,7 +74,7 @@ def _create_job(plpy: Any, plan, previous_job: dict | None) -> int:
     """The jobs row, the output and per-job tables, and every model's initial state, in one
     transaction of a session of its own: a failed start leaves nothing."""
     schema = sql.Identifier(catalog.extension_schema_name(plpy))
-    names = _names(plpy, plan.out)
+    names = _names(plan.out)
     t = identifiers(names)
     seed = plan.arguments["seed"]
     previous_states: dict[int, bytes] = {}

@@ -35,7 +35,9 @@ same way (docs/architecture.md).
 from __future__ import annotations
 
 import abc
-from typing import Any
+
+from madlib_mop import errors
+from madlib_mop.errors import MadlibMopError
 
 
 class Worker(abc.ABC):
@@ -93,19 +95,14 @@ class Engine(abc.ABC):
 
 def failure_sqlstate(error: BaseException) -> str | None:
     """The SQLSTATE of a worker call's failure, whichever side raised it."""
-    from madlib_mop.errors import MadlibMopError
-
     if isinstance(error, MadlibMopError):
         return error.sqlstate
     return getattr(getattr(error, "diag", None), "sqlstate", None)
 
 
-def as_error(error: BaseException, default_hint: str = "See the server log.") -> Any:
+def as_error(error: BaseException, default_hint: str = "See the server log.") -> MadlibMopError:
     """A worker's failure as the MadlibMopError the caller raises (its SQLSTATE, message,
     DETAIL and HINT kept)."""
-    from madlib_mop import errors
-    from madlib_mop.errors import MadlibMopError
-
     if isinstance(error, MadlibMopError):
         return error
     diag = getattr(error, "diag", None)

@@ -66,9 +66,8 @@ class RetryPolicy:
     def message(error: BaseException) -> str:
         return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
-    def check(self, task: Task, error: BaseException) -> None:
+    def check(self, task: Task, error: BaseException, message: str) -> None:
         """Raises if the job cannot go on."""
-        message = self.message(error)
         sqlstate = failure_sqlstate(error)
         final = sqlstate is not None and sqlstate[:2] in self.FINAL_CLASSES
         if task.attempt >= self.MAX_ATTEMPTS or final:
@@ -175,7 +174,7 @@ class Coordinator:
         message = RetryPolicy.message(error)
         self.store.note_error(f"{task.kind} mst_key {task.mst_key} step {task.step} segment "
                               f"{task.segment} attempt {task.attempt}: {message}")
-        self.retry.check(task, error)
+        self.retry.check(task, error, message)
         self.plpy.notice(f"madlib_mop: job {self.job_id}: {task.kind} of mst_key {task.mst_key} on "
                          f"segment {task.segment} failed ({message}); running it again")
         if task.kind == "train":

@@ -8,7 +8,7 @@ from typing import Any
 from madlib_mop import errors
 from madlib_mop.db import catalog, packed
 from madlib_mop.errors import MadlibMopError
-from madlib_mop.job.store import JOB_TABLES
+from madlib_mop.job.store import TABLE_SUFFIXES
 from madlib_mop.runtime import keras_json, model_config, training
 
 
@@ -26,10 +26,6 @@ class Plan:
     epochs: dict  # mst_key -> fit epochs (passes per iteration)
     out: catalog.NewTable
     arguments: dict
-
-
-def _summary(plpy: Any, table: str, argument: str) -> dict:
-    return packed.read_summary(plpy, table, argument=argument)
 
 
 def _check_model(plpy: Any, config: dict, source: dict) -> None:
@@ -96,8 +92,9 @@ def plan_job(plpy: Any, source_table: str, model_output_table: str, model_select
             f"metrics_compute_frequency must be between 1 and num_iterations ({num_iterations})",
             sqlstate=errors.INVALID_PARAMETER_VALUE,
             hint="Pass NULL (metrics after the last iteration) or a number in that range.")
-    source = _summary(plpy, source_table, "source_table")
-    validation = _summary(plpy, validation_table, "validation_table") if validation_table else None
+    source = packed.read_summary(plpy, source_table, argument="source_table")
+    validation = (packed.read_summary(plpy, validation_table, argument="validation_table")
+                  if validation_table else None)
     if validation is not None:
         for key in ("label_kind", "feature_shape", "normalizing_const", "class_values", "num_classes"):
             if validation[key] != source[key]:
@@ -134,8 +131,9 @@ def plan_job(plpy: Any, source_table: str, model_output_table: str, model_select
                                  hint="Load the architecture with load_keras_model().")
         _check_model(plpy, config, source)
     out = catalog.new_table(plpy, model_output_table, argument="model_output_table")
-    for suffix in ("_summary", "_info") + tuple(f"_mop_{t}" for t in JOB_TABLES):
-        out.sibling(suffix, plpy)  # checks the names fit
+    for suffix in TABLE_SUFFIXES.values():
+        if suffix:
+            out.sibling(suffix, plpy)  # checks the names fit
     arguments = {"source_table": source_table, "model_output_table": model_output_table,
                  "model_selection_table": model_selection_table, "num_iterations": num_iterations,
                  "validation_table": validation_table, "metrics_compute_frequency": frequency,

@@ -28,6 +28,9 @@ from madlib_mop.errors import MadlibMopError
 from madlib_mop.runtime import model_config
 
 JOB_TABLES = ("models", "state", "visits", "evals")
+# Every table of a job, by key: the suffix its name adds to the output table's.
+TABLE_SUFFIXES = {"output": "", "summary": "_summary", "info": "_info",
+                  **{t: f"_mop_{t}" for t in JOB_TABLES}}
 
 
 def identifiers(tables: dict) -> dict[str, sql.Identifier]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import abc
 import enum
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Mapping
 
 from madlib_mop.runtime.model_config import Config
 
@@ -86,20 +86,3 @@ class NoPruner(Pruner):
 
     def decide(self, report: Report, peers: Mapping[int, Report]) -> Decision:
         return Decision.CONTINUE
-
-
-class FixedSearcher(Searcher):
-    """The configurations of a model selection table, each once, in mst_key order."""
-
-    def __init__(self, configs: Sequence[Config]):
-        self._configs = list(configs)
-        self._next = 0
-
-    def ask(self) -> Config | None:
-        if self._next >= len(self._configs):
-            return None
-        self._next += 1
-        return self._configs[self._next - 1]
-
-    def finished(self) -> bool:
-        return self._next >= len(self._configs)
