@@ -3,6 +3,8 @@
 #   make demo     install what is missing, start the embedded PostgreSQL, run the demo
 #   make test     the same set-up, then the whole test suite
 #   make dsn      print the connection string in use:  psql "$(make -s dsn)"
+#   make cluster  a coordinator and two segment servers on this machine (.cluster/):
+#                 psql "$(make -s cluster-dsn)"; make cluster-stop; make cluster-kill-segment
 #
 # Every step is a stamp or an idempotent command, so a second `make demo` reinstalls nothing.
 
@@ -26,10 +28,11 @@ PYTEST_ARGS   ?=
 # Optional dependency groups installed into the runtime (the Docker image uses none).
 PIP_EXTRAS    ?= test,bench
 
-.PHONY: help deps venv build install installcheck demo test bench db-start db-stop db-status db-destroy dsn clean
+.PHONY: help deps venv build install installcheck demo test bench db-start db-stop db-status db-destroy dsn \
+        cluster cluster-dsn cluster-stop cluster-status cluster-kill-segment cluster-destroy clean
 
 help:
-	@echo "make demo | make test | make installcheck | make bench | make dsn | make install | make db-start | make db-stop | make db-status | make db-destroy | make clean"
+	@echo "make demo | make test | make installcheck | make bench | make dsn | make install | make db-start | make db-stop | make db-status | make db-destroy | make cluster | make cluster-dsn | make cluster-stop | make cluster-status | make cluster-kill-segment | make cluster-destroy | make clean"
 
 # ---- Debian packages (as root) ------------------------------------------------
 deps: $(STAMPS)/apt
@@ -97,6 +100,25 @@ db-destroy:
 
 dsn:
 	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.embedded dsn
+
+# ---- several servers on this machine (madlib_mop.tools.cluster) ---------------------
+cluster: $(STAMPS)/venv install
+	@$(PY) -m madlib_mop.tools.cluster start
+
+cluster-dsn:
+	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.cluster dsn
+
+cluster-stop:
+	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.cluster stop
+
+cluster-status:
+	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.cluster status
+
+cluster-kill-segment:
+	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.cluster kill-segment
+
+cluster-destroy:
+	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.cluster destroy
 
 # ---- the two commands -------------------------------------------------------------
 demo: $(STAMPS)/venv install db-start

@@ -15,6 +15,8 @@ from psycopg import sql
 
 from madlib_mop import errors
 from madlib_mop.db import catalog, worker_session
+from madlib_mop.engine.base import Engine
+from madlib_mop.engine.cluster import engine_for
 from madlib_mop.engine.local import LocalEngine
 from madlib_mop.job import outputs
 from madlib_mop.job.coordinator import Coordinator, start_pool
@@ -128,9 +130,19 @@ def _create_job(plpy: Any, plan, previous_job: dict | None) -> int:
     return job_id
 
 
-def run_job(plpy: Any, job_id: int, can_commit: bool, engine: LocalEngine | None = None,
+def _engine(plpy: Any, packed_table: str) -> Engine:
+    """Where the job's workers run: on this server, or on the segment servers that hold
+    the packed table's segments."""
+    return engine_for(plpy, packed_table, lambda: LocalEngine(plpy))
+
+
+def run_job(plpy: Any, job_id: int, can_commit: bool, engine: Engine | None = None,
             pool=None) -> None:
-    engine = engine or LocalEngine(plpy)
+    if engine is None:
+        source = plpy.execute(plpy.prepare(
+            f"SELECT source_table FROM {catalog.extension_schema(plpy)}.jobs WHERE job_id = $1 "
+            "AND owner = current_user", ["bigint"]), [job_id])[0]["source_table"]
+        engine = _engine(plpy, source)
     try:
         coordinator = Coordinator(plpy, job_id, can_commit, engine, pool)
     except BaseException:
@@ -194,7 +206,7 @@ def fit_multiple_model(plpy: Any, source_table: str, model_output_table: str,
         raise MadlibMopError(f"warm_start: {plan.out.quoted} does not exist",
                              sqlstate=errors.UNDEFINED_TABLE,
                              hint="Train it first, or pass warm_start => FALSE.")
-    engine = LocalEngine(plpy)
+    engine = _engine(plpy, plan.source["packed_table"])
     pool = start_pool(engine, plan.source["num_segments"])
     try:
         job_id = _create_job(plpy, plan, previous)

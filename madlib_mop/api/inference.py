@@ -22,6 +22,8 @@ import numpy as np
 from madlib_mop import errors
 from madlib_mop.api import preprocessor
 from madlib_mop.db import catalog, packed, scan, settings, worker_session
+from madlib_mop.engine.base import Engine
+from madlib_mop.engine.cluster import ClusterEngine, engine_for
 from madlib_mop.engine.local import LocalEngine
 from madlib_mop.engine.pool import run_all
 from madlib_mop.runtime import keras_json, model_config, packing, training
@@ -114,11 +116,17 @@ def _build(ref: ModelRef, compile_model: bool, threads: int | None = None):
 
 # ---- running on workers -------------------------------------------------------------------
 
-def _run_parallel(plpy: Any, calls: list) -> list[Any]:
+def _run_parallel(plpy: Any, calls: list, engine: Engine | None = None) -> list[Any]:
     """Each call (worker -> result) on its own inference worker of the engine, concurrently;
     a cancel of this call cancels them."""
-    engine = LocalEngine(plpy)
-    return run_all(engine.inference_workers(len(calls)), calls, lambda: plpy.execute("SELECT 1"))
+    engine = engine or LocalEngine(plpy)
+    workers = engine.inference_workers(len(calls))
+    try:
+        return run_all(workers, calls, lambda: plpy.execute("SELECT 1"))
+    finally:
+        if not isinstance(engine, LocalEngine):  # only this server's are kept for later calls
+            for worker in workers:
+                worker.close()
 
 
 def _worker_count(plpy: Any) -> int:
@@ -170,10 +178,20 @@ def _evaluate(plpy, model_table, test_table, output_table, use_gpus, mst_key, al
                              sqlstate=errors.DATATYPE_MISMATCH,
                              hint="Pack the test data with validation_preprocessor_dl() against "
                                   "the model's training table.")
-    task = {"model_table": refs[0].model_oid, "mst_keys": [r.mst_key for r in refs],
-            "test_table": test["packed_oid"]}
+    engine = engine_for(plpy, test["packed_oid"], lambda: LocalEngine(plpy))
+    if isinstance(engine, ClusterEngine):
+        # A segment server has neither the model table nor the summary: they come with the call.
+        x_col, y_col = packed.packed_columns(test)
+        task = {"models": [{"mst_key": r.mst_key, "model_arch": r.model_arch,
+                            "compile_params": r.compile_params} for r in refs],
+                "columns": [x_col, y_col, test["label_kind"] == "classification"],
+                "partitions": {str(k): part.quoted for k, part in engine.partitions.items()},
+                "weights": [r.weights for r in refs]}
+    else:
+        task = {"model_table": refs[0].model_oid, "mst_keys": [r.mst_key for r in refs],
+                "test_table": test["packed_oid"]}
     parts = _run_parallel(plpy, [lambda worker, p=p: worker.evaluate_models(task, p)
-                                 for p in range(test["num_segments"])])
+                                 for p in range(test["num_segments"])], engine)
     rows = []
     for index, ref in enumerate(refs):
         per_model = [part[index] for part in parts if part[index]["rows"]]
@@ -203,9 +221,24 @@ def worker_evaluate(plpy: Any, task: str, partition: int) -> str:
     classification = test["label_kind"] == "classification"
     buffers = scan_partition(plpy, test["packed_table"], PackedColumns(x_col, y_col, classification),
                              partition)
+    refs = [trained_models(plpy, task["model_table"], k, all_models=True)[0] for k in task["mst_keys"]]
+    return _evaluate_on(refs, buffers, classification)
+
+
+def segment_evaluate(plpy: Any, task: str, partition: int, weights: list[bytes]) -> str:
+    """worker_evaluate on a segment server: the models, their weights and where the
+    partition's rows are come with the call."""
+    task = json.loads(task)
+    columns = PackedColumns(*task["columns"])
+    buffers = scan_partition(plpy, task["partitions"][str(partition)], columns, partition)
+    refs = [ModelRef(None, m["mst_key"], m["model_arch"], bytes(w), m["compile_params"], None,
+                     1.0, columns.label) for m, w in zip(task["models"], weights)]
+    return _evaluate_on(refs, buffers, columns.classification)
+
+
+def _evaluate_on(refs: list[ModelRef], buffers: list, classification: bool) -> str:
     results = []
-    for mst_key in task["mst_keys"]:
-        ref = trained_models(plpy, task["model_table"], mst_key, all_models=True)[0]
+    for ref in refs:
         model = _build(ref, compile_model=True)
         outcome = training.evaluate(model, ref.spec(), buffers, classification)
         results.append({"rows": outcome.rows, "metrics": outcome.means()})

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from madlib_mop import errors
-from madlib_mop.db import catalog, scan, settings
+from madlib_mop.db import catalog, scan, segments, settings
 from madlib_mop.db.packed import MULTI_COLUMN_FEATURES, read_summary
 from madlib_mop.runtime import packing
 from madlib_mop.errors import MadlibMopError
@@ -262,11 +262,14 @@ def _preprocess(plpy, module, source_table, output_table, dependent_varname, ind
     _check_positive(normalizing_const, "normalizing_const")
     if normalizing_const is None:
         normalizing_const = 1.0
-    if training is None:
-        segments = segment_count(plpy, distribution_rules)
+    homes = segment_homes(plpy, distribution_rules, training)
+    if homes is not None:
+        segment_total = len(homes)
+    elif training is None:
+        segment_total = segment_count(plpy, distribution_rules)
     else:
-        segments = (segment_count(plpy, distribution_rules) if distribution_rules is not None
-                    else int(training["num_segments"]))
+        segment_total = (segment_count(plpy, distribution_rules) if distribution_rules is not None
+                         else int(training["num_segments"]))
     columns = {features.packed_column, label.name, f"{features.packed_column}_shape",
                f"{label.name}_shape", "buffer_id", "__dist_key__"}
     if len(columns) != 6:
@@ -300,67 +303,76 @@ def _preprocess(plpy, module, source_table, output_table, dependent_varname, ind
     budget = (settings.whole_number(plpy, MEMORY_SETTING) or DEFAULT_MEMORY_MB) * 1024 * 1024
     class_index = {value: i for i, value in enumerate(label.class_values)}
 
-    wave_start, written = 0, 0
-    insert = None
-    while wave_start < rows:
-        wave_rows, wave_x, wave_y, seen = None, None, None, 0
-        for chunk_x, chunk_y in reader.chunks():
-            n = chunk_x.shape[0]
-            if feature_shape is None:
-                feature_shape = tuple(chunk_x.shape[1:])
-                row_bytes = 4 * math.prod(feature_shape)
-                if training is not None and list(feature_shape) != list(training["feature_shape"]):
-                    raise MadlibMopError(
-                        f"the features of {table.name} have shape {list(feature_shape)}, "
-                        f"the training data's {list(training['feature_shape'])}",
-                        sqlstate=errors.DATATYPE_MISMATCH,
-                        hint="Validation rows need the same feature shape as the training rows.")
-                if buffer_size is None:
-                    buffer_size = packing.default_buffer_size(rows, row_bytes, segments)
-                layout = packing.buffer_layout(rows, buffer_size, segments)
-                wave_rows = max(int(buffer_size), budget // max(1, row_bytes))
-                insert = _create_output(plpy, out, features, label, segments)
-            elif tuple(chunk_x.shape[1:]) != feature_shape:
-                raise reader.ragged(feature_shape, chunk_x.shape[1:])
-            if wave_x is None:
-                # The wave ends on a buffer boundary so that buffers are written whole.
-                wave_stop = _wave_stop(layout, wave_start, wave_rows)
-                wave_x = np.empty((wave_stop - wave_start, *feature_shape), dtype=np.float32)
-                wave_y = (np.empty(wave_stop - wave_start, dtype=np.int64) if label.classification
-                          else np.empty((wave_stop - wave_start, chunk_y.shape[1]), dtype=np.float32))
-            where = positions[seen: seen + n]
-            mask = (where >= wave_start) & (where < wave_stop)
-            wave_x[where[mask] - wave_start] = chunk_x[mask]
-            if label.classification:
-                codes = _encode(chunk_y, class_index, table, label)
-                wave_y[where[mask] - wave_start] = codes[mask]
-            else:
-                wave_y[where[mask] - wave_start] = chunk_y[mask]
-            seen += n
-        if seen != rows:
-            raise MadlibMopError(f"{table.name} changed while it was being packed",
-                                 sqlstate=errors.DATA_EXCEPTION,
-                                 detail=f"Counted {rows} rows, then read {seen}.",
-                                 hint="Pack a table that is not being written to.")
-        for buffer in layout:
-            if wave_start <= buffer.start < wave_stop:
-                x = wave_x[buffer.start - wave_start: buffer.stop - wave_start]
-                y = wave_y[buffer.start - wave_start: buffer.stop - wave_start]
-                if normalizing_const != 1.0:
-                    x = x / np.float32(normalizing_const)
-                y = packing.one_hot(y, classes).astype("<i2") if label.classification else y
-                plpy.execute(insert, [x.astype("<f4").tobytes(), y.tobytes(),
-                                      [buffer.rows, *feature_shape], list(y.shape),
-                                      buffer.buffer_id, buffer.segment])
-                written += 1
-        wave_start = wave_stop
-    reader.close()
+    output = None  # the segments' tables on segment servers, dropped if this fails
+    try:
+        wave_start, written = 0, 0
+        insert = None
+        while wave_start < rows:
+            wave_rows, wave_x, wave_y, seen = None, None, None, 0
+            for chunk_x, chunk_y in reader.chunks():
+                n = chunk_x.shape[0]
+                if feature_shape is None:
+                    feature_shape = tuple(chunk_x.shape[1:])
+                    row_bytes = 4 * math.prod(feature_shape)
+                    if training is not None and list(feature_shape) != list(training["feature_shape"]):
+                        raise MadlibMopError(
+                            f"the features of {table.name} have shape {list(feature_shape)}, "
+                            f"the training data's {list(training['feature_shape'])}",
+                            sqlstate=errors.DATATYPE_MISMATCH,
+                            hint="Validation rows need the same feature shape as the training rows.")
+                    if buffer_size is None:
+                        buffer_size = packing.default_buffer_size(rows, row_bytes, segment_total)
+                    layout = packing.buffer_layout(rows, buffer_size, segment_total)
+                    wave_rows = max(int(buffer_size), budget // max(1, row_bytes))
+                    output = PackedOutput(plpy, out, features, label, homes)
+                    insert = output.create(segment_total)
+                elif tuple(chunk_x.shape[1:]) != feature_shape:
+                    raise reader.ragged(feature_shape, chunk_x.shape[1:])
+                if wave_x is None:
+                    # The wave ends on a buffer boundary so that buffers are written whole.
+                    wave_stop = _wave_stop(layout, wave_start, wave_rows)
+                    wave_x = np.empty((wave_stop - wave_start, *feature_shape), dtype=np.float32)
+                    wave_y = (np.empty(wave_stop - wave_start, dtype=np.int64) if label.classification
+                              else np.empty((wave_stop - wave_start, chunk_y.shape[1]), dtype=np.float32))
+                where = positions[seen: seen + n]
+                mask = (where >= wave_start) & (where < wave_stop)
+                wave_x[where[mask] - wave_start] = chunk_x[mask]
+                if label.classification:
+                    codes = _encode(chunk_y, class_index, table, label)
+                    wave_y[where[mask] - wave_start] = codes[mask]
+                else:
+                    wave_y[where[mask] - wave_start] = chunk_y[mask]
+                seen += n
+            if seen != rows:
+                raise MadlibMopError(f"{table.name} changed while it was being packed",
+                                     sqlstate=errors.DATA_EXCEPTION,
+                                     detail=f"Counted {rows} rows, then read {seen}.",
+                                     hint="Pack a table that is not being written to.")
+            for buffer in layout:
+                if wave_start <= buffer.start < wave_stop:
+                    x = wave_x[buffer.start - wave_start: buffer.stop - wave_start]
+                    y = wave_y[buffer.start - wave_start: buffer.stop - wave_start]
+                    if normalizing_const != 1.0:
+                        x = x / np.float32(normalizing_const)
+                    y = packing.one_hot(y, classes).astype("<i2") if label.classification else y
+                    plpy.execute(insert, [x.astype("<f4").tobytes(), y.tobytes(),
+                                          [buffer.rows, *feature_shape], list(y.shape),
+                                          buffer.buffer_id, buffer.segment])
+                    written += 1
+            wave_start = wave_stop
+        reader.close()
 
-    _write_summary(plpy, summary_table, source_table, output_table, label, features, buffer_size,
-                   normalizing_const, classes, distribution_rules, segments, rows, layout,
-                   feature_shape, seed)
+        _write_summary(plpy, summary_table, source_table, output_table, label, features, buffer_size,
+                       normalizing_const, classes, distribution_rules, segment_total, rows, layout,
+                       feature_shape, seed)
+    except BaseException:
+        if output is not None:
+            output.drop_remote()
+        raise
+    where = "" if homes is None else f" on {len({h.name for h in homes})} segment servers"
     plpy.notice(f"{module}: packed {rows} rows of {table.name} into {written} buffers on "
-                f"{segments} segments in {out.quoted} ({time.perf_counter() - started:.1f}s)")
+                f"{segment_total} segments{where} in {out.quoted} "
+                f"({time.perf_counter() - started:.1f}s)")
 
 
 def _wave_stop(layout: list, wave_start: int, wave_rows: int) -> int:
@@ -432,30 +444,124 @@ def _encode(values: list, class_index: dict, table, label) -> np.ndarray:
                              hint="Pack a table that is not being written to.") from None
 
 
-def _create_output(plpy, out, features, label, segments):
-    q = plpy.quote_ident
-    x, y = q(features.packed_column), q(label.name)
-    xs, ys = q(features.packed_column + "_shape"), q(label.name + "_shape")
-    plpy.execute(f"""
-        CREATE TABLE {out.quoted} (
-            __dist_key__ integer NOT NULL,
-            {x} bytea NOT NULL,
-            {y} bytea NOT NULL,
-            {xs} integer[] NOT NULL,
-            {ys} integer[] NOT NULL,
-            buffer_id integer NOT NULL,
-            PRIMARY KEY (__dist_key__, buffer_id)
-        ) PARTITION BY LIST (__dist_key__)""")
-    for segment in range(segments):
-        part = out.sibling(f"_seg{segment}", plpy)
-        part.must_not_exist(plpy)
-        plpy.execute(f"CREATE TABLE {part.quoted} PARTITION OF {out.quoted} FOR VALUES IN ({segment})")
-        # Float bytes do not compress: store them out of line without trying.
-        plpy.execute(f"ALTER TABLE {part.quoted} ALTER COLUMN {x} SET STORAGE EXTERNAL")
-    return plpy.prepare(
-        f"INSERT INTO {out.quoted} ({x}, {y}, {xs}, {ys}, buffer_id, __dist_key__) "
-        "VALUES ($1, $2, $3, $4, $5, $6)",
-        ["bytea", "bytea", "integer[]", "integer[]", "integer", "integer"])
+def segment_homes(plpy: Any, distribution_rules: str | None, training: dict | None
+                  ) -> list[segments.SegmentServer] | None:
+    """The segment server of each segment of a new packed table, or None (this server).
+    Training data: 'all_segments' spreads it over every registered segment server.
+    Validation data: partition p goes where the training data's segment p % S is, so that
+    the worker of that segment evaluates it where it lies."""
+    if training is None:
+        if (distribution_rules or "all_segments").strip().lower() != "all_segments":
+            return None
+        servers = segments.registered(plpy)
+        if not servers:
+            return None
+        return [segments.server_of(servers, k) for k in range(sum(s.segments for s in servers))]
+    placed = segments.placement(plpy, catalog.resolve_table(plpy, training["packed_oid"]))
+    if placed is None:
+        return None
+    count = (segment_count(plpy, distribution_rules) if distribution_rules is not None
+             else int(training["num_segments"]))
+    return [placed[k % len(placed)].server for k in range(count)]
+
+
+class PackedOutput:
+    """The packed table: partitioned by segment; a partition is a table of this server, or a
+    foreign table whose rows are stored on the segment's segment server (`homes`)."""
+
+    def __init__(self, plpy: Any, out: catalog.NewTable, features: Features, label: Label,
+                 homes: list[segments.SegmentServer] | None):
+        self.plpy, self.out, self.homes = plpy, out, homes
+        q = plpy.quote_ident
+        self.x, self.y = q(features.packed_column), q(label.name)
+        self.xs, self.ys = q(features.packed_column + "_shape"), q(label.name + "_shape")
+        self.remote: list[tuple[Any, str]] = []  # (session, table) made on segment servers
+        self.sessions: dict[str, Any] = {}
+
+    def _columns(self) -> str:
+        return (f"__dist_key__ integer NOT NULL, {self.x} bytea NOT NULL, {self.y} bytea NOT NULL, "
+                f"{self.xs} integer[] NOT NULL, {self.ys} integer[] NOT NULL, "
+                "buffer_id integer NOT NULL")
+
+    def create(self, count: int):
+        """Create the table and its partitions; the INSERT plan its buffers go through."""
+        plpy, out = self.plpy, self.out
+        # Foreign partitions take no index: the key is kept on each segment server.
+        key = ", PRIMARY KEY (__dist_key__, buffer_id)" if self.homes is None else ""
+        plpy.execute(f"CREATE TABLE {out.quoted} ({self._columns()}{key}) "
+                     "PARTITION BY LIST (__dist_key__)")
+        for segment in range(count):
+            part = out.sibling(f"_seg{segment}", plpy)
+            part.must_not_exist(plpy)
+            if self.homes is None:
+                plpy.execute(f"CREATE TABLE {part.quoted} PARTITION OF {out.quoted} "
+                             f"FOR VALUES IN ({segment})")
+                # Float bytes do not compress: store them out of line without trying.
+                plpy.execute(f"ALTER TABLE {part.quoted} ALTER COLUMN {self.x} SET STORAGE EXTERNAL")
+                continue
+            server = self.homes[segment]
+            self._create_remote(server, part, segment)
+            plpy.execute(
+                f"CREATE FOREIGN TABLE {part.quoted} PARTITION OF {out.quoted} "
+                f"FOR VALUES IN ({segment}) SERVER {plpy.quote_ident(server.name)} "
+                f"OPTIONS (schema_name {plpy.quote_literal(part.schema)}, "
+                f"table_name {plpy.quote_literal(part.name)})")
+        for session in self.sessions.values():
+            session.close()
+        return plpy.prepare(
+            f"INSERT INTO {out.quoted} ({self.x}, {self.y}, {self.xs}, {self.ys}, buffer_id, "
+            "__dist_key__) VALUES ($1, $2, $3, $4, $5, $6)",
+            ["bytea", "bytea", "integer[]", "integer[]", "integer", "integer"])
+
+    def _create_remote(self, server: segments.SegmentServer, part: catalog.NewTable,
+                       segment: int) -> None:
+        """The segment's table on its server, made in a session of the calling role there.
+        A table of the same name made by an earlier packing into this name (its packed table
+        since dropped here) is replaced; any other is left alone."""
+        plpy = self.plpy
+        if server.name not in self.sessions:
+            self.sessions[server.name] = segments.session(plpy, server)
+        session = self.sessions[server.name]
+        database = plpy.execute("SELECT current_database() AS d")[0]["d"]
+        marker = f"madlib_mop: segment {segment} of {self.out.quoted} of database {database}"
+        found = session.execute(
+            "SELECT c.oid, obj_description(c.oid, 'pg_class') AS note, "
+            "(SELECT true FROM pg_namespace WHERE nspname = %s) AS schema_exists "
+            "FROM (SELECT to_regclass(%s) AS oid) c", (part.schema, part.quoted)).fetchone()
+        if not found[2]:  # the packed table's schema, made there by the same role
+            try:
+                session.execute(f"CREATE SCHEMA IF NOT EXISTS {plpy.quote_ident(part.schema)}")
+            except Exception as error:
+                raise MadlibMopError(
+                    f"schema {part.schema} does not exist on {server.label}: {error}",
+                    sqlstate=errors.INVALID_SCHEMA_NAME,
+                    hint=f"A DBA creates it there (CREATE SCHEMA {plpy.quote_ident(part.schema)}), "
+                         "with the same privileges as here.") from None
+        if found[0] is not None:
+            if found[1] != marker:
+                raise MadlibMopError(
+                    f"table {part.quoted} already exists on {server.label}",
+                    sqlstate=errors.DUPLICATE_TABLE,
+                    hint="Drop it there, or pass another output_table.")
+            plpy.notice(f"madlib_mop: replacing {part.quoted} on {server.label}, left by an "
+                        "earlier packing into a table since dropped")
+            session.execute(f"DROP TABLE {part.quoted}")
+        session.execute(f"CREATE TABLE {part.quoted} ({self._columns()}, "
+                        f"CHECK (__dist_key__ = {segment}), PRIMARY KEY (__dist_key__, buffer_id))")
+        session.execute(f"ALTER TABLE {part.quoted} ALTER COLUMN {self.x} SET STORAGE EXTERNAL")
+        session.execute(f"COMMENT ON TABLE {part.quoted} IS {plpy.quote_literal(marker)}")
+        self.remote.append((server, part.quoted))
+
+    def drop_remote(self) -> None:
+        """After a failure: the tables made on segment servers go (this server's tables go
+        with the transaction)."""
+        for server, table in self.remote:
+            try:
+                with segments.session(self.plpy, server) as session:
+                    session.execute(f"DROP TABLE IF EXISTS {table}")
+            except Exception as error:  # the failure being raised matters more
+                self.plpy.warning(f"madlib_mop: could not drop {table} on {server.label}: {error}")
+        self.remote.clear()
 
 
 def _write_summary(plpy, summary_table, source_table, output_table, label, features, buffer_size,

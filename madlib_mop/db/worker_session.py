@@ -67,17 +67,11 @@ def _extra_parameters(text: str | None) -> dict[str, str]:
     return given
 
 
-def conninfo(plpy: Any) -> str:
-    """How this call's worker sessions connect: this server's socket (127.0.0.1 on a server
-    without one) and port, this database, the current role.  They run without statement
-    timeout, with JIT off (they load TensorFlow, whose LLVM cannot live next to the JIT's)
-    and with the caller's madlib_mop settings (e.g. worker_memory_mb)."""
-    row = plpy.execute(
-        "SELECT pg_catalog.current_setting('port') AS port, pg_catalog.current_database() AS db, "
-        "CURRENT_USER AS usr, (SELECT pg_catalog.quote_ident(n.nspname) FROM pg_catalog.pg_extension e "
-        "JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'madlib_mop') AS schema, "
-        f"pg_catalog.current_setting('{CONNINFO_SETTING}', true) AS extra")[0]
-    socket = plpy.execute(f"SELECT {row['schema']}._server_socket_directory() AS s")[0]["s"]
+def session_settings(plpy: Any) -> tuple[dict[str, str], str]:
+    """What every worker session of this call gets, on any server: the libpq parameters of
+    madlib_mop.worker_conninfo (how to connect) and its `options`: no statement timeout,
+    JIT off (they load TensorFlow, whose LLVM cannot live next to the JIT's), the runtime's
+    search_path and the caller's madlib_mop settings (e.g. worker_memory_mb)."""
     # search_path: the one the runtime pins (plpy_bridge) from the session's first statement
     # on; every name of the extension and of the user's tables is schema-qualified.
     options = ["-c statement_timeout=0", "-c idle_in_transaction_session_timeout=0",
@@ -91,14 +85,28 @@ def conninfo(plpy: Any) -> str:
                                      sqlstate=errors.INVALID_PARAMETER_VALUE,
                                      hint=f"SET {name} = 1024, or RESET {name}.")
             options.append(f"-c {name}={value}")
-    extra = _extra_parameters(row["extra"])
+    extra = _extra_parameters(plpy.execute(setting, [CONNINFO_SETTING])[0]["v"])
+    return extra, " ".join(options)
+
+
+def conninfo(plpy: Any) -> str:
+    """How this call's worker sessions on this server connect: this server's socket
+    (127.0.0.1 on a server without one) and port, this database, the current role."""
+    row = plpy.execute(
+        "SELECT pg_catalog.current_setting('port') AS port, pg_catalog.current_database() AS db, "
+        "CURRENT_USER AS usr, (SELECT pg_catalog.quote_ident(n.nspname) FROM pg_catalog.pg_extension e "
+        "JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'madlib_mop') AS schema")[0]
+    socket = plpy.execute(f"SELECT {row['schema']}._server_socket_directory() AS s")[0]["s"]
+    extra, options = session_settings(plpy)
     # The identity comes last and from the server alone: nothing in `extra` can name it.
     return make_conninfo("", **extra, host=socket or "127.0.0.1", port=row["port"],
-                         dbname=row["db"], user=row["usr"], options=" ".join(options))
+                         dbname=row["db"], user=row["usr"], options=options)
 
 
-def connect(info: str, autocommit: bool = True, **kwargs: Any) -> psycopg.Connection:
-    """A worker session; a refused login becomes an error that says what the DBA must do."""
+def connect(info: str, autocommit: bool = True, refused_hint: str | None = None,
+            **kwargs: Any) -> psycopg.Connection:
+    """A worker session; a refused login becomes an error that says what the DBA must do
+    (`refused_hint`, or this server's set-up)."""
     try:
         return psycopg.connect(info, autocommit=autocommit, **kwargs)
     except psycopg.OperationalError as error:
@@ -113,8 +121,9 @@ def connect(info: str, autocommit: bool = True, **kwargs: Any) -> psycopg.Connec
             f"the server could not open a worker session as role {role}",
             sqlstate=errors.INVALID_AUTHORIZATION,
             detail=f"Connecting over {host}: {text}",
-            hint="Worker sessions are opened by the server's OS user over its Unix socket with "
+            hint=refused_hint or (
+                "Worker sessions are opened by the server's OS user over its Unix socket with "
                  "peer authentication and the madlib_mop user name map. A DBA allows this role "
                  f"once: add 'madlib_mop  postgres  {role}' to pg_ident.conf (the server's OS "
                  "user, then the role), with 'local all all peer map=madlib_mop' in "
-                 "pg_hba.conf, and reload (README: Deploying on your server).") from None
+                 "pg_hba.conf, and reload (README: Deploying on your server).")) from None

@@ -27,14 +27,15 @@ Contract of an `Engine`:
   them for the session's later calls (TensorFlow imported, models built once).
 
 Engines: `local.LocalEngine` (the segments are partitions of one server's packed table;
-workers are sessions of that server).  A several-servers engine implements the same
-classes over sessions on the segment servers; Greenplum's segments would be reached the
-same way (docs/architecture.md).
+workers are sessions of that server) and `cluster.ClusterEngine` (the partitions are foreign
+tables on segment servers; workers are sessions there).  Greenplum's segments would be
+reached the same way (docs/architecture.md).
 """
 
 from __future__ import annotations
 
 import abc
+from typing import Any
 
 from madlib_mop import errors
 from madlib_mop.errors import MadlibMopError
@@ -42,6 +43,11 @@ from madlib_mop.errors import MadlibMopError
 
 class Worker(abc.ABC):
     segment: int
+
+    @property
+    def where(self) -> str:
+        """The server it runs on, as messages name it."""
+        return "this server"
 
     def rename(self, label: str) -> None:
         """How the worker's session shows in pg_stat_activity from its next call on."""
@@ -88,6 +94,10 @@ class Worker(abc.ABC):
 class Engine(abc.ABC):
     @abc.abstractmethod
     def worker(self, segment: int, label: str) -> Worker: ...
+
+    def prepare_job(self, plpy: Any, job_id: int) -> None:
+        """Called in the coordinator's thread before the job's first call: an engine whose
+        workers cannot read the job's row reads what they need here."""
 
     @abc.abstractmethod
     def inference_workers(self, count: int) -> list[Worker]: ...

@@ -29,13 +29,16 @@ class LocalWorker(Worker):
 
     def _session(self) -> psycopg.Connection:
         if self._connection is None or self._connection.closed:
-            self._connection = worker_session.connect(self.conninfo)
+            self._connection = self._open()
             self._named = None
         if self._named != self.label:  # a job's id may come after the warm-up
             self._connection.execute("SELECT set_config('application_name', %s, false)",
                                      (self.label,))
             self._named = self.label
         return self._connection
+
+    def _open(self) -> psycopg.Connection:
+        return worker_session.connect(self.conninfo)
 
     def _call(self, function: str, *args: Any, columns: str = "*"):
         query = sql.SQL("SELECT {} FROM {}.{}({})").format(

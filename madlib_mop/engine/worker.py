@@ -9,6 +9,10 @@ given.  A call gets the model's state, trains one sub-epoch (or evaluates) and r
 new state: the caller commits it (see `madlib_mop.engine.base` for the contract).
 
 Caches are keyed by (job id, owner): a session serves one job at a time.
+
+On this server a worker looks its job up in the `jobs` table.  A worker on a segment server
+has no job row there: the engine ships the job's description when it opens the session
+(`_mop_segment_job`), and the worker reads its segment's table of that server.
 """
 
 from __future__ import annotations
@@ -52,6 +56,8 @@ _contexts: dict[tuple[int, str], JobContext] = {}  # (job_id, owner)
 class PackedData:
     table: str  # the packed table's qualified, quoted name
     columns: PackedColumns
+    # On a segment server: segment -> the table of that server holding its rows.
+    partitions: dict[int, str] = field(default_factory=dict)
 
 
 def _packed(plpy: Any, table: str) -> PackedData:
@@ -61,7 +67,44 @@ def _packed(plpy: Any, table: str) -> PackedData:
                       PackedColumns(x, y, summary["label_kind"] == "classification"))
 
 
+def _budget_bytes(plpy: Any, use_caching: bool) -> int:
+    budget = settings.whole_number(plpy, MEMORY_SETTING, minimum=0, strict=False)
+    budget = DEFAULT_MEMORY_MB if budget is None else budget
+    # use_caching => FALSE: read the buffers for every sub-epoch
+    return budget * 1024 * 1024 if use_caching else 0
+
+
+def ship(plpy: Any, description: dict) -> None:
+    """A segment server's session gets its job (see `engine.cluster.job_description`):
+    kept for the current role only, replacing any other job of this session."""
+    role = plpy.execute("SELECT current_user AS r")[0]["r"]
+    import_tensorflow()  # sized by the warm-up (the segments of this server)
+
+    def data(part: dict | None) -> PackedData | None:
+        if part is None:
+            return None
+        return PackedData(part["table"], PackedColumns(*part["columns"]),
+                          {int(k): v for k, v in part["partitions"].items()})
+
+    ctx = JobContext(description["job_id"], description["seed"], description["segments"],
+                     {}, data(description["train"]), data(description["validation"]),
+                     _budget_bytes(plpy, description["use_caching"]))
+    for m in description["models"]:
+        ctx.specs[m["mst_key"]] = training.ModelSpec(m["mst_key"], m["model_arch"],
+                                                     m["compile_params"], m["fit_params"])
+    _contexts.clear()
+    _contexts[(ctx.job_id, role)] = ctx
+    _shipped.add((ctx.job_id, role))
+
+
+_shipped: set[tuple[int, str]] = set()  # the contexts a segment server's session was given
+
+
 def context(plpy: Any, job_id: int) -> JobContext:
+    if _shipped:
+        role = plpy.execute("SELECT current_user AS r")[0]["r"]
+        if (job_id, role) in _shipped and (job_id, role) in _contexts:
+            return _contexts[(job_id, role)]
     # Looked up at every call, as the current role: a backend's cache never serves a job to
     # a role that does not own it (also not after SET ROLE), nor one that no longer exists.
     rows = plpy.execute(plpy.prepare(
@@ -76,20 +119,18 @@ def context(plpy: Any, job_id: int) -> JobContext:
     job = rows[0]
     tables = {key: ".".join(plpy.quote_ident(part) for part in parts)
               for key, parts in json.loads(job["tables"]).items()}
-    budget = settings.whole_number(plpy, MEMORY_SETTING, minimum=0, strict=False)
-    budget = DEFAULT_MEMORY_MB if budget is None else budget
-    if json.loads(job["arguments"]).get("use_caching") is False:
-        budget = 0  # use_caching => FALSE: read the buffers for every sub-epoch
+    budget = _budget_bytes(plpy, json.loads(job["arguments"]).get("use_caching") is not False)
     import_tensorflow(threads=max(1, (os.cpu_count() or 1) // job["num_segments"]))
     ctx = JobContext(job_id, job["seed"], job["num_segments"], tables,
                      _packed(plpy, job["source_table"]),
                      _packed(plpy, job["validation_table"]) if job["validation_table"] else None,
-                     budget * 1024 * 1024)
+                     budget)
     for row in plpy.execute(f"SELECT * FROM {tables['models']}"):
         ctx.specs[row["mst_key"]] = training.ModelSpec(
             row["mst_key"], row["model_arch"], row["compile_params"], row["fit_params"],
             row["initial_weights"])
     _contexts.clear()  # a backend serves one job at a time: drop another job's caches
+    _shipped.clear()
     _contexts[(job_id, job["owner"])] = ctx
     return ctx
 
@@ -105,7 +146,8 @@ def _buffers(plpy: Any, ctx: JobContext, data: PackedData, segment: int) -> list
     the memory budget (worker_memory_mb)."""
     key = (data.table, segment)
     if key not in ctx.buffers:
-        ctx.buffers[key] = scan_partition(plpy, data.table, data.columns, segment, ctx.budget_bytes)
+        ctx.buffers[key] = scan_partition(plpy, data.partitions.get(segment, data.table),
+                                          data.columns, segment, ctx.budget_bytes)
     return ctx.buffers[key]
 
 

@@ -16,8 +16,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
+
 from madlib_mop import errors
-from madlib_mop.db import catalog, worker_session
+from madlib_mop.db import catalog, settings, worker_session
 from madlib_mop.engine.base import Engine, Worker, failure_sqlstate
 from madlib_mop.engine.pool import WorkerPool
 from madlib_mop.errors import MadlibMopError
@@ -54,17 +56,50 @@ def start_pool(engine: Engine, segments: int) -> WorkerPool:
 
 class RetryPolicy:
     """A failed call runs again on a fresh session, up to MAX_ATTEMPTS times; errors that
-    a retry cannot fix (the data, the model, privileges, authentication) end the job."""
+    a retry cannot fix (the data, the model, privileges, authentication) end the job.
+
+    A lost session (its server stopped, restarted or cut off: no SQLSTATE, class 08 or
+    57P0x) is not the call's fault: the segment waits, retrying with back-off, until its
+    server answers again or `madlib_mop.segment_wait_seconds` have passed; then the job
+    stops with an error naming the server and stays resumable."""
 
     MAX_ATTEMPTS = 3
     FINAL_CLASSES = ("22", "42", "0A", "28")
+    LOST_STATES = ("57P01", "57P02", "57P03")
+    WAIT_SETTING = "madlib_mop.segment_wait_seconds"
+    DEFAULT_WAIT_SECONDS = 300
+    MAX_DELAY = 10.0
 
-    def __init__(self, job_id: int, schema: str):
-        self.job_id, self.schema = job_id, schema
+    def __init__(self, job_id: int, schema: str, wait_seconds: float = DEFAULT_WAIT_SECONDS):
+        self.job_id, self.schema, self.wait_seconds = job_id, schema, wait_seconds
+        self.lost_since: dict[int, tuple[float, int]] = {}  # segment -> (first loss, losses)
 
     @staticmethod
     def message(error: BaseException) -> str:
         return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+    @classmethod
+    def lost(cls, error: BaseException) -> bool:
+        sqlstate = failure_sqlstate(error)
+        if sqlstate is None:
+            return isinstance(error, psycopg.OperationalError)
+        return sqlstate[:2] == "08" or sqlstate in cls.LOST_STATES
+
+    def answered(self, segment: int) -> None:
+        self.lost_since.pop(segment, None)
+
+    def delay(self, task: Task, where: str, message: str) -> float:
+        """Seconds to wait before the segment's next call; raises once it waited too long."""
+        since, losses = self.lost_since.get(task.segment, (time.monotonic(), 0))
+        self.lost_since[task.segment] = (since, losses + 1)
+        if time.monotonic() - since > self.wait_seconds:
+            raise MadlibMopError(
+                f"job {self.job_id}: {where} has not answered for {self.wait_seconds:g}s "
+                f"(segment {task.segment}): {message}",
+                sqlstate=errors.CONNECTION_FAILURE,
+                hint=f"When it is back, CALL {self.schema}.resume({self.job_id}); finished "
+                     f"sub-epochs are kept. SET {self.WAIT_SETTING} to wait longer.")
+        return 0.0 if losses == 0 else min(self.MAX_DELAY, 0.5 * 2 ** losses)
 
     def check(self, task: Task, error: BaseException, message: str) -> None:
         """Raises if the job cannot go on."""
@@ -88,7 +123,10 @@ class Coordinator:
         self.job, self.job_id = self.store.job, job_id
         self.args, self.S = self.job["arguments"], self.job["num_segments"]
         self.partitions = self.job["validation_partitions"] or 0
-        self.retry = RetryPolicy(job_id, catalog.extension_schema(plpy))
+        wait = settings.whole_number(plpy, RetryPolicy.WAIT_SETTING, minimum=0)
+        self.retry = RetryPolicy(job_id, catalog.extension_schema(plpy),
+                                 RetryPolicy.DEFAULT_WAIT_SECONDS if wait is None else wait)
+        self.paused_until: dict[int, float] = {}  # segment -> when it may be called again
         self.attempts: dict[tuple[int, int], int] = {}
         self.running: dict[int, Task] = {}
         self.pending_evals: list[Task] = []
@@ -126,6 +164,7 @@ class Coordinator:
             for iteration in range(1, finished + 1):
                 self._queue_evals(model, iteration, None)
             self._publish(model)
+        self.engine.prepare_job(self.plpy, self.job_id)
         if self.pool is None:
             self.pool = start_pool(self.engine, self.S)
         for index, thread in enumerate(self.pool.threads):
@@ -133,9 +172,13 @@ class Coordinator:
 
     def _dispatch(self) -> bool:
         """Give every free segment work; False when nothing runs and nothing is left."""
+        now = time.monotonic()
         for segment in range(self.S):
             if segment in self.running:
                 continue
+            if self.paused_until.get(segment, now) > now:
+                continue
+            self.paused_until.pop(segment, None)
             task = next((t for t in self.pending_evals if t.segment == segment), None)
             if task is not None:
                 self.pending_evals.remove(task)
@@ -146,14 +189,15 @@ class Coordinator:
             if task is not None:
                 self.running[segment] = task
                 self.pool.submit(segment, task, lambda worker, t=task: t(worker, self.job_id))
-        if not self.running and self.decisions.release_all():  # no report can come
-            return self._dispatch()
-        return bool(self.running)
+        if not self.running and not self.paused_until and self.decisions.release_all():
+            return self._dispatch()  # no report can come: held models go on
+        return bool(self.running) or bool(self.paused_until)
 
     def _handle(self, task: Task, value: Any, error: BaseException | None) -> None:
         del self.running[task.segment]
         if error is not None:
             return self._failed(task, error)
+        self.retry.answered(task.segment)
         model = self.models[task.mst_key]
         if task.kind == "evaluate":
             self.store.record_eval(task.mst_key, task.step, task.partition, value)
@@ -174,14 +218,25 @@ class Coordinator:
         message = RetryPolicy.message(error)
         self.store.note_error(f"{task.kind} mst_key {task.mst_key} step {task.step} segment "
                               f"{task.segment} attempt {task.attempt}: {message}")
-        self.retry.check(task, error, message)
-        self.plpy.notice(f"madlib_mop: job {self.job_id}: {task.kind} of mst_key {task.mst_key} on "
-                         f"segment {task.segment} failed ({message}); running it again")
+        if RetryPolicy.lost(error):  # the session, not the call: wait for the server
+            where = self.pool.threads[task.segment].worker.where
+            delay = self.retry.delay(task, where, message)
+            self.paused_until[task.segment] = time.monotonic() + delay
+            self.plpy.notice(
+                f"madlib_mop: job {self.job_id}: segment {task.segment}: {where} did not answer "
+                f"({message}); retrying in {delay:g}s (for up to "
+                f"{self.retry.wait_seconds:g}s)")
+            attempt = task.attempt  # a lost session is not an attempt of the call
+        else:
+            self.retry.check(task, error, message)
+            self.plpy.notice(f"madlib_mop: job {self.job_id}: {task.kind} of mst_key {task.mst_key} on "
+                             f"segment {task.segment} failed ({message}); running it again")
+            attempt = task.attempt + 1
         if task.kind == "train":
             self.schedule.retry(task.mst_key, task.segment)
-            self.attempts[(task.mst_key, task.step)] = task.attempt + 1
+            self.attempts[(task.mst_key, task.step)] = attempt
         else:
-            task.attempt += 1
+            task.attempt = attempt
             self.pending_evals.append(task)
 
     def _queue_evals(self, model: ModelRecord, iteration: int, state: bytes | None) -> None:

@@ -19,7 +19,7 @@ Output (in --out):
   madlib_mop--VERSION.sql            the install script of this version
   madlib_mop--OLD--VERSION.sql       upgrade scripts
 
-    python -m madlib_mop.tools.extension_build --version 0.2.0 --out build
+    python -m madlib_mop.tools.extension_build --version 0.3.0 --out build
 """
 
 from __future__ import annotations

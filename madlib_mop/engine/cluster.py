@@ -1,0 +1,168 @@
+"""The several-servers engine: the segments of a packed table are foreign-table partitions
+stored on segment servers (`madlib_mop.db.segments`); each worker is a session on the server
+that holds its segment, as the calling role, and reads only that server's table.
+
+The model state travels coordinator -> worker -> coordinator with each call, as on one
+server (the engine contract): a finished sub-epoch counts once the coordinator has committed
+it.  A segment server has no row of the job: when a worker opens its session it sends the
+job's description (`job_description`: seeds, model configurations, where the segment's rows
+are), then the calls are the same `_mop_train` / `_mop_evaluate` as on one server.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from madlib_mop import errors
+from madlib_mop.db import catalog, packed, segments, worker_session
+from madlib_mop.db.segments import Partition, SegmentServer
+from madlib_mop.engine.base import Engine, Worker
+from madlib_mop.engine.local import LocalWorker, _json
+from madlib_mop.errors import MadlibMopError
+
+
+class ClusterWorker(LocalWorker):
+    """A session on one segment server."""
+
+    def __init__(self, conninfo: str, schema: str, segment: int, label: str,
+                 server: SegmentServer, local_segments: int, refused_hint: str):
+        super().__init__(conninfo, schema, segment, label)
+        self.server, self.local_segments, self.refused_hint = server, local_segments, refused_hint
+        self.job: dict | None = None  # the description its session must have
+        self._job_sent = None  # the session that got it
+
+    @property
+    def where(self) -> str:
+        return self.server.label
+
+    def _open(self):
+        try:
+            return worker_session.connect(self.conninfo, refused_hint=self.refused_hint)
+        except MadlibMopError:
+            raise
+        except Exception as error:
+            raise segments.unreachable(self.server, error) from None
+
+    def _call(self, function: str, *args: Any, columns: str = "*"):
+        if function in ("_mop_train", "_mop_evaluate") and self.job is not None:
+            session = self._session()
+            if self._job_sent is not session:
+                super()._call("_mop_segment_job", Jsonb(self.job))
+                self._job_sent = session
+        return super()._call(function, *args, columns=columns)
+
+    def warm_up(self, segments_count: int) -> None:
+        self._call("_mop_warm_up", self.local_segments)
+
+    def evaluate_models(self, task, partition):
+        weights = task["weights"]
+        shipped = {k: v for k, v in task.items() if k != "weights"}
+        return _json(self._call("_mop_segment_evaluate", Jsonb(shipped), partition, weights)[0])
+
+    def predict_blocks(self, task, first_block, last_block, weights):
+        raise MadlibMopError("predicting on a segment server is not supported",
+                             sqlstate=errors.FEATURE_NOT_SUPPORTED,
+                             hint="Predict from a table of the coordinator.")
+
+
+class ClusterEngine(Engine):
+    def __init__(self, plpy: Any, table: catalog.Table, partitions: dict[int, Partition]):
+        self.table, self.partitions = table, partitions
+        self.schema = catalog.extension_schema(plpy)
+        role = plpy.execute("SELECT current_user AS r")[0]["r"]
+        extra, options = worker_session.session_settings(plpy)
+        self.servers: dict[str, SegmentServer] = {}
+        self.conninfo: dict[str, str] = {}
+        self.hints: dict[str, str] = {}
+        for partition in partitions.values():
+            if partition.server is None:
+                raise MadlibMopError(
+                    f"segment {partition.segment} of {table.name} is on this server, others on "
+                    "segment servers", sqlstate=errors.FEATURE_NOT_SUPPORTED,
+                    hint="Pack the table again: all its segments on segment servers, or none.")
+            name = partition.server.name
+            if name not in self.conninfo:
+                self.servers[name] = partition.server
+                self.conninfo[name] = segments.worker_conninfo(plpy, partition.server, extra, options)
+                self.hints[name] = segments.refused_hint(partition.server, role)
+        self.job: dict | None = None
+        self._workers: list[ClusterWorker] = []
+        self._inference: list[ClusterWorker] = []
+
+    def _server(self, segment: int) -> SegmentServer:
+        return self.partitions[segment].server
+
+    def worker(self, segment: int, label: str) -> ClusterWorker:
+        server = self._server(segment)
+        local = sum(1 for p in self.partitions.values() if p.server.name == server.name)
+        worker = ClusterWorker(self.conninfo[server.name], self.schema, segment, label, server,
+                               local, self.hints[server.name])
+        worker.job = self.job
+        self._workers.append(worker)
+        return worker
+
+    def prepare_job(self, plpy: Any, job_id: int) -> None:
+        self.job = job_description(plpy, job_id, self.partitions)
+        for worker in self._workers:
+            worker.job = self.job
+
+    def inference_workers(self, count: int) -> list[Worker]:
+        """Worker i is on the server of partition i (opened per call: a cluster's sessions
+        are not kept between calls)."""
+        return [self.worker(i, f"madlib_mop inference worker {i}") for i in range(count)]
+
+
+def engine_for(plpy: Any, packed_table: str | int, local: Any) -> Engine:
+    """The engine of a packed table: `local` (a callable giving the local engine) unless its
+    segments are on segment servers."""
+    table = catalog.resolve_table(plpy, packed_table, argument="source_table")
+    partitions = segments.placement(plpy, table)
+    return local() if partitions is None else ClusterEngine(plpy, table, partitions)
+
+
+def _shipped_data(plpy: Any, table_name: str, partitions: dict[int, Partition],
+                  train: dict[int, Partition] | None) -> dict:
+    summary = packed.read_summary(plpy, table_name, argument="packed table")
+    x, y = packed.packed_columns(summary)
+    if train is not None:
+        for p, part in partitions.items():
+            worker_server = train[p % len(train)].server
+            if part.server is None or part.server.name != worker_server.name:
+                raise MadlibMopError(
+                    f"partition {p} of validation table {summary['packed_table']} is not on "
+                    f"{worker_server.label}, where the training segment that evaluates it is",
+                    sqlstate=errors.FEATURE_NOT_SUPPORTED,
+                    hint="Pack the validation table with validation_preprocessor_dl() against "
+                         "this training table (it places partitions with the segments).")
+    return {"table": summary["packed_table"],
+            "columns": [x, y, summary["label_kind"] == "classification"],
+            "partitions": {str(p): part.quoted for p, part in partitions.items()}}
+
+
+def job_description(plpy: Any, job_id: int, partitions: dict[int, Partition]) -> dict:
+    """What a segment server's worker needs of job `job_id` (read as the current role)."""
+    schema = catalog.extension_schema(plpy)
+    job = plpy.execute(plpy.prepare(f"SELECT * FROM {schema}.jobs WHERE job_id = $1 "
+                                    "AND owner = current_user", ["bigint"]), [job_id])[0]
+    validation = None
+    if job["validation_table"]:
+        table = catalog.resolve_table(plpy, job["validation_table"], argument="validation_table")
+        placed = segments.placement(plpy, table)
+        if placed is None:
+            raise MadlibMopError(
+                f"validation table {table.name} is on this server, the training data on "
+                "segment servers", sqlstate=errors.FEATURE_NOT_SUPPORTED,
+                hint="Pack it with validation_preprocessor_dl() against the training table.")
+        validation = _shipped_data(plpy, job["validation_table"], placed, partitions)
+    models_table = ".".join(plpy.quote_ident(p) for p in json.loads(job["tables"])["models"])
+    models = [{"mst_key": r["mst_key"], "model_arch": r["model_arch"],
+               "compile_params": r["compile_params"], "fit_params": r["fit_params"]}
+              for r in plpy.execute(f"SELECT mst_key, model_arch, compile_params, fit_params "
+                                    f"FROM {models_table} ORDER BY mst_key")]
+    return {"job_id": job_id, "seed": job["seed"], "segments": job["num_segments"],
+            "use_caching": json.loads(job["arguments"]).get("use_caching") is not False,
+            "train": _shipped_data(plpy, job["source_table"], partitions, None),
+            "validation": validation, "models": models}

@@ -1,0 +1,143 @@
+"""A several-servers cluster on this machine: a coordinator and segment servers, each an
+embedded PostgreSQL (`madlib_mop.tools.embedded`) with its own folder and port under
+`.cluster/`, and the set-up that makes them one cluster (`setup`, also run by
+docker/docker-compose.yml's `setup` service against its containers).
+
+    python -m madlib_mop.tools.cluster start|stop|status|dsn|kill-segment|destroy
+    python -m madlib_mop.tools.cluster setup --coordinator DSN --segment NAME=DSN ...
+
+The set-up, on every server: the extension in schema madlib_mop of the database; on the
+coordinator: postgres_fdw, each segment server registered with add_segment_server (as a
+foreign server, the address the coordinator reaches it at), and a user mapping for the
+coordinator's role with that role's password on the segment server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import quote
+
+from madlib_mop.tools.embedded import (DEFAULT_DATABASE, REPO_ROOT, SUPERUSER, ClusterError,
+                                       EmbeddedCluster)
+
+BASE = Path(os.environ.get("MADLIB_MOP_CLUSTER_DIR") or REPO_ROOT / ".cluster")
+FIRST_PORT = int(os.environ.get("MADLIB_MOP_CLUSTER_PORT") or 54340)
+SEGMENT_SERVERS = 2
+
+
+def servers() -> dict[str, EmbeddedCluster]:
+    """coordinator, seg0, seg1: their folders and ports (FIRST_PORT, +1, +2)."""
+    names = ["coordinator"] + [f"seg{i}" for i in range(SEGMENT_SERVERS)]
+    return {name: EmbeddedCluster(BASE / name, FIRST_PORT + i) for i, name in enumerate(names)}
+
+
+def _password(server: EmbeddedCluster) -> str:
+    """The superuser's password, from the server's libpq password file."""
+    return server.passfile.read_text(encoding="utf-8").strip().rsplit(":", 1)[1]
+
+
+def _dsn_with_password(server: EmbeddedCluster) -> str:
+    return (f"postgresql://{SUPERUSER}:{quote(_password(server), safe='')}@127.0.0.1:"
+            f"{server.port}/{DEFAULT_DATABASE}")
+
+
+def setup(coordinator: str, segments: list[tuple[str, str]]) -> None:
+    """Make the servers one cluster (idempotent).  `segments`: (name, DSN as the coordinator
+    reaches the segment server, with the coordinator role's password there)."""
+    import psycopg
+    from psycopg import sql
+    from psycopg.conninfo import conninfo_to_dict
+
+    for dsn in [coordinator] + [dsn for _, dsn in segments]:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE SCHEMA IF NOT EXISTS madlib_mop")
+            conn.execute("CREATE EXTENSION IF NOT EXISTS madlib_mop SCHEMA madlib_mop CASCADE")
+    with psycopg.connect(coordinator, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS postgres_fdw")
+        role = conn.execute("SELECT current_user").fetchone()[0]
+        for name, dsn in segments:
+            where = conninfo_to_dict(dsn)
+            registered = conn.execute("SELECT 1 FROM madlib_mop.segment_servers "
+                                      "WHERE server_name = %s", (name,)).fetchone()
+            if not registered:
+                conn.execute("SELECT madlib_mop.add_segment_server(%s, %s, %s, %s)",
+                             (name, where.get("host", "localhost"), int(where.get("port", 5432)),
+                              where.get("dbname", DEFAULT_DATABASE)))
+            conn.execute(sql.SQL("CREATE USER MAPPING IF NOT EXISTS FOR {} SERVER {} "
+                                 "OPTIONS (password {})").format(
+                sql.Identifier(role), sql.Identifier(name), sql.Literal(where["password"])))
+        for row in conn.execute("SELECT server_name, address, reachable, message "
+                                "FROM madlib_mop.check_segment_servers()"):
+            if not row[2] or row[3] != "ok":
+                raise ClusterError(f"segment server {row[0]} ({row[1]}): {row[3]}")
+
+
+def start() -> str:
+    """Start every server (idempotent), set the cluster up; the coordinator's DSN."""
+    found = servers()
+    for server in found.values():
+        server.start()
+    setup(_dsn_with_password(found["coordinator"]),
+          [(name, _dsn_with_password(server)) for name, server in found.items()
+           if name != "coordinator"])
+    return found["coordinator"].dsn()
+
+
+def kill_segment(name: str = "seg0") -> None:
+    """Stop a segment server as a crash would (`pg_ctl stop -m immediate`)."""
+    server = servers()[name]
+    if server.is_running():
+        server._run([server._tool("pg_ctl"), "stop", "-m", "immediate", "-w", "-D", str(server.data)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m madlib_mop.tools.cluster",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=["start", "stop", "status", "dsn", "kill-segment",
+                                            "destroy", "setup"])
+    parser.add_argument("--coordinator", help="setup: the coordinator's DSN")
+    parser.add_argument("--segment", action="append", default=[], metavar="NAME=DSN",
+                        help="setup: a segment server as the coordinator reaches it")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "start":
+            dsn = start()
+            print(f"cluster running: coordinator {dsn}; segment servers "
+                  + ", ".join(f"{n} (127.0.0.1:{s.port})" for n, s in servers().items()
+                              if n != "coordinator"))
+        elif args.command == "dsn":
+            print(servers()["coordinator"].dsn())
+        elif args.command == "stop":
+            for server in servers().values():
+                server.stop()
+            print("cluster stopped")
+        elif args.command == "status":
+            for name, server in servers().items():
+                state = "running" if server.is_running() else (
+                    "stopped" if server.is_initialized() else "not created")
+                print(f"{name}: {state} (127.0.0.1:{server.port}, data in {server.data})")
+        elif args.command == "kill-segment":
+            kill_segment()
+            print("seg0 stopped (immediate); `make cluster` starts it again")
+        elif args.command == "destroy":
+            for server in servers().values():
+                server.destroy()
+            print(f"cluster removed ({BASE})")
+        elif args.command == "setup":
+            if not args.coordinator or not args.segment:
+                parser.error("setup needs --coordinator and at least one --segment")
+            setup(args.coordinator, [tuple(s.split("=", 1)) for s in args.segment])
+            print(f"cluster set up: {len(args.segment)} segment servers registered")
+    except (ClusterError, subprocess.CalledProcessError) as error:
+        detail = getattr(error, "stderr", "") or ""
+        print(f"madlib_mop.tools.cluster: {error}\n{detail}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+-- Segment servers: PostgreSQL servers with this extension that hold segments of packed
+-- tables (madlib_mop.db.segments).  Each is a postgres_fdw foreign server; registering it
+-- here makes training_preprocessor_dl spread new packed tables over it, and fits run their
+-- workers on it.
+
+CREATE TABLE @extschema@.segment_servers (
+    server_name name PRIMARY KEY,       -- a postgres_fdw foreign server of this database
+    segments    integer NOT NULL DEFAULT 1 CHECK (segments > 0),
+    position    integer NOT NULL UNIQUE, -- registration order: the order of the segments
+    added_at    timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE @extschema@.segment_servers IS
+    'Registered segment servers, in segment order (add_segment_server, drop_segment_server)';
+-- Everyone may read where segments are; only the extension's owner (a DBA) registers.
+GRANT SELECT ON @extschema@.segment_servers TO PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.segment_servers', '');
+
+CREATE FUNCTION @extschema@.add_segment_server(
+    server_name text,
+    host        text    DEFAULT NULL,
+    port        integer DEFAULT NULL,
+    dbname      text    DEFAULT NULL,
+    segments    integer DEFAULT 1
+)
+RETURNS void
+#plpython "add_segment_server.py"
+
+CREATE FUNCTION @extschema@.drop_segment_server(server_name text)
+RETURNS void
+#plpython "drop_segment_server.py"
+
+-- Each registered server as the calling role sees it: reachable, its extension version.
+CREATE FUNCTION @extschema@.check_segment_servers(
+    OUT server_name text, OUT address text, OUT segments integer, OUT first_segment integer,
+    OUT reachable boolean, OUT extension_version text, OUT message text)
+RETURNS SETOF record
+#plpython "check_segment_servers.py"
+
+-- A segment server's worker session gets its job's description (engine.cluster).
+CREATE FUNCTION @extschema@._mop_segment_job(job jsonb)
+RETURNS void
+#plpython "mop_segment_job.py"
+
+-- madlib_keras_evaluate's part on a segment server: the models and their weights come with
+-- the call.
+CREATE FUNCTION @extschema@._mop_segment_evaluate(task jsonb, partition integer, weights bytea[])
+RETURNS jsonb
+#plpython "mop_segment_evaluate.py"
