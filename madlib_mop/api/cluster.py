@@ -77,7 +77,7 @@ def add_segment_server(plpy: Any, server_name: str, host: str | None, port: int 
         f"{mine.first_segment + count - 1}; training_preprocessor_dl now spreads new packed "
         f"tables over {total} segments on {len(servers)} servers. Each role that runs jobs "
         f"needs a user mapping: CREATE USER MAPPING FOR <role> SERVER {server_name} "
-        "OPTIONS (password '...');")
+        "OPTIONS (user '<role>', password '...');")
 
 
 def drop_segment_server(plpy: Any, server_name: str) -> None:

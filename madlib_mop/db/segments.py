@@ -12,8 +12,9 @@ partitioned by `__dist_key__`; a partition is either a table of this server or a
 table on a registered segment server (`placement`).
 
 Worker sessions on a segment server run as the calling role: the user mapping of the
-current role (or PUBLIC) gives the password, and must not name another role; host, port and
-database come from the foreign server.  Nothing a user can set changes them.
+current role (or PUBLIC) must name that role as its `user` (postgres_fdw, which carries the
+packed rows there, logs in as that user) and gives its password; host, port and database
+come from the foreign server.  Nothing a user can set changes them.
 """
 
 from __future__ import annotations
@@ -32,10 +33,12 @@ from madlib_mop.errors import MadlibMopError
 SERVER_PARAMETERS = ("host", "hostaddr", "port", "dbname", "sslmode", "sslrootcert",
                      "sslcrl", "connect_timeout", "keepalives", "keepalives_idle",
                      "keepalives_interval", "keepalives_count", "tcp_user_timeout")
-# Unless madlib_mop.worker_conninfo says otherwise: give up connecting after 10 s, and find
-# a silent server within about 25 s by TCP keepalives.
+# Unless madlib_mop.worker_conninfo says otherwise: give up connecting after 10 s, find a
+# silent server within about 25 s by TCP keepalives while a call runs, and within 30 s when
+# what was sent is not acknowledged.
 NETWORK_DEFAULTS = {"connect_timeout": "10", "keepalives": "1", "keepalives_idle": "10",
-                    "keepalives_interval": "5", "keepalives_count": "3"}
+                    "keepalives_interval": "5", "keepalives_count": "3",
+                    "tcp_user_timeout": "30000"}
 # Options of a user mapping a worker session uses (postgres_fdw's own names).
 MAPPING_PARAMETERS = ("password", "sslcert", "sslkey")
 
@@ -159,14 +162,22 @@ def worker_conninfo(plpy: Any, server: SegmentServer, extra: dict[str, str],
             f"role {role} has no user mapping for {server.label}",
             sqlstate=errors.INVALID_AUTHORIZATION,
             hint=f"A DBA runs CREATE USER MAPPING FOR {role} SERVER {server.name} "
-                 f"OPTIONS (password '...'), with the role's password on {server.name}.")
+                 f"OPTIONS (user '{role}', password '...'), with the role's password on "
+                 f"{server.name}.")
     mapping = _options(rows[0]["umoptions"])
-    if mapping.get("user", role) != role:
+    if "user" not in mapping:  # postgres_fdw would log in as the server's OS user
+        raise MadlibMopError(
+            f"the user mapping of role {role} for {server.label} names no user",
+            sqlstate=errors.INVALID_AUTHORIZATION,
+            detail="Without one, postgres_fdw logs in as the server's OS user.",
+            hint=f"ALTER USER MAPPING FOR {role} SERVER {server.name} OPTIONS (ADD user '{role}');")
+    if mapping["user"] != role:
         raise MadlibMopError(
             f"the user mapping of role {role} for {server.label} names role {mapping['user']}",
             sqlstate=errors.INSUFFICIENT_PRIVILEGE,
             detail="Worker sessions run as the calling role on every server.",
-            hint=f"ALTER USER MAPPING FOR {role} SERVER {server.name} OPTIONS (DROP user).")
+            hint=f"ALTER USER MAPPING FOR {role} SERVER {server.name} OPTIONS (SET user '{role}'), "
+                 "with that role's password there.")
     where = {k: v for k, v in server.options.items() if k in SERVER_PARAMETERS}
     where.setdefault("dbname", plpy.execute("SELECT current_database() AS d")[0]["d"])
     secret = {k: v for k, v in mapping.items() if k in MAPPING_PARAMETERS}

@@ -6,7 +6,8 @@ docker/docker-compose.yml's `setup` service against its containers).
     python -m madlib_mop.tools.cluster start|stop|status|dsn|kill-segment|destroy
     python -m madlib_mop.tools.cluster setup --coordinator DSN --segment NAME=DSN ...
 
-The set-up, on every server: the extension in schema madlib_mop of the database; on the
+The set-up, on every server: the extension in schema madlib_mop of the database, usable by
+every role; on the
 coordinator: postgres_fdw, each segment server registered with add_segment_server (as a
 foreign server, the address the coordinator reaches it at), and a user mapping for the
 coordinator's role with that role's password on the segment server.
@@ -56,6 +57,10 @@ def setup(coordinator: str, segments: list[tuple[str, str]]) -> None:
         with psycopg.connect(dsn, autocommit=True) as conn:
             conn.execute("CREATE SCHEMA IF NOT EXISTS madlib_mop")
             conn.execute("CREATE EXTENSION IF NOT EXISTS madlib_mop SCHEMA madlib_mop CASCADE")
+            conn.execute("ALTER EXTENSION madlib_mop UPDATE")  # every server at this version
+            # Every role may call the functions (they run as the caller): a job of any role
+            # calls them on every server.
+            conn.execute("GRANT USAGE ON SCHEMA madlib_mop TO PUBLIC")
     with psycopg.connect(coordinator, autocommit=True) as conn:
         conn.execute("CREATE EXTENSION IF NOT EXISTS postgres_fdw")
         role = conn.execute("SELECT current_user").fetchone()[0]
@@ -68,8 +73,9 @@ def setup(coordinator: str, segments: list[tuple[str, str]]) -> None:
                              (name, where.get("host", "localhost"), int(where.get("port", 5432)),
                               where.get("dbname", DEFAULT_DATABASE)))
             conn.execute(sql.SQL("CREATE USER MAPPING IF NOT EXISTS FOR {} SERVER {} "
-                                 "OPTIONS (password {})").format(
-                sql.Identifier(role), sql.Identifier(name), sql.Literal(where["password"])))
+                                 "OPTIONS (user {}, password {})").format(
+                sql.Identifier(role), sql.Identifier(name), sql.Literal(role),
+                sql.Literal(where["password"])))
         for row in conn.execute("SELECT server_name, address, reachable, message "
                                 "FROM madlib_mop.check_segment_servers()"):
             if not row[2] or row[3] != "ok":

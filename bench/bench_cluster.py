@@ -1,0 +1,157 @@
+"""Several servers against one: W1 (bench_mop.py) trained on the cluster of `make cluster`
+(a coordinator and 2 segment servers on this machine) and on the embedded server with 2
+segments, side by side, on the same data and configurations; and packing on the cluster
+against copying the same rows into a foreign table.
+
+Measured:
+  - makespan of madlib_keras_fit_multiple_model (cluster / one server);
+  - bytes over the network per epoch: TCP loopback traffic during the fit (the cluster's
+    worker sessions are TCP; one server's are Unix sockets), against models x hops x state
+    size x 2 (each state goes to the segment server and comes back) and the packed data;
+  - the sub-epoch breakdown (read, restore, train, save in the worker) and the gap between
+    two visits of a segment (dispatch, network, the coordinator's commit);
+  - packing: training_preprocessor_dl on the cluster (rows/s) against
+    INSERT INTO <foreign table on a segment server> SELECT * FROM <source> of the same rows.
+
+    .venv/bin/python bench/bench_cluster.py [--rows 250000]
+Prints markdown tables; writes bench/results/cluster.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import psycopg
+from psycopg.conninfo import make_conninfo
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_mop  # noqa: E402  (the workloads and their loading)
+
+from madlib_mop.tools import cluster as cluster_tool  # noqa: E402
+from madlib_mop.tools.demo import ensure_extension  # noqa: E402
+from madlib_mop.tools.embedded import configured_dsn  # noqa: E402
+
+SCHEMA = bench_mop.SCHEMA
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def loopback_bytes() -> int:
+    """Bytes received on the loopback interface so far (/proc/net/dev)."""
+    for line in Path("/proc/net/dev").read_text().splitlines():
+        name, _, fields = line.partition(":")
+        if name.strip() == "lo":
+            return int(fields.split()[0])
+    return 0
+
+
+def prepare(dsn: str, workload: dict, segments: str | None) -> psycopg.Connection:
+    conn = psycopg.connect(dsn, autocommit=True)
+    ensure_extension(conn)
+    conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+    conn.execute(f"CREATE SCHEMA {SCHEMA}")
+    conn.execute(f"SET search_path = {SCHEMA}, madlib_mop")
+    bench_mop.load_workload(conn, "w1", workload)
+    started = time.perf_counter()
+    rules = f", distribution_rules => '{segments}'" if segments else ""
+    conn.execute(f"SELECT training_preprocessor_dl('w1_train', 'w1_packed', 'y', 'x'{rules})")
+    packing = time.perf_counter() - started
+    conn.execute("SELECT validation_preprocessor_dl('w1_valid', 'w1_vpacked', 'y', 'x', 'w1_packed')")
+    conn.info_packing = packing  # type: ignore[attr-defined]
+    return conn
+
+
+def fit(conn: psycopg.Connection) -> dict:
+    before, started = loopback_bytes(), time.perf_counter()
+    conn.execute("SELECT madlib_keras_fit_multiple_model('w1_packed', 'w1_fit', 'w1_mst', 1, "
+                 "FALSE, 'w1_vpacked')")
+    makespan, moved = time.perf_counter() - started, loopback_bytes() - before
+    visits = conn.execute("SELECT mst_key, step, segment, result FROM w1_fit_mop_visits "
+                          "ORDER BY segment, (result->>'finished_at')::float8").fetchall()
+    state = conn.execute("SELECT avg(octet_length(state)) FROM w1_fit_mop_state WHERE step = 0"
+                         ).fetchone()[0]
+    data = conn.execute("SELECT sum(octet_length(x) + octet_length(y)) FROM w1_packed").fetchone()[0]
+    gaps = []
+    for before_visit, visit in zip(visits, visits[1:]):
+        if before_visit[2] == visit[2]:
+            start = visit[3]["finished_at"] - visit[3]["seconds"]["total"]
+            gaps.append(start - before_visit[3]["finished_at"])
+    parts = {p: statistics.mean(v[3]["seconds"].get(p, 0.0) for v in visits)
+             for p in ("read", "restore", "train", "save", "total")}
+    segments = max(v[2] for v in visits) + 1
+    epochs = len(visits) // (segments * len({v[0] for v in visits}))
+    accuracy = dict(conn.execute("SELECT mst_key, validation_metrics_final FROM w1_fit_info").fetchall())
+    return {"makespan": makespan, "loopback_bytes": moved, "state_bytes": float(state),
+            "packed_bytes": int(data), "hops": len(visits), "epochs": epochs,
+            "subepoch": parts, "gap_ms": 1000 * statistics.median(gaps) if gaps else None,
+            "accuracy": accuracy,
+            "weights": conn.execute("SELECT md5(string_agg(md5(model_weights), '' ORDER BY mst_key)) "
+                                    "FROM w1_fit").fetchone()[0]}
+
+
+def copy_into_foreign_table(conn: psycopg.Connection, segment_dsn: str) -> float:
+    """INSERT INTO a foreign table on seg0 SELECT * FROM the source: seconds."""
+    with psycopg.connect(segment_dsn, autocommit=True) as there:
+        there.execute(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")
+        there.execute(f"DROP TABLE IF EXISTS {SCHEMA}.w1_copy")
+        there.execute(f"CREATE TABLE {SCHEMA}.w1_copy (id integer, x real[], y integer)")
+    conn.execute("CREATE FOREIGN TABLE w1_copy (id integer, x real[], y integer) SERVER seg0 "
+                 f"OPTIONS (schema_name '{SCHEMA}', table_name 'w1_copy')")
+    started = time.perf_counter()
+    conn.execute("INSERT INTO w1_copy SELECT id, x, y FROM w1_train")
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=bench_mop.WORKLOADS["W1"]["rows"])
+    args = parser.parse_args()
+    workload = dict(bench_mop.WORKLOADS["W1"], rows=args.rows)
+    cluster_dsn = cluster_tool.start()
+    servers = cluster_tool.servers()
+    seg0 = make_conninfo(cluster_tool._dsn_with_password(servers["seg0"]))
+
+    results = {}
+    for name, dsn, segments in (("one server", configured_dsn(), "2"), ("cluster", cluster_dsn, None)):
+        with prepare(dsn, workload, segments) as conn:
+            packing = conn.info_packing  # type: ignore[attr-defined]
+            copy = copy_into_foreign_table(conn, seg0) if name == "cluster" else None
+            results[name] = dict(fit(conn), packing_s=packing, copy_s=copy)
+            conn.execute(f"DROP SCHEMA {SCHEMA} CASCADE")
+    rows = int(args.rows * 0.8)
+    one, many = results["one server"], results["cluster"]
+    expected = many["hops"] * many["state_bytes"] * 2
+    print(f"\n### W1 on 2 segment servers against one server with 2 segments ({rows} training rows, "
+          f"{len(workload['configs'])} models, {many['epochs']} epochs)\n")
+    print("| | one server | cluster | ratio |\n|---|---:|---:|---:|")
+    print(f"| makespan (s) | {one['makespan']:.1f} | {many['makespan']:.1f} | "
+          f"{many['makespan'] / one['makespan']:.3f} |")
+    for part in ("read", "restore", "train", "save", "total"):
+        print(f"| sub-epoch {part} (ms, mean) | {1000 * one['subepoch'][part]:.1f} | "
+              f"{1000 * many['subepoch'][part]:.1f} | |")
+    print(f"| gap between a segment's visits (ms, median) | {one['gap_ms']:.1f} | {many['gap_ms']:.1f} | |")
+    print(f"| same weights | | {'yes' if one['weights'] == many['weights'] else 'NO'} | |")
+    print("\n| network per epoch | bytes |\n|---|---:|")
+    print(f"| loopback TCP during the fit, per epoch | {many['loopback_bytes'] / many['epochs']:,.0f} |")
+    print(f"| models x hops x state size x 2, per epoch | {expected / many['epochs']:,.0f} |")
+    print(f"| packed data (never moved after packing) | {many['packed_bytes']:,} |")
+    print(f"| one server: loopback TCP during the fit, per epoch | {one['loopback_bytes'] / one['epochs']:,.0f} |")
+    print(f"\n### Packing {rows} rows onto the cluster\n")
+    print("| | seconds | rows/s |\n|---|---:|---:|")
+    print(f"| training_preprocessor_dl on one server | {one['packing_s']:.1f} | {rows / one['packing_s']:,.0f} |")
+    print(f"| training_preprocessor_dl on the cluster | {many['packing_s']:.1f} | {rows / many['packing_s']:,.0f} |")
+    print(f"| INSERT INTO <foreign table> SELECT (same rows) | {many['copy_s']:.1f} | {rows / many['copy_s']:,.0f} |")
+    print(f"| cluster packing / foreign-table copy | {many['packing_s'] / many['copy_s']:.2f}x | |")
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "cluster.json").write_text(json.dumps(
+        {"measured_at": datetime.now(timezone.utc).isoformat(), "rows": rows, **results},
+        indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,420 @@
+"""Several servers: a coordinator and two segment servers on this machine (the servers of
+`make cluster`, madlib_mop.tools.cluster), a fresh database on each for this module.
+
+The MADlib walkthrough on the cluster gives the weights of the same job on one server with
+the same number of segments; segment servers stopped hard, or not coming back, and the
+coordinator's own server restarted, change no weight; registration and user mappings are
+checked."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+import time
+import uuid
+
+import keras
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from madlib_mop.tools import cluster as cluster_tool
+from madlib_mop.tools.embedded import EmbeddedCluster
+
+from tests.conftest import _uses_embedded_cluster
+
+pytestmark = pytest.mark.skipif(not _uses_embedded_cluster(),
+                                reason="starts PostgreSQL servers of its own on this machine")
+
+COMPILE = ("{'loss': ['categorical_crossentropy'], 'optimizer_params_list': [{'optimizer': "
+           "['Adam'], 'lr': [0.01, 0.1]}], 'metrics': ['accuracy']}")
+FIT = "{'batch_size': [8, 16], 'epochs': [1]}"
+
+
+def _server_dsn(server, dbname):
+    host = getattr(server, "address", "127.0.0.1")
+    return make_conninfo(cluster_tool._dsn_with_password(server), host=host, dbname=dbname)
+
+
+@pytest.fixture(scope="module")
+def servers():
+    found = cluster_tool.servers()
+    for server in found.values():
+        server.start()
+    return found
+
+
+@pytest.fixture(scope="module")
+def cluster(servers):
+    """The coordinator's DSN for a fresh database of the same name on every server, the
+    segment servers registered in it."""
+    name = f"t_cluster_{uuid.uuid4().hex[:8]}"
+    for server in servers.values():
+        with psycopg.connect(_server_dsn(server, "postgres"), autocommit=True) as admin:
+            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    coordinator = _server_dsn(servers["coordinator"], name)
+    cluster_tool.setup(coordinator, [(n, _server_dsn(s, name)) for n, s in servers.items()
+                                     if n != "coordinator"])
+    yield coordinator
+    for server in servers.values():
+        if not server.is_running():
+            server.start()
+        with psycopg.connect(_server_dsn(server, "postgres"), autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def _connect(dsn, notices=None):
+    conn = psycopg.connect(dsn, autocommit=True)
+    conn.execute("SET search_path = public, madlib_mop")
+    if notices is not None:
+        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary))
+    return conn
+
+
+def _walkthrough_data(dsn, local: bool):
+    """MADlib's walkthrough set-up: iris, packed (all_segments), an architecture, configs."""
+    from sklearn.datasets import load_iris
+
+    iris = load_iris()
+    with _connect(dsn) as conn:
+        if local:
+            conn.execute("SET madlib_mop.segments = 2")
+        conn.execute("CREATE TABLE iris_train (id int, attributes float8[], class_text text)")
+        with conn.cursor().copy("COPY iris_train FROM STDIN") as copy:
+            for i, (x, y) in enumerate(zip(iris.data, iris.target)):
+                copy.write_row((i, [float(v) for v in x], str(iris.target_names[y])))
+        conn.execute("SELECT training_preprocessor_dl('iris_train', 'iris_packed', 'class_text', "
+                     "'attributes')")
+        conn.execute("SELECT validation_preprocessor_dl('iris_train', 'iris_valid', 'class_text', "
+                     "'attributes', 'iris_packed')")
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(10, activation="relu"),
+                                  keras.layers.Dense(3, activation="softmax")]).to_json()
+        conn.execute("SELECT load_keras_model('arch', %s::json)", (model,))
+        conn.execute("SELECT generate_model_configs('arch', 'mst', ARRAY[1], %s, %s)", (COMPILE, FIT))
+
+
+def _fit(dsn, out, notices=None, settings=()):
+    with _connect(dsn, notices) as conn:
+        for setting in settings:
+            conn.execute(setting)
+        conn.execute("SELECT madlib_keras_fit_multiple_model('iris_packed', %s, 'mst', 3, FALSE, "
+                     "'iris_valid')", (out,))
+
+
+def _weights(dsn, table):
+    with _connect(dsn) as conn:
+        return conn.execute(sql.SQL("SELECT mst_key, md5(model_weights) FROM {} ORDER BY 1")
+                            .format(sql.Identifier(table))).fetchall()
+
+
+def _job(dsn, out):
+    with _connect(dsn) as conn:
+        return conn.execute("SELECT job_id, state, subepochs_done, subepochs_total FROM jobs "
+                            "WHERE model_output_table = %s ORDER BY job_id DESC LIMIT 1",
+                            (f"public.{out}",)).fetchone()
+
+
+def _wait_for_progress(dsn, out, done, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = _job(dsn, out)
+        if job and job[2] >= done:
+            return job
+        time.sleep(0.05)
+    raise AssertionError(f"{out} did not reach {done} sub-epochs")
+
+
+@pytest.fixture(scope="module")
+def walkthrough(cluster, extension_dsn):
+    """The walkthrough on the cluster and on one server with 2 segments: its weights."""
+    _walkthrough_data(cluster, local=False)
+    _fit(cluster, "iris_model")
+    _walkthrough_data(extension_dsn, local=True)
+    _fit(extension_dsn, "iris_model", settings=["SET madlib_mop.segments = 2"])
+    return _weights(cluster, "iris_model")
+
+
+def test_walkthrough_on_the_cluster_gives_the_weights_of_one_server(cluster, extension_dsn,
+                                                                   walkthrough, servers):
+    assert len(walkthrough) == 4
+    assert walkthrough == _weights(extension_dsn, "iris_model")
+    with _connect(cluster) as conn:
+        # The packed table's segments are foreign tables; their rows are on the segment servers.
+        kinds = conn.execute("SELECT c.relname, c.relkind, s.srvname FROM pg_inherits i "
+                             "JOIN pg_class c ON c.oid = i.inhrelid "
+                             "JOIN pg_foreign_table f ON f.ftrelid = c.oid "
+                             "JOIN pg_foreign_server s ON s.oid = f.ftserver "
+                             "WHERE i.inhparent = 'iris_packed'::regclass ORDER BY 1").fetchall()
+        assert kinds == [("iris_packed_seg0", "f", "seg0"), ("iris_packed_seg1", "f", "seg1")]
+        summary = conn.execute("SELECT num_segments, rows_per_segment FROM iris_packed_summary").fetchone()
+        assert summary[0] == 2
+        # Evaluate (on the segment servers) and predict (the test table is the coordinator's).
+        conn.execute("SELECT madlib_keras_evaluate('iris_model', 'iris_valid', 'iris_eval', FALSE, 1)")
+        conn.execute("SELECT madlib_keras_predict('iris_model', 'iris_train', 'id', 'attributes', "
+                     "'iris_pred', 'response', FALSE, 1)")
+        assert conn.execute("SELECT count(*) FROM iris_pred").fetchone()[0] == 150
+        evaluated = conn.execute("SELECT loss, metric FROM iris_eval").fetchone()
+    name = psycopg.conninfo.conninfo_to_dict(cluster)["dbname"]
+    for segment, server in enumerate(("seg0", "seg1")):
+        with psycopg.connect(_server_dsn(servers[server], name)) as there:
+            rows = there.execute(
+                sql.SQL("SELECT sum(attributes_shape[1]) FROM {}").format(
+                    sql.Identifier(f"iris_packed_seg{segment}"))).fetchone()[0]
+            assert rows == summary[1][segment]
+    with _connect(extension_dsn) as conn:
+        conn.execute("SELECT madlib_keras_evaluate('iris_model', 'iris_valid', 'iris_eval', FALSE, 1)")
+        assert conn.execute("SELECT loss, metric FROM iris_eval").fetchone() == evaluated
+
+
+def test_registration(cluster, servers):
+    with _connect(cluster) as conn:
+        checked = conn.execute("SELECT server_name, segments, first_segment, reachable, "
+                               "extension_version, message FROM check_segment_servers()").fetchall()
+        assert [row[:4] for row in checked] == [("seg0", 1, 0, True), ("seg1", 1, 1, True)]
+        assert {row[5] for row in checked} == {"ok"}
+        for call, sqlstate, words in [
+            ("SELECT add_segment_server('seg0')", "42710", "a segment server already"),
+            ("SELECT add_segment_server('nowhere')", "42704", "does not exist"),
+            ("SELECT add_segment_server('seg9', '127.0.0.1', 1, 'x', 0)", "22023", "at least 1"),
+            ("SELECT add_segment_server('seg0', '127.0.0.1')", "42710", "exists already"),
+            ("SELECT drop_segment_server('seg0')", "2BP01", "iris_packed"),
+            ("SELECT drop_segment_server('nowhere')", "42704", "not a segment server"),
+        ]:
+            with pytest.raises(psycopg.Error) as raised:
+                conn.execute(call)
+            assert raised.value.sqlstate == sqlstate, call
+            assert words in raised.value.diag.message_primary
+            assert raised.value.diag.message_hint
+        conn.execute("DO $$ BEGIN CREATE ROLE analyst_reg LOGIN; "
+                     "EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+        conn.execute("SET ROLE analyst_reg")
+        with pytest.raises(psycopg.Error) as raised:
+            conn.execute("SELECT add_segment_server('seg0x', '127.0.0.1', 1)")
+        assert raised.value.sqlstate == "42501"
+        conn.execute("RESET ROLE")
+
+
+def test_a_mapping_naming_another_role_is_refused(cluster, servers, walkthrough):
+    """Workers run as the calling role on every server: a user mapping cannot change that;
+    a role with its own mapping trains as itself there."""
+    name = psycopg.conninfo.conninfo_to_dict(cluster)["dbname"]
+    for server in ("seg0", "seg1"):
+        with psycopg.connect(_server_dsn(servers[server], name), autocommit=True) as there:
+            there.execute("DO $$ BEGIN CREATE ROLE analyst_c LOGIN PASSWORD 'analyst-pw'; "
+                          "EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+            there.execute("GRANT USAGE, CREATE ON SCHEMA public TO analyst_c")
+    with _connect(cluster) as conn:
+        conn.execute("DO $$ BEGIN CREATE ROLE analyst_c LOGIN; "
+                     "EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+        conn.execute("GRANT USAGE, CREATE ON SCHEMA public TO analyst_c")
+        conn.execute("GRANT SELECT ON iris_train, arch, mst, mst_summary TO analyst_c")
+        conn.execute("GRANT USAGE ON FOREIGN SERVER seg0, seg1 TO analyst_c")
+        # The coordinator's own bookkeeping session as the role (the DBA's pg_ident.conf line).
+        servers["coordinator"].allow_worker_role("analyst_c")
+        seg_password = cluster_tool._password(servers["seg0"])
+        conn.execute(sql.SQL("CREATE USER MAPPING FOR analyst_c SERVER seg0 OPTIONS "
+                             "(user 'postgres', password {})").format(sql.Literal(seg_password)))
+        conn.execute("CREATE USER MAPPING FOR analyst_c SERVER seg1 OPTIONS "
+                     "(user 'analyst_c', password 'analyst-pw')")
+        conn.execute("SET ROLE analyst_c")
+        with pytest.raises(psycopg.Error) as raised:
+            conn.execute("SELECT training_preprocessor_dl('iris_train', 'analyst_packed', "
+                         "'class_text', 'attributes')")
+        assert raised.value.sqlstate == "42501"
+        assert "names role postgres" in raised.value.diag.message_primary
+        conn.execute("RESET ROLE")
+        conn.execute("ALTER USER MAPPING FOR analyst_c SERVER seg0 OPTIONS (DROP user)")
+        conn.execute("SET ROLE analyst_c")
+        with pytest.raises(psycopg.Error) as raised:
+            conn.execute("SELECT training_preprocessor_dl('iris_train', 'analyst_packed', "
+                         "'class_text', 'attributes')")
+        assert raised.value.sqlstate == "28000"
+        assert "names no user" in raised.value.diag.message_primary
+        conn.execute("RESET ROLE")
+        conn.execute("ALTER USER MAPPING FOR analyst_c SERVER seg0 OPTIONS "
+                     "(ADD user 'analyst_c', SET password 'analyst-pw')")
+        conn.execute("SET ROLE analyst_c")
+        conn.execute("SELECT training_preprocessor_dl('iris_train', 'analyst_packed', "
+                     "'class_text', 'attributes')")
+        conn.execute("SELECT madlib_keras_fit_multiple_model('analyst_packed', 'analyst_model', "
+                     "'mst', 1, FALSE)")
+        assert conn.execute("SELECT count(*) FROM analyst_model").fetchone()[0] == 4
+        conn.execute("RESET ROLE")
+    with psycopg.connect(_server_dsn(servers["seg1"], name)) as there:
+        owner = there.execute("SELECT tableowner FROM pg_tables "
+                              "WHERE tablename = 'analyst_packed_seg1'").fetchone()
+        assert owner == ("analyst_c",)
+
+
+def _run_in_thread(dsn, out, notices, errors, settings=()):
+    def run():
+        try:
+            _fit(dsn, out, notices, settings)
+        except psycopg.Error as error:
+            errors.append(error)
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_a_segment_server_stopped_hard_and_started_again(cluster, servers, walkthrough):
+    notices, errors = [], []
+    job = _run_in_thread(cluster, "killed_segment", notices, errors)
+    _wait_for_progress(cluster, "killed_segment", 3)
+    cluster_tool.kill_segment("seg0")
+    time.sleep(3)
+    servers["seg0"].start()
+    job.join(timeout=300)
+    assert not job.is_alive() and not errors, errors
+    assert any("segment server seg0" in n and "did not answer" in n and "retrying in" in n
+               for n in notices), notices
+    assert _weights(cluster, "killed_segment") == walkthrough
+    _every_subepoch_once(cluster, "killed_segment")
+
+
+def test_a_segment_server_that_does_not_come_back_stops_the_job_resumably(cluster, servers,
+                                                                          walkthrough):
+    notices, errors = [], []
+    job = _run_in_thread(cluster, "lost_segment", notices, errors,
+                         settings=["SET madlib_mop.segment_wait_seconds = 4"])
+    _wait_for_progress(cluster, "lost_segment", 3)
+    cluster_tool.kill_segment("seg0")
+    job.join(timeout=120)
+    assert not job.is_alive() and len(errors) == 1
+    error = errors[0]
+    assert error.sqlstate == "08006"
+    assert "segment server seg0 (127.0.0.1:" in error.diag.message_primary
+    assert "has not answered for 4s" in error.diag.message_primary
+    assert "resume" in error.diag.message_hint
+    job_id, state, done, total = _job(cluster, "lost_segment")
+    assert state in ("failed", "interrupted") and 0 < done < total
+    servers["seg0"].start()
+    with _connect(cluster) as conn:
+        conn.execute("CALL resume(%s)", (job_id,))
+    assert _job(cluster, "lost_segment")[1] == "finished"
+    assert _weights(cluster, "lost_segment") == walkthrough
+    _every_subepoch_once(cluster, "lost_segment")
+
+
+def test_the_coordinators_server_restarted_mid_job(cluster, servers, walkthrough):
+    notices, errors = [], []
+    job = _run_in_thread(cluster, "coordinator_restart", notices, errors)
+    _wait_for_progress(cluster, "coordinator_restart", 3)
+    coordinator = servers["coordinator"]
+    coordinator._run([coordinator._tool("pg_ctl"), "stop", "-m", "immediate", "-w", "-D",
+                      str(coordinator.data)])
+    job.join(timeout=120)
+    assert not job.is_alive() and errors
+    coordinator.start()
+    job_id = _job(cluster, "coordinator_restart")[0]
+    with _connect(cluster) as conn:
+        conn.execute("CALL resume(%s)", (job_id,))
+    assert _job(cluster, "coordinator_restart")[1] == "finished"
+    assert _weights(cluster, "coordinator_restart") == walkthrough
+    _every_subepoch_once(cluster, "coordinator_restart")
+
+
+def _every_subepoch_once(dsn, out):
+    """Nothing lost or duplicated: each model's visits are steps 0..total-1, once each, and
+    its published state is there."""
+    with _connect(dsn) as conn:
+        tables = conn.execute("SELECT tables, subepochs_total, num_models FROM jobs "
+                              "WHERE model_output_table = %s", (f"public.{out}",)).fetchone()
+        visits = sql.Identifier(*tables[0]["visits"])
+        rows = conn.execute(sql.SQL("SELECT mst_key, count(*), count(DISTINCT step), min(step), "
+                                    "max(step) FROM {} GROUP BY 1 ORDER BY 1").format(visits)).fetchall()
+        per_model = tables[1] // tables[2]
+        assert rows == [(k, per_model, per_model, 0, per_model - 1) for k in range(1, 5)]
+        assert conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE model_weights IS NOT NULL")
+                            .format(sql.Identifier(out))).fetchone()[0] == 4
+
+
+# ---- a network cut: a segment server in its own network namespace -------------------------
+
+NAMESPACE, HOST_LINK, NS_LINK = "mop_cut", "mopcut0", "mopcut1"
+HOST_IP, NS_IP = "10.231.7.1", "10.231.7.2"
+
+
+def _ip(*argv, check=True):
+    return subprocess.run(["ip", *argv], check=check, capture_output=True, text=True)
+
+
+class NamespacedServer(EmbeddedCluster):
+    """An embedded server whose commands (pg_ctl, and so the postmaster) run in the network
+    namespace: it listens on the namespace's veth address only.  Its Unix socket is a file,
+    so the tools reach it as any other."""
+
+    address = NS_IP
+
+    def _as_server_user(self, argv):
+        return ["ip", "netns", "exec", NAMESPACE, *super()._as_server_user(argv)]
+
+
+@pytest.fixture(scope="module")
+def namespaced_segment():
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("network namespaces need root and iproute2")
+    _ip("netns", "del", NAMESPACE, check=False)
+    _ip("link", "del", HOST_LINK, check=False)
+    _ip("netns", "add", NAMESPACE)
+    try:
+        _ip("link", "add", HOST_LINK, "type", "veth", "peer", "name", NS_LINK)
+        _ip("link", "set", NS_LINK, "netns", NAMESPACE)
+        _ip("addr", "add", f"{HOST_IP}/24", "dev", HOST_LINK)
+        _ip("link", "set", HOST_LINK, "up")
+        for argv in (("addr", "add", f"{NS_IP}/24", "dev", NS_LINK), ("link", "set", NS_LINK, "up"),
+                     ("link", "set", "lo", "up")):
+            _ip("netns", "exec", NAMESPACE, "ip", *argv)
+        server = NamespacedServer(cluster_tool.BASE / "segns", cluster_tool.FIRST_PORT + 3)
+        server.initialize()
+        with open(server.data / "postgresql.auto.conf", "a", encoding="utf-8") as conf:
+            conf.write(f"listen_addresses = '{NS_IP}'\n")
+        hba = server.data / "pg_hba.conf"
+        line = f"host all all {HOST_IP}/32 scram-sha-256\n"
+        if line not in hba.read_text(encoding="utf-8"):
+            hba.write_text(hba.read_text(encoding="utf-8") + line, encoding="utf-8")
+        server.start()
+        yield server
+    finally:
+        try:
+            server.stop()
+        except Exception:
+            pass
+        _ip("link", "del", HOST_LINK, check=False)
+        _ip("netns", "del", NAMESPACE, check=False)
+
+
+def test_a_network_cut_to_a_segment_server(servers, namespaced_segment, walkthrough):
+    """The link to a segment server taken down mid-job, then up: the job waits for it and
+    ends with the weights of an uninterrupted run."""
+    name = f"t_netcut_{uuid.uuid4().hex[:8]}"
+    ns_dsn = _server_dsn(namespaced_segment, name)
+    for server in (servers["coordinator"], servers["seg1"], namespaced_segment):
+        with psycopg.connect(_server_dsn(server, "postgres"), autocommit=True) as admin:
+            admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    coordinator = _server_dsn(servers["coordinator"], name)
+    try:
+        cluster_tool.setup(coordinator, [("segns", ns_dsn), ("seg1", _server_dsn(servers["seg1"], name))])
+        _walkthrough_data(coordinator, local=False)
+        notices, errors = [], []
+        # Find the cut within seconds (the defaults take about 30 s).
+        job = _run_in_thread(coordinator, "cut_model", notices, errors, settings=[
+            "SET madlib_mop.worker_conninfo = 'connect_timeout=2 keepalives_idle=1 "
+            "keepalives_interval=1 keepalives_count=2 tcp_user_timeout=2000'"])
+        _wait_for_progress(coordinator, "cut_model", 3)
+        _ip("link", "set", HOST_LINK, "down")
+        time.sleep(8)
+        _ip("link", "set", HOST_LINK, "up")
+        job.join(timeout=300)
+        assert not job.is_alive() and not errors, errors
+        assert any("segment server segns" in n and "did not answer" in n for n in notices), notices
+        assert _weights(coordinator, "cut_model") == walkthrough
+        _every_subepoch_once(coordinator, "cut_model")
+    finally:
+        _ip("link", "set", HOST_LINK, "up", check=False)
+        for server in (servers["coordinator"], servers["seg1"], namespaced_segment):
+            with psycopg.connect(_server_dsn(server, "postgres"), autocommit=True) as admin:
+                admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
