@@ -219,26 +219,22 @@ def test_a_mapping_naming_another_role_is_refused(cluster, servers, walkthrough)
                              "(user 'postgres', password {})").format(sql.Literal(seg_password)))
         conn.execute("CREATE USER MAPPING FOR analyst_c SERVER seg1 OPTIONS "
                      "(user 'analyst_c', password 'analyst-pw')")
-        conn.execute("SET ROLE analyst_c")
-        with pytest.raises(psycopg.Error) as raised:
-            conn.execute("SELECT training_preprocessor_dl('iris_train', 'analyst_packed', "
-                         "'class_text', 'attributes')")
-        assert raised.value.sqlstate == "42501"
-        assert "names role postgres" in raised.value.diag.message_primary
-        conn.execute("RESET ROLE")
-        conn.execute("ALTER USER MAPPING FOR analyst_c SERVER seg0 OPTIONS (DROP user)")
-        conn.execute("SET ROLE analyst_c")
-        with pytest.raises(psycopg.Error) as raised:
-            conn.execute("SELECT training_preprocessor_dl('iris_train', 'analyst_packed', "
-                         "'class_text', 'attributes')")
-        assert raised.value.sqlstate == "28000"
-        assert "names no user" in raised.value.diag.message_primary
-        conn.execute("RESET ROLE")
+        pack = ("SELECT training_preprocessor_dl('iris_train', 'analyst_packed', 'class_text', "
+                "'attributes')")
+        for mapping, sqlstate, words in [(None, "42501", "names role postgres"),
+                                         ("DROP user", "28000", "names no user")]:
+            if mapping:
+                conn.execute(f"ALTER USER MAPPING FOR analyst_c SERVER seg0 OPTIONS ({mapping})")
+            conn.execute("SET ROLE analyst_c")
+            with pytest.raises(psycopg.Error) as raised:
+                conn.execute(pack)
+            conn.execute("RESET ROLE")
+            assert raised.value.sqlstate == sqlstate
+            assert words in raised.value.diag.message_primary
         conn.execute("ALTER USER MAPPING FOR analyst_c SERVER seg0 OPTIONS "
                      "(ADD user 'analyst_c', SET password 'analyst-pw')")
         conn.execute("SET ROLE analyst_c")
-        conn.execute("SELECT training_preprocessor_dl('iris_train', 'analyst_packed', "
-                     "'class_text', 'attributes')")
+        conn.execute(pack)
         conn.execute("SELECT madlib_keras_fit_multiple_model('analyst_packed', 'analyst_model', "
                      "'mst', 1, FALSE)")
         assert conn.execute("SELECT count(*) FROM analyst_model").fetchone()[0] == 4
