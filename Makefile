@@ -28,7 +28,7 @@ PYTEST_ARGS   ?=
 # Optional dependency groups installed into the runtime (the Docker image uses none).
 PIP_EXTRAS    ?= test,bench
 
-.PHONY: help deps venv build install installcheck demo test bench db-start db-stop db-status db-destroy dsn \
+.PHONY: help deps venv build install installcheck demo test bench bench-cluster db-start db-stop db-status db-destroy dsn \
         cluster cluster-dsn cluster-stop cluster-status cluster-kill-segment cluster-destroy clean
 
 help:
@@ -128,6 +128,10 @@ test: $(STAMPS)/venv installcheck
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Benchmarks: not part of the tests; each prints a markdown table.
+# bench-cluster: W1 and packing on `make cluster` against the embedded server (about 25 min).
+bench-cluster: install db-start
+	$(PY) bench/bench_cluster.py
+
 bench: install db-start
 	$(PY) bench/bench_preprocessor.py
 	$(PY) bench/bench_predict.py

@@ -46,3 +46,9 @@ RETURNS void
 CREATE FUNCTION @extschema@._mop_segment_evaluate(task jsonb, partition integer, weights bytea[])
 RETURNS jsonb
 #plpython "mop_segment_evaluate.py"
+
+-- training_preprocessor_dl's part on a segment server for a source table whose rows lie
+-- there: packs them into this server's segments.
+CREATE FUNCTION @extschema@._mop_pack_segment(task jsonb)
+RETURNS jsonb
+#plpython "mop_pack_segment.py"

@@ -414,3 +414,46 @@ def test_a_network_cut_to_a_segment_server(servers, namespaced_segment, walkthro
         for server in (servers["coordinator"], servers["seg1"], namespaced_segment):
             with psycopg.connect(_server_dsn(server, "postgres"), autocommit=True) as admin:
                 admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def test_a_table_on_the_segment_servers_is_packed_and_predicted_where_it_lies(cluster, servers,
+                                                                              walkthrough):
+    """Source rows already on the segment servers (a partitioned table of foreign tables):
+    each server packs its own rows, and predict runs there too."""
+    notices = []
+    with _connect(cluster, notices) as conn:
+        conn.execute("CREATE TABLE iris_lying (id int, attributes float8[], class_text text) "
+                     "PARTITION BY LIST ((id % 2))")
+        for part, server in ((0, "seg0"), (1, "seg1")):
+            conn.execute(sql.SQL("CREATE FOREIGN TABLE {} PARTITION OF iris_lying FOR VALUES IN "
+                                 "({}) SERVER {} OPTIONS (table_name {})").format(
+                sql.Identifier(f"iris_lying_{part}"), sql.Literal(part), sql.Identifier(server),
+                sql.Literal(f"iris_lying_{part}")))
+        for server in ("seg0", "seg1"):  # the tables there (a DBA's or loader's job)
+            with psycopg.connect(_server_dsn(servers[server], conn.info.dbname),
+                                 autocommit=True) as there:
+                part = server[-1]
+                there.execute(f"CREATE TABLE IF NOT EXISTS iris_lying_{part} "
+                              "(id int, attributes float8[], class_text text)")
+        conn.execute("INSERT INTO iris_lying SELECT * FROM iris_train")
+        conn.execute("SELECT training_preprocessor_dl('iris_lying', 'lying_packed', 'class_text', "
+                     "'attributes')")
+        conn.execute("SELECT validation_preprocessor_dl('iris_lying', 'lying_valid', 'class_text', "
+                     "'attributes', 'lying_packed')")
+        assert sum("each server packing its own rows" in n for n in notices) == 2, notices
+        summary = conn.execute("SELECT num_rows, rows_per_segment, class_text_class_values "
+                               "FROM lying_packed_summary").fetchone()
+        assert summary == (150, [75, 75], ["setosa", "versicolor", "virginica"])
+        assert conn.execute("SELECT rows_per_segment FROM lying_valid_summary").fetchone()[0] == [75, 75]
+        conn.execute("SELECT madlib_keras_fit_multiple_model('lying_packed', 'lying_model', 'mst', "
+                     "1, FALSE, 'lying_valid')")
+        assert conn.execute("SELECT count(*) FROM lying_model_info WHERE "
+                            "validation_metrics_final IS NOT NULL").fetchone()[0] == 4
+        # Predict where the rows lie: the same predictions as from the coordinator's table.
+        for table, out in (("iris_lying", "lying_pred"), ("iris_train", "here_pred")):
+            conn.execute("SELECT madlib_keras_predict('iris_model', %s, 'id', 'attributes', %s, "
+                         "'prob', FALSE, 1)", (table, out))
+        there = conn.execute("SELECT id, class_value, prob FROM lying_pred ORDER BY 1, 2").fetchall()
+        here = conn.execute("SELECT id, class_value, prob FROM here_pred ORDER BY 1, 2").fetchall()
+        assert len(there) == 450 and [r[:2] for r in there] == [r[:2] for r in here]
+        assert all(abs(a[2] - b[2]) < 1e-6 for a, b in zip(there, here))

@@ -18,10 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from psycopg import sql
+from psycopg.types.json import Jsonb
 
 from madlib_mop import errors
 from madlib_mop.api import preprocessor
-from madlib_mop.db import catalog, packed, scan, settings, worker_session
+from madlib_mop.db import catalog, packed, scan, segments, settings, worker_session
 from madlib_mop.engine.base import Engine
 from madlib_mop.engine.cluster import ClusterEngine, engine_for
 from madlib_mop.engine.local import LocalEngine
@@ -331,14 +333,31 @@ def _predict(plpy, ref: ModelRef, test_table, id_col, independent_varname, outpu
                              hint="Pass one class value per output of the model.")
     q = plpy.quote_ident
     id_type = id_column.base_type
+    if classification:
+        rank = ", rank integer" if kind != "response" else ""
+        columns = (f"({q(id_col)} {id_type}, class_name text, class_value text, "
+                   f"prob double precision{rank})")
+    else:
+        columns = f"({q(id_col)} {id_type}, prediction double precision[])"
     conninfo = worker_session.conninfo(plpy)
     with worker_session.connect(conninfo) as db:
-        if classification:
-            rank = ", rank integer" if kind != "response" else ""
-            db.execute(f"CREATE TABLE {out.quoted} ({q(id_col)} {id_type}, class_name text, "
-                       f"class_value text, prob double precision{rank})")
-        else:
-            db.execute(f"CREATE TABLE {out.quoted} ({q(id_col)} {id_type}, prediction double precision[])")
+        db.execute(f"CREATE TABLE {out.quoted} {columns}")
+    # Names, never SQL text: the worker derives its statements as this call did.
+    task = {"mst_key": ref.mst_key, "model_arch": ref.model_arch,
+            "class_values": [str(v) for v in ref.class_values] if classification else None,
+            "class_name": ref.dependent_varname, "normalizing_const": ref.normalizing_const,
+            "source": source.oid, "id_col": id_col, "independent_varname": independent_varname,
+            "output": [out.schema, out.name], "pred_type": kind}
+    weights = bytes(ref.weights)
+    lying = segments.source_parts(plpy, source)
+    if lying is not None:
+        try:
+            _predict_where_it_lies(plpy, lying, task, weights, out, columns, conninfo)
+        except BaseException:
+            with worker_session.connect(conninfo) as db:
+                db.execute(f"DROP TABLE IF EXISTS {out.quoted}")
+            raise
+        return
     blocks = scan.table_blocks(plpy, source.oid) if source.kind in ("r", "m") else None
     if blocks is None:
         raise MadlibMopError(f"test_table {source.name} is not a table",
@@ -347,14 +366,7 @@ def _predict(plpy, ref: ModelRef, test_table, id_col, independent_varname, outpu
                                   "SELECT from the view).")
     workers = max(1, min(_worker_count(plpy), int(blocks) or 1))
     step = -(-int(blocks) // workers) if blocks else 1
-    # Names and oids, never SQL text: the worker derives its statements as this call did.
-    task = {"mst_key": ref.mst_key, "model_arch": ref.model_arch,
-            "class_values": [str(v) for v in ref.class_values] if classification else None,
-            "class_name": ref.dependent_varname, "normalizing_const": ref.normalizing_const,
-            "source": source.oid, "id_col": id_col, "independent_varname": independent_varname,
-            "output": [out.schema, out.name], "pred_type": kind,
-            "threads": max(1, (os.cpu_count() or 1) // workers)}
-    weights = bytes(ref.weights)
+    task["threads"] = max(1, (os.cpu_count() or 1) // workers)
     try:
         _run_parallel(plpy, [lambda worker, w=w: worker.predict_blocks(task, w * step, (w + 1) * step,
                                                                         weights)
@@ -363,6 +375,44 @@ def _predict(plpy, ref: ModelRef, test_table, id_col, independent_varname, outpu
         with worker_session.connect(conninfo) as db:
             db.execute(f"DROP TABLE IF EXISTS {out.quoted}")
         raise
+
+
+def _predict_where_it_lies(plpy: Any, lying: dict, task: dict, weights: bytes, out, columns: str,
+                           conninfo: str) -> None:
+    """Predict a test table whose rows lie on segment servers: each server predicts its rows
+    (the same worker_predict, into a temporary table there), and only the predictions come
+    here, copied into the output table."""
+    schema = catalog.extension_schema(plpy)
+    target = sql.Identifier(out.schema, out.name)
+    jobs = []
+    for server, tables in lying.values():
+        for table in tables:
+            jobs.append((segments.session(plpy, server), dict(
+                task, source=table, output=["pg_temp", "madlib_mop_predictions"],
+                threads=max(1, (os.cpu_count() or 1) // len(lying)))))
+
+    def predict_there(session, part: dict) -> int:
+        session.execute(f"CREATE TEMP TABLE IF NOT EXISTS madlib_mop_predictions {columns}")
+        session.execute("TRUNCATE pg_temp.madlib_mop_predictions")
+        blocks = session.execute("SELECT pg_catalog.pg_relation_size(%s::regclass) / "
+                                 "pg_catalog.current_setting('block_size')::int",
+                                 (part["source"],)).fetchone()[0]
+        session.execute(f"SELECT {schema}._mop_infer_predict(%s, 0, %s, %s)",
+                        (Jsonb(part), blocks + 1, weights))
+        with worker_session.connect(conninfo) as here:
+            with session.cursor().copy("COPY pg_temp.madlib_mop_predictions TO STDOUT") as source, \
+                    here.cursor().copy(sql.SQL("COPY {} FROM STDIN").format(target)) as sink:
+                for data in source:
+                    sink.write(data)
+        return blocks
+
+    sessions = [session for session, _ in jobs]
+    try:
+        run_all(sessions, [lambda session, part=part: predict_there(session, part)
+                           for _, part in jobs], lambda: plpy.execute("SELECT 1"))
+    finally:
+        for session in sessions:
+            session.close()
 
 
 _models: dict[tuple, Any] = {}

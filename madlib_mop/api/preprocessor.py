@@ -18,6 +18,8 @@ packed into one feature vector; <y> is the label column's name.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import os
 import time
@@ -25,10 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from psycopg.types.json import Jsonb
 
 from madlib_mop import errors
 from madlib_mop.db import catalog, scan, segments, settings
 from madlib_mop.db.packed import MULTI_COLUMN_FEATURES, read_summary
+from madlib_mop.engine.pool import run_all
 from madlib_mop.runtime import packing
 from madlib_mop.errors import MadlibMopError
 
@@ -278,6 +282,14 @@ def _preprocess(plpy, module, source_table, output_table, dependent_varname, ind
                              hint="Rename the columns in a view (not buffer_id or __dist_key__, "
                                   "and not the same column twice).")
 
+    lying = _source_on_segment_servers(plpy, table, homes, training is None)
+    if lying is not None:
+        if training is None:  # the segments of the servers with rows
+            homes = [home for home in homes if home.name in lying]
+            segment_total = len(homes)
+        # Counts and class values are computed on the segment servers: no row comes here.
+        partitionwise = plpy.execute("SELECT current_setting('enable_partitionwise_aggregate') AS v, "
+                                     "set_config('enable_partitionwise_aggregate', 'on', true)")[0]["v"]
     rows = plpy.execute(f"SELECT count(*) AS n FROM {table.name}")[0]["n"]
     if rows == 0:
         raise MadlibMopError(f"source_table {table.name} is empty",
@@ -294,85 +306,266 @@ def _preprocess(plpy, module, source_table, output_table, dependent_varname, ind
                 sqlstate=errors.DATATYPE_MISMATCH,
                 hint="Use a label column of the same kind as the training data's.")
         classes = None
+    if lying is not None:
+        plpy.execute(plpy.prepare("SELECT set_config('enable_partitionwise_aggregate', $1, true)",
+                                  ["text"]), [partitionwise])
 
-    reader = SourceReader(plpy, table, features, label)
-    layout = None
-    positions = (packing.shuffled_positions(rows, seed) if training is None
-                 else np.arange(rows, dtype=np.int64))
-    feature_shape = None
-    budget = (settings.whole_number(plpy, MEMORY_SETTING) or DEFAULT_MEMORY_MB) * 1024 * 1024
-    class_index = {value: i for i, value in enumerate(label.class_values)}
-
+    encoding = Encoding(label, classes, float(normalizing_const),
+                        _budget(plpy),
+                        list(training["feature_shape"]) if training is not None else None)
     output = None  # the segments' tables on segment servers, dropped if this fails
     try:
-        wave_start, written = 0, 0
-        insert = None
-        while wave_start < rows:
-            wave_rows, wave_x, wave_y, seen = None, None, None, 0
-            for chunk_x, chunk_y in reader.chunks():
-                n = chunk_x.shape[0]
-                if feature_shape is None:
-                    feature_shape = tuple(chunk_x.shape[1:])
-                    row_bytes = 4 * math.prod(feature_shape)
-                    if training is not None and list(feature_shape) != list(training["feature_shape"]):
-                        raise MadlibMopError(
-                            f"the features of {table.name} have shape {list(feature_shape)}, "
-                            f"the training data's {list(training['feature_shape'])}",
-                            sqlstate=errors.DATATYPE_MISMATCH,
-                            hint="Validation rows need the same feature shape as the training rows.")
-                    if buffer_size is None:
-                        buffer_size = packing.default_buffer_size(rows, row_bytes, segment_total)
-                    layout = packing.buffer_layout(rows, buffer_size, segment_total)
-                    wave_rows = max(int(buffer_size), budget // max(1, row_bytes))
-                    output = PackedOutput(plpy, out, features, label, homes)
-                    insert = output.create(segment_total)
-                elif tuple(chunk_x.shape[1:]) != feature_shape:
-                    raise reader.ragged(feature_shape, chunk_x.shape[1:])
-                if wave_x is None:
-                    # The wave ends on a buffer boundary so that buffers are written whole.
-                    wave_stop = _wave_stop(layout, wave_start, wave_rows)
-                    wave_x = np.empty((wave_stop - wave_start, *feature_shape), dtype=np.float32)
-                    wave_y = (np.empty(wave_stop - wave_start, dtype=np.int64) if label.classification
-                              else np.empty((wave_stop - wave_start, chunk_y.shape[1]), dtype=np.float32))
-                where = positions[seen: seen + n]
-                mask = (where >= wave_start) & (where < wave_stop)
-                wave_x[where[mask] - wave_start] = chunk_x[mask]
-                if label.classification:
-                    codes = _encode(chunk_y, class_index, table, label)
-                    wave_y[where[mask] - wave_start] = codes[mask]
-                else:
-                    wave_y[where[mask] - wave_start] = chunk_y[mask]
-                seen += n
-            if seen != rows:
-                raise MadlibMopError(f"{table.name} changed while it was being packed",
-                                     sqlstate=errors.DATA_EXCEPTION,
-                                     detail=f"Counted {rows} rows, then read {seen}.",
-                                     hint="Pack a table that is not being written to.")
-            for buffer in layout:
-                if wave_start <= buffer.start < wave_stop:
-                    x = wave_x[buffer.start - wave_start: buffer.stop - wave_start]
-                    y = wave_y[buffer.start - wave_start: buffer.stop - wave_start]
-                    if normalizing_const != 1.0:
-                        x = x / np.float32(normalizing_const)
-                    y = packing.one_hot(y, classes).astype("<i2") if label.classification else y
-                    plpy.execute(insert, [x.astype("<f4").tobytes(), y.tobytes(),
-                                          [buffer.rows, *feature_shape], list(y.shape),
-                                          buffer.buffer_id, buffer.segment])
-                    written += 1
-            wave_start = wave_stop
-        reader.close()
+        if lying is None:
+            reader = SourceReader(plpy, table, features, label)
+            positions = (packing.shuffled_positions(rows, seed) if training is None
+                         else np.arange(rows, dtype=np.int64))
 
+            def begin(feature_shape):
+                nonlocal buffer_size, output
+                if buffer_size is None:
+                    buffer_size = packing.default_buffer_size(rows, 4 * math.prod(feature_shape),
+                                                              segment_total)
+                output = PackedOutput(plpy, out, features, label, homes)
+                insert = output.create(segment_total)
+                return (packing.buffer_layout(rows, buffer_size, segment_total),
+                        lambda params: plpy.execute(insert, params), buffer_size)
+
+            packed = write_buffers(plpy, reader, table.name, rows, positions, encoding, begin)
+            reader.close()
+        else:  # each segment server packs its own rows into its own segments
+            output = PackedOutput(plpy, out, features, label, homes)
+            output.create(segment_total)
+            buffer_size = buffer_size or _default_buffer_size(plpy, table, features, rows, segment_total)
+            packed = _pack_where_it_lies(plpy, lying, homes, output, encoding, buffer_size,
+                                         dependent_varname, independent_varname,
+                                         seed if training is None else None, rows, table)
         _write_summary(plpy, summary_table, source_table, output_table, label, features, buffer_size,
-                       normalizing_const, classes, distribution_rules, segment_total, rows, layout,
-                       feature_shape, seed)
+                       normalizing_const, classes, distribution_rules, segment_total, rows, packed,
+                       seed)
     except BaseException:
         if output is not None:
             output.drop_remote()
         raise
     where = "" if homes is None else f" on {len({h.name for h in homes})} segment servers"
-    plpy.notice(f"{module}: packed {rows} rows of {table.name} into {written} buffers on "
-                f"{segment_total} segments{where} in {out.quoted} "
+    how = "" if lying is None else ", each server packing its own rows"
+    plpy.notice(f"{module}: packed {rows} rows of {table.name} into {packed.buffers} buffers on "
+                f"{segment_total} segments{where}{how} in {out.quoted} "
                 f"({time.perf_counter() - started:.1f}s)")
+
+
+def _source_on_segment_servers(plpy: Any, table: catalog.Table, homes: list | None,
+                               training: bool) -> dict | None:
+    """The source's tables per segment server, when its rows all lie on the segment servers
+    that get the output's segments: each server then packs its own rows.  None: the rows are
+    read here (and the buffers sent to the segment servers)."""
+    if homes is None:
+        return None
+    parts = segments.source_parts(plpy, table)
+    if parts is None:
+        return None
+    with_segments = {home.name for home in homes}
+    if not set(parts) <= with_segments or (not training and set(parts) != with_segments):
+        plpy.notice(f"madlib_mop: the rows of {table.name} lie on other segment servers than "
+                    "the packed table's segments: they are read through this server")
+        return None
+    return parts
+
+
+def _default_buffer_size(plpy: Any, table: catalog.Table, features: Features, rows: int,
+                         segment_total: int) -> int:
+    """The default buffer size from one row's feature shape (one row read here)."""
+    dims = plpy.execute(f"SELECT pg_catalog.array_dims({features.expression}) AS d "
+                        f"FROM {table.name} LIMIT 1")[0]["d"] or "[1:1]"
+    shape = [int(hi) - int(lo) + 1 for lo, hi in
+             (part.split(":") for part in dims.strip("[]").split("]["))]
+    return packing.default_buffer_size(rows, 4 * math.prod(shape), segment_total)
+
+
+def _pack_where_it_lies(plpy: Any, lying: dict, homes: list, output: "PackedOutput",
+                        encoding: "Encoding", buffer_size: int, dependent_varname: str,
+                        independent_varname: str, seed: int | None, rows: int,
+                        table: catalog.Table) -> "Packed":
+    """Each segment server packs its rows into its segments (`_mop_pack_segment`), all at
+    once; only the tasks and their counts cross the network."""
+    schema = catalog.extension_schema(plpy)
+    sessions, calls = [], []
+    for name, (server, tables) in lying.items():
+        local = [k for k, home in enumerate(homes) if home.name == name]
+        task = {"source": tables, "dependent_varname": dependent_varname,
+                "independent_varname": independent_varname, "encoding": encoding.as_json(),
+                "buffer_size": buffer_size, "seed": seed, "segments": local,
+                "tables": {str(k): output.partition_names[k] for k in local}}
+        sessions.append(segments.session(plpy, server))
+        calls.append(lambda session, t=task: session.execute(
+            f"SELECT {schema}._mop_pack_segment(%s)", (Jsonb(t),)).fetchone()[0])
+    try:
+        results = run_all(sessions, calls, lambda: plpy.execute("SELECT 1"))
+    finally:
+        for session in sessions:
+            session.close()
+    if sum(result["rows"] for result in results) != rows:
+        raise MadlibMopError(f"{table.name} changed while it was being packed",
+                             sqlstate=errors.DATA_EXCEPTION,
+                             detail=f"Counted {rows} rows, then the segment servers read "
+                                    f"{sum(result['rows'] for result in results)}.",
+                             hint="Pack a table that is not being written to.")
+    packed = Packed({}, {}, 0, tuple(results[0]["feature_shape"]))
+    for result in results:
+        if encoding.expected_shape is None and list(packed.feature_shape) != result["feature_shape"]:
+            raise MadlibMopError("the feature arrays of the source differ in shape between "
+                                 "segment servers", sqlstate=errors.DATA_EXCEPTION,
+                                 detail=f"Found {list(packed.feature_shape)} and {result['feature_shape']}.",
+                                 hint="Every row needs a feature array of the same shape.")
+        packed.rows_per_segment.update({int(k): v for k, v in result["rows_per_segment"].items()})
+        packed.buffers_per_segment.update({int(k): v for k, v in result["buffers_per_segment"].items()})
+        packed.max_buffer_rows = max(packed.max_buffer_rows, result["max_buffer_rows"])
+    return packed
+
+
+def pack_segment(plpy: Any, task: str) -> str:
+    """On a segment server: pack this server's rows of the source into its segments' tables
+    (`_pack_where_it_lies`)."""
+    task = json.loads(task)
+    names = task["source"]
+    if len(names) == 1:
+        table = catalog.resolve_table(plpy, names[0])
+    else:  # several partitions here: read as one
+        plpy.execute("DROP VIEW IF EXISTS pg_temp.madlib_mop_segment_source")
+        plpy.execute("CREATE TEMP VIEW madlib_mop_segment_source AS "
+                     + " UNION ALL ".join(f"SELECT * FROM {catalog.resolve_table(plpy, n).name}"
+                                          for n in names))
+        table = catalog.resolve_table(plpy, "pg_temp.madlib_mop_segment_source")
+    features = feature_columns(plpy, table, task["independent_varname"])
+    label = _label(plpy, table, task["dependent_varname"])
+    given = task["encoding"]
+    label.class_values = given["class_values"]
+    encoding = Encoding(label, given["classes"], given["normalizing_const"],
+                        _budget(plpy),
+                        given["expected_shape"])
+    rows = plpy.execute(f"SELECT count(*) AS n FROM {table.name}")[0]["n"]
+    if rows == 0:
+        raise MadlibMopError(f"{table.name} holds no rows on this segment server",
+                             sqlstate=errors.DATA_EXCEPTION,
+                             hint="Each segment server that gets segments needs rows to train on.")
+    local = task["segments"]
+    positions = (packing.shuffled_positions(rows, task["seed"]) if task["seed"] is not None
+                 else np.arange(rows, dtype=np.int64))
+    reader = SourceReader(plpy, table, features, label)
+    q = plpy.quote_ident
+    columns = (f"{q(features.packed_column)}, {q(label.name)}, {q(features.packed_column + '_shape')}, "
+               f"{q(label.name + '_shape')}, buffer_id, __dist_key__")
+    plans = {k: plpy.prepare(f"INSERT INTO {name} ({columns}) VALUES ($1, $2, $3, $4, $5, $6)",
+                             ["bytea", "bytea", "integer[]", "integer[]", "integer", "integer"])
+             for k, name in ((int(k), n) for k, n in task["tables"].items())}
+
+    def begin(feature_shape):
+        layout = [dataclasses.replace(b, segment=local[b.segment])
+                  for b in packing.buffer_layout(rows, task["buffer_size"], len(local))]
+        return layout, lambda params: plpy.execute(plans[params[5]], params), task["buffer_size"]
+
+    packed = write_buffers(plpy, reader, table.name, rows, positions, encoding, begin)
+    reader.close()
+    return json.dumps({"rows": rows, "rows_per_segment": packed.rows_per_segment,
+                       "buffers_per_segment": packed.buffers_per_segment,
+                       "max_buffer_rows": packed.max_buffer_rows,
+                       "feature_shape": list(packed.feature_shape)})
+
+
+def _budget(plpy: Any) -> int:
+    """Bytes of rows a packing holds at once (madlib_mop.preprocessor_memory_mb)."""
+    return (settings.whole_number(plpy, MEMORY_SETTING) or DEFAULT_MEMORY_MB) * 1024 * 1024
+
+
+@dataclass
+class Encoding:
+    """How rows become buffers, the same wherever they are packed."""
+    label: Label
+    classes: int | None
+    normalizing_const: float
+    budget: int  # bytes of rows held at once
+    expected_shape: list | None  # validation: the training data's feature shape
+
+    def as_json(self) -> dict:
+        return {"classes": self.classes, "normalizing_const": self.normalizing_const,
+                "class_values": self.label.class_values, "expected_shape": self.expected_shape}
+
+
+@dataclass
+class Packed:
+    """What a packing wrote: per segment rows and buffers, the largest buffer, the shape."""
+    rows_per_segment: dict[int, int]
+    buffers_per_segment: dict[int, int]
+    max_buffer_rows: int
+    feature_shape: tuple
+
+    @property
+    def buffers(self) -> int:
+        return sum(self.buffers_per_segment.values())
+
+    @staticmethod
+    def of(layout: list, feature_shape: tuple) -> "Packed":
+        packed = Packed({}, {}, max(b.rows for b in layout), tuple(feature_shape))
+        for buffer in layout:
+            packed.rows_per_segment[buffer.segment] = packed.rows_per_segment.get(buffer.segment, 0) + buffer.rows
+            packed.buffers_per_segment[buffer.segment] = packed.buffers_per_segment.get(buffer.segment, 0) + 1
+        return packed
+
+
+def write_buffers(plpy: Any, reader: SourceReader, table_name: str, rows: int,
+                  positions: np.ndarray, encoding: Encoding, begin) -> Packed:
+    """Read every row once per memory-sized wave, place it at its shuffled position and
+    write the wave's buffers.  `begin(feature_shape)` (at the first chunk) creates the output
+    and gives (buffer layout, a function writing one buffer's row, buffer size)."""
+    label, layout, feature_shape, write = encoding.label, None, None, None
+    class_index = {value: i for i, value in enumerate(label.class_values)}
+    wave_start = 0
+    while wave_start < rows:
+        wave_rows, wave_x, wave_y, seen = None, None, None, 0
+        for chunk_x, chunk_y in reader.chunks():
+            n = chunk_x.shape[0]
+            if feature_shape is None:
+                feature_shape = tuple(chunk_x.shape[1:])
+                if encoding.expected_shape is not None and list(feature_shape) != encoding.expected_shape:
+                    raise MadlibMopError(
+                        f"the features of {table_name} have shape {list(feature_shape)}, "
+                        f"the training data's {encoding.expected_shape}",
+                        sqlstate=errors.DATATYPE_MISMATCH,
+                        hint="Validation rows need the same feature shape as the training rows.")
+                layout, write, buffer_size = begin(feature_shape)
+                wave_rows = max(int(buffer_size), encoding.budget // max(1, 4 * math.prod(feature_shape)))
+            elif tuple(chunk_x.shape[1:]) != feature_shape:
+                raise reader.ragged(feature_shape, chunk_x.shape[1:])
+            if wave_x is None:
+                # The wave ends on a buffer boundary so that buffers are written whole.
+                wave_stop = _wave_stop(layout, wave_start, wave_rows)
+                wave_x = np.empty((wave_stop - wave_start, *feature_shape), dtype=np.float32)
+                wave_y = (np.empty(wave_stop - wave_start, dtype=np.int64) if label.classification
+                          else np.empty((wave_stop - wave_start, chunk_y.shape[1]), dtype=np.float32))
+            where = positions[seen: seen + n]
+            mask = (where >= wave_start) & (where < wave_stop)
+            wave_x[where[mask] - wave_start] = chunk_x[mask]
+            if label.classification:
+                codes = _encode(chunk_y, class_index, table_name, label)
+                wave_y[where[mask] - wave_start] = codes[mask]
+            else:
+                wave_y[where[mask] - wave_start] = chunk_y[mask]
+            seen += n
+        if seen != rows:
+            raise MadlibMopError(f"{table_name} changed while it was being packed",
+                                 sqlstate=errors.DATA_EXCEPTION,
+                                 detail=f"Counted {rows} rows, then read {seen}.",
+                                 hint="Pack a table that is not being written to.")
+        for buffer in layout:
+            if wave_start <= buffer.start < wave_stop:
+                x = wave_x[buffer.start - wave_start: buffer.stop - wave_start]
+                y = wave_y[buffer.start - wave_start: buffer.stop - wave_start]
+                if encoding.normalizing_const != 1.0:
+                    x = x / np.float32(encoding.normalizing_const)
+                y = packing.one_hot(y, encoding.classes).astype("<i2") if label.classification else y
+                write([x.astype("<f4").tobytes(), y.tobytes(), [buffer.rows, *feature_shape],
+                       list(y.shape), buffer.buffer_id, buffer.segment])
+        wave_start = wave_stop
+    return Packed.of(layout, feature_shape)
 
 
 def _wave_stop(layout: list, wave_start: int, wave_rows: int) -> int:
@@ -390,9 +583,10 @@ def _wave_stop(layout: list, wave_start: int, wave_rows: int) -> int:
 
 def _class_values(plpy, table, label, training) -> list:
     # Byte order for text classes, so the order does not depend on the database's collation.
+    # GROUP BY (not DISTINCT): over segment servers, each groups its own rows.
     order = "v COLLATE \"C\"" if label.base_type in ("text", "character varying", "character") else "v"
     found = [row["v"] for row in plpy.execute(
-        f"SELECT v FROM (SELECT DISTINCT {label.expression} AS v FROM {table.name}) d "
+        f"SELECT v FROM (SELECT {label.expression} AS v FROM {table.name} GROUP BY 1) d "
         f"WHERE v IS NOT NULL ORDER BY {order}")]
     if training is None:
         return found
@@ -434,11 +628,11 @@ def _class_count(class_values: list, num_classes: list | None, training: dict | 
     return int(num_classes[0])
 
 
-def _encode(values: list, class_index: dict, table, label) -> np.ndarray:
+def _encode(values: list, class_index: dict, table_name: str, label) -> np.ndarray:
     try:
         return np.fromiter((class_index[v] for v in values), dtype=np.int64, count=len(values))
     except KeyError as error:  # a row was added after the class values were read
-        raise MadlibMopError(f"{table.name} changed while it was being packed: label "
+        raise MadlibMopError(f"{table_name} changed while it was being packed: label "
                              f"{error.args[0]!r} appeared",
                              sqlstate=errors.DATA_EXCEPTION,
                              hint="Pack a table that is not being written to.") from None
@@ -475,7 +669,8 @@ class PackedOutput:
         q = plpy.quote_ident
         self.x, self.y = q(features.packed_column), q(label.name)
         self.xs, self.ys = q(features.packed_column + "_shape"), q(label.name + "_shape")
-        self.remote: list[tuple[Any, str]] = []  # (session, table) made on segment servers
+        self.remote: list[tuple[Any, str]] = []  # (server, table) made on segment servers
+        self.partition_names: dict[int, str] = {}  # segment -> its table on its server
         self.sessions: dict[str, Any] = {}
 
     def _columns(self) -> str:
@@ -501,6 +696,7 @@ class PackedOutput:
                 continue
             server = self.homes[segment]
             self._create_remote(server, part, segment)
+            self.partition_names[segment] = part.quoted
             plpy.execute(
                 f"CREATE FOREIGN TABLE {part.quoted} PARTITION OF {out.quoted} "
                 f"FOR VALUES IN ({segment}) SERVER {plpy.quote_ident(server.name)} "
@@ -565,16 +761,13 @@ class PackedOutput:
 
 
 def _write_summary(plpy, summary_table, source_table, output_table, label, features, buffer_size,
-                   normalizing_const, classes, distribution_rules, segments, rows, layout,
-                   feature_shape, seed):
+                   normalizing_const, classes, distribution_rules, segments, rows, packed: Packed,
+                   seed):
     q = plpy.quote_ident
     class_column = q(f"{label.name}_class_values")
     class_type = f"{label.base_type}[]" if label.classification else "text[]"
-    rows_per_segment = [0] * segments
-    buffers_per_segment = [0] * segments
-    for buffer in layout:
-        rows_per_segment[buffer.segment] += buffer.rows
-        buffers_per_segment[buffer.segment] += 1
+    rows_per_segment = [packed.rows_per_segment.get(k, 0) for k in range(segments)]
+    buffers_per_segment = [packed.buffers_per_segment.get(k, 0) for k in range(segments)]
     class_values = (list(label.class_values) + [None] * (classes - len(label.class_values))
                     if label.classification else None)
     plpy.execute(f"""
@@ -594,8 +787,8 @@ def _write_summary(plpy, summary_table, source_table, output_table, label, featu
          "text", "integer", "bigint", "bigint[]", "integer[]", "integer[]", "text", "integer"])
     plpy.execute(plan, [
         source_table, output_table, [label.name], features.names, [label.base_type], class_values,
-        int(max(b.rows for b in layout)), float(normalizing_const),
+        int(packed.max_buffer_rows), float(normalizing_const),
         [classes] if classes is not None else None,
         (distribution_rules or "all_segments"), segments, rows, rows_per_segment,
-        buffers_per_segment, list(feature_shape),
+        buffers_per_segment, list(packed.feature_shape),
         "classification" if label.classification else "regression", seed])

@@ -216,3 +216,33 @@ def unreachable(server: SegmentServer, error: BaseException) -> MadlibMopError:
         sqlstate=errors.CONNECTION_FAILURE,
         hint="Start it, or check the network; SELECT * FROM check_segment_servers(); shows "
              "what each segment server answers.")
+
+
+_LEAVES = """
+    SELECT c.relkind AS kind, s.srvname AS server, ft.ftoptions AS options,
+           n.nspname AS schema, c.relname AS name
+    FROM pg_catalog.pg_partition_tree($1) t
+    JOIN pg_catalog.pg_class c ON c.oid = t.relid
+    JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+    LEFT JOIN pg_catalog.pg_foreign_table ft ON ft.ftrelid = c.oid
+    LEFT JOIN pg_catalog.pg_foreign_server s ON s.oid = ft.ftserver
+    WHERE t.isleaf
+"""
+
+
+def source_parts(plpy: Any, table: catalog.Table) -> dict[str, tuple[SegmentServer, list[str]]] | None:
+    """A table whose rows all lie on registered segment servers (a foreign table there, or
+    a partitioned table whose every partition is one): server name -> (server, the quoted
+    names of its tables there).  None when any row is elsewhere."""
+    if table.kind not in ("p", "f"):
+        return None
+    by_name = {s.name: s for s in registered(plpy)}
+    parts: dict[str, tuple[SegmentServer, list[str]]] = {}
+    for row in plpy.execute(plpy.prepare(_LEAVES, ["regclass"]), [table.oid]):
+        if row["kind"] != "f" or row["server"] not in by_name:
+            return None
+        options = _options(row["options"])
+        name = (f"{_quote(options.get('schema_name', row['schema']))}."
+                f"{_quote(options.get('table_name', row['name']))}")
+        parts.setdefault(row["server"], (by_name[row["server"]], []))[1].append(name)
+    return parts or None

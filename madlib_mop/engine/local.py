@@ -45,7 +45,8 @@ class LocalWorker(Worker):
             sql.SQL(columns), sql.Identifier(self.schema), sql.Identifier(function),
             sql.SQL(", ").join(sql.Placeholder() * len(args)))
         try:
-            return self._session().execute(query, args).fetchone()
+            # Binary results: a state comes back as its bytes, not as twice as many hex digits.
+            return self._session().execute(query, args, binary=True).fetchone()
         except Exception:
             if self._connection is not None and (self._connection.closed or self._connection.broken):
                 self._connection = None

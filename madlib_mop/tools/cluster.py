@@ -72,7 +72,10 @@ def setup(coordinator: str, segments: list[tuple[str, str]]) -> None:
                 conn.execute("SELECT madlib_mop.add_segment_server(%s, %s, %s, %s)",
                              (name, where.get("host", "localhost"), int(where.get("port", 5432)),
                               where.get("dbname", DEFAULT_DATABASE)))
-            conn.execute(sql.SQL("CREATE USER MAPPING IF NOT EXISTS FOR {} SERVER {} "
+            # The mapping as it should be now (an earlier set-up's may have other options).
+            conn.execute(sql.SQL("DROP USER MAPPING IF EXISTS FOR {} SERVER {}").format(
+                sql.Identifier(role), sql.Identifier(name)))
+            conn.execute(sql.SQL("CREATE USER MAPPING FOR {} SERVER {} "
                                  "OPTIONS (user {}, password {})").format(
                 sql.Identifier(role), sql.Identifier(name), sql.Literal(role),
                 sql.Literal(where["password"])))
