@@ -23,6 +23,11 @@ SELECT load_model_selection_table('regress_arch', 'm', ARRAY[1],
 SELECT generate_model_configs('regress_points', 'mst', ARRAY[1], $${'loss': ['mse']}$$, $${'epochs': [1]}$$);
 -- a fit over a table that was not packed
 SELECT madlib_keras_fit_multiple_model('regress_points', 'out', 'mst', 1);
+-- segment servers: postgres_fdw missing, a server that is not registered; none registered
+SELECT add_segment_server('seg1', 'localhost', 5432);
+SELECT drop_segment_server('seg1');
+SELECT add_segment_server('seg1', 'localhost', 5432, NULL, 0);
+SELECT * FROM check_segment_servers();
 -- nothing was created by the calls above
 SELECT count(*) AS tables_left FROM pg_class
 WHERE relname IN ('p', 'p_summary', 'm', 'm_summary', 'mst', 'mst_summary', 'out', 'out_summary', 'out_info');
