@@ -195,6 +195,39 @@ def test_registration(cluster, servers):
             conn.execute("SELECT add_segment_server('seg0x', '127.0.0.1', 1)")
         assert raised.value.sqlstate == "42501"
         conn.execute("RESET ROLE")
+        # A foreign server its owner could point anywhere is no segment server.
+        conn.execute("DROP SERVER IF EXISTS elsewhere")
+        conn.execute("CREATE SERVER elsewhere FOREIGN DATA WRAPPER postgres_fdw "
+                     "OPTIONS (host '127.0.0.1', dbname 'x')")
+        conn.execute("ALTER SERVER elsewhere OWNER TO analyst_reg")
+        with pytest.raises(psycopg.Error) as raised:
+            conn.execute("SELECT add_segment_server('elsewhere')")
+        assert raised.value.sqlstate == "42501" and "not a superuser" in raised.value.diag.message_primary
+        assert raised.value.diag.message_hint
+        conn.execute("DROP SERVER elsewhere")
+
+
+def test_segment_tables_left_by_a_dropped_packed_table_are_replaced(cluster, servers, walkthrough):
+    """A packed table dropped here leaves its segments' tables there: packing into the same
+    name replaces them; a table of that name the packing did not make is left alone."""
+    notices = []
+    with _connect(cluster, notices) as conn:
+        pack = "SELECT training_preprocessor_dl('iris_train', %s, 'class_text', 'attributes')"
+        conn.execute(pack, ("again_packed",))
+        conn.execute("DROP TABLE again_packed, again_packed_summary")
+        conn.execute(pack, ("again_packed",))
+        assert sum("replacing public.again_packed_seg" in n for n in notices) == 2, notices
+        with psycopg.connect(_server_dsn(servers["seg1"], conn.info.dbname), autocommit=True) as there:
+            there.execute("CREATE TABLE IF NOT EXISTS users_own_seg1 (id int)")
+        with pytest.raises(psycopg.Error) as raised:
+            conn.execute("SELECT training_preprocessor_dl('iris_train', 'users_own', "
+                         "'class_text', 'attributes')")
+        assert raised.value.sqlstate == "42P07"
+        assert "already exists on segment server seg1" in raised.value.diag.message_primary
+        assert conn.execute("SELECT to_regclass('users_own') IS NULL").fetchone()[0]
+    with psycopg.connect(_server_dsn(servers["seg0"], conn.info.dbname)) as there:
+        # seg0's table, made before seg1 refused, went with the failure.
+        assert there.execute("SELECT to_regclass('users_own_seg0') IS NULL").fetchone()[0]
 
 
 def test_a_mapping_naming_another_role_is_refused(cluster, servers, walkthrough):
@@ -221,8 +254,10 @@ def test_a_mapping_naming_another_role_is_refused(cluster, servers, walkthrough)
                      "(user 'analyst_c', password 'analyst-pw')")
         pack = ("SELECT training_preprocessor_dl('iris_train', 'analyst_packed', 'class_text', "
                 "'attributes')")
-        for mapping, sqlstate, words in [(None, "42501", "names role postgres"),
-                                         ("DROP user", "28000", "names no user")]:
+        for mapping, sqlstate, words in [
+                (None, "42501", "names role postgres"),
+                ("DROP user", "28000", "names no user"),
+                ("ADD user 'analyst_c', DROP password", "28000", "has no password")]:
             if mapping:
                 conn.execute(f"ALTER USER MAPPING FOR analyst_c SERVER seg0 OPTIONS ({mapping})")
             conn.execute("SET ROLE analyst_c")
@@ -232,7 +267,7 @@ def test_a_mapping_naming_another_role_is_refused(cluster, servers, walkthrough)
             assert raised.value.sqlstate == sqlstate
             assert words in raised.value.diag.message_primary
         conn.execute("ALTER USER MAPPING FOR analyst_c SERVER seg0 OPTIONS "
-                     "(ADD user 'analyst_c', SET password 'analyst-pw')")
+                     "(ADD password 'analyst-pw')")
         conn.execute("SET ROLE analyst_c")
         conn.execute(pack)
         conn.execute("SELECT madlib_keras_fit_multiple_model('analyst_packed', 'analyst_model', "

@@ -12,15 +12,28 @@ from madlib_mop.errors import MadlibMopError
 
 def _foreign_server(plpy: Any, name: str) -> dict | None:
     rows = plpy.execute(plpy.prepare(
-        "SELECT s.oid, w.fdwname FROM pg_catalog.pg_foreign_server s "
-        "JOIN pg_catalog.pg_foreign_data_wrapper w ON w.oid = s.srvfdw WHERE s.srvname = $1",
+        "SELECT s.oid, w.fdwname, o.rolname AS owner, o.rolsuper AS trusted "
+        "FROM pg_catalog.pg_foreign_server s "
+        "JOIN pg_catalog.pg_foreign_data_wrapper w ON w.oid = s.srvfdw "
+        "JOIN pg_catalog.pg_roles o ON o.oid = s.srvowner WHERE s.srvname = $1",
         ["name"]), [name])
     return dict(rows[0]) if rows else None
+
+
+def _may_register(plpy: Any, schema: str) -> None:
+    """Registering is a DBA's: the extension's owner (or whom it granted INSERT)."""
+    row = plpy.execute(f"SELECT has_table_privilege('{schema}.segment_servers', 'INSERT') AS may, "
+                       "current_user AS role")[0]
+    if not row["may"]:
+        raise MadlibMopError(f"permission denied: role {row['role']} may not register segment "
+                             "servers", sqlstate=errors.INSUFFICIENT_PRIVILEGE,
+                             hint="A DBA (the extension's owner) registers them.")
 
 
 def add_segment_server(plpy: Any, server_name: str, host: str | None, port: int | None,
                        dbname: str | None, segments_count: int | None) -> None:
     schema = catalog.extension_schema(plpy)
+    _may_register(plpy, schema)
     if not server_name or not server_name.strip():
         raise MadlibMopError("server_name must name a foreign server",
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
@@ -54,6 +67,8 @@ def add_segment_server(plpy: Any, server_name: str, host: str | None, port: int 
         raise MadlibMopError(f"foreign server {server_name} uses {existing['fdwname']}, not "
                              "postgres_fdw", sqlstate=errors.INVALID_PARAMETER_VALUE,
                              hint="Segment servers are PostgreSQL servers reached by postgres_fdw.")
+    elif not existing["trusted"]:
+        segments.check_server(plpy, server_name, True, existing["owner"], False)
     elif host is not None or port is not None or dbname is not None:
         raise MadlibMopError(
             f"foreign server {server_name} exists already: host, port and dbname are its own",
@@ -82,6 +97,7 @@ def add_segment_server(plpy: Any, server_name: str, host: str | None, port: int 
 
 def drop_segment_server(plpy: Any, server_name: str) -> None:
     schema = catalog.extension_schema(plpy)
+    _may_register(plpy, schema)
     if not plpy.execute(plpy.prepare(f"SELECT 1 FROM {schema}.segment_servers "
                                      "WHERE server_name = $1", ["name"]), [server_name]):
         raise MadlibMopError(f"{server_name} is not a segment server",
@@ -95,10 +111,10 @@ def drop_segment_server(plpy: Any, server_name: str) -> None:
     if used:
         names = [row["t"] for row in used]
         raise MadlibMopError(
-            f"{server_name} holds segments of packed tables: {', '.join(names[:5])}"
+            f"foreign tables use {server_name}: {', '.join(names[:5])}"
             + (" ..." if len(names) > 5 else ""),
             sqlstate=errors.DEPENDENT_OBJECTS_STILL_EXIST,
-            hint="Drop those packed tables first (their partitions are foreign tables there).")
+            hint="Drop them first (a packed table's partitions are foreign tables there).")
     plpy.execute(plpy.prepare(f"DELETE FROM {schema}.segment_servers WHERE server_name = $1",
                               ["name"]), [server_name])
     plpy.notice(f"madlib_mop: {server_name} is no longer a segment server (the foreign server "
@@ -116,7 +132,7 @@ def check_segment_servers(plpy: Any) -> list[dict]:
                "reachable": False, "extension_version": None, "message": None}
         try:
             info = segments.worker_conninfo(plpy, server, extra, options)
-            with worker_session.connect(info) as session:
+            with segments.connect(info, server, "") as session:
                 row["reachable"] = True
                 found = session.execute("SELECT extversion FROM pg_catalog.pg_extension "
                                         "WHERE extname = 'madlib_mop'").fetchone()

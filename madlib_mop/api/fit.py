@@ -139,10 +139,7 @@ def _engine(plpy: Any, packed_table: str) -> Engine:
 def run_job(plpy: Any, job_id: int, can_commit: bool, engine: Engine | None = None,
             pool=None) -> None:
     if engine is None:
-        source = plpy.execute(plpy.prepare(
-            f"SELECT source_table FROM {catalog.extension_schema(plpy)}.jobs WHERE job_id = $1 "
-            "AND owner = current_user", ["bigint"]), [job_id])[0]["source_table"]
-        engine = _engine(plpy, source)
+        engine = _engine(plpy, catalog.own_job(plpy, job_id)["source_table"])
     try:
         coordinator = Coordinator(plpy, job_id, can_commit, engine, pool)
     except BaseException:
@@ -219,15 +216,7 @@ def fit_multiple_model(plpy: Any, source_table: str, model_output_table: str,
 
 
 def resume(plpy: Any, job_id: int, *, can_commit: bool = False) -> None:
-    schema = catalog.extension_schema(plpy)
-    rows = plpy.execute(plpy.prepare(f"SELECT * FROM {schema}.jobs WHERE job_id = $1 "
-                                     "AND owner = current_user", ["bigint"]), [job_id])
-    if not rows:
-        raise MadlibMopError(f"job {job_id} does not exist (or is another role's)",
-                             sqlstate=errors.INVALID_PARAMETER_VALUE,
-                             hint=f"SELECT * FROM {schema}.job_progress; lists your jobs. A job "
-                                  "runs as its owner: SET ROLE to it to resume another's.")
-    job = dict(rows[0])
+    job = catalog.own_job(plpy, job_id)
     if job["state"] == "finished":
         plpy.notice(f"madlib_mop: job {job_id} is already finished")
         return

@@ -10,6 +10,7 @@ part fails, the output table is dropped: nothing half-written is left.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -25,7 +26,7 @@ from madlib_mop import errors
 from madlib_mop.api import preprocessor
 from madlib_mop.db import catalog, packed, scan, segments, settings, worker_session
 from madlib_mop.engine.base import Engine
-from madlib_mop.engine.cluster import ClusterEngine, engine_for
+from madlib_mop.engine.cluster import ClusterEngine, engine_for, on_server
 from madlib_mop.engine.local import LocalEngine
 from madlib_mop.engine.pool import run_all
 from madlib_mop.runtime import keras_json, model_config, packing, training
@@ -187,7 +188,7 @@ def _evaluate(plpy, model_table, test_table, output_table, use_gpus, mst_key, al
         task = {"models": [{"mst_key": r.mst_key, "model_arch": r.model_arch,
                             "compile_params": r.compile_params} for r in refs],
                 "columns": [x_col, y_col, test["label_kind"] == "classification"],
-                "partitions": {str(k): part.quoted for k, part in engine.partitions.items()},
+                "partitions": {str(k): part.name for k, part in engine.partitions.items()},
                 "weights": [r.weights for r in refs]}
     else:
         task = {"model_table": refs[0].model_oid, "mst_keys": [r.mst_key for r in refs],
@@ -232,7 +233,8 @@ def segment_evaluate(plpy: Any, task: str, partition: int, weights: list[bytes])
     partition's rows are come with the call."""
     task = json.loads(task)
     columns = PackedColumns(*task["columns"])
-    buffers = scan_partition(plpy, task["partitions"][str(partition)], columns, partition)
+    buffers = scan_partition(plpy, catalog.qualified_name(plpy, task["partitions"][str(partition)]),
+                             columns, partition)
     refs = [ModelRef(None, m["mst_key"], m["model_arch"], bytes(w), m["compile_params"], None,
                      1.0, columns.label) for m, w in zip(task["models"], weights)]
     return _evaluate_on(refs, buffers, columns.classification)
@@ -384,35 +386,45 @@ def _predict_where_it_lies(plpy: Any, lying: dict, task: dict, weights: bytes, o
     here, copied into the output table."""
     schema = catalog.extension_schema(plpy)
     target = sql.Identifier(out.schema, out.name)
-    jobs = []
-    for server, tables in lying.values():
-        for table in tables:
-            jobs.append((segments.session(plpy, server), dict(
-                task, source=table, output=["pg_temp", "madlib_mop_predictions"],
-                threads=max(1, (os.cpu_count() or 1) // len(lying)))))
+    parts = [(server, dict(task, source=table, output=["pg_temp", "madlib_mop_predictions"],
+                           threads=max(1, (os.cpu_count() or 1) // len(lying))))
+             for server, tables in ((p.server, p.tables) for p in lying.values())
+             for table in tables]
 
-    def predict_there(session, part: dict) -> int:
-        session.execute(f"CREATE TEMP TABLE IF NOT EXISTS madlib_mop_predictions {columns}")
-        session.execute("TRUNCATE pg_temp.madlib_mop_predictions")
-        blocks = session.execute("SELECT pg_catalog.pg_relation_size(%s::regclass) / "
-                                 "pg_catalog.current_setting('block_size')::int",
-                                 (part["source"],)).fetchone()[0]
-        session.execute(f"SELECT {schema}._mop_infer_predict(%s, 0, %s, %s)",
-                        (Jsonb(part), blocks + 1, weights))
-        with worker_session.connect(conninfo) as here:
-            with session.cursor().copy("COPY pg_temp.madlib_mop_predictions TO STDOUT") as source, \
-                    here.cursor().copy(sql.SQL("COPY {} FROM STDIN").format(target)) as sink:
-                for data in source:
-                    sink.write(data)
-        return blocks
+    def predict_there(session, server, part: dict) -> None:
+        try:
+            session.execute(f"CREATE TEMP TABLE IF NOT EXISTS madlib_mop_predictions {columns}")
+            session.execute("TRUNCATE pg_temp.madlib_mop_predictions")
+            table = sql.Identifier(*part["source"])
+            kind, blocks, rows = session.execute(sql.SQL(
+                "SELECT c.relkind, pg_catalog.pg_relation_size(c.oid) / "
+                "pg_catalog.current_setting('block_size')::int, (SELECT count(*) FROM {}) "
+                "FROM pg_catalog.pg_class c WHERE c.oid = {}::regclass").format(
+                table, sql.Literal(table.as_string(session)))).fetchone()
+            if kind not in ("r", "m"):
+                raise MadlibMopError(
+                    f"{'.'.join(part['source'])} on {server.label} is not a table",
+                    sqlstate=errors.FEATURE_NOT_SUPPORTED,
+                    hint="Predict from foreign tables that point at tables of their server.")
+            done = session.execute(f"SELECT {schema}._mop_infer_predict(%s, 0, %s, %s)",
+                                   (Jsonb(part), blocks + 1, weights), binary=True).fetchone()[0]
+            if done["rows"] != rows:
+                raise MadlibMopError(f"{'.'.join(part['source'])} on {server.label} changed "
+                                     "while it was predicted", sqlstate=errors.DATA_EXCEPTION,
+                                     detail=f"Counted {rows} rows, predicted {done['rows']}.",
+                                     hint="Predict from a table that is not being written to.")
+            with worker_session.connect(conninfo) as here:
+                with session.cursor().copy("COPY pg_temp.madlib_mop_predictions TO STDOUT") as rows_there, \
+                        here.cursor().copy(sql.SQL("COPY {} FROM STDIN").format(target)) as sink:
+                    for data in rows_there:
+                        sink.write(data)
+        except Exception as error:
+            raise on_server(server, error) from None
 
-    sessions = [session for session, _ in jobs]
-    try:
-        run_all(sessions, [lambda session, part=part: predict_there(session, part)
-                           for _, part in jobs], lambda: plpy.execute("SELECT 1"))
-    finally:
-        for session in sessions:
-            session.close()
+    with contextlib.ExitStack() as stack:
+        sessions = [stack.enter_context(segments.session(plpy, server)) for server, _ in parts]
+        run_all(sessions, [lambda session, server=server, part=part: predict_there(session, server, part)
+                           for server, part in parts], lambda: plpy.execute("SELECT 1"))
 
 
 _models: dict[tuple, Any] = {}
@@ -435,7 +447,9 @@ def worker_predict(plpy: Any, task: str, first_block: int, last_block: int, weig
         _models[key] = _build(ref, compile_model=False, threads=task["threads"])
     model = _models[key]
     shape = tuple(keras_json.input_shape(model))
-    source = catalog.resolve_table(plpy, task["source"], argument="test_table")
+    source = catalog.resolve_table(  # an oid here; [schema, table] on a segment server
+        plpy, catalog.qualified_name(plpy, task["source"]) if isinstance(task["source"], list)
+        else task["source"], argument="test_table")
     features = preprocessor.feature_columns(plpy, source, task["independent_varname"])
     id_type = catalog.column(plpy, source, task["id_col"], argument="id_col").base_type
     output = ".".join(plpy.quote_ident(part) for part in task["output"])

@@ -18,6 +18,7 @@ packed into one feature vector; <y> is the label column's name.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -27,11 +28,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import psycopg
 from psycopg.types.json import Jsonb
 
 from madlib_mop import errors
 from madlib_mop.db import catalog, scan, segments, settings
 from madlib_mop.db.packed import MULTI_COLUMN_FEATURES, read_summary
+from madlib_mop.engine.cluster import on_server
 from madlib_mop.engine.pool import run_all
 from madlib_mop.runtime import packing
 from madlib_mop.errors import MadlibMopError
@@ -355,18 +358,21 @@ def _preprocess(plpy, module, source_table, output_table, dependent_varname, ind
 
 def _source_on_segment_servers(plpy: Any, table: catalog.Table, homes: list | None,
                                training: bool) -> dict | None:
-    """The source's tables per segment server, when its rows all lie on the segment servers
-    that get the output's segments: each server then packs its own rows.  None: the rows are
-    read here (and the buffers sent to the segment servers)."""
+    """The source's parts per segment server (`segments.source_parts`), when its rows all
+    lie on servers that get the output's segments: each server then packs its own rows.
+    Training data gets the segments of the servers holding rows; validation data must lie on
+    every server of the training segments.  None: the rows are read here (and the buffers
+    sent to the segment servers)."""
     if homes is None:
         return None
     parts = segments.source_parts(plpy, table)
     if parts is None:
         return None
+    parts = {name: part for name, part in parts.items() if part.rows(plpy) > 0}
     with_segments = {home.name for home in homes}
-    if not set(parts) <= with_segments or (not training and set(parts) != with_segments):
-        plpy.notice(f"madlib_mop: the rows of {table.name} lie on other segment servers than "
-                    "the packed table's segments: they are read through this server")
+    if not parts or not set(parts) <= with_segments or (not training and set(parts) != with_segments):
+        plpy.notice(f"madlib_mop: the rows of {table.name} do not lie on the segment servers "
+                    "of the packed table's segments: they are read through this server")
         return None
     return parts
 
@@ -388,21 +394,27 @@ def _pack_where_it_lies(plpy: Any, lying: dict, homes: list, output: "PackedOutp
     """Each segment server packs its rows into its segments (`_mop_pack_segment`), all at
     once; only the tasks and their counts cross the network."""
     schema = catalog.extension_schema(plpy)
-    sessions, calls = [], []
-    for name, (server, tables) in lying.items():
+    tasks = []
+    for name, part in lying.items():
         local = [k for k, home in enumerate(homes) if home.name == name]
-        task = {"source": tables, "dependent_varname": dependent_varname,
-                "independent_varname": independent_varname, "encoding": encoding.as_json(),
-                "buffer_size": buffer_size, "seed": seed, "segments": local,
-                "tables": {str(k): output.partition_names[k] for k in local}}
-        sessions.append(segments.session(plpy, server))
-        calls.append(lambda session, t=task: session.execute(
-            f"SELECT {schema}._mop_pack_segment(%s)", (Jsonb(t),)).fetchone()[0])
-    try:
-        results = run_all(sessions, calls, lambda: plpy.execute("SELECT 1"))
-    finally:
-        for session in sessions:
-            session.close()
+        tasks.append((part.server, {
+            "source": part.tables, "dependent_varname": dependent_varname,
+            "independent_varname": independent_varname, "encoding": encoding.as_json(),
+            "buffer_size": buffer_size, "seed": seed, "segments": local,
+            "tables": {str(k): output.partition_names[k] for k in local}}))
+
+    def pack_there(session, server, task) -> dict:
+        try:
+            return session.execute(f"SELECT {schema}._mop_pack_segment(%s)", (Jsonb(task),),
+                                   binary=True).fetchone()[0]
+        except Exception as error:
+            raise on_server(server, error) from None
+
+    with contextlib.ExitStack() as stack:
+        sessions = [stack.enter_context(segments.session(plpy, server)) for server, _ in tasks]
+        results = run_all(sessions, [lambda session, server=server, task=task:
+                                     pack_there(session, server, task) for server, task in tasks],
+                          lambda: plpy.execute("SELECT 1"))
     if sum(result["rows"] for result in results) != rows:
         raise MadlibMopError(f"{table.name} changed while it was being packed",
                              sqlstate=errors.DATA_EXCEPTION,
@@ -426,7 +438,7 @@ def pack_segment(plpy: Any, task: str) -> str:
     """On a segment server: pack this server's rows of the source into its segments' tables
     (`_pack_where_it_lies`)."""
     task = json.loads(task)
-    names = task["source"]
+    names = [catalog.qualified_name(plpy, pair) for pair in task["source"]]
     if len(names) == 1:
         table = catalog.resolve_table(plpy, names[0])
     else:  # several partitions here: read as one
@@ -456,7 +468,7 @@ def pack_segment(plpy: Any, task: str) -> str:
                f"{q(label.name + '_shape')}, buffer_id, __dist_key__")
     plans = {k: plpy.prepare(f"INSERT INTO {name} ({columns}) VALUES ($1, $2, $3, $4, $5, $6)",
                              ["bytea", "bytea", "integer[]", "integer[]", "integer", "integer"])
-             for k, name in ((int(k), n) for k, n in task["tables"].items())}
+             for k, name in ((int(k), catalog.qualified_name(plpy, n)) for k, n in task["tables"].items())}
 
     def begin(feature_shape):
         layout = [dataclasses.replace(b, segment=local[b.segment])
@@ -670,7 +682,7 @@ class PackedOutput:
         self.x, self.y = q(features.packed_column), q(label.name)
         self.xs, self.ys = q(features.packed_column + "_shape"), q(label.name + "_shape")
         self.remote: list[tuple[Any, str]] = []  # (server, table) made on segment servers
-        self.partition_names: dict[int, str] = {}  # segment -> its table on its server
+        self.partition_names: dict[int, list[str]] = {}  # segment -> [schema, table] there
         self.sessions: dict[str, Any] = {}
 
     def _columns(self) -> str:
@@ -685,78 +697,118 @@ class PackedOutput:
         key = ", PRIMARY KEY (__dist_key__, buffer_id)" if self.homes is None else ""
         plpy.execute(f"CREATE TABLE {out.quoted} ({self._columns()}{key}) "
                      "PARTITION BY LIST (__dist_key__)")
-        for segment in range(count):
-            part = out.sibling(f"_seg{segment}", plpy)
-            part.must_not_exist(plpy)
-            if self.homes is None:
-                plpy.execute(f"CREATE TABLE {part.quoted} PARTITION OF {out.quoted} "
-                             f"FOR VALUES IN ({segment})")
-                # Float bytes do not compress: store them out of line without trying.
-                plpy.execute(f"ALTER TABLE {part.quoted} ALTER COLUMN {self.x} SET STORAGE EXTERNAL")
-                continue
-            server = self.homes[segment]
-            self._create_remote(server, part, segment)
-            self.partition_names[segment] = part.quoted
-            plpy.execute(
-                f"CREATE FOREIGN TABLE {part.quoted} PARTITION OF {out.quoted} "
-                f"FOR VALUES IN ({segment}) SERVER {plpy.quote_ident(server.name)} "
-                f"OPTIONS (schema_name {plpy.quote_literal(part.schema)}, "
-                f"table_name {plpy.quote_literal(part.name)})")
-        for session in self.sessions.values():
-            session.close()
+        try:
+            for segment in range(count):
+                self._create_partition(segment)
+        finally:
+            for session in self.sessions.values():
+                session.close()
+            self.sessions.clear()
         return plpy.prepare(
             f"INSERT INTO {out.quoted} ({self.x}, {self.y}, {self.xs}, {self.ys}, buffer_id, "
             "__dist_key__) VALUES ($1, $2, $3, $4, $5, $6)",
             ["bytea", "bytea", "integer[]", "integer[]", "integer", "integer"])
 
+    def _create_partition(self, segment: int) -> None:
+        plpy, out = self.plpy, self.out
+        part = out.sibling(f"_seg{segment}", plpy)
+        part.must_not_exist(plpy)
+        if self.homes is None:
+            plpy.execute(f"CREATE TABLE {part.quoted} PARTITION OF {out.quoted} "
+                         f"FOR VALUES IN ({segment})")
+            # Float bytes do not compress: store them out of line without trying.
+            plpy.execute(f"ALTER TABLE {part.quoted} ALTER COLUMN {self.x} SET STORAGE EXTERNAL")
+            return
+        server = self.homes[segment]
+        self._create_remote(server, part, segment)
+        self.partition_names[segment] = [part.schema, part.name]
+        plpy.execute(
+            f"CREATE FOREIGN TABLE {part.quoted} PARTITION OF {out.quoted} "
+            f"FOR VALUES IN ({segment}) SERVER {plpy.quote_ident(server.name)} "
+            f"OPTIONS (schema_name {plpy.quote_literal(part.schema)}, "
+            f"table_name {plpy.quote_literal(part.name)})")
+
+    def _marker(self, segment: int) -> str:
+        """What the segment's table there says it is: which coordinator's which packed table."""
+        row = self.plpy.execute(
+            f"SELECT id::text AS id, current_database() AS db "
+            f"FROM {catalog.extension_schema(self.plpy)}.coordinator_id")[0]
+        return (f"madlib_mop: segment {segment} of {self.out.quoted} of database {row['db']} "
+                f"of coordinator {row['id']}")
+
+    def _used_here(self, server: segments.SegmentServer, part: catalog.NewTable) -> bool:
+        """A foreign table of this database points at that table of the server."""
+        return bool(self.plpy.execute(self.plpy.prepare(
+            "SELECT 1 FROM pg_catalog.pg_foreign_table ft "
+            "JOIN pg_catalog.pg_foreign_server s ON s.oid = ft.ftserver "
+            "WHERE s.srvname = $1 AND ft.ftoptions @> ARRAY['schema_name=' || $2, "
+            "'table_name=' || $3]", ["name", "text", "text"]),
+            [server.name, part.schema, part.name]))
+
     def _create_remote(self, server: segments.SegmentServer, part: catalog.NewTable,
                        segment: int) -> None:
         """The segment's table on its server, made in a session of the calling role there.
-        A table of the same name made by an earlier packing into this name (its packed table
-        since dropped here) is replaced; any other is left alone."""
+        A table of the same name left by an earlier packing into this name of this
+        coordinator (its packed table since dropped, or its transaction rolled back) is
+        replaced; any other is left alone."""
         plpy = self.plpy
         if server.name not in self.sessions:
             self.sessions[server.name] = segments.session(plpy, server)
         session = self.sessions[server.name]
-        database = plpy.execute("SELECT current_database() AS d")[0]["d"]
-        marker = f"madlib_mop: segment {segment} of {self.out.quoted} of database {database}"
-        found = session.execute(
-            "SELECT c.oid, obj_description(c.oid, 'pg_class') AS note, "
-            "(SELECT true FROM pg_namespace WHERE nspname = %s) AS schema_exists "
-            "FROM (SELECT to_regclass(%s) AS oid) c", (part.schema, part.quoted)).fetchone()
-        if not found[2]:  # the packed table's schema, made there by the same role
-            try:
-                session.execute(f"CREATE SCHEMA IF NOT EXISTS {plpy.quote_ident(part.schema)}")
-            except Exception as error:
-                raise MadlibMopError(
-                    f"schema {part.schema} does not exist on {server.label}: {error}",
-                    sqlstate=errors.INVALID_SCHEMA_NAME,
-                    hint=f"A DBA creates it there (CREATE SCHEMA {plpy.quote_ident(part.schema)}), "
-                         "with the same privileges as here.") from None
-        if found[0] is not None:
-            if found[1] != marker:
-                raise MadlibMopError(
-                    f"table {part.quoted} already exists on {server.label}",
-                    sqlstate=errors.DUPLICATE_TABLE,
-                    hint="Drop it there, or pass another output_table.")
-            plpy.notice(f"madlib_mop: replacing {part.quoted} on {server.label}, left by an "
-                        "earlier packing into a table since dropped")
-            session.execute(f"DROP TABLE {part.quoted}")
-        session.execute(f"CREATE TABLE {part.quoted} ({self._columns()}, "
-                        f"CHECK (__dist_key__ = {segment}), PRIMARY KEY (__dist_key__, buffer_id))")
-        session.execute(f"ALTER TABLE {part.quoted} ALTER COLUMN {self.x} SET STORAGE EXTERNAL")
-        session.execute(f"COMMENT ON TABLE {part.quoted} IS {plpy.quote_literal(marker)}")
+        marker = self._marker(segment)
+        q_schema = plpy.quote_ident(part.schema)
+        try:
+            found = session.execute(
+                "SELECT c.oid, obj_description(c.oid, 'pg_class') AS note, "
+                "(SELECT true FROM pg_namespace WHERE nspname = %s) AS schema_exists "
+                "FROM (SELECT to_regclass(%s) AS oid) c", (part.schema, part.quoted)).fetchone()
+            if not found[2]:  # the packed table's schema, made there by the same role
+                session.execute(f"CREATE SCHEMA IF NOT EXISTS {q_schema}")
+            if found[0] is not None:
+                if found[1] != marker or self._used_here(server, part):
+                    raise MadlibMopError(
+                        f"table {part.quoted} already exists on {server.label}",
+                        sqlstate=errors.DUPLICATE_TABLE,
+                        hint="Drop it there, or pass another output_table.")
+                plpy.notice(f"madlib_mop: replacing {part.quoted} on {server.label}, left by an "
+                            "earlier packing into this name")
+                session.execute(f"DROP TABLE {part.quoted}")
+            session.execute(f"CREATE TABLE {part.quoted} ({self._columns()}, "
+                            f"CHECK (__dist_key__ = {segment}), PRIMARY KEY (__dist_key__, buffer_id))")
+            session.execute(f"ALTER TABLE {part.quoted} ALTER COLUMN {self.x} SET STORAGE EXTERNAL")
+            session.execute(f"COMMENT ON TABLE {part.quoted} IS {plpy.quote_literal(marker)}")
+        except psycopg.Error as error:
+            diag = error.diag
+            role = plpy.execute("SELECT current_user AS r")[0]["r"]
+            raise MadlibMopError(
+                f"{server.label}: could not create {part.quoted}: "
+                f"{diag.message_primary or error}", sqlstate=diag.sqlstate or errors.DATA_EXCEPTION,
+                hint=f"The role needs to create tables in schema {part.schema} there: GRANT "
+                     f"CREATE ON SCHEMA {q_schema} TO {plpy.quote_ident(role)};") from None
         self.remote.append((server, part.quoted))
 
     def drop_remote(self) -> None:
         """After a failure: the tables made on segment servers go (this server's tables go
-        with the transaction)."""
+        with the transaction).  One this transaction wrote to through postgres_fdw stays
+        locked until it ends: it is left (the next packing into this name replaces it)."""
+        by_server: dict[str, tuple[segments.SegmentServer, list[str]]] = {}
         for server, table in self.remote:
+            by_server.setdefault(server.name, (server, []))[1].append(table)
+        for server, tables in by_server.values():
             try:
                 with segments.session(self.plpy, server) as session:
-                    session.execute(f"DROP TABLE IF EXISTS {table}")
+                    session.execute("SET lock_timeout = '2s'")
+                    for table in tables:
+                        try:
+                            session.execute(f"DROP TABLE IF EXISTS {table}")
+                        except psycopg.Error as error:
+                            self.plpy.warning(f"madlib_mop: left {table} on {server.label} "
+                                              f"({error.diag.message_primary}); packing into "
+                                              "this name again replaces it")
             except Exception as error:  # the failure being raised matters more
-                self.plpy.warning(f"madlib_mop: could not drop {table} on {server.label}: {error}")
+                self.plpy.warning(f"madlib_mop: left {', '.join(tables)} on {server.label} "
+                                  f"({str(error).strip()}); packing into this name again "
+                                  "replaces them")
         self.remote.clear()
 
 

@@ -11,10 +11,11 @@ Where a packed table's segments are is read from PostgreSQL's catalogs alone: th
 partitioned by `__dist_key__`; a partition is either a table of this server or a foreign
 table on a registered segment server (`placement`).
 
-Worker sessions on a segment server run as the calling role: the user mapping of the
-current role (or PUBLIC) must name that role as its `user` (postgres_fdw, which carries the
-packed rows there, logs in as that user) and gives its password; host, port and database
-come from the foreign server.  Nothing a user can set changes them.
+Worker sessions on a segment server run as the calling role: the current role's own user
+mapping must name that role as its `user` (postgres_fdw, which carries the packed rows
+there, logs in as that user) and give its password, and the server must ask for it; host,
+port, database and security options come from the foreign server, which must belong to a
+superuser.  Nothing a user can set changes them.
 """
 
 from __future__ import annotations
@@ -29,18 +30,20 @@ from madlib_mop import errors
 from madlib_mop.db import catalog
 from madlib_mop.errors import MadlibMopError
 
-# Options of a foreign server that say where and how to connect (libpq parameters).
-SERVER_PARAMETERS = ("host", "hostaddr", "port", "dbname", "sslmode", "sslrootcert",
-                     "sslcrl", "connect_timeout", "keepalives", "keepalives_idle",
-                     "keepalives_interval", "keepalives_count", "tcp_user_timeout")
-# Unless madlib_mop.worker_conninfo says otherwise: give up connecting after 10 s, find a
-# silent server within about 25 s by TCP keepalives while a call runs, and within 30 s when
-# what was sent is not acknowledged.
+# Options of a foreign server that say where, and how safely, to connect (libpq parameters):
+# set by the server's owner, a superuser (`registered` checks it); no setting overrides them.
+SERVER_PARAMETERS = ("host", "hostaddr", "port", "dbname", "sslmode", "sslrootcert", "sslcrl",
+                     "sslsni", "ssl_min_protocol_version", "channel_binding", "require_auth",
+                     "requirepeer", "gssencmode", "krbsrvname")
+# Options of a foreign server that tune the network; madlib_mop.worker_conninfo may too.
+NETWORK_PARAMETERS = ("connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval",
+                      "keepalives_count", "tcp_user_timeout")
+# Unless the server or madlib_mop.worker_conninfo says otherwise: give up connecting after
+# 10 s, find a silent server within about 25 s by TCP keepalives while a call runs, and
+# within 30 s when what was sent is not acknowledged.
 NETWORK_DEFAULTS = {"connect_timeout": "10", "keepalives": "1", "keepalives_idle": "10",
                     "keepalives_interval": "5", "keepalives_count": "3",
                     "tcp_user_timeout": "30000"}
-# Options of a user mapping a worker session uses (postgres_fdw's own names).
-MAPPING_PARAMETERS = ("password", "sslcert", "sslkey")
 
 
 @dataclass(frozen=True)
@@ -69,12 +72,9 @@ class Partition:
     table: str
 
     @property
-    def quoted(self) -> str:
-        return f"{_quote(self.schema)}.{_quote(self.table)}"
-
-
-def _quote(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
+    def name(self) -> list[str]:
+        """[schema, table]: how a task names it (the receiving side quotes it)."""
+        return [self.schema, self.table]
 
 
 def _options(items: list[str] | None) -> dict:
@@ -82,18 +82,40 @@ def _options(items: list[str] | None) -> dict:
 
 
 def registered(plpy: Any) -> list[SegmentServer]:
-    """The registered segment servers, in segment order ([] on one server)."""
+    """The registered segment servers, in segment order ([] on one server).  Each must still
+    exist and belong to a superuser: its owner decides where workers connect."""
     schema = catalog.extension_schema(plpy)
     rows = plpy.execute(
-        f"SELECT r.server_name, r.segments, s.srvoptions FROM {schema}.segment_servers r "
+        f"SELECT r.server_name, r.segments, s.srvoptions, s.oid IS NOT NULL AS found, "
+        "o.rolname AS owner, coalesce(o.rolsuper, false) AS trusted "
+        f"FROM {schema}.segment_servers r "
         "LEFT JOIN pg_catalog.pg_foreign_server s ON s.srvname = r.server_name "
-        "ORDER BY r.position")
+        "LEFT JOIN pg_catalog.pg_roles o ON o.oid = s.srvowner ORDER BY r.position")
     servers, first = [], 0
     for row in rows:
+        check_server(plpy, row["server_name"], row["found"], row["owner"], row["trusted"])
         servers.append(SegmentServer(row["server_name"], row["segments"], first,
                                      _options(row["srvoptions"])))
         first += row["segments"]
     return servers
+
+
+def check_server(plpy: Any, name: str, found: bool, owner: str | None, trusted: bool) -> None:
+    """A segment server's foreign server exists and belongs to a superuser."""
+    schema = catalog.extension_schema(plpy)
+    if not found:
+        raise MadlibMopError(f"segment server {name} is registered but its foreign server is gone",
+                             sqlstate=errors.UNDEFINED_OBJECT,
+                             hint=f"Create it again (CREATE SERVER ... FOREIGN DATA WRAPPER "
+                                  f"postgres_fdw), or SELECT {schema}.drop_segment_server("
+                                  f"{plpy.quote_literal(name)});")
+    if not trusted:
+        raise MadlibMopError(
+            f"foreign server {name} belongs to role {owner}, which is not a superuser",
+            sqlstate=errors.INSUFFICIENT_PRIVILEGE,
+            detail="Its owner sets where workers connect and may map any role: a segment "
+                   "server must be a DBA's.",
+            hint=f"A superuser runs ALTER SERVER {plpy.quote_ident(name)} OWNER TO CURRENT_USER;")
 
 
 def server_of(servers: list[SegmentServer], segment: int) -> SegmentServer:
@@ -151,41 +173,55 @@ def placement(plpy: Any, table: catalog.Table, servers: list[SegmentServer] | No
 def worker_conninfo(plpy: Any, server: SegmentServer, extra: dict[str, str],
                     options: str) -> str:
     """How a worker session reaches `server`: its foreign server's options, the current role,
-    and that role's user mapping's password."""
-    rows = plpy.execute(plpy.prepare(
-        "SELECT m.umoptions, m.usename FROM pg_catalog.pg_user_mappings m "
-        "WHERE m.srvname = $1 AND m.usename IN (current_user, 'public') "
-        "ORDER BY m.usename = 'public'", ["name"]), [server.name])
+    and the password of that role's user mapping (its own: a PUBLIC mapping's options are
+    the server owner's to read)."""
     role = plpy.execute("SELECT current_user AS r")[0]["r"]
+    rows = plpy.execute(plpy.prepare(
+        "SELECT m.umoptions FROM pg_catalog.pg_user_mappings m "
+        "WHERE m.srvname = $1 AND m.usename = current_user", ["name"]), [server.name])
+    q_role, q_server = plpy.quote_ident(role), plpy.quote_ident(server.name)
     if not rows:
         raise MadlibMopError(
             f"role {role} has no user mapping for {server.label}",
             sqlstate=errors.INVALID_AUTHORIZATION,
-            hint=f"A DBA runs CREATE USER MAPPING FOR {role} SERVER {server.name} "
-                 f"OPTIONS (user '{role}', password '...'), with the role's password on "
-                 f"{server.name}.")
+            hint=f"A DBA runs CREATE USER MAPPING FOR {q_role} SERVER {q_server} "
+                 f"OPTIONS (user {plpy.quote_literal(role)}, password '...'), with the role's "
+                 f"password on {server.name}.")
+    if rows[0]["umoptions"] is None:
+        raise MadlibMopError(
+            f"role {role} may not read its user mapping for {server.label}",
+            sqlstate=errors.INSUFFICIENT_PRIVILEGE,
+            hint=f"A DBA runs GRANT USAGE ON FOREIGN SERVER {q_server} TO {q_role};")
     mapping = _options(rows[0]["umoptions"])
     if "user" not in mapping:  # postgres_fdw would log in as the server's OS user
         raise MadlibMopError(
             f"the user mapping of role {role} for {server.label} names no user",
             sqlstate=errors.INVALID_AUTHORIZATION,
             detail="Without one, postgres_fdw logs in as the server's OS user.",
-            hint=f"ALTER USER MAPPING FOR {role} SERVER {server.name} OPTIONS (ADD user '{role}');")
+            hint=f"ALTER USER MAPPING FOR {q_role} SERVER {q_server} OPTIONS "
+                 f"(ADD user {plpy.quote_literal(role)});")
     if mapping["user"] != role:
         raise MadlibMopError(
             f"the user mapping of role {role} for {server.label} names role {mapping['user']}",
             sqlstate=errors.INSUFFICIENT_PRIVILEGE,
             detail="Worker sessions run as the calling role on every server.",
-            hint=f"ALTER USER MAPPING FOR {role} SERVER {server.name} OPTIONS (SET user '{role}'), "
-                 "with that role's password there.")
-    where = {k: v for k, v in server.options.items() if k in SERVER_PARAMETERS}
-    where.setdefault("dbname", plpy.execute("SELECT current_database() AS d")[0]["d"])
-    secret = {k: v for k, v in mapping.items() if k in MAPPING_PARAMETERS}
-    # A server that stops answering (stopped, cut off) must fail a call, not hang it: the
-    # coordinator then waits for it (job.coordinator.RetryPolicy).
-    extra = {**NETWORK_DEFAULTS, **extra}
-    # Identity last: neither the extra parameters nor the server's options name the role.
-    return make_conninfo("", **extra, **where, **secret, user=role, options=options)
+            hint=f"ALTER USER MAPPING FOR {q_role} SERVER {q_server} OPTIONS "
+                 f"(SET user {plpy.quote_literal(role)}), with that role's password there.")
+    if not mapping.get("password"):
+        raise MadlibMopError(
+            f"the user mapping of role {role} for {server.label} has no password",
+            sqlstate=errors.INVALID_AUTHORIZATION,
+            detail="Worker sessions log in with the role's own password, never with the "
+                   "server's OS credentials.",
+            hint=f"ALTER USER MAPPING FOR {q_role} SERVER {q_server} OPTIONS (ADD password '...');")
+    parameters = {**NETWORK_DEFAULTS,
+                  **{k: v for k, v in server.options.items() if k in NETWORK_PARAMETERS},
+                  **extra,  # madlib_mop.worker_conninfo: network parameters only
+                  **{k: v for k, v in server.options.items() if k in SERVER_PARAMETERS},
+                  # Identity last, and no password file or service of the server's OS user.
+                  "password": mapping["password"], "passfile": "/dev/null",
+                  "user": role, "options": options}
+    return make_conninfo("", **parameters)
 
 
 def refused_hint(server: SegmentServer, role: str) -> str:
@@ -195,18 +231,35 @@ def refused_hint(server: SegmentServer, role: str) -> str:
 
 
 def session(plpy: Any, server: SegmentServer):
-    """A session on `server` as the calling role (for the preprocessor's DDL there)."""
+    """A session on `server` as the calling role (for the preprocessor's and predict's work
+    there)."""
     from madlib_mop.db import worker_session
 
     extra, options = worker_session.session_settings(plpy)
     info = worker_conninfo(plpy, server, extra, options)
     role = plpy.execute("SELECT current_user AS r")[0]["r"]
+    return connect(info, server, refused_hint(server, role))
+
+
+def connect(info: str, server: SegmentServer, hint: str):
+    """A session on a segment server that logged in with the role's password (a server
+    letting the role in without it would not be telling who is connecting)."""
+    from madlib_mop.db import worker_session
+
     try:
-        return worker_session.connect(info, refused_hint=refused_hint(server, role))
+        connection = worker_session.connect(info, refused_hint=hint)
     except MadlibMopError:
         raise
     except Exception as error:
         raise unreachable(server, error) from None
+    if not connection.pgconn.used_password:
+        connection.close()
+        raise MadlibMopError(
+            f"{server.label} let the role in without asking for its password",
+            sqlstate=errors.INVALID_AUTHORIZATION,
+            hint="Its pg_hba.conf must ask for a password (scram-sha-256) on the coordinator's "
+                 "address.")
+    return connection
 
 
 def unreachable(server: SegmentServer, error: BaseException) -> MadlibMopError:
@@ -219,7 +272,7 @@ def unreachable(server: SegmentServer, error: BaseException) -> MadlibMopError:
 
 
 _LEAVES = """
-    SELECT c.relkind AS kind, s.srvname AS server, ft.ftoptions AS options,
+    SELECT c.oid, c.relkind AS kind, s.srvname AS server, ft.ftoptions AS options,
            n.nspname AS schema, c.relname AS name
     FROM pg_catalog.pg_partition_tree($1) t
     JOIN pg_catalog.pg_class c ON c.oid = t.relid
@@ -230,19 +283,33 @@ _LEAVES = """
 """
 
 
-def source_parts(plpy: Any, table: catalog.Table) -> dict[str, tuple[SegmentServer, list[str]]] | None:
+@dataclass
+class SourcePart:
+    """The rows of a table that lie on one segment server."""
+    server: SegmentServer
+    tables: list[list[str]]  # [schema, table] there
+    foreign_tables: list[str]  # the foreign tables here that read them (quoted names)
+
+    def rows(self, plpy: Any) -> int:
+        """Counted there (postgres_fdw sends count(*) to the server)."""
+        return sum(plpy.execute(f"SELECT count(*) AS n FROM {name}")[0]["n"]
+                   for name in self.foreign_tables)
+
+
+def source_parts(plpy: Any, table: catalog.Table) -> dict[str, SourcePart] | None:
     """A table whose rows all lie on registered segment servers (a foreign table there, or
-    a partitioned table whose every partition is one): server name -> (server, the quoted
-    names of its tables there).  None when any row is elsewhere."""
+    a partitioned table whose every partition is one): server name -> its part.  None when
+    any row is elsewhere."""
     if table.kind not in ("p", "f"):
         return None
     by_name = {s.name: s for s in registered(plpy)}
-    parts: dict[str, tuple[SegmentServer, list[str]]] = {}
+    parts: dict[str, SourcePart] = {}
     for row in plpy.execute(plpy.prepare(_LEAVES, ["regclass"]), [table.oid]):
         if row["kind"] != "f" or row["server"] not in by_name:
             return None
         options = _options(row["options"])
-        name = (f"{_quote(options.get('schema_name', row['schema']))}."
-                f"{_quote(options.get('table_name', row['name']))}")
-        parts.setdefault(row["server"], (by_name[row["server"]], []))[1].append(name)
+        part = parts.setdefault(row["server"], SourcePart(by_name[row["server"]], [], []))
+        part.tables.append([options.get("schema_name", row["schema"]),
+                            options.get("table_name", row["name"])])
+        part.foreign_tables.append(f"{plpy.quote_ident(row['schema'])}.{plpy.quote_ident(row['name'])}")
     return parts or None

@@ -19,7 +19,7 @@ from psycopg.types.json import Jsonb
 from madlib_mop import errors
 from madlib_mop.db import catalog, packed, segments, worker_session
 from madlib_mop.db.segments import Partition, SegmentServer
-from madlib_mop.engine.base import Engine, Worker
+from madlib_mop.engine.base import Engine, Worker, as_error
 from madlib_mop.engine.local import LocalWorker, _json
 from madlib_mop.errors import MadlibMopError
 
@@ -39,18 +39,14 @@ class ClusterWorker(LocalWorker):
         return self.server.label
 
     def _open(self):
-        try:
-            return worker_session.connect(self.conninfo, refused_hint=self.refused_hint)
-        except MadlibMopError:
-            raise
-        except Exception as error:
-            raise segments.unreachable(self.server, error) from None
+        return segments.connect(self.conninfo, self.server, self.refused_hint)
 
     def _call(self, function: str, *args: Any, columns: str = "*"):
         if function in ("_mop_train", "_mop_evaluate") and self.job is not None:
             session = self._session()
-            if self._job_sent is not session:
-                super()._call("_mop_segment_job", Jsonb(self.job))
+            if self._job_sent is not session:  # a new session: it gets the job first
+                super()._call("_mop_segment_job",
+                              Jsonb(dict(self.job, local_segments=self.local_segments)))
                 self._job_sent = session
         return super()._call(function, *args, columns=columns)
 
@@ -93,6 +89,10 @@ class ClusterEngine(Engine):
         self._inference: list[ClusterWorker] = []
 
     def _server(self, segment: int) -> SegmentServer:
+        if segment not in self.partitions:
+            raise MadlibMopError(f"{self.table.name} has no partition for segment {segment}",
+                                 sqlstate=errors.DATA_EXCEPTION,
+                                 hint="Pack the table again with training_preprocessor_dl().")
         return self.partitions[segment].server
 
     def worker(self, segment: int, label: str) -> ClusterWorker:
@@ -113,6 +113,15 @@ class ClusterEngine(Engine):
         """Worker i is on the server of partition i (opened per call: a cluster's sessions
         are not kept between calls)."""
         return [self.worker(i, f"madlib_mop inference worker {i}") for i in range(count)]
+
+
+def on_server(server: SegmentServer, error: BaseException) -> MadlibMopError:
+    """A failure of work on a segment server, its message naming the server."""
+    failure = as_error(error)
+    if server.label in failure.message:
+        return failure
+    return MadlibMopError(f"{server.label}: {failure.message}", sqlstate=failure.sqlstate,
+                          detail=failure.detail, hint=failure.hint)
 
 
 def engine_for(plpy: Any, packed_table: str | int, local: Any) -> Engine:
@@ -139,14 +148,12 @@ def _shipped_data(plpy: Any, table_name: str, partitions: dict[int, Partition],
                          "this training table (it places partitions with the segments).")
     return {"table": summary["packed_table"],
             "columns": [x, y, summary["label_kind"] == "classification"],
-            "partitions": {str(p): part.quoted for p, part in partitions.items()}}
+            "partitions": {str(p): part.name for p, part in partitions.items()}}
 
 
 def job_description(plpy: Any, job_id: int, partitions: dict[int, Partition]) -> dict:
     """What a segment server's worker needs of job `job_id` (read as the current role)."""
-    schema = catalog.extension_schema(plpy)
-    job = plpy.execute(plpy.prepare(f"SELECT * FROM {schema}.jobs WHERE job_id = $1 "
-                                    "AND owner = current_user", ["bigint"]), [job_id])[0]
+    job = catalog.own_job(plpy, job_id)
     validation = None
     if job["validation_table"]:
         table = catalog.resolve_table(plpy, job["validation_table"], argument="validation_table")
@@ -157,7 +164,7 @@ def job_description(plpy: Any, job_id: int, partitions: dict[int, Partition]) ->
                 "segment servers", sqlstate=errors.FEATURE_NOT_SUPPORTED,
                 hint="Pack it with validation_preprocessor_dl() against the training table.")
         validation = _shipped_data(plpy, job["validation_table"], placed, partitions)
-    models_table = ".".join(plpy.quote_ident(p) for p in json.loads(job["tables"])["models"])
+    models_table = catalog.qualified_name(plpy, json.loads(job["tables"])["models"])
     models = [{"mst_key": r["mst_key"], "model_arch": r["model_arch"],
                "compile_params": r["compile_params"], "fit_params": r["fit_params"]}
               for r in plpy.execute(f"SELECT mst_key, model_arch, compile_params, fit_params "

@@ -92,6 +92,8 @@ def run_all(workers: list[Worker], calls: list[Callable[[Worker], Any]],
     except BaseException:
         for worker in workers:
             worker.cancel()
+        for thread in threads:  # the caller may close the workers: not while one runs
+            thread.join(timeout=30)
         raise
     if failures:
         raise as_error(failures[0])

@@ -78,13 +78,14 @@ def ship(plpy: Any, description: dict) -> None:
     """A segment server's session gets its job (see `engine.cluster.job_description`):
     kept for the current role only, replacing any other job of this session."""
     role = plpy.execute("SELECT current_user AS r")[0]["r"]
-    import_tensorflow()  # sized by the warm-up (the segments of this server)
+    import_tensorflow(threads=max(1, (os.cpu_count() or 1) // description["local_segments"]))
 
     def data(part: dict | None) -> PackedData | None:
         if part is None:
             return None
         return PackedData(part["table"], PackedColumns(*part["columns"]),
-                          {int(k): v for k, v in part["partitions"].items()})
+                          {int(k): catalog.qualified_name(plpy, v)
+                           for k, v in part["partitions"].items()})
 
     ctx = JobContext(description["job_id"], description["seed"], description["segments"],
                      {}, data(description["train"]), data(description["validation"]),
@@ -117,7 +118,7 @@ def context(plpy: Any, job_id: int) -> JobContext:
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
                              hint="SELECT * FROM madlib_mop.job_progress; lists your jobs.")
     job = rows[0]
-    tables = {key: ".".join(plpy.quote_ident(part) for part in parts)
+    tables = {key: catalog.qualified_name(plpy, parts)
               for key, parts in json.loads(job["tables"]).items()}
     budget = _budget_bytes(plpy, json.loads(job["arguments"]).get("use_caching") is not False)
     import_tensorflow(threads=max(1, (os.cpu_count() or 1) // job["num_segments"]))

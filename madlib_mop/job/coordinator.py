@@ -59,9 +59,11 @@ class RetryPolicy:
     a retry cannot fix (the data, the model, privileges, authentication) end the job.
 
     A lost session (its server stopped, restarted or cut off: no SQLSTATE, class 08 or
-    57P0x) is not the call's fault: the segment waits, retrying with back-off, until its
-    server answers again or `madlib_mop.segment_wait_seconds` have passed; then the job
-    stops with an error naming the server and stays resumable."""
+    57P0x) makes the segment wait, retrying with back-off, until its server answers again
+    or `madlib_mop.segment_wait_seconds` have passed; then the job stops with an error
+    naming the server and stays resumable.  A session that could not be opened is no
+    attempt of the call; one lost during the call is (a call that crashes its server is not
+    run for ever)."""
 
     MAX_ATTEMPTS = 3
     FINAL_CLASSES = ("22", "42", "0A", "28")
@@ -84,6 +86,13 @@ class RetryPolicy:
         if sqlstate is None:
             return isinstance(error, psycopg.OperationalError)
         return sqlstate[:2] == "08" or sqlstate in cls.LOST_STATES
+
+    @classmethod
+    def connecting(cls, error: BaseException) -> bool:
+        """The session could not be opened: the call did not run."""
+        sqlstate = failure_sqlstate(error)
+        return sqlstate == "57P03" or (isinstance(error, MadlibMopError)
+                                      and sqlstate == errors.CONNECTION_FAILURE)
 
     def answered(self, segment: int) -> None:
         self.lost_since.pop(segment, None)
@@ -218,7 +227,11 @@ class Coordinator:
         message = RetryPolicy.message(error)
         self.store.note_error(f"{task.kind} mst_key {task.mst_key} step {task.step} segment "
                               f"{task.segment} attempt {task.attempt}: {message}")
-        if RetryPolicy.lost(error):  # the session, not the call: wait for the server
+        if RetryPolicy.lost(error):  # the session was lost: wait for the server
+            attempt = task.attempt
+            if not RetryPolicy.connecting(error):
+                self.retry.check(task, error, message)
+                attempt += 1
             where = self.pool.threads[task.segment].worker.where
             delay = self.retry.delay(task, where, message)
             self.paused_until[task.segment] = time.monotonic() + delay
@@ -226,7 +239,6 @@ class Coordinator:
                 f"madlib_mop: job {self.job_id}: segment {task.segment}: {where} did not answer "
                 f"({message}); retrying in {delay:g}s (for up to "
                 f"{self.retry.wait_seconds:g}s)")
-            attempt = task.attempt  # a lost session is not an attempt of the call
         else:
             self.retry.check(task, error, message)
             self.plpy.notice(f"madlib_mop: job {self.job_id}: {task.kind} of mst_key {task.mst_key} on "

@@ -14,4 +14,11 @@ COMMENT ON TABLE @extschema@.segment_servers IS
 GRANT SELECT ON @extschema@.segment_servers TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.segment_servers', '');
 
+-- This coordinator's identity, written on the tables it makes on segment servers: a packing
+-- replaces a table there only if this coordinator made it.
+CREATE TABLE @extschema@.coordinator_id (id uuid PRIMARY KEY DEFAULT gen_random_uuid());
+INSERT INTO @extschema@.coordinator_id DEFAULT VALUES;
+GRANT SELECT ON @extschema@.coordinator_id TO PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.coordinator_id', '');
+
 -- @routines
