@@ -68,7 +68,11 @@ def setup(coordinator: str, segments: list[tuple[str, str]]) -> None:
             where = conninfo_to_dict(dsn)
             registered = conn.execute("SELECT 1 FROM madlib_mop.segment_servers "
                                       "WHERE server_name = %s", (name,)).fetchone()
-            if not registered:
+            exists = conn.execute("SELECT 1 FROM pg_foreign_server WHERE srvname = %s",
+                                  (name,)).fetchone()
+            if not registered and exists:  # e.g. the extension was dropped and made again
+                conn.execute("SELECT madlib_mop.add_segment_server(%s)", (name,))
+            elif not registered:
                 conn.execute("SELECT madlib_mop.add_segment_server(%s, %s, %s, %s)",
                              (name, where.get("host", "localhost"), int(where.get("port", 5432)),
                               where.get("dbname", DEFAULT_DATABASE)))
