@@ -116,6 +116,9 @@ def main() -> None:
     cluster_dsn = cluster_tool.start()
     servers = cluster_tool.servers()
     seg0 = make_conninfo(cluster_tool._dsn_with_password(servers["seg0"]))
+    for name in ("seg0", "seg1"):  # the bench's schema there too: a clean start
+        with psycopg.connect(cluster_tool._dsn_with_password(servers[name]), autocommit=True) as there:
+            there.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
 
     results = {}
     for name, dsn, segments in (("one server", configured_dsn(), "2"), ("cluster", cluster_dsn, None)):
