@@ -41,10 +41,14 @@ def _server_dsn(server, dbname):
 
 @pytest.fixture(scope="module")
 def servers():
+    """The servers of `make cluster`; those this module starts, it stops afterwards."""
     found = cluster_tool.servers()
+    started = [server for server in found.values() if not server.is_running()]
     for server in found.values():
         server.start()
-    return found
+    yield found
+    for server in started:
+        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -170,7 +174,7 @@ def test_walkthrough_on_the_cluster_gives_the_weights_of_one_server(cluster, ext
             assert rows == summary[1][segment]
 
 
-def test_registration(cluster, servers):
+def test_registration(cluster, servers, walkthrough):
     with _connect(cluster) as conn:
         checked = conn.execute("SELECT server_name, segments, first_segment, reachable, "
                                "extension_version, message FROM check_segment_servers()").fetchall()
