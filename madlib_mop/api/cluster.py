@@ -125,6 +125,7 @@ def check_segment_servers(plpy: Any) -> list[dict]:
     """Each registered server as the calling role reaches it."""
     extra, options = worker_session.session_settings(plpy)
     extra.setdefault("connect_timeout", "5")
+    role = plpy.execute("SELECT current_user AS r")[0]["r"]
     rows = []
     for server in segments.registered(plpy):
         row = {"server_name": server.name, "address": server.address,
@@ -132,7 +133,7 @@ def check_segment_servers(plpy: Any) -> list[dict]:
                "reachable": False, "extension_version": None, "message": None}
         try:
             info = segments.worker_conninfo(plpy, server, extra, options)
-            with segments.connect(info, server, "") as session:
+            with segments.connect(info, server, segments.refused_hint(server, role)) as session:
                 row["reachable"] = True
                 found = session.execute("SELECT extversion FROM pg_catalog.pg_extension "
                                         "WHERE extname = 'madlib_mop'").fetchone()
