@@ -244,7 +244,7 @@ def _evaluate_on(refs: list[ModelRef], buffers: list, classification: bool) -> s
     results = []
     for ref in refs:
         model = _build(ref, compile_model=True)
-        outcome = training.evaluate(model, ref.spec(), buffers, classification)
+        outcome = training.evaluate(training.Program(model), ref.spec(), buffers, classification)
         results.append({"rows": outcome.rows, "metrics": outcome.means()})
     return json.dumps(results)
 

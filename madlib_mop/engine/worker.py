@@ -4,8 +4,9 @@
 A worker session lives for the whole job and serves one segment.  It imports TensorFlow
 once (with cores / segments threads), decodes its segment's buffers once and keeps them
 (unless they exceed the memory budget, then it reads them per sub-epoch), and keeps one
-compiled Keras model per configuration, into which each call restores the state it is
-given.  A call gets the model's state, trains one sub-epoch (or evaluates) and returns the
+compiled Keras model with traced training and evaluation loops per program key
+(`training.Program`: the models that differ only in learning rate share one), into which
+each call restores the state it is given.  A call gets the model's state, trains one sub-epoch (or evaluates) and returns the
 new state: the caller commits it (see `madlib_mop.engine.base` for the contract).
 
 Caches are keyed by (job id, owner): a session serves one job at a time.
@@ -45,7 +46,7 @@ class JobContext:
     validation: PackedData | None
     budget_bytes: int
     specs: dict[int, training.ModelSpec] = field(default_factory=dict)
-    models: dict[int, Any] = field(default_factory=dict)
+    programs: dict[tuple, training.Program] = field(default_factory=dict)  # by program_key
     buffers: dict[tuple[str, int], list[Buffer]] = field(default_factory=dict)
 
 
@@ -136,10 +137,14 @@ def context(plpy: Any, job_id: int) -> JobContext:
     return ctx
 
 
-def _model(ctx: JobContext, mst_key: int):
-    if mst_key not in ctx.models:
-        ctx.models[mst_key] = training.build_model(ctx.specs[mst_key], ctx.seed)
-    return ctx.models[mst_key]
+def _program(ctx: JobContext, mst_key: int) -> training.Program:
+    """The compiled model that trains `mst_key`, shared with the job's models of the same
+    program key (the caller restores the model's state into it)."""
+    spec = ctx.specs[mst_key]
+    key = training.program_key(spec)
+    if key not in ctx.programs:
+        ctx.programs[key] = training.Program.for_spec(spec, ctx.seed)
+    return ctx.programs[key]
 
 
 def _buffers(plpy: Any, ctx: JobContext, data: PackedData, segment: int) -> list[Buffer]:
@@ -161,15 +166,15 @@ def train(plpy: Any, job_id: int, mst_key: int, step: int, segment: int,
     setup = time.perf_counter()  # TensorFlow's import and the job's context: once per worker
     buffers = _buffers(plpy, ctx, ctx.train, segment)
     read = time.perf_counter()
-    model = _model(ctx, mst_key)
-    training.restore_state(model, bytes(model_state))
+    program = _program(ctx, mst_key)
+    program.restore(bytes(model_state))
     restored = time.perf_counter()
     # In memory: the whole segment in one fit call; streamed: a buffer's worth at a time.
     chunk_rows = None if all(b.in_memory for b in buffers) else max(b.rows for b in buffers)
-    outcome = training.train_subepoch(model, ctx.specs[mst_key], buffers, ctx.seed, step,
+    outcome = training.train_subepoch(program, ctx.specs[mst_key], buffers, ctx.seed, step,
                                       ctx.train.columns.classification, chunk_rows)
     trained = time.perf_counter()
-    new_state = training.capture_state(model)
+    new_state = program.capture()
     saved = time.perf_counter()
     result = json.dumps({
         "rows": outcome.rows, "metrics": outcome.means(), "segment": segment, "pid": os.getpid(),
@@ -193,9 +198,10 @@ def evaluate(plpy: Any, job_id: int, mst_key: int, step: int, partition: int,
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
                              hint="Only the jobs of a fit given a validation_table evaluate.")
     buffers = _buffers(plpy, ctx, ctx.validation, partition)
-    model = _model(ctx, mst_key)
-    training.restore_state(model, bytes(model_state))
-    outcome = training.evaluate(model, ctx.specs[mst_key], buffers, ctx.validation.columns.classification)
+    program = _program(ctx, mst_key)
+    program.restore(bytes(model_state))
+    outcome = training.evaluate(program, ctx.specs[mst_key], buffers,
+                                ctx.validation.columns.classification)
     result = json.dumps({"rows": outcome.rows, "metrics": outcome.means(), "pid": os.getpid(),
                          "finished_at": time.time(),
                          "seconds": {"total": time.perf_counter() - started}})

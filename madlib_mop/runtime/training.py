@@ -66,27 +66,131 @@ def build_model(spec: ModelSpec, seed: int):
     return model
 
 
+def program_key(spec: ModelSpec) -> tuple:
+    """Models with the same key train by the same function of (state, rows, batch size): the
+    same architecture, loss, metrics and optimizer class and arguments, but for the learning
+    rate, which Keras keeps in an optimizer variable and so travels in the state."""
+    params = spec.compile
+    arguments = tuple(sorted((k, v) for k, v in params.optimizer.keras_arguments().items()
+                             if k != "learning_rate"))
+    return (spec.model_arch, params.optimizer.name, arguments, params.loss, params.metrics,
+            repr(params.extra))
+
+
 def _other_variables(model) -> list:
     weight_ids = {id(v) for v in model.weights}
     return [v for v in model.variables if id(v) not in weight_ids]
 
 
+def _state_variables(model) -> list[tuple[str, object]]:
+    """(kind, variable) of everything a state holds, in the state's order."""
+    return ([("weights", v) for v in model.weights]
+            + [("variables", v) for v in _other_variables(model)]
+            + [("optimizer", v) for v in model.optimizer.variables])
+
+
 def capture_state(model) -> bytes:
-    entries = [state.Entry("weights", v.path, np.asarray(v.numpy())) for v in model.weights]
-    entries += [state.Entry("variables", v.path, np.asarray(v.numpy())) for v in _other_variables(model)]
-    entries += [state.Entry("optimizer", v.path, np.asarray(v.numpy())) for v in model.optimizer.variables]
-    return state.encode(entries)
+    return state.encode([state.Entry(kind, v.path, np.asarray(v.numpy()))
+                         for kind, v in _state_variables(model)])
 
 
 def restore_state(model, blob: bytes) -> None:
     entries, _ = state.decode(blob)
-    variables = list(model.weights) + _other_variables(model) + list(model.optimizer.variables)
-    expected = ([("weights", v) for v in model.weights]
-                + [("variables", v) for v in _other_variables(model)]
-                + [("optimizer", v) for v in model.optimizer.variables])
+    expected = _state_variables(model)
     state.check_layout(entries, [state.Entry(k, v.path, np.empty(v.shape)) for k, v in expected])
-    for variable, entry in zip(variables, entries):
+    for (_, variable), entry in zip(expected, entries):
         variable.assign(entry.array)
+
+
+class Program:
+    """A compiled Keras model with one traced function for a whole pass of training over a
+    chunk of rows, and one for evaluating a chunk.
+
+    Keras' `fit` costs tens of milliseconds per call and about a millisecond per step
+    outside the math; on the small segments analysts start with that is most of the time.
+    Here a call runs all of a chunk's minibatches inside one TensorFlow graph: the same
+    `train_step` as `fit`, on the same slices in the same order, so the weights are the
+    same bits as `fit(x, y, batch_size, shuffle=False)` gives.
+
+    One program serves every model of the same `program_key` on a worker: each call first
+    restores the model's whole state (weights, optimizer variables including the learning
+    rate, random generator states), so the functions are traced once per key, not once per
+    model, and a worker holds one Keras model per key."""
+
+    def __init__(self, model):
+        self.model = model
+        self._variables = _state_variables(model)
+        self._layout = [(kind, tuple(v.shape)) for kind, v in self._variables]
+        self._functions: dict[tuple, object] = {}
+
+    @classmethod
+    def for_spec(cls, spec: ModelSpec, seed: int) -> "Program":
+        return cls(build_model(spec, seed))
+
+    # ---- state ----
+    def restore(self, blob: bytes) -> None:
+        entries, _ = state.decode(blob)
+        if state.layout_of(entries) != self._layout:
+            raise state.StateFormatError("model state does not fit this model: its variables differ")
+        for (_, variable), entry in zip(self._variables, entries):
+            variable.assign(entry.array)
+
+    def capture(self) -> bytes:
+        return capture_state(self.model)
+
+    # ---- traced loops ----
+    def _function(self, kind: str, *arrays: np.ndarray | None):
+        """The traced loop for arrays of these dtypes and trailing shapes (any row count)."""
+        import tensorflow as tf
+
+        key = (kind,) + tuple(None if a is None else (a.dtype.str, a.shape[1:]) for a in arrays)
+        if key not in self._functions:
+            data = tuple(None if a is None else a[:1] for a in arrays)
+            # Builds the compiled metrics' and loss' variables outside the traced function,
+            # as fit does before its first step (Keras 3.15, pinned in pyproject.toml).
+            self.model._symbolic_build(data_batch=data if data[-1] is not None else data[:2])
+            specs = [tf.TensorSpec((None,) + a.shape[1:], tf.as_dtype(a.dtype))
+                     for a in arrays if a is not None]
+            step = self.model.train_step if kind == "train" else self.model.test_step
+            weighted = arrays[-1] is not None
+
+            def loop(*tensors):
+                *data, batch_size = tensors
+                rows = tf.shape(data[0])[0]
+
+                def body(start):
+                    end = tf.minimum(start + batch_size, rows)
+                    step(tuple(t[start:end] for t in data) if weighted
+                         else (data[0][start:end], data[1][start:end]))
+                    return (end,)
+
+                # One iteration at a time: each step reads the variables the last one wrote.
+                tf.while_loop(lambda start: start < rows, body, (tf.constant(0),),
+                              parallel_iterations=1)
+                return self.model.get_metrics_result()
+
+            self._functions[key] = tf.function(
+                loop, autograph=False,
+                input_signature=specs + [tf.TensorSpec((), tf.int32)])
+        return self._functions[key]
+
+    def _run(self, kind: str, x: np.ndarray, y: np.ndarray, sample_weight: np.ndarray | None,
+             batch_size: int) -> dict:
+        function = self._function(kind, x, y, sample_weight)
+        self.model.reset_metrics()
+        arrays = [x, y] + ([sample_weight] if sample_weight is not None else [])
+        values = function(*arrays, np.int32(batch_size))
+        return {name: float(value) for name, value in values.items()}
+
+    def train(self, x: np.ndarray, y: np.ndarray, batch_size: int,
+              sample_weight: np.ndarray | None = None) -> dict:
+        """One pass over the rows in order, in minibatches of batch_size (the last may be
+        shorter); the loss and metrics are the means over the rows, as fit reports them."""
+        return self._run("train", x, y, sample_weight, batch_size)
+
+    def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 1024) -> dict:
+        """Loss and metrics over the rows, as `evaluate(x, y, batch_size)` reports them."""
+        return self._run("test", x, y, None, batch_size)
 
 
 def labels_for(loss: str, labels: np.ndarray, classification: bool) -> np.ndarray:
@@ -140,10 +244,19 @@ class Outcome:
         return {name: total / self.rows for name, total in self.sums.items()} if self.rows else {}
 
 
-def train_subepoch(model, spec: ModelSpec, buffers: list[Buffer], seed: int, step: int,
+def class_weights(labels: np.ndarray, class_weight: dict | None) -> np.ndarray | None:
+    """Per-row weights from fit's class_weight ({class index: weight}), as fit computes them."""
+    if not class_weight:
+        return None
+    from keras.src.trainers.data_adapters.data_adapter_utils import class_weight_to_sample_weights
+
+    return class_weight_to_sample_weights(labels, class_weight)
+
+
+def train_subepoch(program: Program, spec: ModelSpec, buffers: list[Buffer], seed: int, step: int,
                    classification: bool, chunk_rows: int | None = None) -> Outcome:
-    """Train `model` over the buffers once, in the seeded order; loss and metrics are the
-    means over the sub-epoch's rows."""
+    """Train the program's model (its state restored by the caller) over the buffers once, in
+    the seeded order; loss and metrics are the means over the sub-epoch's rows."""
     import keras
 
     fit = spec.fit
@@ -154,22 +267,20 @@ def train_subepoch(model, spec: ModelSpec, buffers: list[Buffer], seed: int, ste
     outcome = Outcome()
     loss = spec.compile.loss
     for x, y in _chunks(buffers, order, batch_size, chunk_rows):
+        labels = labels_for(loss, y, classification)
         started = time.perf_counter()
-        history = model.fit(x, labels_for(loss, y, classification), batch_size=batch_size,
-                            epochs=1, shuffle=False, verbose=0,
-                            class_weight=fit.get("class_weight"))
+        values = program.train(x, labels, batch_size, class_weights(labels, fit.get("class_weight")))
         outcome.seconds_train += time.perf_counter() - started
-        outcome.add(len(x), {k: v[-1] for k, v in history.history.items()})
+        outcome.add(len(x), values)
     return outcome
 
 
-def evaluate(model, spec: ModelSpec, buffers: Iterable[Buffer], classification: bool) -> Outcome:
-    """Loss and metrics of the model over the buffers (no training)."""
+def evaluate(program: Program, spec: ModelSpec, buffers: Iterable[Buffer],
+             classification: bool) -> Outcome:
+    """Loss and metrics of the program's model over the buffers (no training)."""
     outcome = Outcome()
     loss = spec.compile.loss
     for buffer in buffers:
         x, y = buffer.load()
-        values = model.evaluate(x, labels_for(loss, y, classification), batch_size=1024,
-                                verbose=0, return_dict=True)
-        outcome.add(len(x), values)
+        outcome.add(len(x), program.evaluate(x, labels_for(loss, y, classification)))
     return outcome

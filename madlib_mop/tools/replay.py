@@ -72,16 +72,16 @@ def replay(conn: psycopg.Connection, model_output_table: str, mst_key: int) -> n
     visits = conn.execute(SQL("SELECT step, segment FROM {} WHERE mst_key = %s ORDER BY step")
                           .format(tables["visits"]), (mst_key,)).fetchall()
     classification = summary["label_kind"] == "classification"
-    model = training.build_model(spec, job["seed"])
-    training.restore_state(model, bytes(initial))
+    program = training.Program.for_spec(spec, job["seed"])
+    program.restore(bytes(initial))
     buffers: dict[int, list[Buffer]] = {}
     for visit in visits:
         segment = visit["segment"]
         if segment not in buffers:
             buffers[segment] = _segment_buffers(conn, summary, segment)
-        training.train_subepoch(model, spec, buffers[segment], job["seed"], visit["step"],
+        training.train_subepoch(program, spec, buffers[segment], job["seed"], visit["step"],
                                 classification)
-    return np.concatenate([w.ravel() for w in model.get_weights()]).astype(np.float32)
+    return np.concatenate([w.ravel() for w in program.model.get_weights()]).astype(np.float32)
 
 
 def _json_text(value) -> str:

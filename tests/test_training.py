@@ -1,0 +1,101 @@
+"""The compiled training loop (madlib_mop.runtime.training.Program) against Keras' own fit and
+evaluate, in this process, without a database: the same bits, also when models share one
+program."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+
+from madlib_mop.runtime import state, training
+
+
+def _architecture(dropout: bool) -> str:
+    layers = [keras.Input((5,)), keras.layers.Dense(12, activation="relu")]
+    layers += [keras.layers.Dropout(0.3)] if dropout else []
+    layers += [keras.layers.Dense(3, activation="softmax")]
+    return keras.Sequential(layers).to_json()
+
+
+ARCHITECTURES = {dropout: _architecture(dropout) for dropout in (False, True)}
+
+
+def _spec(mst_key: int, lr: float, loss: str = "categorical_crossentropy", dropout: bool = False,
+          batch_size: int = 8) -> training.ModelSpec:
+    return training.ModelSpec(mst_key, ARCHITECTURES[dropout],
+                              f"optimizer='Adam(lr={lr})',loss='{loss}',metrics=['accuracy']",
+                              f"batch_size={batch_size}")
+
+
+def _data(rows: int = 61, seed: int = 3):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((rows, 5)).astype(np.float32)
+    classes = (x[:, 0] > 0).astype(int) + (x[:, 1] > 0.5).astype(int)
+    return x, np.eye(3, dtype=np.float32)[classes], classes
+
+
+def _weights(model) -> list[np.ndarray]:
+    return [np.asarray(v.numpy()) for v in model.weights + model.optimizer.variables]
+
+
+@pytest.mark.parametrize("case", ["plain", "class_weight", "sparse", "dropout"])
+def test_a_pass_is_keras_fit_bit_for_bit(case):
+    """61 rows in batches of 8: seven full minibatches and one of 5, as fit slices them."""
+    x, onehot, classes = _data()
+    spec = _spec(1, 0.01, loss="sparse_categorical_crossentropy" if case == "sparse"
+                 else "categorical_crossentropy", dropout=case == "dropout")
+    y = classes.astype(np.int32) if case == "sparse" else onehot
+    class_weight = {0: 1.0, 1: 2.5, 2: 0.5} if case == "class_weight" else None
+    reference, program = training.build_model(spec, 0), training.Program.for_spec(spec, 0)
+    reported = program.train(x, y, 8, training.class_weights(y, class_weight))
+    second = program.train(x[:40], y[:40], 8, training.class_weights(y[:40], class_weight))
+    history = reference.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0,
+                            class_weight=class_weight).history
+    again = reference.fit(x[:40], y[:40], batch_size=8, epochs=1, shuffle=False, verbose=0,
+                          class_weight=class_weight).history
+    for found, expected in zip(_weights(program.model), _weights(reference), strict=True):
+        assert np.array_equal(found, expected)
+    assert reported == pytest.approx({k: v[-1] for k, v in history.items()}, rel=0, abs=0)
+    assert second == pytest.approx({k: v[-1] for k, v in again.items()}, rel=0, abs=0)
+
+
+def test_models_sharing_a_program_train_as_each_alone():
+    """Two learning rates, one program: the learning rate travels in the state."""
+    x, y, _ = _data()
+    fast, slow = _spec(1, 0.05), _spec(2, 0.001)
+    assert training.program_key(fast) == training.program_key(slow)
+    assert training.program_key(fast) != training.program_key(_spec(3, 0.05, dropout=True))
+    shared = training.Program.for_spec(fast, 0)
+    states = {k: training.capture_state(training.build_model(s, 0)) for k, s in ((1, fast), (2, slow))}
+    alone = {k: training.Program.for_spec(s, 0) for k, s in ((1, fast), (2, slow))}
+    for key, program in alone.items():
+        program.restore(states[key])
+    for rows in (slice(0, 30), slice(30, 61)):  # two hops each, interleaved on one program
+        for key, spec in ((1, fast), (2, slow)):
+            shared.restore(states[key])
+            shared.train(x[rows], y[rows], 8)
+            states[key] = shared.capture()
+            alone[key].train(x[rows], y[rows], 8)
+    def arrays(blob):  # names are informative only (Keras numbers them per process)
+        return [e.array for e in state.decode(blob)[0]]
+
+    for key, program in alone.items():
+        for found, expected in zip(arrays(states[key]), arrays(program.capture()), strict=True):
+            assert np.array_equal(found, expected)
+    assert not np.array_equal(arrays(states[1])[0], arrays(states[2])[0])
+
+
+def test_evaluate_is_keras_evaluate():
+    x, y, _ = _data(rows=2500)
+    program = training.Program.for_spec(_spec(1, 0.01), 0)
+    program.train(x, y, 32)
+    expected = program.model.evaluate(x, y, batch_size=1024, verbose=0, return_dict=True)
+    assert program.evaluate(x, y) == pytest.approx(expected, rel=0, abs=0)
+
+
+def test_a_state_of_another_model_is_refused():
+    program = training.Program.for_spec(_spec(1, 0.01), 0)
+    other = training.capture_state(training.build_model(_spec(2, 0.01, dropout=True), 0))
+    with pytest.raises(ValueError, match="does not fit this model"):
+        program.restore(other)
