@@ -99,3 +99,19 @@ def test_a_state_of_another_model_is_refused():
     other = training.capture_state(training.build_model(_spec(2, 0.01, dropout=True), 0))
     with pytest.raises(ValueError, match="does not fit this model"):
         program.restore(other)
+
+
+@pytest.mark.parametrize("optimizer", ["Adam(lr={})", "SGD(lr={},momentum=0.9)", "RMSprop(lr={})",
+                                       "Adagrad(lr={})", "Adam(lr={},use_ema=True)"])
+def test_initial_states_are_those_of_models_built_one_by_one(optimizer):
+    """Two architectures x two learning rates: each key's second model takes the shortcut."""
+    specs = [training.ModelSpec(k, ARCHITECTURES[k % 2 == 0],
+                                f"optimizer='{optimizer.format(0.01 * k)}',"
+                                "loss='categorical_crossentropy'", "") for k in (1, 2, 3, 4)]
+    states = training.initial_states(specs, seed=5)
+    for spec in specs:
+        expected = state.decode(training.capture_state(training.build_model(spec, 5)))[0]
+        found = state.decode(states[spec.mst_key])[0]
+        assert state.layout_of(found) == state.layout_of(expected)
+        for a, b in zip(found, expected, strict=True):
+            assert a.kind == b.kind and np.array_equal(a.array, b.array), (spec.mst_key, b.name)

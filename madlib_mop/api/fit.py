@@ -61,15 +61,11 @@ def _abandon(plpy: Any, job: dict, why: str) -> None:
 def _initial_states(plan, seed: int, previous: dict[int, bytes]) -> dict[int, bytes]:
     """Step 0 of every model: the previous job's last state (warm start), else a fresh
     model initialised from the seed or the architecture's weights."""
-    states = {}
-    for config in plan.configs:
-        if config["mst_key"] in previous:
-            states[config["mst_key"]] = previous[config["mst_key"]]
-            continue
-        spec = training.ModelSpec(config["mst_key"], config["model_arch"], config["compile_params"],
-                                  config["fit_params"], config["weights"])
-        states[config["mst_key"]] = training.capture_state(training.build_model(spec, seed))
-    return states
+    fresh = training.initial_states(
+        [training.ModelSpec(c["mst_key"], c["model_arch"], c["compile_params"], c["fit_params"],
+                            c["weights"]) for c in plan.configs if c["mst_key"] not in previous],
+        seed)
+    return {c["mst_key"]: previous.get(c["mst_key"], fresh.get(c["mst_key"])) for c in plan.configs}
 
 
 def _create_job(plpy: Any, plan, previous_job: dict | None) -> int:

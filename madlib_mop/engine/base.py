@@ -23,8 +23,10 @@ Contract of a `Worker`:
 Contract of an `Engine`:
 - `worker(segment, label)` opens a worker for a segment (a new session; `label` names it
   in `pg_stat_activity`).  Opening is cheap enough to call again after a failure.
-- `inference_workers(count)` gives `count` workers for evaluate/predict; an engine may keep
-  them for the session's later calls (TensorFlow imported, models built once).
+- `training_workers(segments)` gives a job's workers and `inference_workers(count)` those of
+  evaluate/predict; an engine may keep them for the session's later calls (TensorFlow
+  imported, functions traced once).  A kept worker's session is the same role's, on the
+  same database: the key of what is kept includes the connection string.
 
 Engines: `local.LocalEngine` (the segments are partitions of one server's packed table;
 workers are sessions of that server) and `cluster.ClusterEngine` (the partitions are foreign
@@ -94,6 +96,11 @@ class Worker(abc.ABC):
 class Engine(abc.ABC):
     @abc.abstractmethod
     def worker(self, segment: int, label: str) -> Worker: ...
+
+    def training_workers(self, segments: int) -> list[Worker]:
+        """A job's workers, worker i for segment i.  An engine may give workers that an
+        earlier job of this session left open (TensorFlow imported, functions traced)."""
+        return [self.worker(s, f"madlib_mop worker segment {s}") for s in range(segments)]
 
     def prepare_job(self, plpy: Any, job_id: int) -> None:
         """Called in the coordinator's thread before the job's first call: an engine whose

@@ -14,8 +14,11 @@ from psycopg import sql
 from madlib_mop.db import catalog, worker_session
 from madlib_mop.engine.base import Engine, Worker
 
-# Inference sessions kept for the calling session's later calls, per connection string.
+# Worker sessions kept for the calling session's later calls, by connection string (which
+# names the role, the database and the session settings): a kept session never serves
+# another role.  Training workers also by segment count (it sized their thread pools).
 _inference_pool: dict[str, list["LocalWorker"]] = {}
+_training_pool: dict[tuple[str, int], list["LocalWorker"]] = {}
 
 
 class LocalWorker(Worker):
@@ -97,6 +100,18 @@ class LocalEngine(Engine):
 
     def worker(self, segment: int, label: str) -> LocalWorker:
         return LocalWorker(self.conninfo, self.schema, segment, label)
+
+    def training_workers(self, segments: int) -> list[Worker]:
+        """Kept for the session's next job: its workers find TensorFlow imported and the
+        functions of the models they trained before traced."""
+        key = (self.conninfo, segments)
+        kept = _training_pool.get(key, [])
+        workers = [w if w.usable else self.worker(s, f"madlib_mop worker segment {s}")
+                   for s, w in enumerate(kept)]
+        workers += [self.worker(s, f"madlib_mop worker segment {s}")
+                    for s in range(len(workers), segments)]
+        _training_pool[key] = workers
+        return list(workers)
 
     def inference_workers(self, count: int) -> list[Worker]:
         """Sessions kept for this session's later calls: TensorFlow is imported and the

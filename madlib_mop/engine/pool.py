@@ -19,6 +19,7 @@ class WorkerThread(threading.Thread):
     def __init__(self, worker: Worker, results: queue.Queue):
         super().__init__(daemon=True, name=f"madlib_mop worker {worker.segment}")
         self.worker, self.results, self.inbox = worker, results, queue.Queue()
+        self.close_worker = True
 
     def run(self) -> None:
         while True:
@@ -33,13 +34,19 @@ class WorkerThread(threading.Thread):
             except Exception as error:  # reported to the caller, which decides
                 if report:
                     self.results.put((tag, None, error))
-        self.worker.close()
+        if self.close_worker:
+            self.worker.close()
 
     def submit(self, tag: Any, call: Callable[[Worker], Any], report: bool = True) -> None:
         self.inbox.put((tag, call, report))
 
     def stop(self) -> None:
         self.worker.cancel()
+        self.inbox.put(None)
+
+    def release(self) -> None:
+        """End the thread after its last call, leaving the worker's session open."""
+        self.close_worker = False
         self.inbox.put(None)
 
 
@@ -62,8 +69,17 @@ class WorkerPool:
             return None
 
     def stop(self) -> None:
+        """Cancel what runs and close the workers' sessions."""
         for thread in self.threads:
             thread.stop()
+
+    def release(self) -> None:
+        """Nothing runs any more: end the threads and keep the sessions open (the engine may
+        give the workers to this session's next job)."""
+        for thread in self.threads:
+            thread.release()
+        for thread in self.threads:
+            thread.join(timeout=30)
 
 
 def run_all(workers: list[Worker], calls: list[Callable[[Worker], Any]],

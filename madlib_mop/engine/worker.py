@@ -46,11 +46,22 @@ class JobContext:
     validation: PackedData | None
     budget_bytes: int
     specs: dict[int, training.ModelSpec] = field(default_factory=dict)
-    programs: dict[tuple, training.Program] = field(default_factory=dict)  # by program_key
     buffers: dict[tuple[str, int], list[Buffer]] = field(default_factory=dict)
 
 
 _contexts: dict[tuple[int, str], JobContext] = {}  # (job_id, owner)
+# Compiled models by program key, kept from one job to the next of this session (a session
+# is one role's): a job whose models were trained here before does not trace again.  A new
+# job keeps only the programs its own models use, so memory follows the current job.
+_programs: dict[tuple, training.Program] = {}
+
+
+def _adopt(ctx: "JobContext") -> None:
+    """`ctx` becomes the session's one job."""
+    keys = {training.program_key(spec) for spec in ctx.specs.values()}
+    for key in [k for k in _programs if k not in keys]:
+        del _programs[key]
+    _contexts.clear()
 
 
 @dataclass(frozen=True)
@@ -94,7 +105,7 @@ def ship(plpy: Any, description: dict) -> None:
     for m in description["models"]:
         ctx.specs[m["mst_key"]] = training.ModelSpec(m["mst_key"], m["model_arch"],
                                                      m["compile_params"], m["fit_params"])
-    _contexts.clear()
+    _adopt(ctx)
     _contexts[(ctx.job_id, role)] = ctx
     _shipped.add((ctx.job_id, role))
 
@@ -131,7 +142,7 @@ def context(plpy: Any, job_id: int) -> JobContext:
         ctx.specs[row["mst_key"]] = training.ModelSpec(
             row["mst_key"], row["model_arch"], row["compile_params"], row["fit_params"],
             row["initial_weights"])
-    _contexts.clear()  # a backend serves one job at a time: drop another job's caches
+    _adopt(ctx)  # a backend serves one job at a time: drop another job's caches
     _shipped.clear()
     _contexts[(job_id, job["owner"])] = ctx
     return ctx
@@ -142,9 +153,9 @@ def _program(ctx: JobContext, mst_key: int) -> training.Program:
     program key (the caller restores the model's state into it)."""
     spec = ctx.specs[mst_key]
     key = training.program_key(spec)
-    if key not in ctx.programs:
-        ctx.programs[key] = training.Program.for_spec(spec, ctx.seed)
-    return ctx.programs[key]
+    if key not in _programs:
+        _programs[key] = training.Program.for_spec(spec, ctx.seed)
+    return _programs[key]
 
 
 def _buffers(plpy: Any, ctx: JobContext, data: PackedData, segment: int) -> list[Buffer]:

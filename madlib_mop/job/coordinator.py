@@ -47,8 +47,8 @@ class Task:
 
 def start_pool(engine: Engine, segments: int) -> WorkerPool:
     """One worker per segment, told to import TensorFlow at once (it takes seconds), so that
-    this overlaps with the job's creation."""
-    pool = WorkerPool([engine.worker(s, f"madlib_mop worker segment {s}") for s in range(segments)])
+    this overlaps with the job's creation (a no-op for workers this session kept warm)."""
+    pool = WorkerPool(engine.training_workers(segments))
     for index in range(segments):
         pool.submit(index, None, lambda worker: worker.warm_up(segments), report=False)
     return pool
@@ -149,8 +149,10 @@ class Coordinator:
                 self._check_interrupts()
                 if outcome is not None:
                     self._handle(*outcome)
-        finally:
+        except BaseException:
             self.pool.stop()
+            raise
+        self.pool.release()  # idle now: the sessions stay warm for this session's next job
         self._finish()
 
     # ---- the loop's steps ----

@@ -28,8 +28,9 @@ class Plan:
     arguments: dict
 
 
-def _check_model(plpy: Any, config: dict, source: dict) -> None:
-    """Does the model fit the data: input shape, output width, loss?"""
+def _check_model(plpy: Any, config: dict, source: dict, built: dict) -> None:
+    """Does the model fit the data: input shape, output width, loss?  `built`: the Keras
+    models built so far, by architecture (configurations share few architectures)."""
     spec = training.ModelSpec(config["mst_key"], config["model_arch"], config["compile_params"],
                               config["fit_params"], config["weights"])
     fit = spec.fit
@@ -39,7 +40,10 @@ def _check_model(plpy: Any, config: dict, source: dict) -> None:
                 f"mst_key {config['mst_key']}: fit_params {key} is not supported by model hopping",
                 sqlstate=errors.FEATURE_NOT_SUPPORTED,
                 hint="Every sub-epoch is one pass over a segment; remove it from fit_params.")
-    model = keras_json.build_model(keras_json.parse_model_json(config["model_arch"]))
+    arch = config["model_arch"] if isinstance(config["model_arch"], str) else repr(config["model_arch"])
+    if arch not in built:
+        built[arch] = keras_json.build_model(keras_json.parse_model_json(config["model_arch"]))
+    model = built[arch]
     shape = keras_json.input_shape(model)
     if [d for d in shape] != list(source["feature_shape"]):
         raise MadlibMopError(
@@ -124,12 +128,13 @@ def plan_job(plpy: Any, source_table: str, model_output_table: str, model_select
         raise MadlibMopError(f"model_selection_table {mst.name} is empty",
                              sqlstate=errors.DATA_EXCEPTION,
                              hint="Fill it with generate_model_configs().")
+    built: dict = {}
     for config in configs:
         if config["model_arch"] is None:
             raise MadlibMopError(f"model_id {config['model_id']} is not in {arch.name}",
                                  sqlstate=errors.INVALID_PARAMETER_VALUE,
                                  hint="Load the architecture with load_keras_model().")
-        _check_model(plpy, config, source)
+        _check_model(plpy, config, source, built)
     out = catalog.new_table(plpy, model_output_table, argument="model_output_table")
     for suffix in TABLE_SUFFIXES.values():
         if suffix:

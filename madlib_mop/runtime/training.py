@@ -102,6 +102,39 @@ def restore_state(model, blob: bytes) -> None:
         variable.assign(entry.array)
 
 
+def initial_states(specs: list[ModelSpec], seed: int) -> dict[int, bytes]:
+    """Step 0 of each model: what `capture_state(build_model(spec, seed))` gives, for less.
+    The layers are built per model (their initialisers draw from the model's seed); the
+    compiled model and its optimizer once per program key, since a fresh optimizer's
+    variables depend on the weights' shapes and its arguments alone, and of those only the
+    learning rate differs within a key."""
+    import keras
+
+    templates: dict[tuple, tuple] = {}
+    states = {}
+    for spec in specs:
+        key = program_key(spec)
+        if key not in templates:
+            model = build_model(spec, seed)
+            templates[key] = (model, [np.asarray(v.numpy()) for v in model.optimizer.variables])
+            states[spec.mst_key] = capture_state(model)
+            continue
+        model, fresh = templates[key]
+        keras.utils.set_random_seed(derived_seed(seed, spec.mst_key, 0x1A17))
+        layers = keras_json.build_model(keras_json.parse_model_json(spec.model_arch))
+        if spec.initial_weights is not None:
+            keras_json.set_flat_weights(layers, spec.initial_weights)
+        params = spec.compile.optimizer
+        rate = getattr(keras.optimizers, params.name)(**params.keras_arguments()).learning_rate
+        optimizer = [np.asarray(rate.numpy()) if v.name == "learning_rate" else value
+                     for v, value in zip(model.optimizer.variables, fresh)]
+        values = ([v.numpy() for v in layers.weights] + [v.numpy() for v in _other_variables(layers)]
+                  + optimizer)
+        states[spec.mst_key] = state.encode([state.Entry(kind, v.path, np.asarray(value))
+                                             for (kind, v), value in zip(_state_variables(model), values)])
+    return states
+
+
 class Program:
     """A compiled Keras model with one traced function for a whole pass of training over a
     chunk of rows, and one for evaluating a chunk.
@@ -128,15 +161,41 @@ class Program:
         return cls(build_model(spec, seed))
 
     # ---- state ----
+    def _state_function(self, kind: str):
+        """One traced call that assigns (or reads) every variable of the state: a per-variable
+        `assign` or `numpy()` costs a call into TensorFlow each, tens of them per hop."""
+        import tensorflow as tf
+
+        if kind not in self._functions:
+            variables = [v for _, v in self._variables]
+            if kind == "assign":
+                def assign(*values):
+                    for variable, value in zip(variables, values):
+                        variable.assign(value)
+                    return tf.constant(0)
+
+                signature = [tf.TensorSpec(v.shape, v.dtype) for v in variables]
+                # The concrete function: calling it skips matching tens of arguments to a
+                # signature, which costs more than the assignments.
+                self._functions[kind] = tf.function(
+                    assign, autograph=False, input_signature=signature).get_concrete_function()
+            else:
+                self._functions[kind] = tf.function(
+                    lambda: [tf.identity(v.value) for v in variables], autograph=False)
+        return self._functions[kind]
+
     def restore(self, blob: bytes) -> None:
         entries, _ = state.decode(blob)
         if state.layout_of(entries) != self._layout:
             raise state.StateFormatError("model state does not fit this model: its variables differ")
-        for (_, variable), entry in zip(self._variables, entries):
-            variable.assign(entry.array)
+        import tensorflow as tf
+
+        self._state_function("assign")(*[tf.constant(entry.array) for entry in entries])
 
     def capture(self) -> bytes:
-        return capture_state(self.model)
+        values = self._state_function("read")()
+        return state.encode([state.Entry(kind, v.path, value.numpy())
+                             for (kind, v), value in zip(self._variables, values)])
 
     # ---- traced loops ----
     def _function(self, kind: str, *arrays: np.ndarray | None):
@@ -171,7 +230,7 @@ class Program:
 
             self._functions[key] = tf.function(
                 loop, autograph=False,
-                input_signature=specs + [tf.TensorSpec((), tf.int32)])
+                input_signature=specs + [tf.TensorSpec((), tf.int32)]).get_concrete_function()
         return self._functions[key]
 
     def _run(self, kind: str, x: np.ndarray, y: np.ndarray, sample_weight: np.ndarray | None,
@@ -179,7 +238,9 @@ class Program:
         function = self._function(kind, x, y, sample_weight)
         self.model.reset_metrics()
         arrays = [x, y] + ([sample_weight] if sample_weight is not None else [])
-        values = function(*arrays, np.int32(batch_size))
+        import tensorflow as tf
+
+        values = function(*[tf.constant(a) for a in arrays], tf.constant(batch_size, tf.int32))
         return {name: float(value) for name, value in values.items()}
 
     def train(self, x: np.ndarray, y: np.ndarray, batch_size: int,
