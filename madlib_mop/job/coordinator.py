@@ -210,20 +210,22 @@ class Coordinator:
             return self._failed(task, error)
         self.retry.answered(task.segment)
         model = self.models[task.mst_key]
-        if task.kind == "evaluate":
-            self.store.record_eval(task.mst_key, task.step, task.partition, value)
-            model.evals[(task.step, task.partition)] = value
-        else:
-            new_state, result = value
-            self.store.record_visit(task.mst_key, task.step, task.segment, new_state, result)
-            model.visits[task.step], model.state = result, new_state
-            self.schedule.finish(task.mst_key, task.segment, result["seconds"]["total"])
-            completed = task.step + 1
-            if completed % (self.S * model.epochs) == 0:
-                self._queue_evals(model, completed // (self.S * model.epochs), new_state)
+        with self.store.atomic():  # the result, the outputs it changes, the progress: one commit
+            if task.kind == "evaluate":
+                self.store.record_eval(task.mst_key, task.step, task.partition, value)
+                model.evals[(task.step, task.partition)] = value
+            else:
+                new_state, result = value
+                self.store.record_visit(task.mst_key, task.step, task.segment, new_state, result)
+                model.visits[task.step], model.state = result, new_state
+                self.schedule.finish(task.mst_key, task.segment, result["seconds"]["total"])
+                completed = task.step + 1
+                if completed % (self.S * model.epochs) == 0:
+                    self._queue_evals(model, completed // (self.S * model.epochs), new_state)
+            self._publish(model)
+            self.store.progress(self._done())
+        if task.kind == "train":
             self._notice_epoch()
-        self._publish(model)
-        self.store.progress(self._done())
 
     def _failed(self, task: Task, error: BaseException) -> None:
         message = RetryPolicy.message(error)

@@ -17,9 +17,11 @@ them into `psycopg.sql.Identifier`s.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass, field
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg import sql
 
 from madlib_mop import errors
@@ -132,11 +134,18 @@ class JobStore:
         return bytes(row[0])
 
     # ---- recording ----
+    def atomic(self):
+        """What is written inside commits together: one commit (one flush of the log) for a
+        hop's record, its model's info row and the job's progress.  Nested: the outer one."""
+        if self.db.info.transaction_status == TransactionStatus.IDLE:
+            return self.db.transaction()
+        return contextlib.nullcontext()
+
     def record_visit(self, mst_key: int, step: int, segment: int, new_state: bytes,
                      result: dict) -> None:
         """The new state and the visit's record, in one transaction: a finished sub-epoch
         is either wholly recorded or not at all."""
-        with self.db.transaction():
+        with self.atomic():
             self.q(sql.SQL("INSERT INTO {} (mst_key, step, state) VALUES (%s, %s, %s) "
                            "ON CONFLICT (mst_key, step) DO NOTHING").format(self.tables["state"]),
                    (mst_key, step + 1, new_state))
