@@ -149,7 +149,7 @@ def _train(config: dict, epochs: int, x, y, x_valid, y_valid, loop: str) -> dict
     else:
         spec = training.ModelSpec(0, arch, f"optimizer='Adam(lr={config['lr']})',"
                                   "loss='categorical_crossentropy',metrics=['accuracy']", "")
-        program = training.Program.for_spec(spec, 0)
+        program = training.Program(training.build_model(spec, 0))
         model, losses, rng = program.model, [], np.random.default_rng(0)
         for _ in range(epochs):
             order = rng.permutation(len(x))
@@ -310,16 +310,20 @@ def load_workload(conn, name: str, workload: dict) -> tuple[int, int]:
             for i, (row, label) in enumerate(zip(xs, ys)):
                 copy.write_row((i, row.tolist(), int(label)))
         conn.execute(f"VACUUM ANALYZE {table}")
-    for i, config in enumerate(workload["configs"], start=1):
-        conn.execute("SELECT load_keras_model(%s, %s::json)",
-                     (f"{name}_arch", architecture(config["hidden"], x.shape[1], classes)))
+    model_ids: dict[tuple, int] = {}  # one architecture per network, as a user loads them
+    for config in workload["configs"]:
+        hidden = tuple(config["hidden"])
+        if hidden not in model_ids:
+            model_ids[hidden] = len(model_ids) + 1  # load_keras_model numbers them from 1
+            conn.execute("SELECT load_keras_model(%s, %s::json)",
+                         (f"{name}_arch", architecture(config["hidden"], x.shape[1], classes)))
     conn.execute(f"CREATE TABLE {name}_mst (mst_key serial PRIMARY KEY, model_id integer, "
                  "compile_params varchar, fit_params varchar)")
     conn.execute(f"CREATE TABLE {name}_mst_summary (model_arch_table varchar, object_table varchar)")
     conn.execute(f"INSERT INTO {name}_mst_summary VALUES ('{SCHEMA}.{name}_arch', NULL)")
-    for i, config in enumerate(workload["configs"], start=1):
+    for config in workload["configs"]:
         conn.execute(f"INSERT INTO {name}_mst (model_id, compile_params, fit_params) VALUES (%s, %s, %s)", (
-            i, f"optimizer='Adam(learning_rate={config['lr']})',loss='categorical_crossentropy',"
+            model_ids[tuple(config["hidden"])], f"optimizer='Adam(learning_rate={config['lr']})',loss='categorical_crossentropy',"
                "metrics=['accuracy']",
                f"batch_size={config['batch']},epochs={workload['epochs'] // workload['iterations']}"))
     return cut, len(x) - cut

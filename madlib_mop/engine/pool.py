@@ -55,6 +55,7 @@ class WorkerPool:
 
     def __init__(self, workers: list[Worker]):
         self.results: queue.Queue = queue.Queue()
+        self.ended = False
         self.threads = [WorkerThread(w, self.results) for w in workers]
         for thread in self.threads:
             thread.start()
@@ -69,13 +70,17 @@ class WorkerPool:
             return None
 
     def stop(self) -> None:
-        """Cancel what runs and close the workers' sessions."""
+        """Cancel what runs and close the workers' sessions (once: not after `release`)."""
+        if self.ended:
+            return
+        self.ended = True
         for thread in self.threads:
             thread.stop()
 
     def release(self) -> None:
         """Nothing runs any more: end the threads and keep the sessions open (the engine may
         give the workers to this session's next job)."""
+        self.ended = True
         for thread in self.threads:
             thread.release()
         for thread in self.threads:

@@ -154,7 +154,7 @@ def _program(ctx: JobContext, mst_key: int) -> training.Program:
     spec = ctx.specs[mst_key]
     key = training.program_key(spec)
     if key not in _programs:
-        _programs[key] = training.Program.for_spec(spec, ctx.seed)
+        _programs[key] = training.Program.for_spec(spec)
     return _programs[key]
 
 

@@ -44,16 +44,27 @@ def encode(entries: list[Entry], meta: dict | None = None) -> bytes:
             raise ValueError(f"unknown kind {entry.kind}")
         array = np.asarray(entry.array)
         little = array.astype(array.dtype.newbyteorder("<"), copy=False)
-        layout.append({"kind": entry.kind, "name": entry.name, "dtype": little.dtype.str,
-                       "shape": list(array.shape)})
+        layout.append(layout_item(entry.kind, entry.name, little.dtype, array.shape))
         payload.append(np.ascontiguousarray(little).tobytes())
+    return assemble(layout, b"".join(payload), meta)
+
+
+def layout_item(kind: str, name: str, dtype: np.dtype, shape: tuple) -> dict:
+    """One array's entry in the header (dtype little-endian)."""
+    return {"kind": kind, "name": name, "dtype": np.dtype(dtype).newbyteorder("<").str,
+            "shape": list(shape)}
+
+
+def assemble(layout: list[dict], payload: bytes, meta: dict | None = None) -> bytes:
+    """The bytes of a state from its header's layout and its arrays' bytes, in order."""
     header = json.dumps({"format": FORMAT_VERSION, "layout": layout, "meta": meta or {}},
                         separators=(",", ":")).encode()
-    return MAGIC + _PREFIX.pack(FORMAT_VERSION, len(header)) + header + b"".join(payload)
+    return MAGIC + _PREFIX.pack(FORMAT_VERSION, len(header)) + header + payload
 
 
-def decode(blob: bytes) -> tuple[list[Entry], dict]:
-    blob = bytes(blob)
+def split(blob: bytes) -> tuple[dict, int]:
+    """The header and where the arrays' bytes begin; checks the magic, the version and that
+    the arrays' bytes are exactly as long as the layout says."""
     if blob[: len(MAGIC)] != MAGIC:
         raise StateFormatError("not a madlib_mop model state (bad magic)")
     version, length = _PREFIX.unpack_from(blob, len(MAGIC))
@@ -61,18 +72,25 @@ def decode(blob: bytes) -> tuple[list[Entry], dict]:
         raise StateFormatError(f"model state format {version}, this version reads {FORMAT_VERSION}")
     start = len(MAGIC) + _PREFIX.size
     header = json.loads(blob[start: start + length])
-    offset, entries = start + length, []
+    size = sum(int(np.prod(item["shape"], dtype=np.int64)) * np.dtype(item["dtype"]).itemsize
+               for item in header["layout"])
+    if start + length + size > len(blob):
+        raise StateFormatError("model state is truncated")
+    if start + length + size < len(blob):
+        raise StateFormatError("model state has trailing bytes")
+    return header, start + length
+
+
+def decode(blob: bytes) -> tuple[list[Entry], dict]:
+    blob = bytes(blob)
+    header, offset = split(blob)
+    entries = []
     for item in header["layout"]:
         dtype = np.dtype(item["dtype"])
         count = int(np.prod(item["shape"], dtype=np.int64))
-        end = offset + count * dtype.itemsize
-        if end > len(blob):
-            raise StateFormatError("model state is truncated")
         array = np.frombuffer(blob, dtype=dtype, count=count, offset=offset).reshape(item["shape"])
         entries.append(Entry(item["kind"], item["name"], array))
-        offset = end
-    if offset != len(blob):
-        raise StateFormatError("model state has trailing bytes")
+        offset += count * dtype.itemsize
     return entries, header["meta"]
 
 

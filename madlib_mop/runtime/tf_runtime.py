@@ -6,11 +6,32 @@ life of the session), so the first call in a session pays the import and later c
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from types import ModuleType
 
 _configured_threads: int | None = None
+
+# Keras imports scikit-learn (for its scikit-learn wrappers) and matplotlib (for its plotting
+# helpers) when they are installed, as they are in the runtime next to the demo and the
+# benchmarks; the server never uses those helpers, and the two imports (with SciPy) took
+# 1.5 s of every worker's start.  Keras treats them as optional, so they are hidden while
+# TensorFlow and Keras are first imported; importing them afterwards works as usual.
+OPTIONAL_EXTRAS = ("sklearn", "matplotlib")
+
+
+@contextlib.contextmanager
+def _without(names: tuple[str, ...]):
+    hidden = [name for name in names if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # import raises ImportError
+    try:
+        yield
+    finally:
+        for name in hidden:
+            if sys.modules.get(name, 0) is None:
+                del sys.modules[name]
 
 
 def import_tensorflow(threads: int | None = None) -> ModuleType:
@@ -28,7 +49,9 @@ def import_tensorflow(threads: int | None = None) -> ModuleType:
         sys.argv = ["postgres"]
     # TensorFlow's C++ start-up banner would land in the server log for every backend.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow as tf
+    with _without(OPTIONAL_EXTRAS):
+        import tensorflow as tf
+        import keras  # noqa: F401  (imported by TensorFlow's own import; here under the guard)
 
     if _configured_threads is None:
         wanted = threads or os.cpu_count() or 1

@@ -10,7 +10,10 @@ whether the buffers are cached in memory or streamed from the table.
 
 from __future__ import annotations
 
+import json
 import math
+import random
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
@@ -48,13 +51,29 @@ class ModelSpec:
         return model_config.parse_compile_params(self.compile_params)
 
 
-def build_model(spec: ModelSpec, seed: int):
+def seed_initialisers(seed: int) -> None:
+    """Seed what Keras' initialisers and seed generators draw from when they are given no
+    seed: Python's `random` (Keras 3's `make_default_seed`), and NumPy's and Keras' global
+    generator for good measure.  Not `keras.utils.set_random_seed`: it also sets TensorFlow's
+    global seed, and TensorFlow then drops its caches of instantiated functions and kernels,
+    which made the next call of every traced function of the process ten times slower."""
+    from keras.src.backend.common import global_state  # Keras 3.15, pinned in pyproject.toml
+    from keras.src.random.seed_generator import GLOBAL_SEED_GENERATOR
+
+    random.seed(seed)
+    np.random.seed(seed)
+    global_state.set_global_attribute(GLOBAL_SEED_GENERATOR, None)
+
+
+def build_model(spec: ModelSpec, seed: int | None):
     """The compiled Keras model with its optimizer built; initialised from the seed (or the
-    architecture table's initial weights)."""
+    architecture table's initial weights).  seed None: the initial values do not matter (a
+    state is restored into the model before it is used)."""
     import_tensorflow()
     import keras
 
-    keras.utils.set_random_seed(derived_seed(seed, spec.mst_key, 0x1A17))
+    if seed is not None:
+        seed_initialisers(derived_seed(seed, spec.mst_key, 0x1A17))
     model = keras_json.build_model(keras_json.parse_model_json(spec.model_arch))
     if spec.initial_weights is not None:
         keras_json.set_flat_weights(model, spec.initial_weights)
@@ -73,8 +92,38 @@ def program_key(spec: ModelSpec) -> tuple:
     params = spec.compile
     arguments = tuple(sorted((k, v) for k, v in params.optimizer.keras_arguments().items()
                              if k != "learning_rate"))
-    return (spec.model_arch, params.optimizer.name, arguments, params.loss, params.metrics,
+    return (_canonical_architecture(spec.model_arch), params.optimizer.name, arguments, params.loss, params.metrics,
             repr(params.extra))
+
+
+def _canonical_architecture(model_arch: str) -> str:
+    """The architecture with its model's and layers' names replaced by their order of
+    appearance: `to_json()` of the same network names it sequential_3 / dense_7 after other
+    models were made in the process, and the names change nothing in what it computes.
+    Every occurrence of a name is replaced (layers refer to each other by name), so different
+    networks stay different."""
+    config = json.loads(model_arch) if isinstance(model_arch, str) else model_arch
+    names: dict[str, str] = {}
+
+    def collect(node) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "name" and isinstance(value, str):
+                    names.setdefault(value, f"\x00{len(names)}")
+                collect(value)
+        elif isinstance(node, list):
+            for value in node:
+                collect(value)
+
+    def rename(node):
+        if isinstance(node, dict):
+            return {key: rename(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [rename(value) for value in node]
+        return names.get(node, node) if isinstance(node, str) else node
+
+    collect(config)
+    return json.dumps(rename(config), sort_keys=True)
 
 
 def _other_variables(model) -> list:
@@ -120,7 +169,7 @@ def initial_states(specs: list[ModelSpec], seed: int) -> dict[int, bytes]:
             states[spec.mst_key] = capture_state(model)
             continue
         model, fresh = templates[key]
-        keras.utils.set_random_seed(derived_seed(seed, spec.mst_key, 0x1A17))
+        seed_initialisers(derived_seed(seed, spec.mst_key, 0x1A17))
         layers = keras_json.build_model(keras_json.parse_model_json(spec.model_arch))
         if spec.initial_weights is not None:
             keras_json.set_flat_weights(layers, spec.initial_weights)
@@ -155,47 +204,82 @@ class Program:
         self._variables = _state_variables(model)
         self._layout = [(kind, tuple(v.shape)) for kind, v in self._variables]
         self._functions: dict[tuple, object] = {}
+        self._header_layout: list[dict] | None = None
+        self._raw_path = self._raw()
 
     @classmethod
-    def for_spec(cls, spec: ModelSpec, seed: int) -> "Program":
-        return cls(build_model(spec, seed))
+    def for_spec(cls, spec: ModelSpec) -> "Program":
+        return cls(build_model(spec, None))
 
     # ---- state ----
+    # A hop restores a state into the model and reads the new one out.  Done per variable,
+    # that is a call into TensorFlow per variable (tens per model) each way; here it is one
+    # traced call each way on the state's bytes: the arrays are cut from the bytes and
+    # bitcast to their dtypes inside the graph, and read out the same way.  On a big-endian
+    # host, or for a dtype bitcast does not take, it falls back to one array at a time.
+    _BITCAST = frozenset("float16 float32 float64 int8 int16 int32 int64 uint8 uint16 uint32 "
+                         "uint64".split())
+
+    def _state_layout(self) -> list[dict]:
+        if self._header_layout is None:
+            self._header_layout = [state.layout_item(kind, v.path, np.dtype(v.dtype), tuple(v.shape))
+                                   for kind, v in self._variables]
+        return self._header_layout
+
+    def _raw(self) -> bool:
+        return sys.byteorder == "little" and all(
+            np.dtype(v.dtype).name in self._BITCAST for _, v in self._variables)
+
     def _state_function(self, kind: str):
-        """One traced call that assigns (or reads) every variable of the state: a per-variable
-        `assign` or `numpy()` costs a call into TensorFlow each, tens of them per hop."""
         import tensorflow as tf
 
         if kind not in self._functions:
             variables = [v for _, v in self._variables]
+            sizes = [int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize
+                     for v in variables]
             if kind == "assign":
-                def assign(*values):
-                    for variable, value in zip(variables, values):
-                        variable.assign(value)
+                def assign(payload):
+                    raw = tf.io.decode_raw(payload, tf.uint8)
+                    start = 0
+                    for variable, size in zip(variables, sizes):
+                        piece = raw[start:start + size]
+                        itemsize = np.dtype(variable.dtype).itemsize
+                        value = piece if itemsize == 1 else tf.reshape(piece, [-1, itemsize])
+                        value = tf.bitcast(value, variable.dtype) if variable.dtype != "uint8" else value
+                        variable.assign(tf.reshape(value, variable.shape))
+                        start += size
                     return tf.constant(0)
 
-                signature = [tf.TensorSpec(v.shape, v.dtype) for v in variables]
-                # The concrete function: calling it skips matching tens of arguments to a
-                # signature, which costs more than the assignments.
-                self._functions[kind] = tf.function(
-                    assign, autograph=False, input_signature=signature).get_concrete_function()
+                function = tf.function(assign, autograph=False,
+                                       input_signature=[tf.TensorSpec((), tf.string)])
             else:
-                self._functions[kind] = tf.function(
-                    lambda: [tf.identity(v.value) for v in variables], autograph=False)
+                def read():
+                    return tf.concat([tf.reshape(tf.bitcast(v.value, tf.uint8), [-1])
+                                      for v in variables], axis=0)
+
+                function = tf.function(read, autograph=False)
+            self._functions[kind] = function.get_concrete_function()
         return self._functions[kind]
 
     def restore(self, blob: bytes) -> None:
-        entries, _ = state.decode(blob)
-        if state.layout_of(entries) != self._layout:
-            raise state.StateFormatError("model state does not fit this model: its variables differ")
         import tensorflow as tf
 
-        self._state_function("assign")(*[tf.constant(entry.array) for entry in entries])
+        blob = bytes(blob)
+        header, offset = state.split(blob)
+        found = [(item["kind"], tuple(item["shape"])) for item in header["layout"]]
+        if found != self._layout:
+            raise state.StateFormatError("model state does not fit this model: its variables differ")
+        if self._raw_path and [item["dtype"] for item in header["layout"]] == [
+                item["dtype"] for item in self._state_layout()]:
+            self._state_function("assign")(tf.constant(blob[offset:]))
+            return
+        for (_, variable), entry in zip(self._variables, state.decode(blob)[0]):
+            variable.assign(entry.array)
 
     def capture(self) -> bytes:
-        values = self._state_function("read")()
-        return state.encode([state.Entry(kind, v.path, value.numpy())
-                             for (kind, v), value in zip(self._variables, values)])
+        if not self._raw_path:
+            return capture_state(self.model)
+        return state.assemble(self._state_layout(), self._state_function("read")().numpy().tobytes())
 
     # ---- traced loops ----
     def _function(self, kind: str, *arrays: np.ndarray | None):
@@ -318,11 +402,12 @@ def train_subepoch(program: Program, spec: ModelSpec, buffers: list[Buffer], see
                    classification: bool, chunk_rows: int | None = None) -> Outcome:
     """Train the program's model (its state restored by the caller) over the buffers once, in
     the seeded order; loss and metrics are the means over the sub-epoch's rows."""
-    import keras
-
+    # No global reseeding here: what is random in training (dropout, noise layers) draws from
+    # seed generators whose states are variables of the model, restored from the state; and
+    # TensorFlow drops its caches when its global seed changes, which made every sub-epoch
+    # after a reseed about ten times slower.
     fit = spec.fit
     batch_size = fit.get("batch_size", 32)
-    keras.utils.set_random_seed(derived_seed(seed, spec.mst_key, step, 0x7EA1))
     order = subepoch_order([b.rows for b in buffers], seed, spec.mst_key, step,
                            fit.get("shuffle", True))
     outcome = Outcome()

@@ -72,7 +72,7 @@ def replay(conn: psycopg.Connection, model_output_table: str, mst_key: int) -> n
     visits = conn.execute(SQL("SELECT step, segment FROM {} WHERE mst_key = %s ORDER BY step")
                           .format(tables["visits"]), (mst_key,)).fetchall()
     classification = summary["label_kind"] == "classification"
-    program = training.Program.for_spec(spec, job["seed"])
+    program = training.Program.for_spec(spec)
     program.restore(bytes(initial))
     buffers: dict[int, list[Buffer]] = {}
     for visit in visits:
