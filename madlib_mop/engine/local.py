@@ -5,6 +5,7 @@ worker a session of that same server, opened by the caller's backend as the call
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import psycopg
@@ -59,8 +60,12 @@ class LocalWorker(Worker):
         self._call("_mop_warm_up", segments)
 
     def train(self, job_id, mst_key, step, segment, model_state):
+        started = time.perf_counter()
         new_state, result = self._call("_mop_train", job_id, mst_key, step, segment, model_state)
-        return bytes(new_state), _json(result)
+        result = _json(result)
+        # The call as the coordinator saw it: the sub-epoch plus the round trip.
+        result["seconds"]["call"] = time.perf_counter() - started
+        return bytes(new_state), result
 
     def evaluate(self, job_id, mst_key, step, partition, model_state):
         return _json(self._call("_mop_evaluate", job_id, mst_key, step, partition, model_state)[0])

@@ -210,19 +210,31 @@ class Coordinator:
             return self._failed(task, error)
         self.retry.answered(task.segment)
         model = self.models[task.mst_key]
-        with self.store.atomic():  # the result, the outputs it changes, the progress: one commit
+        if task.kind == "train":
+            new_state, result = value
+            model.visits[task.step], model.state = result, new_state
+            self.schedule.finish(task.mst_key, task.segment, result["seconds"]["total"])
+            completed = task.step + 1
+            boundary = completed % (self.S * model.epochs) == 0
+            if not boundary:
+                # The segment's next sub-epoch starts while this one is recorded.  Its
+                # result is handled after this one's commit; if the commit fails the job
+                # stops and nothing after it counts.  Not at an iteration boundary, where
+                # the pruner may stop or hold the model first.
+                self._dispatch()
+        # The result, the outputs it changes and the progress: one transaction, its statements
+        # sent together.  Within an iteration a hop changes no output but the progress: the
+        # model's rows are published when it completes an iteration or is validated.
+        with self.store.atomic(pipelined=True):
             if task.kind == "evaluate":
                 self.store.record_eval(task.mst_key, task.step, task.partition, value)
                 model.evals[(task.step, task.partition)] = value
             else:
-                new_state, result = value
                 self.store.record_visit(task.mst_key, task.step, task.segment, new_state, result)
-                model.visits[task.step], model.state = result, new_state
-                self.schedule.finish(task.mst_key, task.segment, result["seconds"]["total"])
-                completed = task.step + 1
-                if completed % (self.S * model.epochs) == 0:
+                if boundary:
                     self._queue_evals(model, completed // (self.S * model.epochs), new_state)
-            self._publish(model)
+            if task.kind == "evaluate" or boundary:
+                self._publish(model)
             self.store.progress(self._done())
         if task.kind == "train":
             self._notice_epoch()

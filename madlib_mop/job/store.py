@@ -69,6 +69,11 @@ class JobStore:
         self.db = worker_session.connect(conninfo,
                                          application_name=f"madlib_mop coordinator job {job_id}")
         try:
+            # A commit does not wait for its flush to disk: a crash of this server may forget
+            # the last fraction of a second of recorded sub-epochs, which resume trains again
+            # to the same bits (the job's end is flushed: `finish`).  Waiting took a
+            # millisecond or more per hop, most of a small job's bookkeeping.
+            self.q("SET synchronous_commit = off")
             self.job = self._job_row()
             self.tables = identifiers(self.job["tables"])
             self._lock()
@@ -134,12 +139,17 @@ class JobStore:
         return bytes(row[0])
 
     # ---- recording ----
-    def atomic(self):
-        """What is written inside commits together: one commit (one flush of the log) for a
-        hop's record, its model's info row and the job's progress.  Nested: the outer one."""
-        if self.db.info.transaction_status == TransactionStatus.IDLE:
-            return self.db.transaction()
-        return contextlib.nullcontext()
+    @contextlib.contextmanager
+    def atomic(self, pipelined: bool = False):
+        """What is written inside commits together (a hop's record, its model's rows, the
+        job's progress); `pipelined`: its statements go to the server without waiting for
+        each one's answer (psycopg's pipeline mode).  Nested: the outer one decides."""
+        if self.db.info.transaction_status != TransactionStatus.IDLE:
+            yield
+            return
+        with self.db.pipeline() if pipelined else contextlib.nullcontext():
+            with self.db.transaction():
+                yield
 
     def record_visit(self, mst_key: int, step: int, segment: int, new_state: bytes,
                      result: dict) -> None:
@@ -183,6 +193,7 @@ class JobStore:
         self._update_job("last_error = %s", (text,))
 
     def finish(self) -> None:
+        self.q("SET synchronous_commit = on")  # the end of a job is on disk when the call returns
         self._update_job("state = 'finished', finished_at = now(), last_error = NULL")
 
     def close(self, error: BaseException | None = None) -> None:
