@@ -329,12 +329,81 @@ def load_workload(conn, name: str, workload: dict) -> tuple[int, int]:
     return cut, len(x) - cut
 
 
+def run_hops(dsn: str, segments: int) -> dict:
+    """A hop's fixed cost: one MLP (64-32-10, batch 32) trained for 10 iterations on segments
+    of 64 to 1024 rows, in one session (warm workers, after a first job that traces); the
+    intercept of a sub-epoch's time against its rows is what a hop costs besides training
+    on rows.  Three views: in the worker (restore, train, save), the call as the coordinator
+    sees it (plus the round trip), and the time per hop from the first sub-epoch's start to
+    the last one's end (plus the coordinator's recording and dispatching; one model: one
+    segment works at a time)."""
+    sizes = (64, 128, 256, 512, 1024)
+    points = []
+    with _session(dsn) as conn:
+        conn.execute("SELECT load_keras_model('hops_arch', %s::json)", (architecture([32], 64, 10),))
+        conn.execute("CREATE TABLE hops_mst (mst_key serial PRIMARY KEY, model_id integer, "
+                     "compile_params varchar, fit_params varchar)")
+        conn.execute("CREATE TABLE hops_mst_summary (model_arch_table varchar, object_table varchar)")
+        conn.execute(f"INSERT INTO hops_mst_summary VALUES ('{SCHEMA}.hops_arch', NULL)")
+        conn.execute("INSERT INTO hops_mst (model_id, compile_params, fit_params) VALUES (1, "
+                     "$$optimizer='Adam(learning_rate=0.01)',loss='categorical_crossentropy',"
+                     "metrics=['accuracy']$$, 'batch_size=32,epochs=1')")
+        x, y = generated(max(sizes) * segments, seed=7)
+        conn.execute("CREATE TABLE hops_data (id integer, x real[], y integer)")
+        with conn.cursor().copy("COPY hops_data FROM STDIN") as copy:
+            for i, (row, label) in enumerate(zip(x, y)):
+                copy.write_row((i, row.tolist(), int(label)))
+        for n in (sizes[0],) + sizes:  # the first job traces; it is not measured
+            table = f"hops_{n}"
+            conn.execute(f"DROP TABLE IF EXISTS {table}, {table}_packed, {table}_packed_summary")
+            for suffix in ("", "_summary", "_info", "_mop_models", "_mop_state", "_mop_visits",
+                           "_mop_evals"):
+                conn.execute(f"DROP TABLE IF EXISTS {table}_fit{suffix}")
+            conn.execute(f"CREATE TABLE {table} AS SELECT * FROM hops_data WHERE id < {n * segments}")
+            conn.execute(f"SELECT training_preprocessor_dl('{table}', '{table}_packed', 'y', 'x', "
+                         f"distribution_rules => '{segments}')")
+            started = time.perf_counter()
+            conn.execute(f"SELECT madlib_keras_fit_multiple_model('{table}_packed', '{table}_fit', "
+                         "'hops_mst', 10)")
+            makespan = time.perf_counter() - started
+            visits = [r for (r,) in conn.execute(f"SELECT result FROM {table}_fit_mop_visits "
+                                                 "ORDER BY step").fetchall()]
+            first = min(v["finished_at"] - v["seconds"]["total"] for v in visits)
+            points.append({"rows": n, "makespan": makespan, "hops": len(visits),
+                           "span": max(v["finished_at"] for v in visits) - first,
+                           "worker_ms": 1000 * float(np.median([v["seconds"]["total"] for v in visits])),
+                           "call_ms": 1000 * float(np.median([v["seconds"]["call"] for v in visits]))})
+    points = points[1:]
+    rows = np.array([p["rows"] for p in points], dtype=float)
+
+    def intercept(values) -> float:
+        return float(np.polyfit(rows, np.array(values, dtype=float), 1)[1])
+
+    return {"points": points,
+            "worker_intercept_ms": intercept([p["worker_ms"] for p in points]),
+            "call_intercept_ms": intercept([p["call_ms"] for p in points]),
+            "makespan_per_hop_intercept_ms": intercept([1000 * p["span"] / p["hops"]
+                                                        for p in points])}
+
+
+def print_hops(h: dict) -> None:
+    print("\n### Fixed cost per hop (one model, 4 iterations, warm session)\n")
+    print("| rows per segment | sub-epochs | sub-epoch in the worker, median ms | the call, median ms | "
+          "first start to last end / sub-epochs ms |")
+    print("|---:|---:|---:|---:|---:|")
+    for p in h["points"]:
+        print(f"| {p['rows']:,} | {p['hops']} | {p['worker_ms']:.1f} | {p['call_ms']:.1f} | "
+              f"{1000 * p['span'] / p['hops']:.1f} |")
+    print(f"| intercept (0 rows) | | {h['worker_intercept_ms']:.1f} | {h['call_intercept_ms']:.1f} | "
+          f"{h['makespan_per_hop_intercept_ms']:.1f} |")
+
+
 # ---- the run --------------------------------------------------------------------------------
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--segments", type=int, default=2)
-    parser.add_argument("--workloads", default="IRIS,W1,W2,W3")
+    parser.add_argument("--workloads", default="HOPS,IRIS,W1,W2,W3")
     args = parser.parse_args()
     S, cores = args.segments, os.cpu_count() or 1
     dsn = configured_dsn()
@@ -346,6 +415,11 @@ def main() -> None:
         conn.execute(f"CREATE SCHEMA {SCHEMA}")
         conn.execute(f"SET search_path = {SCHEMA}, {schema}")
         for name in args.workloads.split(","):
+            if name == "HOPS":
+                print("\n## HOPS: a hop's fixed cost ...", flush=True)
+                report["hops"] = run_hops(dsn, S)
+                print_hops(report["hops"])
+                continue
             workload = WORKLOADS[name]
             print(f"\n## {name}: loading ...", flush=True)
             train_rows, valid_rows = load_workload(conn, name, workload)
@@ -443,17 +517,23 @@ def print_workload(name: str, workload: dict, r: dict, S: int) -> None:
 
 def print_summary(report: dict) -> None:
     """The targets' ratios, one line per workload."""
-    print("\n### Summary (ratios from this run)\n")
-    print("| workload | (a) | (a') | (b') | (c) | (c warm) | (d) | (c) / (a) | (c warm) / (a) | "
-          "(c) vs (a): speed-up | (c warm) / (b') | (c warm) / (d) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n### Summary (makespans in s, ratios from this run)\n")
+    print("| workload | (a) | (a') | (b') | (d) | (c) | (c warm) | (c) / (a) | (c warm) / (a) | "
+          "(c) / (b') | (c warm) / (b') | (c) / (d) | (c warm) / (d) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, r in report["workloads"].items():
         a, a2, b2 = r["a"]["makespan"], r["a2"]["makespan"], r["b2"]["makespan"]
         c, warm = r["c"]["makespan"], r["c"]["warm"]["makespan"]
         d = r.get("d", {}).get("bound")
-        print(f"| {name} | {a:.1f} | {a2:.1f} | {b2:.1f} | {c:.1f} | {warm:.1f} | "
-              f"{'' if d is None else f'{d:.1f}'} | {c / a:.2f} | {warm / a:.2f} | {a / c:.2f}x | "
-              f"{warm / b2:.2f} | {'' if d is None else f'{warm / d:.2f}'} |")
+        bound = ("", "", "") if d is None else (f"{d:.1f}", f"{c / d:.2f}", f"{warm / d:.2f}")
+        print(f"| {name} | {a:.1f} | {a2:.1f} | {b2:.1f} | {bound[0]} | {c:.1f} | {warm:.1f} | "
+              f"{c / a:.2f} | {warm / a:.2f} | {c / b2:.2f} | {warm / b2:.2f} | {bound[1]} | "
+              f"{bound[2]} |")
+    if "hops" in report:
+        h = report["hops"]
+        print(f"\nfixed cost per hop (intercept at 0 rows): {h['worker_intercept_ms']:.1f} ms in the "
+              f"worker, {h['call_intercept_ms']:.1f} ms as the coordinator's call, "
+              f"{h['makespan_per_hop_intercept_ms']:.1f} ms of makespan")
 
 
 def plot(report: dict) -> None:
