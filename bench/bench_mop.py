@@ -18,7 +18,9 @@ Compared in one run, on the same data and configurations:
   (b) task parallel: S processes, each with its own full copy of the data, training its
       share of the configurations (cores / S threads each), whole lives;
   (b') the same with one thread per process, counting training alone (data in memory,
-      TensorFlow imported): the slowest process's sum of fit times;
+      TensorFlow imported): the slowest process's sum of fit times; (b'') the same with
+      madlib_mop's loop instead of fit: what hopping costs against the same loop and threads;
+      the configurations are split over the processes by estimated cost;
   (c) madlib_mop: madlib_keras_fit_multiple_model over S segments (packing timed apart), in
       a new session (its workers import TensorFlow), and (c warm) the same job again in that
       session, whose workers have trained before;
@@ -178,6 +180,20 @@ def _process(job: dict) -> dict:
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
+def balanced_shares(configs: list[dict], rows: int, processes: int) -> list[list[int]]:
+    """The configurations split over processes by estimated cost (steps x the network's
+    width), longest first to the least loaded: a fair task-parallel baseline."""
+    def cost(config: dict) -> float:
+        return rows / config["batch"] * (64 + sum(config["hidden"]) + 10)
+
+    loads, shares = [0.0] * processes, [[] for _ in range(processes)]
+    for index in sorted(range(len(configs)), key=lambda i: -cost(configs[i])):
+        target = loads.index(min(loads))
+        shares[target].append(index)
+        loads[target] += cost(configs[index])
+    return [sorted(share) for share in shares]
+
+
 def run_processes(jobs: list[dict]) -> tuple[float, list[dict]]:
     context = multiprocessing.get_context("spawn")
     started = time.perf_counter()
@@ -214,7 +230,7 @@ def run_mop(dsn: str, name: str, workload: dict, segments: int) -> dict:
         result = _run_fit(conn, dsn, name, "fit", workload, segments)
         warm = _run_fit(conn, dsn, name, "fit2", workload, segments)
     result["warm"] = {k: warm[k] for k in ("makespan", "first_visit_after", "breakdown",
-                                           "hop_intercept_ms", "hop_gap_ms")}
+                                           "hop_gap_ms")}
     result["warm"]["same_weights"] = warm["weights_md5"] == result["weights_md5"]
     return result
 
@@ -275,19 +291,9 @@ def _run_fit(conn, dsn: str, name: str, out: str, workload: dict, segments: int)
 
 
 def hop_costs(visits: list) -> dict:
-    """A hop's fixed cost, two ways: the intercept of a sub-epoch's time (in the worker: read,
-    restore, train, save) against its rows, over the visits after each worker's first (which
-    pays tracing); and the median gap on a segment between the end of one visit and the start
-    of the next (the result's trip back, the commit, dispatching, the call's trip out)."""
-    later, seen = [], set()
-    for key, step, segment, result in sorted(visits, key=lambda v: v[3]["finished_at"]):
-        first = (result["pid"], key) not in seen
-        seen.add((result["pid"], key))
-        if not first:
-            later.append((result["rows"], result["seconds"]["total"] - result["seconds"]["setup"]))
-    rows, seconds = (np.array(v, dtype=float) for v in zip(*later)) if later else ([], [])
-    intercept = (float(np.polyfit(rows, seconds, 1)[1]) if len(set(rows)) > 1
-                 else float(np.median(seconds))) if later else float("nan")
+    """The median gap on a segment between the end of one visit and the start of the next:
+    the result's trip back, its recording, dispatching, the call's trip out (a hop's fixed
+    cost against rows is measured apart: HOPS)."""
     gaps = []
     by_segment: dict = {}
     for *_, segment, result in visits:
@@ -296,8 +302,7 @@ def hop_costs(visits: list) -> dict:
     for spans in by_segment.values():
         spans.sort()
         gaps += [b[0] - a[1] for a, b in zip(spans, spans[1:])]
-    return {"hop_intercept_ms": 1000 * intercept,
-            "hop_gap_ms": 1000 * float(np.median(gaps)) if gaps else float("nan")}
+    return {"hop_gap_ms": 1000 * float(np.median(gaps)) if gaps else float("nan")}
 
 
 def load_workload(conn, name: str, workload: dict) -> tuple[int, int]:
@@ -387,7 +392,7 @@ def run_hops(dsn: str, segments: int) -> dict:
 
 
 def print_hops(h: dict) -> None:
-    print("\n### Fixed cost per hop (one model, 4 iterations, warm session)\n")
+    print("\n### Fixed cost per hop (one model, 10 iterations, warm session)\n")
     print("| rows per segment | sub-epochs | sub-epoch in the worker, median ms | the call, median ms | "
           "first start to last end / sub-epochs ms |")
     print("|---:|---:|---:|---:|---:|")
@@ -427,7 +432,7 @@ def main() -> None:
             base = {"dsn": dsn, "train": f"{name}_train", "valid": f"{name}_valid",
                     "configs": configs, "epochs": workload["epochs"]}
             everything = list(range(len(configs)))
-            shares = [list(range(i, len(configs), S)) for i in range(S)]
+            shares = balanced_shares(configs, train_rows, S)
             print(f"{name}: (a) export, one process, Keras' fit ...", flush=True)
             a_time, (a,) = run_processes([dict(base, indexes=everything, threads=None)])
             print(f"{name}: (a') export, one process, madlib_mop's loop ...", flush=True)
@@ -438,12 +443,16 @@ def main() -> None:
                                        for share in shares])
             print(f"{name}: (b') {S} processes, one thread each ...", flush=True)
             _, b2 = run_processes([dict(base, indexes=share, threads=1) for share in shares])
+            print(f"{name}: (b'') {S} processes, one thread each, madlib_mop's loop ...", flush=True)
+            _, b3 = run_processes([dict(base, indexes=share, threads=1, loop="program")
+                                   for share in shares])
             print(f"{name}: (c) madlib_mop, then the same job in the same session ...", flush=True)
             c = run_mop(dsn, name.lower(), workload, S)
             result = {"train_rows": train_rows, "valid_rows": valid_rows,
                       "a": {"makespan": a_time, **a}, "a2": {"makespan": a2_time, **a2},
                       "b": {"makespan": b_time, "processes": b},
                       "b2": {"makespan": max(p["train_seconds"] for p in b2), "processes": b2},
+                      "b3": {"makespan": max(p["train_seconds"] for p in b3), "processes": b3},
                       "c": c}
             if name in ("W1", "W3"):
                 print(f"{name}: (d) single-thread time of each configuration ...", flush=True)
@@ -483,6 +492,8 @@ def print_workload(name: str, workload: dict, r: dict, S: int) -> None:
         max(p["peak_rss_mb"] for p in r["b"]["processes"]), f"{S * data_bytes:,}")
     row("(b') task parallel, 1 thread each, training only", r["b2"]["makespan"],
         max(p["peak_rss_mb"] for p in r["b2"]["processes"]), f"{S * data_bytes:,}")
+    row("(b'') the same with madlib_mop's loop", r["b3"]["makespan"],
+        max(p["peak_rss_mb"] for p in r["b3"]["processes"]), f"{S * data_bytes:,}")
     row(f"(c) madlib_mop, {S} segments, new session", c, r["c"]["peak_rss_mb"] or 0, "0",
         f"{r['c']['state_bytes_moved']:,}")
     row("(c warm) the same job again in that session", warm, r["c"]["peak_rss_mb"] or 0, "0",
@@ -492,9 +503,8 @@ def print_workload(name: str, workload: dict, r: dict, S: int) -> None:
     print(f"\nimport TensorFlow in (a): {r['a']['import_seconds']:.1f} s; its training alone "
           f"{r['a']['train_seconds']:.1f} s, (a') {r['a2']['train_seconds']:.1f} s. "
           f"(c): first sub-epoch {r['c']['first_visit_after']:.2f} s after the call "
-          f"(warm: {r['c']['warm']['first_visit_after']:.2f} s); fixed cost per hop: intercept "
-          f"{r['c']['hop_intercept_ms']:.1f} ms (warm {r['c']['warm']['hop_intercept_ms']:.1f} ms), "
-          f"gap between visits {r['c']['hop_gap_ms']:.1f} ms (warm {r['c']['warm']['hop_gap_ms']:.1f} ms); "
+          f"(warm: {r['c']['warm']['first_visit_after']:.2f} s); median gap between two visits of "
+          f"a segment {r['c']['hop_gap_ms']:.1f} ms (warm {r['c']['warm']['hop_gap_ms']:.1f} ms); "
           f"warm job's weights {'bitwise equal' if r['c']['warm']['same_weights'] else 'DIFFERENT'}.")
     print("\nvalidation accuracy per configuration:\n")
     print("| config | hidden | lr | batch | (a) | (a') | (b) | (c) madlib_mop |")
@@ -518,17 +528,17 @@ def print_workload(name: str, workload: dict, r: dict, S: int) -> None:
 def print_summary(report: dict) -> None:
     """The targets' ratios, one line per workload."""
     print("\n### Summary (makespans in s, ratios from this run)\n")
-    print("| workload | (a) | (a') | (b') | (d) | (c) | (c warm) | (c) / (a) | (c warm) / (a) | "
-          "(c) / (b') | (c warm) / (b') | (c) / (d) | (c warm) / (d) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| workload | (a) | (a') | (b') | (b'') | (d) | (c) | (c warm) | (c) / (a) | (c warm) / (a) | "
+          "(c) / (b') | (c warm) / (b') | (c warm) / (b'') | (c) / (d) | (c warm) / (d) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, r in report["workloads"].items():
-        a, a2, b2 = r["a"]["makespan"], r["a2"]["makespan"], r["b2"]["makespan"]
+        a, a2, b2, b3 = (r[k]["makespan"] for k in ("a", "a2", "b2", "b3"))
         c, warm = r["c"]["makespan"], r["c"]["warm"]["makespan"]
         d = r.get("d", {}).get("bound")
         bound = ("", "", "") if d is None else (f"{d:.1f}", f"{c / d:.2f}", f"{warm / d:.2f}")
-        print(f"| {name} | {a:.1f} | {a2:.1f} | {b2:.1f} | {bound[0]} | {c:.1f} | {warm:.1f} | "
-              f"{c / a:.2f} | {warm / a:.2f} | {c / b2:.2f} | {warm / b2:.2f} | {bound[1]} | "
-              f"{bound[2]} |")
+        print(f"| {name} | {a:.1f} | {a2:.1f} | {b2:.1f} | {b3:.1f} | {bound[0]} | {c:.1f} | "
+              f"{warm:.1f} | {c / a:.2f} | {warm / a:.2f} | {c / b2:.2f} | {warm / b2:.2f} | "
+              f"{warm / b3:.2f} | {bound[1]} | {bound[2]} |")
     if "hops" in report:
         h = report["hops"]
         print(f"\nfixed cost per hop (intercept at 0 rows): {h['worker_intercept_ms']:.1f} ms in the "

@@ -171,6 +171,25 @@ def test_two_concurrent_jobs_match_each_alone(data, reference):
         assert _weights(conn, "con_digits") == alone
 
 
+def test_a_sessions_next_job_finds_its_workers_warm(data, reference):
+    """The second job of a session runs on the first one's worker sessions (TensorFlow
+    imported, functions traced) and gives the same weights; the workers end with the session."""
+    weights, _ = reference
+    with _connect(data) as conn:
+        pids = []
+        for out in ("warm_first", "warm_second"):
+            conn.execute("SELECT madlib_keras_fit_multiple_model('iris_packed', %s, 'mst_iris', 3, "
+                         "FALSE, 'iris_valid', 1, seed => 0)", (out,))
+            assert _weights(conn, out) == weights
+            pids.append({r[0] for r in conn.execute(sql.SQL(
+                "SELECT DISTINCT (result->>'pid')::int FROM {}").format(
+                sql.Identifier(f"{out}_mop_visits"))).fetchall()})
+        assert pids[0] == pids[1] and len(pids[0]) == 2
+    with _connect(data) as conn:
+        _wait_for(conn, "SELECT NOT EXISTS (SELECT FROM pg_stat_activity WHERE pid = ANY(%s))",
+                  (list(pids[0]),), timeout=30)
+
+
 def _wait_for(conn, query, params=None, timeout=120.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -136,3 +136,23 @@ def test_state_bytes_go_in_and_out_whole():
         assert np.array_equal(found, expected)
     with pytest.raises(ValueError, match="truncated"):
         other.restore(blob[:-4])
+
+
+def test_differently_wired_networks_do_not_share_a_program():
+    """Names are normalised, the wiring they express is kept: relu then tanh is another
+    program than tanh then relu, built from layers of the same names."""
+    def functional(a_first: bool) -> str:
+        inputs = keras.Input((5,), name="in")
+        a = keras.layers.Dense(5, activation="relu", name="a")
+        b = keras.layers.Dense(5, activation="tanh", name="b")
+        hidden = b(a(inputs)) if a_first else a(b(inputs))
+        return keras.Model(inputs, keras.layers.Dense(3, name="out")(hidden)).to_json()
+
+    compile_params = "optimizer='Adam(lr=0.01)',loss='categorical_crossentropy'"
+
+    def key(arch: str) -> tuple:
+        return training.program_key(training.ModelSpec(1, arch, compile_params, ""))
+
+    relu_first, tanh_first = functional(True), functional(False)
+    assert key(relu_first) != key(tanh_first)
+    assert key(relu_first) == key(relu_first.replace('"a"', '"first"').replace('"b"', '"second"'))

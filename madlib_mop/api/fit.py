@@ -14,14 +14,13 @@ from typing import Any
 from psycopg import sql
 
 from madlib_mop import errors
-from madlib_mop.db import catalog, packed, worker_session
+from madlib_mop.db import catalog, worker_session
 from madlib_mop.engine.base import Engine
 from madlib_mop.engine.cluster import engine_for
 from madlib_mop.engine.local import LocalEngine
-from madlib_mop.engine.pool import WorkerPool
 from madlib_mop.job import outputs
 from madlib_mop.job.coordinator import Coordinator, start_pool
-from madlib_mop.job.plan import plan_job
+from madlib_mop.job.plan import check_models, plan_job
 from madlib_mop.job.store import TABLE_SUFFIXES, identifiers
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.runtime import training
@@ -162,36 +161,6 @@ def fit_multiple_model(plpy: Any, source_table: str, model_output_table: str,
         # A procedure cannot carry SET jit = off (it commits); this session loads TensorFlow,
         # whose LLVM cannot live next to the JIT's: turn JIT off for the session.
         plpy.execute("SELECT set_config('jit', 'off', false)")
-    # The workers import TensorFlow (seconds) while this session checks the models (which
-    # may import it here too) and creates the job.
-    early = _start_workers(plpy, source_table)
-    try:
-        _fit_multiple_model(plpy, early, source_table, model_output_table, model_selection_table,
-                            num_iterations, use_gpus, validation_table, metrics_compute_frequency,
-                            warm_start, name, description, use_caching, seed, can_commit, single)
-    except BaseException:
-        if early is not None:
-            early[1].stop()
-        raise
-
-
-def _start_workers(plpy: Any, source_table: str) -> tuple[Engine, WorkerPool] | None:
-    """The engine of the packed table and its workers, started; None if the table cannot be
-    read as a packed table (planning says why)."""
-    try:
-        summary = packed.read_summary(plpy, source_table, argument="source_table")
-        engine = _engine(plpy, summary["packed_table"])
-    except MadlibMopError:
-        return None
-    return engine, start_pool(engine, summary["num_segments"])
-
-
-def _fit_multiple_model(plpy: Any, early: tuple[Engine, WorkerPool] | None, source_table: str,
-                        model_output_table: str, model_selection_table: str, num_iterations: int,
-                        use_gpus: bool, validation_table: str | None,
-                        metrics_compute_frequency: int | None, warm_start: bool,
-                        name: str | None, description: str | None, use_caching: bool, seed: int,
-                        can_commit: bool, single: bool) -> None:
     plan = plan_job(plpy, source_table, model_output_table, model_selection_table, num_iterations,
                     use_gpus, validation_table, metrics_compute_frequency, warm_start, name,
                     description, use_caching, seed)
@@ -206,7 +175,7 @@ def _fit_multiple_model(plpy: Any, early: tuple[Engine, WorkerPool] | None, sour
             plpy.notice(f"madlib_keras_fit_multiple_model: continuing job {unfinished['job_id']} "
                         f"({unfinished['subepochs_done']} of {unfinished['subepochs_total']} "
                         "sub-epochs done)")
-            run_job(plpy, unfinished["job_id"], can_commit, *(early or ()))
+            run_job(plpy, unfinished["job_id"], can_commit)
             return
         raise MadlibMopError(
             f"{plan.out.quoted} belongs to unfinished job {unfinished['job_id']}, started with "
@@ -230,11 +199,12 @@ def _fit_multiple_model(plpy: Any, early: tuple[Engine, WorkerPool] | None, sour
         raise MadlibMopError(f"warm_start: {plan.out.quoted} does not exist",
                              sqlstate=errors.UNDEFINED_TABLE,
                              hint="Train it first, or pass warm_start => FALSE.")
-    engine, pool = early or (None, None)
-    if pool is None:
-        engine = _engine(plpy, plan.source["packed_table"])
-        pool = start_pool(engine, plan.source["num_segments"])
+    # The workers import TensorFlow (seconds) while this session checks the models against
+    # the data (which may import it here too) and creates the job.
+    engine = _engine(plpy, plan.source["packed_table"])
+    pool = start_pool(engine, plan.source["num_segments"])
     try:
+        check_models(plpy, plan)
         job_id = _create_job(plpy, plan, previous)
     except BaseException:
         pool.stop()

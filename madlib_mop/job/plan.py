@@ -128,13 +128,11 @@ def plan_job(plpy: Any, source_table: str, model_output_table: str, model_select
         raise MadlibMopError(f"model_selection_table {mst.name} is empty",
                              sqlstate=errors.DATA_EXCEPTION,
                              hint="Fill it with generate_model_configs().")
-    built: dict = {}
     for config in configs:
         if config["model_arch"] is None:
             raise MadlibMopError(f"model_id {config['model_id']} is not in {arch.name}",
                                  sqlstate=errors.INVALID_PARAMETER_VALUE,
                                  hint="Load the architecture with load_keras_model().")
-        _check_model(plpy, config, source, built)
     out = catalog.new_table(plpy, model_output_table, argument="model_output_table")
     for suffix in TABLE_SUFFIXES.values():
         if suffix:
@@ -148,3 +146,11 @@ def plan_job(plpy: Any, source_table: str, model_output_table: str, model_select
               for c in configs}
     return Plan(source, validation, mst.name, arch.name, configs, num_iterations, frequency,
                 epochs, out, arguments)
+
+
+def check_models(plpy: Any, plan: Plan) -> None:
+    """Every configuration against the data (Keras builds each architecture once).  Apart
+    from `plan_job`, which imports nothing heavy: a fit starts its workers in between."""
+    built: dict = {}
+    for config in plan.configs:
+        _check_model(plpy, config, plan.source, built)
