@@ -6,8 +6,9 @@ once (with cores / segments threads), decodes its segment's buffers once and kee
 (unless they exceed the memory budget, then it reads them per sub-epoch), and keeps one
 compiled Keras model with traced training and evaluation loops per program key
 (`training.Program`: the models that differ only in learning rate share one), into which
-each call restores the state it is given.  A call gets the model's state, trains one sub-epoch (or evaluates) and returns the
-new state: the caller commits it (see `madlib_mop.engine.base` for the contract).
+each call restores the state it is given.  A call gets the model's state, trains one
+sub-epoch (or evaluates) and returns the new state: the caller commits it (see
+`madlib_mop.engine.base` for the contract).
 
 Caches are keyed by (job id, owner): a session serves one job at a time.
 
@@ -58,7 +59,7 @@ _programs: dict[tuple, training.Program] = {}
 
 def _adopt(ctx: "JobContext") -> None:
     """`ctx` becomes the session's one job."""
-    keys = {training.program_key(spec) for spec in ctx.specs.values()}
+    keys = {spec.program_key for spec in ctx.specs.values()}
     for key in [k for k in _programs if k not in keys]:
         del _programs[key]
     _contexts.clear()
@@ -152,7 +153,7 @@ def _program(ctx: JobContext, mst_key: int) -> training.Program:
     """The compiled model that trains `mst_key`, shared with the job's models of the same
     program key (the caller restores the model's state into it)."""
     spec = ctx.specs[mst_key]
-    key = training.program_key(spec)
+    key = spec.program_key
     if key not in _programs:
         _programs[key] = training.Program.for_spec(spec)
     return _programs[key]

@@ -10,6 +10,7 @@ whether the buffers are cached in memory or streamed from the table.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
@@ -42,13 +43,18 @@ class ModelSpec:
     fit_params: str
     initial_weights: bytes | None = None
 
-    @property
+    # Parsed once: a worker asks at every sub-epoch.
+    @functools.cached_property
     def fit(self) -> dict:
         return model_config.parse_fit_params(self.fit_params)
 
-    @property
+    @functools.cached_property
     def compile(self) -> model_config.CompileParams:
         return model_config.parse_compile_params(self.compile_params)
+
+    @functools.cached_property
+    def program_key(self) -> tuple:
+        return program_key(self)
 
 
 def seed_initialisers(seed: int) -> None:
