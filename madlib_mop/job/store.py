@@ -69,11 +69,6 @@ class JobStore:
         self.db = worker_session.connect(conninfo,
                                          application_name=f"madlib_mop coordinator job {job_id}")
         try:
-            # A commit does not wait for its flush to disk: a crash of this server may forget
-            # the last fraction of a second of recorded sub-epochs, which resume trains again
-            # to the same bits (the job's end is flushed: `finish`).  Waiting took a
-            # millisecond or more per hop, most of a small job's bookkeeping.
-            self.q("SET synchronous_commit = off")
             self.job = self._job_row()
             self.tables = identifiers(self.job["tables"])
             self._lock()
@@ -193,7 +188,6 @@ class JobStore:
         self._update_job("last_error = %s", (text,))
 
     def finish(self) -> None:
-        self.q("SET synchronous_commit = on")  # the end of a job is on disk when the call returns
         self._update_job("state = 'finished', finished_at = now(), last_error = NULL")
 
     def close(self, error: BaseException | None = None) -> None:
