@@ -9,8 +9,10 @@ The server, in this order:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import time
 import uuid
 from pathlib import Path
 from typing import Iterator
@@ -23,6 +25,27 @@ from psycopg.conninfo import make_conninfo
 from madlib_mop.tools.embedded import DSN_VARIABLE, EmbeddedCluster
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@contextlib.contextmanager
+def held_job(conn: psycopg.Connection, out: str, done: int, timeout: float = 120.0):
+    """The job writing public.<out>, held still once it has `done` sub-epochs, until the block
+    ends: its next hop's record waits for a lock that `conn` (autocommit, search_path with
+    the extension's schema) holds on the job's visits table.  Jobs are fast; what a test does
+    to one mid-way must not come after its end.  Progress is read under the lock, so the job
+    cannot end between the look and the hold."""
+    visits = sql.Identifier(f"{out}_mop_visits")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with conn.transaction():
+            if conn.execute("SELECT to_regclass(%s) IS NOT NULL", (f"public.{out}_mop_visits",)).fetchone()[0]:
+                conn.execute(sql.SQL("LOCK TABLE public.{} IN SHARE MODE").format(visits))
+                if conn.execute("SELECT subepochs_done >= %s FROM jobs WHERE model_output_table = %s "
+                                "ORDER BY job_id DESC LIMIT 1", (done, f"public.{out}")).fetchone()[0]:
+                    yield
+                    return
+        time.sleep(0.005)
+    raise AssertionError(f"job of {out} did not reach {done} sub-epochs in {timeout:g}s")
 
 
 def _docker_engine_reachable() -> bool:

@@ -14,6 +14,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from madlib_mop.tools.replay import replay
+from tests.conftest import held_job
 from madlib_mop.job.schedule import visit_orders
 
 import keras  # noqa: E402  (a missing Keras fails these tests, it does not skip them)
@@ -206,15 +207,14 @@ def test_a_killed_worker_changes_nothing(data, reference):
     job = threading.Thread(target=_fit, args=(data, "killed_worker"), kwargs=dict(notices=notices))
     job.start()
     with _connect(data) as watcher:
-        _wait_for(watcher, "SELECT subepochs_done >= 4 FROM jobs WHERE model_output_table = 'public.killed_worker'")
-        # Progress is visible while the job runs.
-        running = watcher.execute("SELECT state, subepochs_done FROM job_progress "
-                                  "WHERE model_output_table = 'public.killed_worker'").fetchone()
-        assert running[0] == "running" and 0 < running[1] < 24
-        pid = _wait_for(watcher, "SELECT pid FROM pg_stat_activity WHERE application_name LIKE "
-                                 "'madlib_mop worker job % segment 1' AND state = 'active' "
-                                 "AND query LIKE '%_mop_train%' AND datname = current_database()")[0]
-        assert watcher.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0]
+        with held_job(watcher, "killed_worker", 4):
+            # Progress is visible while the job runs.
+            running = watcher.execute("SELECT state, subepochs_done, job_id FROM job_progress "
+                                      "WHERE model_output_table = 'public.killed_worker'").fetchone()
+            assert running[0] == "running" and 0 < running[1] < 24
+            pid = watcher.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+                                  (f"madlib_mop worker job {running[2]} segment 1",)).fetchone()[0]
+            assert watcher.execute("SELECT pg_terminate_backend(%s)", (pid,)).fetchone()[0]
     job.join()
     # A lost session is waited for and its call run again on a new one.
     assert any("segment 1: this server did not answer" in n and "retrying in 0s" in n
@@ -236,10 +236,12 @@ def test_a_killed_coordinator_resumes(data, reference):
     job = threading.Thread(target=fit_until_killed)
     job.start()
     with _connect(data) as watcher:
-        job_id, pid = _wait_for(
-            watcher, "SELECT job_id, coordinator_pid FROM jobs WHERE model_output_table = "
-                     "'public.killed_coordinator' AND subepochs_done >= 6")
-        watcher.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        with held_job(watcher, "killed_coordinator", 6):
+            job_id, pid = watcher.execute(
+                "SELECT job_id, coordinator_pid FROM jobs WHERE model_output_table = "
+                "'public.killed_coordinator'").fetchone()
+            watcher.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        # It dies at its next look at its interrupts, once its hop is recorded.
         job.join()
         assert failure, "the coordinator's session should have been terminated"
         state, done = watcher.execute("SELECT state, subepochs_done FROM jobs WHERE job_id = %s",
@@ -259,9 +261,8 @@ def test_calling_the_fit_again_continues_an_unfinished_job(data, reference):
     with _connect(data) as conn, _connect(data) as watcher:
         # A job cancelled after its first sub-epochs (Ctrl-C in psql does the same).
         def cancel_soon():
-            _wait_for(watcher, "SELECT subepochs_done >= 4 FROM jobs "
-                               "WHERE model_output_table = 'public.cancelled'")
-            conn.cancel_safe()
+            with held_job(watcher, "cancelled", 4):
+                conn.cancel_safe()
 
         canceller = threading.Thread(target=cancel_soon)
         canceller.start()
