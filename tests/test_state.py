@@ -48,4 +48,5 @@ def test_other_bytes_are_refused(blob):
 def test_a_state_of_another_model_is_refused():
     other = [state.Entry("weights", "dense/kernel", np.zeros((3, 3), dtype=np.float32))]
     with pytest.raises(state.StateFormatError):
-        state.check_layout(state.decode(state.encode(_entries()))[0][:1], other)
+        state.check_layout(state.layout_of(state.decode(state.encode(_entries()))[0][:1]),
+                           state.layout_of(other))

@@ -210,6 +210,7 @@ class Coordinator:
             return self._failed(task, error)
         self.retry.answered(task.segment)
         model = self.models[task.mst_key]
+        boundary = False  # the hop completed one of the model's iterations
         if task.kind == "train":
             new_state, result = value
             model.visits[task.step], model.state = result, new_state

@@ -40,9 +40,9 @@ def _check_model(plpy: Any, config: dict, source: dict, built: dict) -> None:
                 f"mst_key {config['mst_key']}: fit_params {key} is not supported by model hopping",
                 sqlstate=errors.FEATURE_NOT_SUPPORTED,
                 hint="Every sub-epoch is one pass over a segment; remove it from fit_params.")
-    arch = config["model_arch"] if isinstance(config["model_arch"], str) else repr(config["model_arch"])
+    arch = config["model_arch"]  # text: plan_job reads it as model_arch::text
     if arch not in built:
-        built[arch] = keras_json.build_model(keras_json.parse_model_json(config["model_arch"]))
+        built[arch] = keras_json.build_model(keras_json.parse_model_json(arch))
     model = built[arch]
     shape = keras_json.input_shape(model)
     if [d for d in shape] != list(source["feature_shape"]):

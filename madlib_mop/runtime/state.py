@@ -100,8 +100,14 @@ def layout_of(entries: list[Entry]) -> list[tuple[str, tuple]]:
     return [(e.kind, tuple(e.array.shape)) for e in entries]
 
 
-def check_layout(found: list[Entry], expected: list[Entry]) -> None:
-    if layout_of(found) != layout_of(expected):
+def header_layout(header: dict) -> list[tuple[str, tuple]]:
+    """`layout_of` read from a header (`split`), without decoding the arrays."""
+    return [(item["kind"], tuple(item["shape"])) for item in header["layout"]]
+
+
+def check_layout(found: list[tuple[str, tuple]], expected: list[tuple[str, tuple]]) -> None:
+    """Two layouts (`layout_of`, `header_layout`) must be the same model's."""
+    if found != expected:
         raise StateFormatError("model state does not fit this model: its variables differ")
 
 

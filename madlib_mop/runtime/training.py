@@ -98,8 +98,8 @@ def program_key(spec: ModelSpec) -> tuple:
     params = spec.compile
     arguments = tuple(sorted((k, v) for k, v in params.optimizer.keras_arguments().items()
                              if k != "learning_rate"))
-    return (_canonical_architecture(spec.model_arch), params.optimizer.name, arguments, params.loss, params.metrics,
-            repr(params.extra))
+    return (_canonical_architecture(spec.model_arch), params.optimizer.name, arguments,
+            params.loss, params.metrics, repr(params.extra))
 
 
 def _canonical_architecture(model_arch: str) -> str:
@@ -149,14 +149,6 @@ def capture_state(model) -> bytes:
                          for kind, v in _state_variables(model)])
 
 
-def restore_state(model, blob: bytes) -> None:
-    entries, _ = state.decode(blob)
-    expected = _state_variables(model)
-    state.check_layout(entries, [state.Entry(k, v.path, np.empty(v.shape)) for k, v in expected])
-    for (_, variable), entry in zip(expected, entries):
-        variable.assign(entry.array)
-
-
 def initial_states(specs: list[ModelSpec], seed: int) -> dict[int, bytes]:
     """Step 0 of each model: what `capture_state(build_model(spec, seed))` gives, for less.
     The layers are built per model (their initialisers draw from the model's seed); the
@@ -168,7 +160,7 @@ def initial_states(specs: list[ModelSpec], seed: int) -> dict[int, bytes]:
     templates: dict[tuple, tuple] = {}
     states = {}
     for spec in specs:
-        key = program_key(spec)
+        key = spec.program_key
         if key not in templates:
             model = build_model(spec, seed)
             templates[key] = (model, [np.asarray(v.numpy()) for v in model.optimizer.variables])
@@ -194,8 +186,8 @@ class Program:
     """A compiled Keras model with one traced function for a whole pass of training over a
     chunk of rows, and one for evaluating a chunk.
 
-    Keras' `fit` costs tens of milliseconds per call and about a millisecond per step
-    outside the math; on the small segments analysts start with that is most of the time.
+    Keras' `fit` runs Python between steps (about 3 ms a step here against 0.47 ms in this
+    loop, for W1's MLPs in `make bench`); on small models that is most of the time.
     Here a call runs all of a chunk's minibatches inside one TensorFlow graph: the same
     `train_step` as `fit`, on the same slices in the same order, so the weights are the
     same bits as `fit(x, y, batch_size, shuffle=False)` gives.
@@ -209,9 +201,12 @@ class Program:
         self.model = model
         self._variables = _state_variables(model)
         self._layout = [(kind, tuple(v.shape)) for kind, v in self._variables]
+        self._header = [state.layout_item(kind, v.path, np.dtype(v.dtype), tuple(v.shape))
+                        for kind, v in self._variables]
+        self._dtypes = [item["dtype"] for item in self._header]
+        self._raw_path = sys.byteorder == "little" and all(
+            np.dtype(v.dtype).name in self._BITCAST for _, v in self._variables)
         self._functions: dict[tuple, object] = {}
-        self._header_layout: list[dict] | None = None
-        self._raw_path = self._raw()
 
     @classmethod
     def for_spec(cls, spec: ModelSpec) -> "Program":
@@ -225,16 +220,6 @@ class Program:
     # host, or for a dtype bitcast does not take, it falls back to one array at a time.
     _BITCAST = frozenset("float16 float32 float64 int8 int16 int32 int64 uint8 uint16 uint32 "
                          "uint64".split())
-
-    def _state_layout(self) -> list[dict]:
-        if self._header_layout is None:
-            self._header_layout = [state.layout_item(kind, v.path, np.dtype(v.dtype), tuple(v.shape))
-                                   for kind, v in self._variables]
-        return self._header_layout
-
-    def _raw(self) -> bool:
-        return sys.byteorder == "little" and all(
-            np.dtype(v.dtype).name in self._BITCAST for _, v in self._variables)
 
     def _state_function(self, kind: str):
         import tensorflow as tf
@@ -272,11 +257,8 @@ class Program:
 
         blob = bytes(blob)
         header, offset = state.split(blob)
-        found = [(item["kind"], tuple(item["shape"])) for item in header["layout"]]
-        if found != self._layout:
-            raise state.StateFormatError("model state does not fit this model: its variables differ")
-        if self._raw_path and [item["dtype"] for item in header["layout"]] == [
-                item["dtype"] for item in self._state_layout()]:
+        state.check_layout(state.header_layout(header), self._layout)
+        if self._raw_path and [item["dtype"] for item in header["layout"]] == self._dtypes:
             self._state_function("assign")(tf.constant(blob[offset:]))
             return
         for (_, variable), entry in zip(self._variables, state.decode(blob)[0]):
@@ -285,7 +267,7 @@ class Program:
     def capture(self) -> bytes:
         if not self._raw_path:
             return capture_state(self.model)
-        return state.assemble(self._state_layout(), self._state_function("read")().numpy().tobytes())
+        return state.assemble(self._header, self._state_function("read")().numpy().tobytes())
 
     # ---- traced loops ----
     def _function(self, kind: str, *arrays: np.ndarray | None):
@@ -325,11 +307,11 @@ class Program:
 
     def _run(self, kind: str, x: np.ndarray, y: np.ndarray, sample_weight: np.ndarray | None,
              batch_size: int) -> dict:
+        import tensorflow as tf
+
         function = self._function(kind, x, y, sample_weight)
         self.model.reset_metrics()
         arrays = [x, y] + ([sample_weight] if sample_weight is not None else [])
-        import tensorflow as tf
-
         values = function(*[tf.constant(a) for a in arrays], tf.constant(batch_size, tf.int32))
         return {name: float(value) for name, value in values.items()}
 
