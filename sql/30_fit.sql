@@ -16,8 +16,12 @@ CREATE TABLE @extschema@.jobs (
     num_segments          integer NOT NULL,
     validation_partitions integer,
     seed                  integer NOT NULL,
-    subepochs_total       integer NOT NULL,
+    subepochs_total       integer NOT NULL,     -- as planned now: pruners and searchers change it
     subepochs_done        integer NOT NULL DEFAULT 0,
+    models_training       integer NOT NULL DEFAULT 0,
+    models_waiting        integer NOT NULL DEFAULT 0,  -- not started, or held for a decision
+    models_stopped        integer NOT NULL DEFAULT 0,  -- stopped early by a pruner
+    models_finished       integer NOT NULL DEFAULT 0,
     created_at            timestamptz NOT NULL DEFAULT now(),
     started_at            timestamptz,
     updated_at            timestamptz,
@@ -41,8 +45,9 @@ GRANT SELECT ON @extschema@.jobs TO PUBLIC;
 GRANT INSERT (model_output_table, source_table, validation_table, model_selection_table,
               arguments, tables, num_models, num_segments, validation_partitions, seed,
               subepochs_total) ON @extschema@.jobs TO PUBLIC;
-GRANT UPDATE (state, subepochs_done, started_at, updated_at, finished_at, coordinator_pid,
-              last_error) ON @extschema@.jobs TO PUBLIC;
+GRANT UPDATE (state, subepochs_done, subepochs_total, num_models, models_training,
+              models_waiting, models_stopped, models_finished, started_at, updated_at,
+              finished_at, coordinator_pid, last_error) ON @extschema@.jobs TO PUBLIC;
 GRANT USAGE ON SEQUENCE @extschema@.jobs_job_id_seq TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.jobs', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.jobs_job_id_seq', '');
@@ -56,7 +61,8 @@ SELECT job_id, owner,
                 SELECT 1 FROM pg_catalog.pg_stat_activity a WHERE a.pid = coordinator_pid)
             THEN 'interrupted' ELSE state END AS state,
        model_output_table,
-       num_models AS models, num_segments AS segments,
+       num_models AS models, models_training, models_waiting, models_stopped, models_finished,
+       num_segments AS segments,
        round(subepochs_done::numeric / (num_segments * num_models), 2) AS epochs_done,
        round(subepochs_total::numeric / (num_segments * num_models), 2) AS epochs_total,
        subepochs_done, subepochs_total,
@@ -83,7 +89,8 @@ CREATE FUNCTION @extschema@.madlib_keras_fit_multiple_model(
     name                      varchar DEFAULT NULL,
     description               varchar DEFAULT NULL,
     use_caching               boolean DEFAULT TRUE,
-    seed                      integer DEFAULT 0
+    seed                      integer DEFAULT 0,
+    pruner                    varchar DEFAULT NULL  -- 'median, warmup=2' | 'successive_halving, eta=3'
 )
 RETURNS void
 #plpython "madlib_keras_fit_multiple_model.py"

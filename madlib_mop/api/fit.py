@@ -24,6 +24,7 @@ from madlib_mop.job.plan import check_models, plan_job
 from madlib_mop.job.store import TABLE_SUFFIXES, identifiers
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.runtime import training
+from madlib_mop.search import setup
 
 
 def _names(out: catalog.NewTable) -> dict[str, list[str]]:
@@ -68,9 +69,10 @@ def _initial_states(plan, seed: int, previous: dict[int, bytes]) -> dict[int, by
     return {c["mst_key"]: previous.get(c["mst_key"], fresh.get(c["mst_key"])) for c in plan.configs}
 
 
-def _create_job(plpy: Any, plan, previous_job: dict | None) -> int:
+def _create_job(plpy: Any, plan, previous_job: dict | None, prepare=None) -> int:
     """The jobs row, the output and per-job tables, and every model's initial state, in one
-    transaction of a session of its own: a failed start leaves nothing."""
+    transaction of a session of its own: a failed start leaves nothing.  `prepare(db)`
+    creates more tables in that transaction (madlib_keras_automl's model selection table)."""
     schema = sql.Identifier(catalog.extension_schema_name(plpy))
     names = _names(plan.out)
     t = identifiers(names)
@@ -123,6 +125,8 @@ def _create_job(plpy: Any, plan, previous_job: dict | None) -> int:
             db.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s)").format(t["state"]),
                        (key, 0, states[key]))
         outputs.create(db, t, plan, job_id, states, plan.out.sibling("_info", plpy).quoted)
+        if prepare is not None:
+            prepare(db)
     return job_id
 
 
@@ -155,8 +159,8 @@ def fit_multiple_model(plpy: Any, source_table: str, model_output_table: str,
                        validation_table: str | None = None,
                        metrics_compute_frequency: int | None = None, warm_start: bool = False,
                        name: str | None = None, description: str | None = None,
-                       use_caching: bool = True, seed: int = 0, *, can_commit: bool = False,
-                       single: bool = False) -> None:
+                       use_caching: bool = True, seed: int = 0, pruner: str | None = None, *,
+                       can_commit: bool = False, single: bool = False) -> None:
     if can_commit:
         # A procedure cannot carry SET jit = off (it commits); this session loads TensorFlow,
         # whose LLVM cannot live next to the JIT's: turn JIT off for the session.
@@ -166,13 +170,25 @@ def fit_multiple_model(plpy: Any, source_table: str, model_output_table: str,
                     description, use_caching, seed)
     if single:
         plan.arguments["single"] = True
+    if pruner is not None and pruner.strip():
+        plan.arguments["pruner"] = pruner.strip()
+        # Checked now (a bad pruner fails before anything is written); decides at these too:
+        found = setup.search_of_job(plan.arguments, {c["mst_key"]: c["compile_params"] for c in plan.configs},
+                                    plan.validation is not None)
+        plan.also_due = frozenset(found.pruner.required_iterations())
+    run_plan(plpy, plan, warm_start, can_commit, "madlib_keras_fit_multiple_model")
+
+
+def run_plan(plpy: Any, plan, warm_start: bool, can_commit: bool, caller: str,
+             prepare=None) -> None:
+    """Continue the unfinished job of the same call, or create the job and run it."""
     unfinished = _find_job(plpy, plan.out, unfinished=True)
     if unfinished is not None and not _tables_exist(plpy, unfinished):
         _abandon(plpy, unfinished, "its tables were dropped")
         unfinished = None
     if unfinished is not None:
-        if json.loads(unfinished["arguments"]) == plan.arguments:
-            plpy.notice(f"madlib_keras_fit_multiple_model: continuing job {unfinished['job_id']} "
+        if json.loads(unfinished["arguments"]) == json.loads(json.dumps(plan.arguments)):
+            plpy.notice(f"{caller}: continuing job {unfinished['job_id']} "
                         f"({unfinished['subepochs_done']} of {unfinished['subepochs_total']} "
                         "sub-epochs done)")
             run_job(plpy, unfinished["job_id"], can_commit)
@@ -205,12 +221,12 @@ def fit_multiple_model(plpy: Any, source_table: str, model_output_table: str,
     pool = start_pool(engine, plan.source["num_segments"])
     try:
         check_models(plpy, plan)
-        job_id = _create_job(plpy, plan, previous)
+        job_id = _create_job(plpy, plan, previous, prepare)
     except BaseException:
         pool.stop()
         raise
-    plpy.notice(f"madlib_keras_fit_multiple_model: job {job_id}: {len(plan.configs)} "
-                f"models, {plan.source['num_segments']} segments, {num_iterations} iterations")
+    plpy.notice(f"{caller}: job {job_id}: {len(plan.configs)} "
+                f"models, {plan.source['num_segments']} segments, {plan.num_iterations} iterations")
     run_job(plpy, job_id, can_commit, engine, pool)
 
 

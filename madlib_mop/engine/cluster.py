@@ -32,7 +32,7 @@ class ClusterWorker(LocalWorker):
         super().__init__(conninfo, schema, segment, label)
         self.server, self.local_segments, self.refused_hint = server, local_segments, refused_hint
         self.job: dict | None = None  # the description its session must have
-        self._job_sent = None  # the session that got it
+        self._job_sent = None  # (the session that got it, the description it got)
 
     @property
     def where(self) -> str:
@@ -44,10 +44,12 @@ class ClusterWorker(LocalWorker):
     def _call(self, function: str, *args: Any, columns: str = "*"):
         if function in ("_mop_train", "_mop_evaluate") and self.job is not None:
             session = self._session()
-            if self._job_sent is not session:  # a new session: it gets the job first
+            # A new session gets the job first; so does a session whose job has changed
+            # since (a searcher added models: the engine prepared the job again).
+            if self._job_sent is None or self._job_sent[0] is not session or self._job_sent[1] is not self.job:
                 super()._call("_mop_segment_job",
                               Jsonb(dict(self.job, local_segments=self.local_segments)))
-                self._job_sent = session
+                self._job_sent = (session, self.job)
         return super()._call(function, *args, columns=columns)
 
     def warm_up(self, segments_count: int) -> None:

@@ -149,10 +149,25 @@ def context(plpy: Any, job_id: int) -> JobContext:
     return ctx
 
 
-def _program(ctx: JobContext, mst_key: int) -> training.Program:
+def _spec(plpy: Any, ctx: JobContext, mst_key: int) -> training.ModelSpec:
+    """A model of the job; one a searcher added after this session read the job's models
+    is read now (a segment server's session is shipped the job again instead)."""
+    if mst_key not in ctx.specs and ctx.tables:
+        for row in plpy.execute(plpy.prepare(
+                f"SELECT * FROM {ctx.tables['models']} WHERE mst_key = $1", ["integer"]), [mst_key]):
+            ctx.specs[mst_key] = training.ModelSpec(
+                row["mst_key"], row["model_arch"], row["compile_params"], row["fit_params"],
+                row["initial_weights"])
+    if mst_key not in ctx.specs:
+        raise MadlibMopError(f"job {ctx.job_id} has no model {mst_key}", sqlstate=errors.DATA_EXCEPTION,
+                             hint="The job's tables were changed; start the job again.")
+    return ctx.specs[mst_key]
+
+
+def _program(plpy: Any, ctx: JobContext, mst_key: int) -> training.Program:
     """The compiled model that trains `mst_key`, shared with the job's models of the same
     program key (the caller restores the model's state into it)."""
-    spec = ctx.specs[mst_key]
+    spec = _spec(plpy, ctx, mst_key)
     key = spec.program_key
     if key not in _programs:
         _programs[key] = training.Program.for_spec(spec)
@@ -178,7 +193,7 @@ def train(plpy: Any, job_id: int, mst_key: int, step: int, segment: int,
     setup = time.perf_counter()  # TensorFlow's import and the job's context: once per worker
     buffers = _buffers(plpy, ctx, ctx.train, segment)
     read = time.perf_counter()
-    program = _program(ctx, mst_key)
+    program = _program(plpy, ctx, mst_key)
     program.restore(bytes(model_state))
     restored = time.perf_counter()
     # In memory: the whole segment in one fit call; streamed: a buffer's worth at a time.
@@ -210,7 +225,7 @@ def evaluate(plpy: Any, job_id: int, mst_key: int, step: int, partition: int,
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
                              hint="Only the jobs of a fit given a validation_table evaluate.")
     buffers = _buffers(plpy, ctx, ctx.validation, partition)
-    program = _program(ctx, mst_key)
+    program = _program(plpy, ctx, mst_key)
     program.restore(bytes(model_state))
     outcome = training.evaluate(program, ctx.specs[mst_key], buffers,
                                 ctx.validation.columns.classification)

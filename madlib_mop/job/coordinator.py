@@ -26,6 +26,7 @@ from madlib_mop.errors import MadlibMopError
 from madlib_mop.job import metrics, outputs, schedule
 from madlib_mop.job.store import JobStore, ModelRecord
 from madlib_mop.runtime import plpy_bridge
+from madlib_mop.search import setup
 from madlib_mop.search.base import Decision, NoPruner, Pruner, Report, Searcher
 
 
@@ -125,8 +126,7 @@ class RetryPolicy:
 
 class Coordinator:
     def __init__(self, plpy: Any, job_id: int, can_commit: bool, engine: Engine,
-                 pool: WorkerPool | None = None, searcher: Searcher | None = None,
-                 pruner: Pruner | None = None):
+                 pool: WorkerPool | None = None):
         self.plpy, self.can_commit, self.engine, self.pool = plpy, can_commit, engine, pool
         self.store = JobStore(worker_session.conninfo(plpy), catalog.extension_schema_name(plpy), job_id)
         self.job, self.job_id = self.store.job, job_id
@@ -139,7 +139,7 @@ class Coordinator:
         self.attempts: dict[tuple[int, int], int] = {}
         self.running: dict[int, Task] = {}
         self.pending_evals: list[Task] = []
-        self.searcher, self.pruner = searcher, pruner or NoPruner()
+        self.stopped: dict[int, tuple[int, str]] = {}  # mst_key -> (iteration, why)
 
     def run(self) -> None:
         self._start()
@@ -160,21 +160,36 @@ class Coordinator:
         self.models: dict[int, ModelRecord] = self.store.load_models()
         iterations = self.args["num_iterations"]
         rounds = {m.mst_key: iterations * m.epochs for m in self.models.values()}
-        orders = schedule.visit_orders(list(self.models), self.S, max(rounds.values()), self.job["seed"])
+        # Models a searcher added while the job ran have orders of their own (drawn the same
+        # whenever they are added), so that a resumed job gives every model the orders it had.
+        initial = [k for k in self.models if k <= self.args.get("initial_models", k)]
+        orders = schedule.visit_orders(initial, self.S, max(rounds[k] for k in initial), self.job["seed"])
+        for key in set(self.models) - set(initial):
+            orders[key] = schedule.added_model_orders(key, self.S, rounds[key], self.job["seed"])
         self.schedule = schedule.Dispatcher({k: o[: rounds[k]] for k, o in orders.items()}, self.S,
                                             {k: len(m.visits) for k, m in self.models.items()})
-        self.total, self.epochs = sum(rounds.values()) * self.S, max(rounds.values())
+        self.epochs = max(rounds.values())
         self.started, self.done_at_start = time.monotonic(), self._done()
         self.started_epoch = self.store.mark_running(os.getpid())
-        self.decisions = SearchDecisions(self.searcher, self.pruner, self.schedule, self._notice)
-        self.reported_epoch = min(len(m.visits) for m in self.models.values()) // self.S
+        self.searcher, self.pruner, self.objective = setup.search_of_job(self.args, {
+            k: m.compile_params for k, m in self.models.items()}, bool(self.partitions))
+        self.pruner.start(sorted(self.models))
+        self.also_due = frozenset(self.pruner.required_iterations())
+        self.asked = 0  # configurations the searcher proposed in this run
+        self.decisions = SearchDecisions(self.searcher, self.pruner, self.schedule, self._decided)
+        # Jobs that stop or add models show progress in tenths of the work (no common epoch).
+        self.searching = self.searcher is not None or not isinstance(self.pruner, NoPruner)
+        self.reported_epoch = (10 * self._done() // self.schedule.planned_total() if self.searching
+                               else min(len(m.visits) for m in self.models.values()) // self.S)
         if self.can_commit:
             self._commit()
-        for model in self.models.values():
+        for model in list(self.models.values()):
             finished = len(model.visits) // (self.S * model.epochs)
             for iteration in range(1, finished + 1):
                 self._queue_evals(model, iteration, None)
             self._publish(model)
+        self._ask()
+        self.store.progress(self._done(), self.schedule.planned_total(), self._counts())
         self.engine.prepare_job(self.plpy, self.job_id)
         if self.pool is None:
             self.pool = start_pool(self.engine, self.S)
@@ -236,7 +251,8 @@ class Coordinator:
                     self._queue_evals(model, completed // (self.S * model.epochs), new_state)
             if task.kind == "evaluate" or boundary:
                 self._publish(model)
-            self.store.progress(self._done())
+            self.store.progress(self._done(), self.schedule.planned_total(), self._counts())
+        self._ask()
         if task.kind == "train":
             self._notice_epoch()
 
@@ -270,7 +286,7 @@ class Coordinator:
 
     def _queue_evals(self, model: ModelRecord, iteration: int, state: bytes | None) -> None:
         if not self.partitions or not metrics.due(iteration, self.args["metrics_compute_frequency"],
-                                                  self.args["num_iterations"]):
+                                                  self.args["num_iterations"], self.also_due):
             return
         step = iteration * self.S * model.epochs
         missing = [p for p in range(self.partitions) if (step, p) not in model.evals]
@@ -285,7 +301,7 @@ class Coordinator:
         per_iteration = self.S * model.epochs
         curves = metrics.curves(model.visits, model.evals, self.S, model.epochs,
                                 self.args["metrics_compute_frequency"], self.args["num_iterations"],
-                                self.partitions, self.started_epoch)
+                                self.partitions, self.started_epoch, self.also_due)
         outputs.publish(self.store, model, curves, self.partitions, bool(self.args.get("single")))
         finished = len(model.visits) // per_iteration
         if not finished:
@@ -306,6 +322,65 @@ class Coordinator:
             if not self.decisions.has(model.mst_key, iteration):
                 self.decisions.report(Report(model.mst_key, iteration, curves.training[index],
                                     curves.validation[index] if self.partitions else None))
+
+    def _decided(self, report: Report, decision: Decision, why: str | None) -> None:
+        """A pruner's decision about a model at an iteration: recorded and shown."""
+        key, iteration = report.mst_key, report.iteration
+        labels = self.pruner.labels(key, iteration)
+        if decision is Decision.STOP:
+            self.stopped[key] = (iteration, why)
+            self.store.record_stop(key, iteration, why, labels)
+            self._notice(f"mst_key {key} stopped: {why}")
+            return
+        if labels:
+            self.store.update_info(key, labels)
+        priority = self.pruner.priority(key, iteration)
+        if priority > self.schedule.progress[key].priority:
+            self.schedule.prefer(key, priority)
+            self._notice(f"mst_key {key} goes on after iteration {iteration} "
+                         f"({self.objective.label} {self.objective.value(report):.6g})")
+
+    def _ask(self) -> None:
+        """New configurations from the searcher join the job (a resumed job's searcher
+        proposes again those it had: they must be the models the job has)."""
+        added = False
+        while self.searcher is not None and (config := self.searcher.ask()) is not None:
+            self.asked += 1
+            key = self.asked
+            model = self.models.get(key)
+            if model is not None:
+                if (model.model_id, model.compile_params, model.fit_params) != tuple(config.__dict__.values()):
+                    raise MadlibMopError(
+                        f"job {self.job_id}: the searcher proposed {config} as mst_key {key}, "
+                        f"which the job recorded as {model.model_id}, {model.compile_params}, "
+                        f"{model.fit_params}", sqlstate=errors.DATA_EXCEPTION,
+                        hint="The job's tables were changed; start the job again.")
+                continue
+            self.models[key] = self.store.add_model(self.plpy, key, config, self.job["seed"])
+            rounds = self.args["num_iterations"] * self.models[key].epochs
+            self.schedule.add(key, schedule.added_model_orders(key, self.S, rounds, self.job["seed"]))
+            self.pruner.start(sorted(self.models))
+            added = True
+            self._notice(f"mst_key {key} enters: model_id {config.model_id}, "
+                         f"{config.compile_params}, {config.fit_params}")
+        if added:
+            self.engine.prepare_job(self.plpy, self.job_id)  # segment servers learn the new models
+
+    def _counts(self) -> dict[str, int]:
+        """Models training, waiting (not started, or held for a decision), stopped early,
+        and finished."""
+        counts = dict.fromkeys(("models_training", "models_waiting", "models_stopped",
+                                "models_finished"), 0)
+        for key, progress in self.schedule.progress.items():
+            if key in self.stopped:
+                counts["models_stopped"] += 1
+            elif progress.done >= self.schedule.total[key]:
+                counts["models_finished"] += 1
+            elif progress.held or (progress.done == 0 and not progress.busy):
+                counts["models_waiting"] += 1
+            else:
+                counts["models_training"] += 1
+        return counts
 
     # ---- session, progress ----
     def _check_interrupts(self) -> None:
@@ -329,6 +404,8 @@ class Coordinator:
         return sum(len(m.visits) for m in self.models.values())
 
     def _notice_epoch(self) -> None:
+        if self.searching:
+            return self._notice_search_progress()
         epoch = min(len(m.visits) for m in self.models.values()) // self.S
         if epoch <= self.reported_epoch:
             return
@@ -337,14 +414,38 @@ class Coordinator:
                   if (loss := metrics.epoch_loss(m.visits, epoch, self.S)) is not None]
         best = min(losses) if losses else (float("nan"), None)
         elapsed = time.monotonic() - self.started
-        eta = metrics.eta(elapsed, self._done(), self.done_at_start, self.total)
+        eta = metrics.eta(elapsed, self._done(), self.done_at_start, self.schedule.planned_total())
         self._notice(
             f"epoch {epoch}/{self.epochs}: "
             f"{len(self.models)} models on {self.S} segments, best training loss {best[0]:.4f} "
             f"(mst_key {best[1]}), elapsed {elapsed:.1f}s, ETA {eta:.1f}s")
 
+    def _notice_search_progress(self) -> None:
+        """With models stopping and entering, epochs are no common measure: a NOTICE per
+        tenth of the work planned so far."""
+        total = self.schedule.planned_total()
+        tenth = 10 * self._done() // max(total, 1)
+        if tenth <= self.reported_epoch:
+            return
+        self.reported_epoch = tenth
+        counts = self._counts()
+        elapsed = time.monotonic() - self.started
+        eta = metrics.eta(elapsed, self._done(), self.done_at_start, total)
+        self._notice(
+            f"{10 * tenth}% of the work planned so far: {len(self.models)} models "
+            f"({counts['models_training']} training, {counts['models_waiting']} waiting, "
+            f"{counts['models_stopped']} stopped, {counts['models_finished']} finished), "
+            f"elapsed {elapsed:.1f}s, ETA {eta:.1f}s")
+
     def _finish(self) -> None:
+        self.store.progress(self._done(), self.schedule.planned_total(), self._counts())
         outputs.finish(self.store)
+        if self.args.get("automl"):
+            best = outputs.keep_best(self.store, self.models, self.objective, self.S,
+                                     self.args["metrics_compute_frequency"],
+                                     self.args["num_iterations"], self.partitions, self.also_due)
+            self._notice(f"best configuration: mst_key {best} by {self.objective.describe()}; "
+                         f"kept in {self.job['model_selection_table']}")
         self.store.finish()
         self._notice(f"job {self.job_id} finished: {len(self.models)} models in "
                      f"{time.monotonic() - self.started:.1f}s; results in "
@@ -359,43 +460,48 @@ class Coordinator:
 
 class SearchDecisions:
     """Hands each (model, iteration) report to the searcher and the pruner, once, and
-    turns the pruner's answers into schedule changes (stop, hold while it waits)."""
+    turns the pruner's answers into schedule changes (stop, hold while it waits).  Held
+    decisions are asked again, in (iteration, mst_key) order, after every report and every
+    decision, until none changes: the outcome depends on the reports, not on their order."""
 
     def __init__(self, searcher: Searcher | None, pruner: Pruner, dispatcher: schedule.Dispatcher,
-                 notice):
-        self.searcher, self.pruner, self.schedule, self.notice = searcher, pruner, dispatcher, notice
+                 decided):
+        self.searcher, self.pruner, self.schedule, self.decided = searcher, pruner, dispatcher, decided
         self.reports: dict[int, dict[int, Report]] = {}  # iteration -> mst_key -> report
-        self.waiting: set[tuple[int, int]] = set()  # (mst_key, iteration) held for the pruner
+        self.waiting: set[tuple[int, int]] = set()  # (iteration, mst_key) held for the pruner
 
     def has(self, mst_key: int, iteration: int) -> bool:
         return mst_key in self.reports.get(iteration, {})
 
     def report(self, report: Report) -> None:
-        peers = self.reports.setdefault(report.iteration, {})
-        peers[report.mst_key] = report
+        self.reports.setdefault(report.iteration, {})[report.mst_key] = report
         if self.searcher is not None:
             self.searcher.tell(report)
-        self.waiting.add((report.mst_key, report.iteration))
-        for mst_key, iteration in sorted(self.waiting):  # decisions in a fixed order
-            if iteration == report.iteration:
-                self.decide(peers[mst_key], peers)
+        self.waiting.add((report.iteration, report.mst_key))
+        changed = True
+        while changed:
+            changed = False
+            for iteration, mst_key in sorted(self.waiting):
+                if self.decide(self.reports[iteration][mst_key]):
+                    changed = True
 
-    def decide(self, report: Report, peers: dict[int, Report]) -> None:
-        decision = self.pruner.decide(report, peers)
+    def decide(self, report: Report) -> bool:
+        """True if the pruner decided (the model no longer waits)."""
+        decision = self.pruner.decide(report, self.reports[report.iteration])
         self.schedule.hold(report.mst_key, decision is Decision.WAIT)
         if decision is Decision.WAIT:
-            return
-        self.waiting.discard((report.mst_key, report.iteration))
+            return False
+        self.waiting.discard((report.iteration, report.mst_key))
         if decision is Decision.STOP:
             self.schedule.stop(report.mst_key)
-            self.notice(f"mst_key "
-                             f"{report.mst_key} stopped: {self.pruner.reason(report)}")
+        self.decided(report, decision, self.pruner.reason(report) if decision is Decision.STOP else None)
+        return True
 
     def release_all(self) -> bool:
         """No report can come any more: held models go on.  False if none was held."""
         if not self.waiting:
             return False
-        for mst_key, _ in sorted(self.waiting):
+        for _, mst_key in sorted(self.waiting):
             self.schedule.hold(mst_key, False)
         self.waiting.clear()
         return True

@@ -12,14 +12,16 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 
-def due(iteration: int, frequency: int, iterations: int) -> bool:
-    """Are metrics computed after `iteration` (every `frequency`-th, and the last)?"""
-    return iteration % frequency == 0 or iteration == iterations
+def due(iteration: int, frequency: int, iterations: int, also: frozenset = frozenset()) -> bool:
+    """Are metrics computed after `iteration` (every `frequency`-th, the last, and those a
+    pruner decides at: `also`)?"""
+    return iteration % frequency == 0 or iteration == iterations or iteration in also
 
 
-def due_iterations(finished: int, frequency: int, iterations: int) -> list[int]:
+def due_iterations(finished: int, frequency: int, iterations: int,
+                   also: frozenset = frozenset()) -> list[int]:
     """The iterations up to `finished` whose metrics are computed."""
-    return [i for i in range(1, finished + 1) if due(i, frequency, iterations)]
+    return [i for i in range(1, finished + 1) if due(i, frequency, iterations, also)]
 
 
 def weighted(results: Sequence[Mapping]) -> dict:
@@ -53,14 +55,14 @@ class Curves:
 
 def curves(visits: Mapping[int, Mapping], evals: Mapping[tuple[int, int], Mapping],
            segments: int, epochs: int, frequency: int, iterations: int, partitions: int,
-           started_at: float) -> Curves:
+           started_at: float, also: frozenset = frozenset()) -> Curves:
     """Per computed iteration: the training means over the iteration's last pass over the
     data (its last fit epoch: `segments` visits), the validation means over all validation
     partitions, and when both were done.  Stops at the first iteration whose validation is
     still running."""
     per_iteration = segments * epochs
     result = Curves()
-    for i in due_iterations(len(visits) // per_iteration, frequency, iterations):
+    for i in due_iterations(len(visits) // per_iteration, frequency, iterations, also):
         steps = range(i * per_iteration - segments, i * per_iteration)
         training = weighted([visits[s] for s in steps])
         finished_at = max(visits[s]["finished_at"] for s in steps)

@@ -29,9 +29,13 @@ INFO_COLUMNS = [
     ("validation_loss", "double precision[]"), ("metrics_iters", "integer[]"),
     ("training_metrics_all", "jsonb"), ("validation_metrics_all", "jsonb"),
     ("training_seconds", "double precision"), ("subepochs_done", "integer"),
+    ("stopped_iteration", "integer"), ("stop_reason", "text"),
 ]
-# madlib_keras_fit: the info columns its summary repeats (all but mst_key).
-SINGLE_SUMMARY_COLUMNS = tuple(name for name, _ in INFO_COLUMNS[1:] if name != "metrics_iters")
+# madlib_keras_automl with Hyperband adds MADlib's bracket and round.
+HYPERBAND_INFO_COLUMNS = [("s", "integer"), ("i", "integer")]
+# madlib_keras_fit: the info columns its summary repeats (all but mst_key and those of pruning).
+SINGLE_SUMMARY_COLUMNS = tuple(name for name, _ in INFO_COLUMNS[1:]
+                               if name not in ("metrics_iters", "stopped_iteration", "stop_reason"))
 
 
 def create(db: psycopg.Connection, t: dict[str, sql.Identifier], plan, job_id: int,
@@ -40,21 +44,32 @@ def create(db: psycopg.Connection, t: dict[str, sql.Identifier], plan, job_id: i
     `info_name` is the `_info` table's name as the summary shows it."""
     db.execute(sql.SQL("CREATE TABLE {} (mst_key integer PRIMARY KEY, model_weights bytea, "
                        "model_arch json)").format(t["output"]))
+    automl = plan.arguments.get("automl")
+    columns = INFO_COLUMNS + (HYPERBAND_INFO_COLUMNS if automl and automl["method"] == "hyperband" else [])
     db.execute(sql.SQL("CREATE TABLE {} ({})").format(t["info"], sql.SQL(", ").join(
-        sql.SQL("{} {}").format(sql.Identifier(name), sql.SQL(kind)) for name, kind in INFO_COLUMNS)))
+        sql.SQL("{} {}").format(sql.Identifier(name), sql.SQL(kind)) for name, kind in columns)))
     for config in plan.configs:
-        key = config["mst_key"]
-        params = model_config.parse_compile_params(config["compile_params"])
-        weights = state.madlib_weights(states[key])
-        db.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s)").format(t["output"]),
-                   (key, weights, config["model_arch"]))
-        db.execute(sql.SQL(
-            "INSERT INTO {} (mst_key, model_id, compile_params, fit_params, model_type, "
-            "model_size, metrics_type, loss_type, subepochs_done) "
-            "VALUES (%s, %s, %s, %s, 'madlib_keras', %s, %s, %s, 0)").format(t["info"]),
-            (key, config["model_id"], config["compile_params"], config["fit_params"],
-             len(weights) / 1024.0, list(params.metrics) or None, params.loss))
+        add_model(db, t, config, states[config["mst_key"]], plan.info_labels.get(config["mst_key"], {}))
     _create_summary(db, t["summary"], plan, info_name, job_id)
+
+
+def add_model(db: psycopg.Connection, t: dict[str, sql.Identifier], config: dict, blob: bytes,
+              labels: dict | None = None) -> None:
+    """A model's rows in `<out>` (its initial weights) and `<out>_info`."""
+    key = config["mst_key"]
+    params = model_config.parse_compile_params(config["compile_params"])
+    weights = state.madlib_weights(blob)
+    db.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s)").format(t["output"]),
+               (key, weights, config["model_arch"]))
+    labels = labels or {}
+    db.execute(sql.SQL(
+        "INSERT INTO {} (mst_key, model_id, compile_params, fit_params, model_type, "
+        "model_size, metrics_type, loss_type, subepochs_done{}) "
+        "VALUES (%s, %s, %s, %s, 'madlib_keras', %s, %s, %s, 0{})").format(
+            t["info"], sql.SQL("").join(sql.SQL(", {}").format(sql.Identifier(n)) for n in labels),
+            sql.SQL(", %s" * len(labels))),
+        (key, config["model_id"], config["compile_params"], config["fit_params"],
+         len(weights) / 1024.0, list(params.metrics) or None, params.loss, *labels.values()))
 
 
 def _create_summary(db, table: sql.Identifier, plan, info_name: str, job_id: int) -> None:
@@ -88,8 +103,20 @@ def _create_summary(db, table: sql.Identifier, plan, info_name: str, job_id: int
         arguments["description"], f"madlib_mop {madlib_mop.__version__}",
         source["num_classes"], source.get(f"{label}_class_values"), source["dependent_vartype"],
         source["normalizing_const"],
-        metrics.due_iterations(plan.num_iterations, plan.frequency, plan.num_iterations),
+        metrics.due_iterations(plan.num_iterations, plan.frequency, plan.num_iterations,
+                               plan.also_due),
         job_id, source["num_segments"], arguments["seed"]))
+    if arguments.get("automl"):
+        # MADlib's automl summary: the method, its parameters and the seed.
+        automl = arguments["automl"]
+        for name in ("automl_method", "automl_params", "random_state"):
+            db.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} text").format(table, sql.Identifier(name)))
+        db.execute(sql.SQL("UPDATE {} SET automl_method = %s, automl_params = %s, random_state = %s")
+                   .format(table), (automl["method"], automl["params_text"],
+                                    None if automl["random_state"] is None else str(automl["random_state"])))
+    if arguments.get("pruner"):
+        db.execute(sql.SQL("ALTER TABLE {} ADD COLUMN pruner text").format(table))
+        db.execute(sql.SQL("UPDATE {} SET pruner = %s").format(table), (arguments["pruner"],))
     if arguments.get("single"):
         # madlib_keras_fit keeps its one model's results in the summary (MADlib's layout).
         for name, kind in INFO_COLUMNS[1:]:
@@ -141,3 +168,23 @@ def publish_weights(store, mst_key: int, blob: bytes) -> None:
 
 def finish(store) -> None:
     store.q(sql.SQL("UPDATE {} SET end_training_time = now()").format(store.tables["summary"]))
+
+
+def keep_best(store, models, objective, segments: int, frequency: int, iterations: int,
+              partitions: int, also: frozenset) -> int:
+    """madlib_keras_automl: the model selection table keeps the best configuration only
+    (by each model's last computed value of the objective; ties to the lower mst_key), as
+    MADlib's does.  Returns its mst_key."""
+    from madlib_mop.search.base import Report
+
+    reports = []
+    for model in models.values():
+        curves = metrics.curves(model.visits, model.evals, segments, model.epochs, frequency,
+                                iterations, partitions, 0.0, also)
+        if curves.iterations:
+            reports.append(Report(model.mst_key, curves.iterations[-1], curves.training[-1],
+                                  curves.validation[-1] if partitions else None))
+    best = min(reports, key=objective.rank_key).mst_key
+    table = sql.Identifier(*store.job["arguments"]["automl"]["model_selection_table"])
+    store.q(sql.SQL("DELETE FROM {} WHERE mst_key <> %s").format(table), (best,))
+    return best

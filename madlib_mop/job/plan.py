@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from madlib_mop import errors
@@ -26,6 +26,8 @@ class Plan:
     epochs: dict  # mst_key -> fit epochs (passes per iteration)
     out: catalog.NewTable
     arguments: dict
+    also_due: frozenset = frozenset()  # iterations a pruner decides at (metrics computed)
+    info_labels: dict = field(default_factory=dict)  # mst_key -> extra _info columns
 
 
 def _check_model(plpy: Any, config: dict, source: dict, built: dict) -> None:
@@ -78,10 +80,43 @@ def _check_model(plpy: Any, config: dict, source: dict, built: dict) -> None:
                 hint="Use a regression loss such as mean_squared_error.")
 
 
+def _configs(plpy: Any, model_selection_table: str) -> tuple[str, str, list[dict]]:
+    """The model selection table's configurations, with their architectures."""
+    mst = catalog.resolve_table(plpy, model_selection_table, argument="model_selection_table")
+    missing = [c for c in ("mst_key", "model_id", "compile_params", "fit_params")
+               if c not in catalog.columns(plpy, mst)]
+    found = catalog.summary_of(plpy, mst)
+    summary_row = found[1][0] if found and found[1] and "model_arch_table" in found[1][0] else None
+    if missing or summary_row is None:
+        raise MadlibMopError(
+            f"model_selection_table {mst.name} was not made by generate_model_configs",
+            sqlstate=errors.UNDEFINED_TABLE if summary_row is None else errors.UNDEFINED_COLUMN,
+            hint="Create it with generate_model_configs() or load_model_selection_table().")
+    arch_name = summary_row["model_arch_table"]
+    arch = catalog.resolve_table(plpy, arch_name, argument="model_arch_table")
+    configs = [dict(r) for r in plpy.execute(
+        f"SELECT m.mst_key, m.model_id, m.compile_params, m.fit_params, "
+        f"a.model_arch::text AS model_arch, a.model_weights AS weights "
+        f"FROM {mst.name} m LEFT JOIN {arch.name} a ON a.model_id = m.model_id ORDER BY m.mst_key")]
+    if not configs:
+        raise MadlibMopError(f"model_selection_table {mst.name} is empty",
+                             sqlstate=errors.DATA_EXCEPTION,
+                             hint="Fill it with generate_model_configs().")
+    for config in configs:
+        if config["model_arch"] is None:
+            raise MadlibMopError(f"model_id {config['model_id']} is not in {arch.name}",
+                                 sqlstate=errors.INVALID_PARAMETER_VALUE,
+                                 hint="Load the architecture with load_keras_model().")
+    return mst.name, arch.name, configs
+
+
 def plan_job(plpy: Any, source_table: str, model_output_table: str, model_selection_table: str,
              num_iterations: int, use_gpus: bool | None, validation_table: str | None,
              metrics_compute_frequency: int | None, warm_start: bool | None, name: str | None,
-             description: str | None, use_caching: bool | None, seed: int | None) -> Plan:
+             description: str | None, use_caching: bool | None, seed: int | None,
+             given: tuple[str, str, list[dict]] | None = None) -> Plan:
+    """`given`: (model selection table, model_arch_table, configurations) of a search that
+    proposes them itself (madlib_keras_automl), instead of reading the model selection table."""
     if use_gpus:
         raise MadlibMopError("use_gpus: this server has no GPU support configured",
                              sqlstate=errors.FEATURE_NOT_SUPPORTED,
@@ -108,31 +143,10 @@ def plan_job(plpy: Any, source_table: str, model_output_table: str, model_select
                     sqlstate=errors.DATATYPE_MISMATCH,
                     hint="Pack the validation data with validation_preprocessor_dl(..., "
                          f"training_preprocessor_table => '{source_table}').")
-    mst = catalog.resolve_table(plpy, model_selection_table, argument="model_selection_table")
-    missing = [c for c in ("mst_key", "model_id", "compile_params", "fit_params")
-               if c not in catalog.columns(plpy, mst)]
-    found = catalog.summary_of(plpy, mst)
-    summary_row = found[1][0] if found and found[1] and "model_arch_table" in found[1][0] else None
-    if missing or summary_row is None:
-        raise MadlibMopError(
-            f"model_selection_table {mst.name} was not made by generate_model_configs",
-            sqlstate=errors.UNDEFINED_TABLE if summary_row is None else errors.UNDEFINED_COLUMN,
-            hint="Create it with generate_model_configs() or load_model_selection_table().")
-    arch_name = summary_row["model_arch_table"]
-    arch = catalog.resolve_table(plpy, arch_name, argument="model_arch_table")
-    configs = [dict(r) for r in plpy.execute(
-        f"SELECT m.mst_key, m.model_id, m.compile_params, m.fit_params, "
-        f"a.model_arch::text AS model_arch, a.model_weights AS weights "
-        f"FROM {mst.name} m LEFT JOIN {arch.name} a ON a.model_id = m.model_id ORDER BY m.mst_key")]
-    if not configs:
-        raise MadlibMopError(f"model_selection_table {mst.name} is empty",
-                             sqlstate=errors.DATA_EXCEPTION,
-                             hint="Fill it with generate_model_configs().")
-    for config in configs:
-        if config["model_arch"] is None:
-            raise MadlibMopError(f"model_id {config['model_id']} is not in {arch.name}",
-                                 sqlstate=errors.INVALID_PARAMETER_VALUE,
-                                 hint="Load the architecture with load_keras_model().")
+    if given is None:
+        mst_name, arch_name, configs = _configs(plpy, model_selection_table)
+    else:
+        mst_name, arch_name, configs = given
     out = catalog.new_table(plpy, model_output_table, argument="model_output_table")
     for suffix in TABLE_SUFFIXES.values():
         if suffix:
@@ -144,7 +158,7 @@ def plan_job(plpy: Any, source_table: str, model_output_table: str, model_select
                  "use_caching": use_caching is not False, "seed": int(seed or 0)}
     epochs = {c["mst_key"]: model_config.parse_fit_params(c["fit_params"]).get("epochs", 1)
               for c in configs}
-    return Plan(source, validation, mst.name, arch.name, configs, num_iterations, frequency,
+    return Plan(source, validation, mst_name, arch_name, configs, num_iterations, frequency,
                 epochs, out, arguments)
 
 
@@ -154,3 +168,8 @@ def check_models(plpy: Any, plan: Plan) -> None:
     built: dict = {}
     for config in plan.configs:
         _check_model(plpy, config, plan.source, built)
+
+
+def check_config(plpy: Any, config: dict, source_table: str) -> None:
+    """One configuration against the packed training data (a searcher's new proposal)."""
+    _check_model(plpy, config, packed.read_summary(plpy, source_table, argument="source_table"), {})

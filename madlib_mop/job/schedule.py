@@ -4,10 +4,9 @@ Every model visits every segment exactly once per epoch.  Its order of visits is
 advance from the job's seed (`visit_orders`), so that its weights do not depend on timing:
 a retried, resumed or concurrent run replays the same orders and ends with the same
 weights.  Dispatch is dynamic and has no barrier (`Dispatcher`): whenever a segment is free
-it is given an idle model whose next planned segment it is, preferring the model with the
-most work left (remaining sub-epochs times its observed sub-epoch time), so that the
-slowest models do not finish last and alone; a model never waits for the other models to
-finish their epoch.
+it is given an idle model whose next planned segment it is, preferring a pruner's promoted models, then the model with the most work left (remaining
+sub-epochs times its observed sub-epoch time), so that the slowest models do not finish
+last and alone; a model never waits for the other models to finish their epoch.
 
 The orders of the models a job starts with are rotations (model i starts at offset i mod S
 and moves one segment on each hop) of a segment labelling drawn afresh each epoch, with
@@ -59,6 +58,7 @@ class _ModelProgress:
     done: int = 0  # sub-epochs completed
     busy: bool = False
     held: bool = False
+    priority: int = 0  # higher first (a searcher's promoted models)
     seconds: float | None = None  # observed time of one sub-epoch (moving average)
 
 
@@ -91,13 +91,13 @@ class Dispatcher:
         known = [p.seconds for p in self.progress.values() if p.seconds is not None]
         default = sum(known) / len(known) if known else 1.0
         candidates = [
-            (-(self.total[model] - p.done) * (p.seconds or default), p.done, model)
+            (-p.priority, -(self.total[model] - p.done) * (p.seconds or default), p.done, model)
             for model, p in self.progress.items()
             if not p.busy and not p.held and p.done < self.total[model]
             and self.planned(model, p.done)[2] == segment]
         if not candidates:
             return None
-        *_, model = min(candidates)  # the most work left first
+        *_, model = min(candidates)  # the highest priority, then the most work left
         self.progress[model].busy = True
         self.busy_segments.add(segment)
         return model, self.progress[model].done
@@ -125,6 +125,15 @@ class Dispatcher:
         """The model trains no further (a running visit of it may still finish)."""
         progress = self.progress[model]
         self.total[model] = progress.done + (1 if progress.busy else 0)
+
+    def prefer(self, model: int, priority: int) -> None:
+        """Among the models due on a segment, those of a higher priority go first (before
+        the most work left)."""
+        self.progress[model].priority = priority
+
+    def planned_total(self) -> int:
+        """Sub-epochs of all models as planned now (stopped models count what they did)."""
+        return sum(self.total.values())
 
     def hold(self, model: int, held: bool = True) -> None:
         """A held model is not dispatched (it waits for a decision about it)."""

@@ -181,8 +181,63 @@ class JobStore:
             (pid, self.job_id))
         return cursor.fetchone()[0]
 
-    def progress(self, subepochs_done: int) -> None:
-        self._update_job("subepochs_done = %s", (subepochs_done,))
+    def progress(self, subepochs_done: int, subepochs_total: int, counts: dict[str, int]) -> None:
+        """Sub-epochs done and planned (pruners and searchers change the plan), and the
+        models training, waiting, stopped and finished."""
+        self._update_job("subepochs_done = %s, subepochs_total = %s, num_models = %s, "
+                         "models_training = %s, models_waiting = %s, models_stopped = %s, "
+                         "models_finished = %s",
+                         (subepochs_done, subepochs_total, sum(counts.values()),
+                          counts["models_training"], counts["models_waiting"],
+                          counts["models_stopped"], counts["models_finished"]))
+
+    def update_info(self, mst_key: int, columns: dict) -> None:
+        """Columns of a model's `_info` row (a pruner's labels, such as Hyperband's s and i)."""
+        self.q(sql.SQL("UPDATE {} SET ({}) = ROW({}) WHERE mst_key = %s").format(
+            self.tables["info"], sql.SQL(", ").join(map(sql.Identifier, columns)),
+            sql.SQL(", ").join(sql.Placeholder() * len(columns))),
+            tuple(columns.values()) + (mst_key,))
+
+    def record_stop(self, mst_key: int, iteration: int, reason: str, labels: dict) -> None:
+        """A pruner stopped the model after `iteration`: its state and metrics so far stay."""
+        self.update_info(mst_key, {"stopped_iteration": iteration, "stop_reason": reason, **labels})
+
+    def add_model(self, plpy, mst_key: int, config, seed: int) -> ModelRecord:
+        """A configuration a searcher proposed joins the job: its architecture from the
+        job's model_arch_table, checked against the data, its initial state, and its rows
+        in the job's tables, the output tables and the model selection table (one
+        transaction)."""
+        from madlib_mop.job import outputs, plan
+        from madlib_mop.runtime import training
+
+        automl = self.job["arguments"]["automl"]
+        arch_table = sql.Identifier(*automl["model_arch_table"])
+        row = self.q(sql.SQL("SELECT model_arch::text, model_weights FROM {} WHERE model_id = %s")
+                     .format(arch_table), (config.model_id,)).fetchone()
+        if row is None:
+            raise MadlibMopError(f"model_id {config.model_id} is not in {arch_table.as_string(self.db)}",
+                                 sqlstate=errors.INVALID_PARAMETER_VALUE,
+                                 hint="Load the architecture with load_keras_model(), then resume.")
+        entry = {"mst_key": mst_key, "model_id": config.model_id, "model_arch": row[0],
+                 "compile_params": config.compile_params, "fit_params": config.fit_params,
+                 "weights": None if row[1] is None else bytes(row[1])}
+        plan.check_config(plpy, entry, self.job["source_table"])
+        blob = training.initial_states([training.ModelSpec(
+            mst_key, entry["model_arch"], entry["compile_params"], entry["fit_params"],
+            entry["weights"])], seed)[mst_key]
+        with self.atomic():
+            self.q(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s, %s, %s)").format(self.tables["models"]),
+                   (mst_key, config.model_id, entry["model_arch"], config.compile_params,
+                    config.fit_params, entry["weights"]))
+            self.q(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s)").format(self.tables["state"]),
+                   (mst_key, 0, blob))
+            outputs.add_model(self.db, self.tables, entry, blob)
+            self.q(sql.SQL("INSERT INTO {} (mst_key, model_id, compile_params, fit_params) "
+                           "VALUES (%s, %s, %s, %s)").format(sql.Identifier(*automl["model_selection_table"])),
+                   (mst_key, config.model_id, config.compile_params, config.fit_params))
+        epochs = model_config.parse_fit_params(config.fit_params).get("epochs", 1)
+        return ModelRecord(mst_key, config.model_id, config.compile_params, config.fit_params,
+                           epochs, state=blob)
 
     def note_error(self, text: str) -> None:
         self._update_job("last_error = %s", (text,))

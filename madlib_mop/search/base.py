@@ -13,7 +13,7 @@ from __future__ import annotations
 import abc
 import enum
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from madlib_mop.runtime.model_config import Config
 
@@ -69,16 +69,32 @@ class Pruner(abc.ABC):
     - CONTINUE: the model trains on; STOP: it trains no further (its last state and
       metrics stay the job's result for it, `reason()` says why); WAIT: the decision needs
       reports not there yet; the model is held (not dispatched) and `decide` is asked
-      again, in mst_key order, whenever another report of that iteration completes.
+      again, in (iteration, mst_key) order, whenever another report or decision comes.
     - Deterministic: the answer depends only on the reports given, never on time.
     - The coordinator stops models, the pruner never touches the schedule.
     """
+
+    def start(self, models: Sequence[int]) -> None:
+        """The job's models (mst_keys), before any report (and again after a model is added)."""
+        return None
 
     @abc.abstractmethod
     def decide(self, report: Report, peers: Mapping[int, Report]) -> Decision: ...
 
     def reason(self, report: Report) -> str:
         return f"pruned after iteration {report.iteration}"
+
+    def required_iterations(self) -> set[int]:
+        """Iterations whose metrics the pruner needs, besides those the job computes."""
+        return set()
+
+    def priority(self, mst_key: int, iteration: int) -> int:
+        """Models of a higher priority are trained first (e.g. those promoted further)."""
+        return 0
+
+    def labels(self, mst_key: int, iteration: int) -> dict:
+        """Columns of the model's `_info` row the pruner keeps up to date (e.g. a round)."""
+        return {}
 
 
 class NoPruner(Pruner):

@@ -1,0 +1,205 @@
+"""madlib_keras_automl and hyperband_schedule (MADlib's AutoML), as one hopping job each.
+
+Hyperband: every configuration of every bracket is drawn at the start (MADlib's random
+search over the grids) and trained in one job; a `HyperbandPruner` stops a model at its
+round's end unless it is among the best of its bracket there, and a stopped model's
+segments go at once to the models still due, with no barrier between rounds or brackets.
+
+Hyperopt: an `OptunaSearcher` (TPE, or random) proposes the first configurations at the
+start and each further one as earlier ones finish; new models join the running job.
+
+The model selection table is an output, as in MADlib: it lists the configurations as they
+are tried, and keeps only the best one when the job finishes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from psycopg import sql
+
+from madlib_mop import errors
+from madlib_mop.api import fit
+from madlib_mop.api.model_catalog import _arch_table_with_ids, _no_object_table
+from madlib_mop.db import catalog
+from madlib_mop.errors import MadlibMopError
+from madlib_mop.job.plan import plan_job
+from madlib_mop.runtime import model_config
+from madlib_mop.search import grid, hyperband, setup
+from madlib_mop.search.tpe import ALGORITHMS, OptunaSearcher, SearchSpace
+
+METHODS = {
+    "hyperband": ("R=6, eta=3, skip_last=0", ("R", "eta", "skip_last")),
+    "hyperopt": ("num_configs=20, num_iterations=5, algorithm=tpe",
+                 ("num_configs", "num_iterations", "algorithm", "parallelism", "startup_configs")),
+}
+COMMON_PARAMS = ("metric", "direction")
+
+
+def hyperband_schedule(plpy: Any, schedule_table: str, R: int, eta: int | None = 3,
+                       skip_last: int | None = 0) -> None:
+    rungs = hyperband.schedule(R, 3 if eta is None else eta, 0 if skip_last is None else skip_last,
+                               "hyperband_schedule")
+    out = catalog.new_table(plpy, schedule_table, argument="schedule_table")
+    out.must_not_exist(plpy)
+    plpy.execute(f"CREATE TABLE {out.quoted} (s integer, i integer, n_i integer, r_i integer, "
+                 "UNIQUE (s, i))")
+    insert = plpy.prepare(f"INSERT INTO {out.quoted} VALUES ($1, $2, $3, $4)",
+                          ["integer", "integer", "integer", "integer"])
+    for rung in rungs:
+        plpy.execute(insert, [rung.s, rung.i, rung.n_i, rung.r_i])
+
+
+def _params(method: str, text: str | None) -> dict:
+    default, keys = METHODS[method]
+    given = model_config.parse_keyword_text(text if text and text.strip() else default,
+                                            "automl_params", names_are_strings=True)
+    unknown = [k for k in given if k not in keys + COMMON_PARAMS]
+    if unknown:
+        raise MadlibMopError(
+            f"automl_params: {', '.join(unknown)} is not a parameter of {method}",
+            sqlstate=errors.INVALID_PARAMETER_VALUE,
+            hint=f"{method} takes {', '.join(keys + COMMON_PARAMS)}, e.g. '{default}'.")
+    params = {**model_config.parse_keyword_text(default, "automl_params", names_are_strings=True),
+              **given}
+    whole = [k for k in keys if k not in ("algorithm",)]
+    for key in whole:
+        if key in params and (not isinstance(params[key], int) or isinstance(params[key], bool)):
+            raise MadlibMopError(f"automl_params: {key} must be a whole number, not {params[key]!r}",
+                                 sqlstate=errors.INVALID_PARAMETER_VALUE, hint=f"e.g. '{default}'")
+    if method == "hyperband":
+        hyperband.check(params["R"], params["eta"], params["skip_last"])
+        return params
+    if params["algorithm"] not in ALGORITHMS:
+        raise MadlibMopError(f"automl_params: algorithm must be tpe or rand, not {params['algorithm']!r}",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint="algorithm=tpe (Tree-structured Parzen Estimator) or algorithm=rand.")
+    for key in ("num_configs", "num_iterations"):
+        if params[key] < 1:
+            raise MadlibMopError(f"automl_params: {key} must be at least 1, not {params[key]}",
+                                 sqlstate=errors.INVALID_PARAMETER_VALUE, hint=f"e.g. '{default}'")
+    for key in ("parallelism", "startup_configs"):
+        if key in params and params[key] < 1:
+            raise MadlibMopError(f"automl_params: {key} must be at least 1, not {params[key]}",
+                                 sqlstate=errors.INVALID_PARAMETER_VALUE,
+                                 hint="parallelism: configurations trained at once (default: the "
+                                      "segments); startup_configs: random ones before TPE models.")
+    return params
+
+
+def _metric_choices(compile_grid: dict) -> list[list[str]]:
+    """Every metrics list a configuration of the grid can have."""
+    choices = compile_grid.get("metrics", [[]])
+    return [list(c) if isinstance(c, (list, tuple)) else [c] for c in choices]
+
+
+def madlib_keras_automl(plpy: Any, source_table: str, model_output_table: str, model_arch_table: str,
+                        model_selection_table: str, model_id_list: list, compile_params_grid: str,
+                        fit_params_grid: str, automl_method: str | None = "hyperband",
+                        automl_params: str | None = None, random_state: int | None = None,
+                        object_table: str | None = None, use_gpus: bool = False,
+                        validation_table: str | None = None,
+                        metrics_compute_frequency: int | None = None, name: str | None = None,
+                        description: str | None = None, use_caching: bool = False, *,
+                        can_commit: bool = False) -> None:
+    if can_commit:
+        plpy.execute("SELECT set_config('jit', 'off', false)")  # as fit_multiple: TensorFlow's LLVM
+    method = (automl_method or "hyperband").strip().lower()
+    if method not in METHODS:
+        raise MadlibMopError(f"automl_method must be 'hyperband' or 'hyperopt', not {automl_method!r}",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint="Pass automl_method => 'hyperband' or 'hyperopt'.")
+    params = _params(method, automl_params)
+    _no_object_table(object_table)
+    arch, ids = _arch_table_with_ids(plpy, model_arch_table, model_id_list)
+    compile_grid = model_config.parse_grid(compile_params_grid, "compile_params_grid")
+    fit_grid = model_config.parse_grid(fit_params_grid, "fit_params_grid")
+    seed = 0 if random_state is None else int(random_state)
+    S = _segments(plpy, source_table)
+    objective = setup.objective_from(params.get("metric"), params.get("direction"),
+                                     validation_table is not None, _metric_choices(compile_grid),
+                                     "automl_params")
+    if method == "hyperband":
+        iterations = params["R"]
+        rungs = hyperband.bracket_rungs(params["R"], params["eta"], params["skip_last"])
+        count = sum(r[0].n_i for r in rungs.values())
+        configs = grid.all_configs(grid.RandomSearcher(ids, compile_grid, fit_grid, count, seed))
+        brackets = setup.hyperband_brackets(params["R"], params["eta"], params["skip_last"])
+        info_labels = {key: {"s": s, "i": 0} for key, s in brackets.items()}
+    else:
+        iterations = params["num_iterations"]
+        params.setdefault("parallelism", S)
+        params.setdefault("startup_configs", max(params["parallelism"], min(10, params["num_configs"] // 4)))
+        searcher = OptunaSearcher(SearchSpace(ids, compile_grid, fit_grid), objective, params["num_configs"],
+                                  iterations, params["algorithm"], seed, params["parallelism"],
+                                  params["startup_configs"])
+        configs = []
+        while (config := searcher.ask()) is not None:  # the first `parallelism` need no results
+            configs.append(config)
+        info_labels = {}
+    mst = catalog.new_table(plpy, model_selection_table, argument="model_selection_table")
+    mst_summary = mst.sibling("_summary", plpy)
+    entries = _entries(plpy, arch, configs)
+    plan = plan_job(plpy, source_table, model_output_table, mst.quoted, iterations, use_gpus,
+                    validation_table, metrics_compute_frequency, False, name, description,
+                    use_caching, seed, given=(mst.quoted, arch.name, entries))
+    plan.arguments["automl"] = {
+        "method": method, "params": params,
+        "params_text": automl_params if automl_params and automl_params.strip() else METHODS[method][0],
+        "random_state": random_state, "model_id_list": ids,
+        # As given: a jsonb object would not keep the order of the keys (nor the texts made).
+        "compile_params_grid": compile_params_grid, "fit_params_grid": fit_params_grid, "metric_choices": _metric_choices(compile_grid),
+        "model_arch_table": _parts(plpy, arch),
+        "model_selection_table": [mst.schema, mst.name],
+    }
+    plan.arguments["initial_models"] = len(entries)
+    plan.info_labels = info_labels
+    found = setup.search_of_job(plan.arguments, {}, plan.validation is not None)
+    plan.also_due = frozenset(found.pruner.required_iterations())
+    unfinished = fit._find_job(plpy, plan.out, unfinished=True)
+    if unfinished is None:
+        for table in (mst, mst_summary):
+            table.must_not_exist(plpy)
+
+    def create_model_selection_table(db) -> None:
+        table, summary = sql.Identifier(mst.schema, mst.name), sql.Identifier(mst_summary.schema, mst_summary.name)
+        db.execute(sql.SQL("CREATE TABLE {} (mst_key integer PRIMARY KEY, model_id integer NOT NULL, "
+                           "compile_params varchar NOT NULL, fit_params varchar NOT NULL, "
+                           "UNIQUE (model_id, compile_params, fit_params))").format(table))
+        for entry in entries:
+            db.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s)").format(table),
+                       (entry["mst_key"], entry["model_id"], entry["compile_params"], entry["fit_params"]))
+        db.execute(sql.SQL("CREATE TABLE {} (model_arch_table varchar, object_table varchar)").format(summary))
+        db.execute(sql.SQL("INSERT INTO {} VALUES (%s, NULL)").format(summary), (arch.name,))
+
+    plpy.notice(f"madlib_keras_automl: {method} {plan.arguments['automl']['params_text']}: "
+                + (f"{len(entries)} configurations in {len(rungs)} brackets, at most {iterations} "
+                   f"iterations each" if method == "hyperband" else
+                   f"{params['num_configs']} configurations of {iterations} iterations, "
+                   f"{params['parallelism']} at a time")
+                + f"; deciding by {objective.describe()}")
+    fit.run_plan(plpy, plan, False, can_commit, "madlib_keras_automl", create_model_selection_table)
+
+
+def _parts(plpy: Any, table: catalog.Table) -> list[str]:
+    """[schema, table] of a resolved table (how a job records the tables it reads later)."""
+    row = plpy.execute(plpy.prepare(
+        "SELECT n.nspname, c.relname FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n "
+        "ON n.oid = c.relnamespace WHERE c.oid = $1", ["oid"]), [table.oid])[0]
+    return [row["nspname"], row["relname"]]
+
+
+def _segments(plpy: Any, source_table: str) -> int:
+    from madlib_mop.db import packed
+
+    return packed.read_summary(plpy, source_table, argument="source_table")["num_segments"]
+
+
+def _entries(plpy: Any, arch: catalog.Table, configs: list) -> list[dict]:
+    """The configurations as a plan's entries: mst_key 1.. in order, with architectures."""
+    rows = {r["model_id"]: r for r in plpy.execute(
+        f"SELECT model_id, model_arch::text AS model_arch, model_weights FROM {arch.name}")}
+    return [{"mst_key": key, "model_id": c.model_id, "compile_params": c.compile_params,
+             "fit_params": c.fit_params, "model_arch": rows[c.model_id]["model_arch"],
+             "weights": rows[c.model_id]["model_weights"]}
+            for key, c in enumerate(configs, start=1)]
