@@ -136,6 +136,7 @@ bench: install db-start
 	$(PY) bench/bench_preprocessor.py
 	$(PY) bench/bench_predict.py
 	$(PY) bench/bench_mop.py
+	$(PY) bench/bench_automl.py
 	$(PY) bench/bench_worker_auth.py
 
 clean:

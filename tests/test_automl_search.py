@@ -107,27 +107,32 @@ def test_objectives_know_their_direction():
     assert ACCURACY.better(b, c) and LOSS.better(a, c)
 
 
-def _replay(pruner, reports: list[Report]) -> dict[int, tuple[Decision, int]]:
-    """Feed reports in the given order as the coordinator does (re-asking waiting models
-    after every report and decision); returns each model's final decision."""
-    by_iteration: dict[int, dict[int, Report]] = {}
-    waiting: set[tuple[int, int]] = set()
+def _deliver(pruner, report: Report, by_iteration: dict, waiting: set, stopped: dict) -> None:
+    """One report, as the coordinator takes it: waiting decisions are asked again, in
+    (iteration, mst_key) order, until none changes."""
+    by_iteration.setdefault(report.iteration, {})[report.mst_key] = report
+    waiting.add((report.iteration, report.mst_key))
+    changed = True
+    while changed:
+        changed = False
+        for iteration, key in sorted(waiting):
+            decision = pruner.decide(by_iteration[iteration][key], by_iteration[iteration])
+            if decision is not Decision.WAIT:
+                waiting.discard((iteration, key))
+                changed = True
+                if decision is Decision.STOP:
+                    stopped[key] = iteration
+
+
+def _replay(pruner, reports: list[Report]) -> dict[int, int]:
+    """Reports in the given order (a stopped model's later ones are never sent); returns
+    the iteration each stopped model stopped at."""
+    by_iteration: dict = {}
+    waiting: set = set()
     stopped: dict[int, int] = {}
     for report in reports:
-        if report.mst_key in stopped:
-            continue  # a stopped model reports nothing further
-        by_iteration.setdefault(report.iteration, {})[report.mst_key] = report
-        waiting.add((report.iteration, report.mst_key))
-        changed = True
-        while changed:
-            changed = False
-            for iteration, key in sorted(waiting):
-                decision = pruner.decide(by_iteration[iteration][key], by_iteration[iteration])
-                if decision is not Decision.WAIT:
-                    waiting.discard((iteration, key))
-                    changed = True
-                    if decision is Decision.STOP:
-                        stopped[key] = iteration
+        if report.mst_key not in stopped:
+            _deliver(pruner, report, by_iteration, waiting, stopped)
     return stopped
 
 
@@ -152,8 +157,8 @@ def test_successive_halving_keeps_the_best_third_at_each_rung():
 def _simulate(pruner, values: dict[int, list[float]], rng: random.Random) -> dict[int, int]:
     """A run in which models finish iterations in a random order, as workers would: a
     model held for a decision or stopped reports nothing further."""
-    by_iteration: dict[int, dict[int, Report]] = {}
-    waiting: set[tuple[int, int]] = set()
+    by_iteration: dict = {}
+    waiting: set = set()
     stopped: dict[int, int] = {}
     done = {k: 0 for k in values}
     while True:
@@ -164,20 +169,9 @@ def _simulate(pruner, values: dict[int, list[float]], rng: random.Random) -> dic
             return stopped
         key = rng.choice(runnable)
         done[key] += 1
-        report = Report(key, done[key], {"loss": values[key][done[key] - 1]},
-                        {"loss": values[key][done[key] - 1]})
-        by_iteration.setdefault(report.iteration, {})[key] = report
-        waiting.add((report.iteration, key))
-        changed = True
-        while changed:
-            changed = False
-            for iteration, k in sorted(waiting):
-                decision = pruner.decide(by_iteration[iteration][k], by_iteration[iteration])
-                if decision is not Decision.WAIT:
-                    waiting.discard((iteration, k))
-                    changed = True
-                    if decision is Decision.STOP:
-                        stopped[k] = iteration
+        value = values[key][done[key] - 1]
+        _deliver(pruner, Report(key, done[key], {"loss": value}, {"loss": value}), by_iteration,
+                 waiting, stopped)
 
 
 def test_pruning_decisions_do_not_depend_on_the_order_reports_arrive_in():
@@ -319,3 +313,13 @@ def test_tpe_waits_for_the_results_it_needs():
     searcher.tell(Report(1, 3, {}, {"loss": 1.0}))
     assert searcher.ask() is not None and searcher.ask() is not None
     assert list(itertools.islice(iter(searcher.ask, None), 5)) == []
+
+
+def test_tpe_on_a_small_discrete_grid_tries_every_configuration():
+    grid = {"loss": ["categorical_crossentropy"], "optimizer_params_list": [
+        {"optimizer": ["Adam"], "lr": [0.001, 0.01, 0.1]}]}
+    space = SearchSpace([1, 2], grid, {"batch_size": [8, 16], "epochs": [1]})
+    assert space.size() == 12 and SearchSpace([1], GRID, FIT).size() is None
+    searcher = OptunaSearcher(space, LOSS, 12, 3, "tpe", 0, 2, 2)
+    # TPE soon settles on the best few; repeats are replaced by random proposals.
+    assert len(set(_run(searcher, 0))) == 12

@@ -100,7 +100,7 @@ def madlib_keras_automl(plpy: Any, source_table: str, model_output_table: str, m
                         object_table: str | None = None, use_gpus: bool = False,
                         validation_table: str | None = None,
                         metrics_compute_frequency: int | None = None, name: str | None = None,
-                        description: str | None = None, use_caching: bool = False, *,
+                        description: str | None = None, use_caching: bool = True, *,
                         can_commit: bool = False) -> None:
     if can_commit:
         plpy.execute("SELECT set_config('jit', 'off', false)")  # as fit_multiple: TensorFlow's LLVM
@@ -130,8 +130,15 @@ def madlib_keras_automl(plpy: Any, source_table: str, model_output_table: str, m
         iterations = params["num_iterations"]
         params.setdefault("parallelism", S)
         params.setdefault("startup_configs", max(params["parallelism"], min(10, params["num_configs"] // 4)))
-        searcher = OptunaSearcher(SearchSpace(ids, compile_grid, fit_grid), objective, params["num_configs"],
-                                  iterations, params["algorithm"], seed, params["parallelism"],
+        space = SearchSpace(ids, compile_grid, fit_grid)
+        if space.size() is not None and params["num_configs"] > space.size():
+            raise MadlibMopError(
+                f"automl_params: num_configs ({params['num_configs']}) is more than the "
+                f"{space.size()} configurations the grids hold", sqlstate=errors.INVALID_PARAMETER_VALUE,
+                hint=f"Pass num_configs={space.size()} or fewer, or give a distribution "
+                     "([low, high, 'log']) instead of a list.")
+        searcher = OptunaSearcher(space, objective, params["num_configs"], iterations,
+                                  params["algorithm"], seed, params["parallelism"],
                                   params["startup_configs"])
         configs = []
         while (config := searcher.ask()) is not None:  # the first `parallelism` need no results

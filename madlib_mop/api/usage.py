@@ -126,10 +126,54 @@ SELECT madlib_keras_fit_multiple_model(
     name                      varchar DEFAULT NULL,
     description               varchar DEFAULT NULL,
     use_caching               boolean DEFAULT TRUE,
-    seed                      integer DEFAULT 0
+    seed                      integer DEFAULT 0,
+    pruner                    varchar DEFAULT NULL     -- stop weaker models early, e.g.
+        -- 'median, warmup=2, interval=1, min_models=4' or
+        -- 'successive_halving, eta=3, min_iterations=1', either with metric=..., direction=...
 );
 CALL fit_multiple(...) takes the same arguments and commits as the job goes; progress in
 job_progress; CALL resume(job_id) continues an interrupted job.
+""",
+    "madlib_keras_automl": """
+madlib_keras_automl: Hyperband or Hyperopt-style (TPE) model selection in one hopping job;
+outputs <model_output_table>, _summary and _info (with s and i for Hyperband), and the
+model selection table, which keeps the best configuration.
+
+SELECT madlib_keras_automl(
+    source_table              varchar,   -- packed by training_preprocessor_dl
+    model_output_table        varchar,   -- created (the same call again resumes it)
+    model_arch_table          varchar,   -- made by load_keras_model
+    model_selection_table     varchar,   -- created: the configurations tried, then the best
+    model_id_list             integer[],
+    compile_params_grid       varchar,   -- as generate_model_configs': lists are choices,
+    fit_params_grid           varchar,   --   [low, high, 'linear' | 'log' | 'log_near_one'] sampled
+    automl_method             varchar DEFAULT 'hyperband',   -- or 'hyperopt'
+    automl_params             varchar DEFAULT NULL,
+        -- hyperband: 'R=6, eta=3, skip_last=0'
+        -- hyperopt:  'num_configs=20, num_iterations=5, algorithm=tpe' (or rand),
+        --            optionally parallelism=<segments>, startup_configs=...
+        -- either: metric=validation_loss (default; training_loss without validation), direction=...
+    random_state              integer DEFAULT NULL,   -- NULL: 0
+    object_table              varchar DEFAULT NULL,   -- not supported
+    use_gpus                  boolean DEFAULT FALSE,  -- not supported
+    validation_table          varchar DEFAULT NULL,
+    metrics_compute_frequency integer DEFAULT NULL,
+    name                      varchar DEFAULT NULL,
+    description               varchar DEFAULT NULL,
+    use_caching               boolean DEFAULT TRUE
+);
+CALL automl(...) takes the same arguments and commits as the job goes.
+""",
+    "hyperband_schedule": """
+hyperband_schedule: Hyperband's brackets and rounds, as madlib_keras_automl runs them.
+
+SELECT hyperband_schedule(
+    schedule_table varchar,   -- created: s (bracket), i (round), n_i (configurations),
+                              --          r_i (iterations each has had by the round's end)
+    r              integer,   -- the most iterations one configuration gets, at least eta
+    eta            integer DEFAULT 3,   -- keep the best 1/eta of a round
+    skip_last      integer DEFAULT 0    -- drop the last rounds of every bracket
+);
 """,
     "madlib_keras_fit": """
 madlib_keras_fit: train one configuration; outputs <model> (mst_key 1), <model>_summary

@@ -178,7 +178,8 @@ class Coordinator:
         self.asked = 0  # configurations the searcher proposed in this run
         self.decisions = SearchDecisions(self.searcher, self.pruner, self.schedule, self._decided)
         # Jobs that stop or add models show progress in tenths of the work (no common epoch).
-        self.searching = self.searcher is not None or not isinstance(self.pruner, NoPruner)
+        self.pruning = not isinstance(self.pruner, NoPruner)
+        self.searching = self.searcher is not None or self.pruning
         self.reported_epoch = (10 * self._done() // self.schedule.planned_total() if self.searching
                                else min(len(m.visits) for m in self.models.values()) // self.S)
         if self.can_commit:
@@ -188,6 +189,9 @@ class Coordinator:
             for iteration in range(1, finished + 1):
                 self._queue_evals(model, iteration, None)
             self._publish(model)
+            iteration, within = divmod(len(model.visits), self.S * model.epochs)
+            if not within and self._decided_at(iteration) and not self.decisions.has(model.mst_key, iteration):
+                self.schedule.hold(model.mst_key)  # its validation, then the decision, come first
         self._ask()
         self.store.progress(self._done(), self.schedule.planned_total(), self._counts())
         self.engine.prepare_job(self.plpy, self.job_id)
@@ -232,6 +236,11 @@ class Coordinator:
             self.schedule.finish(task.mst_key, task.segment, result["seconds"]["total"])
             completed = task.step + 1
             boundary = completed % (self.S * model.epochs) == 0
+            iteration = completed // (self.S * model.epochs)
+            if boundary and self._decided_at(iteration):
+                # The pruner decides on this iteration's report, once its validation is done:
+                # until then the model trains no further (a model it stops has no extra work).
+                self.schedule.hold(task.mst_key)
             if not boundary:
                 # The segment's next sub-epoch starts while this one is recorded.  Its
                 # result is handled after this one's commit; if the commit fails the job
@@ -322,6 +331,12 @@ class Coordinator:
             if not self.decisions.has(model.mst_key, iteration):
                 self.decisions.report(Report(model.mst_key, iteration, curves.training[index],
                                     curves.validation[index] if self.partitions else None))
+
+    def _decided_at(self, iteration: int) -> bool:
+        """Does the pruner decide after this iteration (its metrics are computed)?"""
+        return self.pruning and 0 < iteration < self.args["num_iterations"] and metrics.due(
+            iteration, self.args["metrics_compute_frequency"], self.args["num_iterations"],
+            self.also_due)
 
     def _decided(self, report: Report, decision: Decision, why: str | None) -> None:
         """A pruner's decision about a model at an iteration: recorded and shown."""

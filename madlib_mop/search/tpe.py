@@ -19,8 +19,6 @@ import logging
 
 import numpy as np
 
-from madlib_mop import errors
-from madlib_mop.errors import MadlibMopError
 from madlib_mop.runtime.model_config import Config, fit_params_from, fit_params_text
 from madlib_mop.search.base import Report, Searcher
 from madlib_mop.search.grid import (_check_distribution, _compile_keys, _compile_text, _optimizer_dicts,
@@ -52,6 +50,17 @@ class SearchSpace:
         self.text = repr(compile_grid)
         self.keys = _compile_keys(compile_grid)
         self.optimizer_dicts = _optimizer_dicts(compile_grid)
+
+    def size(self) -> int | None:
+        """How many distinct configurations the grids hold (None: a distribution, unbounded)."""
+        lists = [self.model_ids] + [self.compile_grid[k] for k in self.keys] + list(self.fit_grid.values())
+        optimizer_lists = [list(d.values()) for d in self.optimizer_dicts]
+        if any(is_distribution(v) for v in lists + [v for d in optimizer_lists for v in d]):
+            return None
+        product = 1
+        for values in lists:
+            product *= len(values)
+        return product * sum(int(np.prod([len(v) for v in d])) for d in optimizer_lists)
 
     def config(self, trial) -> Config:
         model_id = _suggest(trial, "model_id", self.model_ids)
@@ -101,7 +110,9 @@ class OptunaSearcher(Searcher):
         seen = {config for *_, config in self.asked}
         for attempt in range(100):
             seed = int(np.random.SeedSequence([self.seed, _STREAM, n, attempt]).generate_state(1)[0])
-            if self.algorithm == "tpe":
+            # TPE may keep proposing configurations already tried (on a small, discrete grid
+            # it settles on the best few): after 10 such attempts, a random one.
+            if self.algorithm == "tpe" and attempt < 10:
                 sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=self.startup_configs)
             else:
                 sampler = optuna.samplers.RandomSampler(seed=seed)
@@ -120,7 +131,6 @@ class OptunaSearcher(Searcher):
             if config not in seen:
                 self.asked.append((dict(trial.params), dict(trial.distributions), config))
                 return config
-        raise MadlibMopError(
-            f"could only propose {n} distinct configurations of {self.num_configs}",
-            sqlstate=errors.INVALID_PARAMETER_VALUE,
-            hint="The grids hold fewer combinations: lower num_configs, or widen the grids.")
+        # Nearly every configuration was tried: the search ends here.
+        self.num_configs = n
+        return None

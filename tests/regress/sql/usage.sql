@@ -15,7 +15,9 @@ FROM (VALUES ('training_preprocessor_dl', madlib_mop.training_preprocessor_dl())
              ('madlib_keras_fit', madlib_mop.madlib_keras_fit('help')),
              ('madlib_keras_evaluate', madlib_mop.madlib_keras_evaluate('help')),
              ('madlib_keras_predict', madlib_mop.madlib_keras_predict()),
-             ('madlib_keras_predict_byom', madlib_mop.madlib_keras_predict_byom('usage'))) AS u(f, t)
+             ('madlib_keras_predict_byom', madlib_mop.madlib_keras_predict_byom('usage')),
+             ('madlib_keras_automl', madlib_mop.madlib_keras_automl()),
+             ('hyperband_schedule', madlib_mop.hyperband_schedule('help'))) AS u(f, t)
 ORDER BY f;
 -- the whole text of one; another word than a help word
 SELECT madlib_mop.generate_model_configs('help');
