@@ -12,6 +12,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from madlib_mop.runtime import state
 from tests.conftest import held_job
 
 # MADlib's automl example: two MLPs as Keras 2.1.6 wrote them (a list of layers).
@@ -171,24 +172,23 @@ def test_madlibs_hyperband_example(data):
     assert any("deciding by validation_loss (lower is better)" in n for n in notices), notices
 
 
-def test_hyperband_decisions_and_weights_survive_a_killed_coordinator(data):
-    _automl(data, "hb_reference", random_state=5)
-    with _connect(data) as conn:
-        reference = _decisions(conn, "hb_reference"), _weights(conn, "hb_reference")
+def _killed_then_resumed(data, out: str, done: int, call) -> list[str]:
+    """Run `call(notices)`, kill its coordinator once the job has `done` sub-epochs, then
+    make the same call again (which continues the job); returns the second call's notices."""
     failure: list[Exception] = []
 
     def until_killed():
         try:
-            _automl(data, "hb_killed", random_state=5)
+            call(None)
         except psycopg.OperationalError as error:
             failure.append(error)
 
     job = threading.Thread(target=until_killed)
     job.start()
     with _connect(data) as watcher:
-        with held_job(watcher, "hb_killed", 40):  # past bracket 2's first round
+        with held_job(watcher, out, done):
             job_id, pid = watcher.execute("SELECT job_id, coordinator_pid FROM jobs WHERE "
-                                          "model_output_table = 'public.hb_killed'").fetchone()
+                                          "model_output_table = %s", (f"public.{out}",)).fetchone()
             watcher.execute("SELECT pg_terminate_backend(%s)", (pid,))
         job.join()
         assert failure
@@ -198,10 +198,19 @@ def test_hyperband_decisions_and_weights_survive_a_killed_coordinator(data):
             assert time.monotonic() < deadline
             time.sleep(0.2)
         watcher.execute("SELECT pg_advisory_unlock(lock_key) FROM jobs WHERE job_id = %s", (job_id,))
-    # The same call again continues the job.
     notices: list[str] = []
-    _automl(data, "hb_killed", random_state=5, notices=notices)
+    call(notices)
     assert any("continuing job" in n for n in notices), notices
+    return notices
+
+
+def test_hyperband_decisions_and_weights_survive_a_killed_coordinator(data):
+    _automl(data, "hb_reference", random_state=5)
+    with _connect(data) as conn:
+        reference = _decisions(conn, "hb_reference"), _weights(conn, "hb_reference")
+    # Killed past bracket 2's first round (9 models x 2 segments).
+    _killed_then_resumed(data, "hb_killed", 40,
+                         lambda notices: _automl(data, "hb_killed", random_state=5, notices=notices))
     with _connect(data) as conn:
         assert _decisions(conn, "hb_killed") == reference[0]
         assert _weights(conn, "hb_killed") == reference[1]
@@ -226,8 +235,10 @@ def test_hyperopt_tpe_adds_models_as_others_finish(data):
         assert job[:2] == (6, 6) and job[2] == job[3] == 6 * 2 * 2
     entered = [n for n in notices if "enters" in n]
     assert len(entered) == 4, notices  # 2 at the start (the segments), 4 as others finished
-    # The same seed proposes the same configurations.
-    _automl(data, "hyperopt_again", "hyperopt", params, 3)
+    # The same seed proposes the same configurations, also when the job's coordinator is
+    # killed after a model was added and the job resumed.
+    _killed_then_resumed(data, "hyperopt_again", 10,
+                         lambda n: _automl(data, "hyperopt_again", "hyperopt", params, 3, n))
     with _connect(data) as conn:
         again = conn.execute("SELECT mst_key, model_id, compile_params, fit_params, metrics_iters "
                              "FROM hyperopt_again_info ORDER BY 1").fetchall()
@@ -277,6 +288,16 @@ def test_fit_multiple_with_a_pruner(data):
         at_one = {r[0]: r[4][0] for r in rows}
         kept = sorted(at_one, key=lambda k: (-at_one[k], k))[:3]
         assert {r[0] for r in rows if r[1] != 1} == set(kept)  # ranked by accuracy, higher first
+        # A stopped model did no work after its decision, and keeps its state and weights
+        # as of its last iteration (the state table keeps its latest state).
+        segments = conn.execute("SELECT num_segments FROM pruned_summary").fetchone()[0]
+        for key, stopped, _, _, _ in rows:
+            done, step, blob = conn.execute(
+                "SELECT i.subepochs_done, s.step, s.state FROM pruned_info i JOIN pruned_mop_state s "
+                "USING (mst_key) WHERE mst_key = %s ORDER BY s.step DESC LIMIT 1", (key,)).fetchone()
+            assert done == step == (stopped or 4) * segments
+            weights = conn.execute("SELECT model_weights FROM pruned WHERE mst_key = %s", (key,)).fetchone()[0]
+            assert bytes(weights) == state.madlib_weights(bytes(blob))
         assert conn.execute("SELECT pruner FROM pruned_summary").fetchone()[0].startswith("successive_halving")
         assert conn.execute("SELECT models_stopped, models_finished FROM job_progress "
                             "WHERE model_output_table = 'public.pruned'").fetchone() == (5, 1)
