@@ -50,32 +50,25 @@ def test_hyperband_schedule_follows_the_formula():
         (2, 0, 9, 1), (2, 1, 3, 3), (2, 2, 1, 9), (1, 0, 3, 3), (1, 1, 1, 9), (0, 0, 3, 9)]
 
 
-@pytest.mark.parametrize("params, fragment", [
-    ("R=2, eta=3", "R (2) must be at least eta (3)"),
-    ("R=9, eta=1", "eta must be a whole number of at least 2"),
-    ("R=9, eta=3, skip_last=3", "skip_last (3) is more than"),
-    ("R=9, eta=3, skip_last=-1", "skip_last must be a whole number of at least 0"),
-    ("R=9.5", "R must be a whole number"),
-    ("R=9, gamma=2", "gamma is not a parameter of hyperband"),
-    ("R=9,, eta=3", "automl_params is not valid"),
+@pytest.mark.parametrize("method, params, fragment", [
+    ("hyperband", "R=2, eta=3", "R (2) must be at least eta (3)"),
+    ("hyperband", "R=9, eta=1", "eta must be a whole number of at least 2"),
+    ("hyperband", "R=9, eta=3, skip_last=3", "skip_last (3) is more than"),
+    ("hyperband", "R=9, eta=3, skip_last=-1", "skip_last must be a whole number of at least 0"),
+    ("hyperband", "R=9.5", "R must be a whole number"),
+    ("hyperband", "R=9, gamma=2", "gamma is not a parameter of hyperband"),
+    ("hyperband", "R=9,, eta=3", "automl_params is not valid"),
+    ("hyperopt", "num_configs=0, num_iterations=5, algorithm=tpe", "num_configs must be a whole number of at least 1"),
+    ("hyperopt", "num_configs=5, num_iterations=5, algorithm=atpe", "algorithm must be tpe or rand"),
+    ("hyperopt", "num_configs=5, num_iterations=5, R=3", "R is not a parameter of hyperopt"),
+    ("hyperopt", "num_configs=5, num_iterations=5, parallelism=0", "parallelism must be a whole number of at least 1"),
+    ("hyperopt", "num_configs=5, num_iterations=2.5", "num_iterations must be a whole number"),
 ])
-def test_bad_hyperband_params_get_clean_errors(params, fragment):
+def test_bad_automl_params_get_clean_errors(method, params, fragment):
     with pytest.raises(MadlibMopError) as raised:
-        _params("hyperband", params)
+        _params(method, params)
     assert fragment in str(raised.value)
     assert raised.value.sqlstate in ("22023", "42601") and raised.value.hint
-
-
-@pytest.mark.parametrize("params, fragment", [
-    ("num_configs=0, num_iterations=5, algorithm=tpe", "num_configs must be at least 1"),
-    ("num_configs=5, num_iterations=5, algorithm=atpe", "algorithm must be tpe or rand"),
-    ("num_configs=5, num_iterations=5, R=3", "R is not a parameter of hyperopt"),
-    ("num_configs=5, num_iterations=5, parallelism=0", "parallelism must be at least 1"),
-])
-def test_bad_hyperopt_params_get_clean_errors(params, fragment):
-    with pytest.raises(MadlibMopError) as raised:
-        _params("hyperopt", params)
-    assert fragment in str(raised.value)
 
 
 def test_params_defaults_are_madlibs():

@@ -62,11 +62,6 @@ def _params(method: str, text: str | None) -> dict:
             hint=f"{method} takes {', '.join(keys + COMMON_PARAMS)}, e.g. '{default}'.")
     params = {**model_config.parse_keyword_text(default, "automl_params", names_are_strings=True),
               **given}
-    whole = [k for k in keys if k not in ("algorithm",)]
-    for key in whole:
-        if key in params and (not isinstance(params[key], int) or isinstance(params[key], bool)):
-            raise MadlibMopError(f"automl_params: {key} must be a whole number, not {params[key]!r}",
-                                 sqlstate=errors.INVALID_PARAMETER_VALUE, hint=f"e.g. '{default}'")
     if method == "hyperband":
         hyperband.check(params["R"], params["eta"], params["skip_last"])
         return params
@@ -74,16 +69,14 @@ def _params(method: str, text: str | None) -> dict:
         raise MadlibMopError(f"automl_params: algorithm must be tpe or rand, not {params['algorithm']!r}",
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
                              hint="algorithm=tpe (Tree-structured Parzen Estimator) or algorithm=rand.")
-    for key in ("num_configs", "num_iterations"):
-        if params[key] < 1:
-            raise MadlibMopError(f"automl_params: {key} must be at least 1, not {params[key]}",
-                                 sqlstate=errors.INVALID_PARAMETER_VALUE, hint=f"e.g. '{default}'")
-    for key in ("parallelism", "startup_configs"):
-        if key in params and params[key] < 1:
-            raise MadlibMopError(f"automl_params: {key} must be at least 1, not {params[key]}",
-                                 sqlstate=errors.INVALID_PARAMETER_VALUE,
-                                 hint="parallelism: configurations trained at once (default: the "
-                                      "segments); startup_configs: random ones before TPE models.")
+    for key in ("num_configs", "num_iterations", "parallelism", "startup_configs"):
+        value = params.get(key, 1)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise MadlibMopError(
+                f"automl_params: {key} must be a whole number of at least 1, not {value!r}",
+                sqlstate=errors.INVALID_PARAMETER_VALUE,
+                hint=f"e.g. '{default}'; parallelism: configurations trained at once (default: the "
+                     "segments); startup_configs: random ones before TPE models the results.")
     return params
 
 

@@ -23,9 +23,10 @@ from madlib_mop.db import catalog, settings, worker_session
 from madlib_mop.engine.base import Engine, Worker, failure_sqlstate
 from madlib_mop.engine.pool import WorkerPool
 from madlib_mop.errors import MadlibMopError
-from madlib_mop.job import metrics, outputs, schedule
+from madlib_mop.job import metrics, outputs, plan, schedule
 from madlib_mop.job.store import JobStore, ModelRecord
-from madlib_mop.runtime import plpy_bridge
+from madlib_mop.runtime import model_config, plpy_bridge, training
+from madlib_mop.runtime.model_config import Config
 from madlib_mop.search import setup
 from madlib_mop.search.base import Decision, NoPruner, Pruner, Report, Searcher
 
@@ -364,14 +365,14 @@ class Coordinator:
             key = self.asked
             model = self.models.get(key)
             if model is not None:
-                if (model.model_id, model.compile_params, model.fit_params) != tuple(config.__dict__.values()):
+                if Config(model.model_id, model.compile_params, model.fit_params) != config:
                     raise MadlibMopError(
                         f"job {self.job_id}: the searcher proposed {config} as mst_key {key}, "
                         f"which the job recorded as {model.model_id}, {model.compile_params}, "
                         f"{model.fit_params}", sqlstate=errors.DATA_EXCEPTION,
                         hint="The job's tables were changed; start the job again.")
                 continue
-            self.models[key] = self.store.add_model(self.plpy, key, config, self.job["seed"])
+            self.models[key] = self._add_model(key, config)
             rounds = self.args["num_iterations"] * self.models[key].epochs
             self.schedule.add(key, schedule.added_model_orders(key, self.S, rounds, self.job["seed"]))
             self.pruner.start(sorted(self.models))
@@ -380,6 +381,21 @@ class Coordinator:
                          f"{config.compile_params}, {config.fit_params}")
         if added:
             self.engine.prepare_job(self.plpy, self.job_id)  # segment servers learn the new models
+
+    def _add_model(self, key: int, config: Config) -> ModelRecord:
+        """A proposed configuration, checked against the data, with its initial state (drawn
+        from the job's seed and its mst_key, as those of the models the job started with)."""
+        arch, weights = self.store.architecture(config.model_id)
+        entry = {"mst_key": key, "model_id": config.model_id, "model_arch": arch,
+                 "compile_params": config.compile_params, "fit_params": config.fit_params,
+                 "weights": weights}
+        plan.check_config(self.plpy, entry, self.job["source_table"])
+        blob = training.initial_states([training.ModelSpec(
+            key, arch, config.compile_params, config.fit_params, weights)], self.job["seed"])[key]
+        self.store.add_model(entry, blob)
+        epochs = model_config.parse_fit_params(config.fit_params).get("epochs", 1)
+        return ModelRecord(key, config.model_id, config.compile_params, config.fit_params, epochs,
+                           state=blob)
 
     def _counts(self) -> dict[str, int]:
         """Models training, waiting (not started, or held for a decision), stopped early,

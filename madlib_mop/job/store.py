@@ -202,42 +202,36 @@ class JobStore:
         """A pruner stopped the model after `iteration`: its state and metrics so far stay."""
         self.update_info(mst_key, {"stopped_iteration": iteration, "stop_reason": reason, **labels})
 
-    def add_model(self, plpy, mst_key: int, config, seed: int) -> ModelRecord:
-        """A configuration a searcher proposed joins the job: its architecture from the
-        job's model_arch_table, checked against the data, its initial state, and its rows
-        in the job's tables, the output tables and the model selection table (one
-        transaction)."""
-        from madlib_mop.job import outputs, plan
-        from madlib_mop.runtime import training
-
-        automl = self.job["arguments"]["automl"]
-        arch_table = sql.Identifier(*automl["model_arch_table"])
+    def architecture(self, model_id: int) -> tuple[str, bytes | None]:
+        """An architecture of the job's model_arch_table (madlib_keras_automl's): its JSON
+        and initial weights."""
+        arch_table = sql.Identifier(*self.job["arguments"]["automl"]["model_arch_table"])
         row = self.q(sql.SQL("SELECT model_arch::text, model_weights FROM {} WHERE model_id = %s")
-                     .format(arch_table), (config.model_id,)).fetchone()
+                     .format(arch_table), (model_id,)).fetchone()
         if row is None:
-            raise MadlibMopError(f"model_id {config.model_id} is not in {arch_table.as_string(self.db)}",
+            raise MadlibMopError(f"model_id {model_id} is not in {arch_table.as_string(self.db)}",
                                  sqlstate=errors.INVALID_PARAMETER_VALUE,
                                  hint="Load the architecture with load_keras_model(), then resume.")
-        entry = {"mst_key": mst_key, "model_id": config.model_id, "model_arch": row[0],
-                 "compile_params": config.compile_params, "fit_params": config.fit_params,
-                 "weights": None if row[1] is None else bytes(row[1])}
-        plan.check_config(plpy, entry, self.job["source_table"])
-        blob = training.initial_states([training.ModelSpec(
-            mst_key, entry["model_arch"], entry["compile_params"], entry["fit_params"],
-            entry["weights"])], seed)[mst_key]
+        return row[0], None if row[1] is None else bytes(row[1])
+
+    def add_model(self, entry: dict, blob: bytes) -> None:
+        """A model a searcher proposed joins the job (`entry`: mst_key, model_id,
+        model_arch, compile_params, fit_params, weights; `blob`: its initial state): its rows
+        in the job's tables, the output tables and the model selection table, in one
+        transaction."""
+        from madlib_mop.job import outputs
+
+        mst = sql.Identifier(*self.job["arguments"]["automl"]["model_selection_table"])
+        config = (entry["mst_key"], entry["model_id"], entry["compile_params"], entry["fit_params"])
         with self.atomic():
             self.q(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s, %s, %s)").format(self.tables["models"]),
-                   (mst_key, config.model_id, entry["model_arch"], config.compile_params,
-                    config.fit_params, entry["weights"]))
+                   (entry["mst_key"], entry["model_id"], entry["model_arch"], entry["compile_params"],
+                    entry["fit_params"], entry["weights"]))
             self.q(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s)").format(self.tables["state"]),
-                   (mst_key, 0, blob))
+                   (entry["mst_key"], 0, blob))
             outputs.add_model(self.db, self.tables, entry, blob)
             self.q(sql.SQL("INSERT INTO {} (mst_key, model_id, compile_params, fit_params) "
-                           "VALUES (%s, %s, %s, %s)").format(sql.Identifier(*automl["model_selection_table"])),
-                   (mst_key, config.model_id, config.compile_params, config.fit_params))
-        epochs = model_config.parse_fit_params(config.fit_params).get("epochs", 1)
-        return ModelRecord(mst_key, config.model_id, config.compile_params, config.fit_params,
-                           epochs, state=blob)
+                           "VALUES (%s, %s, %s, %s)").format(mst), config)
 
     def note_error(self, text: str) -> None:
         self._update_job("last_error = %s", (text,))
