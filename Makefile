@@ -15,7 +15,7 @@ PG_MAJOR      := 15
 PG_BINDIR     := /usr/lib/postgresql/$(PG_MAJOR)/bin
 PG_CONFIG     ?= $(PG_BINDIR)/pg_config
 # Debian packages the server needs; docker/Dockerfile installs the same list.
-APT_PACKAGES  := postgresql-$(PG_MAJOR) postgresql-plpython3-$(PG_MAJOR) postgresql-contrib \
+APT_PACKAGES  := postgresql-$(PG_MAJOR) postgresql-plpython3-$(PG_MAJOR) postgresql-contrib postgresql-$(PG_MAJOR)-cron \
                  postgresql-server-dev-$(PG_MAJOR) gcc python3-venv make
 # PL/Python embeds Debian's Python (3.11); the in-database runtime must be built for it.
 SERVER_PYTHON := /usr/bin/python3
@@ -26,7 +26,7 @@ STAMPS        := .make
 SQL_SOURCES   := $(sort $(wildcard sql/*.sql sql/upgrades/*.sql udf/*.py)) madlib_mop/tools/extension_build.py
 PYTEST_ARGS   ?=
 # Optional dependency groups installed into the runtime (the Docker image uses none).
-PIP_EXTRAS    ?= test,bench
+PIP_EXTRAS    ?= test,bench,client
 
 .PHONY: help deps venv build install installcheck demo test bench bench-cluster db-start db-stop db-status db-destroy dsn \
         cluster cluster-dsn cluster-stop cluster-status cluster-kill-segment cluster-destroy clean

@@ -90,7 +90,8 @@ CREATE FUNCTION @extschema@.madlib_keras_fit_multiple_model(
     description               varchar DEFAULT NULL,
     use_caching               boolean DEFAULT TRUE,
     seed                      integer DEFAULT 0,
-    pruner                    varchar DEFAULT NULL  -- 'median, warmup=2' | 'successive_halving, eta=3'
+    pruner                    varchar DEFAULT NULL,  -- 'median, warmup=2' | 'successive_halving, eta=3'
+    if_output_exists          varchar DEFAULT 'error'  -- a finished output: 'error' | 'new_version'
 )
 RETURNS void
 #plpython "madlib_keras_fit_multiple_model.py"

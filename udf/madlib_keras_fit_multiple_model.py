@@ -3,4 +3,4 @@ from madlib_mop.runtime.plpy_bridge import run
 
 run(plpy, fit_multiple_model, source_table, model_output_table, model_selection_table,
     num_iterations, use_gpus, validation_table, metrics_compute_frequency, warm_start, name,
-    description, use_caching, seed, pruner, can_commit=CAN_COMMIT)
+    description, use_caching, seed, pruner, if_output_exists, can_commit=CAN_COMMIT)

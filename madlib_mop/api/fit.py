@@ -159,15 +159,19 @@ def fit_multiple_model(plpy: Any, source_table: str, model_output_table: str,
                        validation_table: str | None = None,
                        metrics_compute_frequency: int | None = None, warm_start: bool = False,
                        name: str | None = None, description: str | None = None,
-                       use_caching: bool = True, seed: int = 0, pruner: str | None = None, *,
+                       use_caching: bool = True, seed: int = 0, pruner: str | None = None,
+                       if_output_exists: str | None = "error", *,
                        can_commit: bool = False, single: bool = False) -> None:
     if can_commit:
         # A procedure cannot carry SET jit = off (it commits); this session loads TensorFlow,
         # whose LLVM cannot live next to the JIT's: turn JIT off for the session.
         plpy.execute("SELECT set_config('jit', 'off', false)")
+    policy = _output_policy(if_output_exists, warm_start)
     plan = plan_job(plpy, source_table, model_output_table, model_selection_table, num_iterations,
                     use_gpus, validation_table, metrics_compute_frequency, warm_start, name,
                     description, use_caching, seed)
+    if policy == "new_version":
+        _next_version(plpy, plan)
     if single:
         plan.arguments["single"] = True
     if pruner is not None and pruner.strip():
@@ -177,6 +181,66 @@ def fit_multiple_model(plpy: Any, source_table: str, model_output_table: str,
                                     plan.validation is not None)
         plan.also_due = frozenset(found.pruner.required_iterations())
     run_plan(plpy, plan, warm_start, can_commit, "madlib_keras_fit_multiple_model")
+
+
+OUTPUT_POLICIES = ("error", "new_version")
+
+
+def _output_policy(if_output_exists: str | None, warm_start: bool | None) -> str:
+    """What a call does when its model_output_table holds a finished job: 'error' (MADlib's
+    behaviour), or 'new_version': train into the next free `<out>_v<N>`.  Either way, an
+    unfinished job of the same call is continued (a scheduled run picks up where an
+    interrupted one stopped)."""
+    policy = (if_output_exists or "error").strip().lower()
+    if policy not in OUTPUT_POLICIES:
+        raise MadlibMopError(f"if_output_exists must be 'error' or 'new_version', not {if_output_exists!r}",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint="Pass 'error' or 'new_version' (train into <out>_v2, _v3, ...).")
+    if policy == "new_version" and warm_start:
+        raise MadlibMopError("if_output_exists => 'new_version' and warm_start => TRUE exclude "
+                             "each other", sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint="warm_start continues the existing output itself: pass one of them.")
+    return policy
+
+
+def _next_version(plpy: Any, plan) -> None:
+    """if_output_exists => 'new_version': the call's output becomes its family's unfinished
+    job's (continued), else the name itself if free, else the first free `<name>_v<N>`.
+    The family is recorded in the job's arguments, so the next run finds it."""
+    family = plan.out.quoted
+    plan.arguments["if_output_exists"] = "new_version"
+    plan.arguments["output_family"] = family
+    rows = plpy.execute(plpy.prepare(
+        f"SELECT arguments->>'model_output_table' AS out, tables FROM "
+        f"{catalog.extension_schema(plpy)}.jobs WHERE owner = current_user AND state <> 'finished' "
+        "AND arguments->>'output_family' = $1 ORDER BY job_id DESC LIMIT 1", ["text"]), [family])
+    if rows and _tables_exist(plpy, {"tables": rows[0]["tables"]}):
+        plan.arguments["model_output_table"] = rows[0]["out"]
+        plan.out = catalog.new_table(plpy, rows[0]["out"], argument="model_output_table")
+        return
+    version = 1
+    candidate = plan.out
+    while _taken(plpy, candidate):
+        version += 1
+        name = f"{plan.out.name}_v{version}"
+        quoted = f"{plpy.quote_ident(plan.out.schema)}.{plpy.quote_ident(name)}"
+        candidate = catalog.new_table(plpy, quoted, argument="model_output_table")
+        for suffix in TABLE_SUFFIXES.values():
+            if suffix:
+                candidate.sibling(suffix, plpy)  # checks the names fit
+    if version > 1:
+        plpy.notice(f"model_output_table {family} exists: training into {candidate.quoted} "
+                    "(if_output_exists => 'new_version')")
+    plan.arguments["model_output_table"] = candidate.quoted
+    plan.out = candidate
+
+
+def _taken(plpy: Any, out: catalog.NewTable) -> bool:
+    """Whether the output or any of its sibling tables exists, or a job records it."""
+    return any(out.sibling(suffix, plpy).exists(plpy) if suffix else out.exists(plpy)
+               for suffix in TABLE_SUFFIXES.values()) or bool(plpy.execute(plpy.prepare(
+                   f"SELECT 1 FROM {catalog.extension_schema(plpy)}.jobs WHERE owner = current_user "
+                   "AND model_output_table = $1", ["text"]), [out.quoted]))
 
 
 def run_plan(plpy: Any, plan, warm_start: bool, can_commit: bool, caller: str,
@@ -203,8 +267,10 @@ def run_plan(plpy: Any, plan, warm_start: bool, can_commit: bool, caller: str,
         if not warm_start:
             raise MadlibMopError(f"model_output_table {plan.out.quoted} already exists",
                                  sqlstate=errors.DUPLICATE_TABLE,
-                                 hint="Drop it, pass another name, or warm_start => TRUE to "
-                                      "continue training its models.")
+                                 hint="Drop it, pass another name, warm_start => TRUE to "
+                                      "continue training its models, or (fit_multiple) "
+                                      "if_output_exists => 'new_version' to train into "
+                                      "<name>_v2, _v3, ...")
         previous = _find_job(plpy, plan.out, unfinished=False)
         if previous is None:
             raise MadlibMopError(f"{plan.out.quoted} was not made by madlib_mop",

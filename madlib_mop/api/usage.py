@@ -127,12 +127,14 @@ SELECT madlib_keras_fit_multiple_model(
     description               varchar DEFAULT NULL,
     use_caching               boolean DEFAULT TRUE,
     seed                      integer DEFAULT 0,
-    pruner                    varchar DEFAULT NULL     -- stop weaker models early, e.g.
+    pruner                    varchar DEFAULT NULL,    -- stop weaker models early, e.g.
         -- 'median, warmup=2, interval=1, min_models=4' or
         -- 'successive_halving, eta=3, min_iterations=1', either with metric=..., direction=...
+    if_output_exists          varchar DEFAULT 'error'  -- output of a finished job: 'error',
+        -- or 'new_version': train into <model_output_table>_v2, _v3, ...
 );
 CALL fit_multiple(...) takes the same arguments and commits as the job goes; progress in
-job_progress; CALL resume(job_id) continues an interrupted job.
+job_progress; CALL resume(job_id), or the same call again, continues an interrupted job.
 """,
     "madlib_keras_automl": """
 madlib_keras_automl: Hyperband or Hyperopt-style (TPE) model selection in one hopping job;

@@ -104,14 +104,25 @@ class _ServerFiles:
         self._configure_workers()
         self._run([self._tool("pg_ctl"), "reload", "-D", str(self.data)])
 
-    def _ensure_setting(self, name: str, value: str) -> None:
-        """Clusters made by an earlier version get settings added since (read at start)."""
+    def _ensure_setting(self, name: str, value: str) -> bool:
+        """Clusters made by an earlier version get settings added since (read at start);
+        True when the setting was added."""
         conf = self.data / "postgresql.auto.conf"
         text = conf.read_text(encoding="utf-8")
         if f"\n{name} = " not in text:
             conf.write_text(text + f"{name} = {value}\n", encoding="utf-8")
             if self.is_running():
                 self._run([self._tool("pg_ctl"), "reload", "-D", str(self.data)])
+            return True
+        return False
+
+    def cron_settings(self) -> dict[str, str]:
+        """pg_cron (Debian's postgresql-15-cron) for scheduled model selection: its scheduler
+        runs in the default database and opens each job's session over the Unix socket, so
+        a job authenticates as worker sessions do (peer, with the madlib_mop map)."""
+        return {"shared_preload_libraries": "'pg_cron'",
+                "cron.database_name": f"'{DEFAULT_DATABASE}'",
+                "cron.host": f"'{self.socket_dir}'"}
 
 
 class EmbeddedCluster(_ServerFiles):
@@ -228,6 +239,7 @@ class EmbeddedCluster(_ServerFiles):
             "log_min_messages": "warning",
             # PostgreSQL's JIT and TensorFlow each load their own LLVM: not in one process.
             "jit": "off",
+            **self.cron_settings(),
         }
         with open(self.data / "postgresql.auto.conf", "a", encoding="utf-8") as conf:
             conf.write("# written by madlib_mop.tools.embedded\n")
@@ -238,6 +250,10 @@ class EmbeddedCluster(_ServerFiles):
         """Start the cluster if it is not running, make sure `database` exists; return its DSN."""
         self.initialize()
         self._ensure_setting("jit", "off")
+        added = [self._ensure_setting(name, value) for name, value in self.cron_settings().items()]
+        if any(added) and self.is_running():  # a preloaded library needs a restart
+            self._run([self._tool("pg_ctl"), "restart", "-w", "-t", "60", "-m", "fast",
+                       "-D", str(self.data), "-l", str(self.log), "-o", f"-p {self.port}"])
         if not self.is_running():
             self._prepare_folders()
             result = self._run(
@@ -260,6 +276,8 @@ class EmbeddedCluster(_ServerFiles):
         self._secure_trust_cluster()
         if self._configure_workers():
             self._run([self._tool("pg_ctl"), "reload", "-D", str(self.data)])
+        self.create_database(DEFAULT_DATABASE)
+        self._psql("CREATE EXTENSION IF NOT EXISTS pg_cron", dbname=DEFAULT_DATABASE)
         self.create_database(database)
         return self.dsn(database)
 

@@ -1,0 +1,112 @@
+"""`madlib-mop`: jobs, live progress, reports and TensorBoard event files from a shell.
+
+    madlib-mop jobs                          the jobs of the connected role
+    madlib-mop watch JOB                     a live progress bar until the job ends
+    madlib-mop report JOB --out DIR          plots (PNG) and a Markdown / HTML summary
+    madlib-mop tensorboard JOB --logdir DIR  event files: tensorboard --logdir DIR
+
+JOB is a job id or a model output table.  The connection is `--dsn` (a libpq string or
+URI, or a SQLAlchemy URL), else MADLIB_MOP_DSN, else libpq's PG* variables.
+Exit status: 0 success (watch: the job finished), 1 the job failed or was interrupted
+(watch), 2 bad usage or an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+EXIT_OK, EXIT_JOB_NOT_FINISHED, EXIT_ERROR = 0, 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="madlib-mop", description="Follow and report madlib_mop model selection jobs.")
+    parser.add_argument("--dsn", default=os.environ.get("MADLIB_MOP_DSN"),
+                        help="connection string (default: MADLIB_MOP_DSN, else PG* variables)")
+    parser.add_argument("--schema", help="the extension's schema (default: where it is installed)")
+    commands = parser.add_subparsers(dest="command", required=True)
+    jobs = commands.add_parser("jobs", help="table of your jobs (the job_progress view)")
+    jobs.add_argument("--limit", type=int, default=20, help="newest N jobs (default 20; 0: all)")
+    watch = commands.add_parser("watch", help="live progress bar of a job until it ends")
+    watch.add_argument("job", help="job id or model output table")
+    watch.add_argument("--interval", type=float, default=1.0, help="seconds between reads")
+    report = commands.add_parser("report", help="plots and a summary of a job")
+    report.add_argument("job", help="job id or model output table")
+    report.add_argument("--out", required=True, help="folder to write into (created)")
+    report.add_argument("--format", choices=("md", "html", "both"), default="md")
+    board = commands.add_parser("tensorboard", help="TensorBoard event files of a job's metrics")
+    board.add_argument("job", help="job id or model output table")
+    board.add_argument("--logdir", required=True, help="folder for the event files (created)")
+    return parser
+
+
+def _jobs(client, limit: int) -> int:
+    import pandas as pd
+
+    frame = client.jobs()
+    if limit:
+        frame = frame.head(limit)
+    if frame.empty:
+        print("no jobs")
+        return EXIT_OK
+    columns = ["job_id", "state", "model_output_table", "models", "models_stopped",
+               "epochs_done", "epochs_total", "percent_done", "started_at", "finished_at", "eta"]
+    shown = frame[columns].copy()
+    for column in ("started_at", "finished_at", "eta"):
+        shown[column] = shown[column].map(lambda t: "" if pd.isna(t) else t.strftime("%Y-%m-%d %H:%M:%S"))
+    with pd.option_context("display.width", 200, "display.max_columns", None,
+                           "display.max_colwidth", 40):
+        print(shown.to_string(index=False))
+    failed = frame[frame["last_error"].notna() & (frame["state"] != "finished")]
+    for _, row in failed.iterrows():
+        print(f"job {row['job_id']} ({row['state']}): {row['last_error']}")
+    return EXIT_OK
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        from madlib_mop.client.session import Client, ServerError
+    except ImportError as error:
+        print(f"madlib-mop: {error}; install the client: pip install 'madlib_mop[client]'",
+              file=sys.stderr)
+        return EXIT_ERROR
+    try:
+        client = Client(args.dsn, schema=args.schema)
+        with client:
+            if args.command == "jobs":
+                return _jobs(client, args.limit)
+            if args.command == "watch":
+                state = client.watch(args.job, interval=args.interval)
+                ref = client.job(args.job)
+                print(f"job {ref.job_id}: {state} ({ref.model_output_table})")
+                return EXIT_OK if state == "finished" else EXIT_JOB_NOT_FINISHED
+            if args.command == "report":
+                from madlib_mop.client.report import write_report
+
+                formats = ("md", "html") if args.format == "both" else (args.format,)
+                for kind, path in write_report(client, args.job, args.out, formats=formats).items():
+                    print(f"{kind}: {path}")
+                return EXIT_OK
+            if args.command == "tensorboard":
+                from madlib_mop.client.tensorboard import write_events
+
+                runs = write_events(client, args.job, args.logdir)
+                print(f"{len(runs)} runs in {args.logdir}: tensorboard --logdir {args.logdir}")
+                return EXIT_OK
+    except KeyboardInterrupt:
+        return 130
+    except (ServerError, LookupError) as error:
+        print(f"madlib-mop: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as error:  # connection failures and the like: one line, no traceback
+        original = getattr(error, "orig", None)
+        print(f"madlib-mop: {original or error}", file=sys.stderr)
+        return EXIT_ERROR
+    return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""A job's progress bar, read from `job_progress` by a connection of its own.
+
+The job's coordinator commits its progress with every hop, so another session sees epochs
+done, the plan's total (pruners and searchers change it), the model counts and the best
+metric so far while the call runs.  The bar is tqdm's (a terminal, or a notebook widget
+through tqdm.auto).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pandas as pd
+import sqlalchemy as sa
+from tqdm.auto import tqdm
+
+from madlib_mop.client import frames
+
+RUNNING = ("created", "running")
+
+
+class JobProgress:
+    """Follows one job: given by its id (watch), or as the running job whose coordinator is
+    backend `coordinator_pid` (a call made by this client)."""
+
+    def __init__(self, engine: sa.Engine, schema: str, *, job_id: int | None = None,
+                 coordinator_pid: int | None = None, show: bool = True, interval: float = 1.0):
+        self.engine, self.schema, self.show, self.interval = engine, schema, show, interval
+        self.job_id, self.coordinator_pid = job_id, coordinator_pid
+        self.bar: tqdm | None = None
+        self.row: dict[str, Any] | None = None
+        self.ref: frames.JobRef | None = None
+        self._lock = threading.Lock()
+        self._conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        self._since = self._conn.execute(sa.text("SELECT clock_timestamp()")).scalar()
+
+    def find_job(self) -> int | None:
+        """The job the call started or continued: running, coordinated by its backend,
+        and marked running since this object was made."""
+        if self.job_id is None and self.coordinator_pid is not None:
+            self.job_id = self._conn.execute(sa.text(
+                f"SELECT job_id FROM {frames._quote(self.schema)}.jobs "
+                "WHERE coordinator_pid = :pid AND updated_at >= :since ORDER BY job_id DESC LIMIT 1"),
+                {"pid": self.coordinator_pid, "since": self._since}).scalar()
+        return self.job_id
+
+    def _read(self) -> None:
+        if self.find_job() is None:
+            return
+        row = self._conn.execute(sa.text(
+            f"SELECT * FROM {frames._quote(self.schema)}.job_progress WHERE job_id = :id"),
+            {"id": self.job_id}).mappings().first()
+        if row is None:
+            return
+        self.row = dict(row)
+        if self.ref is None:
+            self.ref = frames.job_ref(self._conn, self.schema, self.job_id)
+
+    def best(self) -> str:
+        """'best validation accuracy 0.9749 (mst_key 7)' from the job's info table."""
+        if self.ref is None:
+            return ""
+        try:
+            info = pd.read_sql_query(sa.text(
+                "SELECT mst_key, metrics_type, training_loss_final, training_metrics_final, "
+                f"validation_loss_final, validation_metrics_final FROM {self.ref.table('info')}"),
+                self._conn)
+        except sa.exc.DBAPIError:
+            return ""  # the table is gone (dropped while watched)
+        column, higher = frames.objective(self.ref, info)
+        values = info.dropna(subset=[column])
+        if values.empty:
+            return ""
+        top = values.sort_values(column, ascending=not higher).iloc[0]
+        split, kind = column.split("_")[0], column.split("_")[1]
+        metric_types = top["metrics_type"]
+        name = metric_types[0] if kind == "metrics" and metric_types else "loss"
+        return f"best {split} {name} {top[column]:.4f} (mst_key {int(top['mst_key'])})"
+
+    def _draw(self) -> None:
+        row = self.row
+        if row is None or not self.show:
+            return
+        total = float(row["epochs_total"] or 0)
+        done = float(row["epochs_done"] or 0)
+        with self._lock:
+            if self.bar is None:
+                self.bar = tqdm(total=total, initial=done, unit="epoch",
+                                desc=f"job {self.job_id}", dynamic_ncols=True,
+                                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.2f}/{total:.2f} "
+                                           "epochs [{elapsed}<{remaining}{postfix}]")
+            self.bar.total = total
+            self.bar.n = done
+            parts = [f"{row['models']} models"]
+            if row.get("models_stopped"):
+                parts.append(f"{row['models_stopped']} stopped")
+            best = self.best()
+            if best:
+                parts.append(best)
+            if row["state"] not in RUNNING:
+                parts.append(row["state"])
+            self.bar.set_postfix_str(", ".join(parts), refresh=False)
+            self.bar.refresh()
+
+    def notice(self, text: str) -> None:
+        """A NOTICE of the call, printed above the bar."""
+        with self._lock:
+            if self.bar is not None:
+                self.bar.write(text)
+            else:
+                tqdm.write(text)
+
+    def follow(self, done: threading.Event | None) -> str:
+        """Update the bar until `done` is set (a call of ours), or until the job is no longer
+        running (watch); returns the job's state then."""
+        first = True
+        while True:
+            if done is not None:
+                finished = done.wait(self.interval)
+            else:
+                finished = False
+                if not first:
+                    time.sleep(self.interval)
+            first = False
+            self._read()
+            self._draw()
+            state = self.row["state"] if self.row else None
+            if finished or (done is None and (state is None or state not in RUNNING)):
+                if done is None and state is None:
+                    raise LookupError(f"job {self.job_id} not found")
+                return state or "unknown"
+
+    def done_text(self) -> str:
+        self._read()
+        if self.row is None:
+            return ""
+        return f" after {float(self.row['epochs_done']):g} of {float(self.row['epochs_total']):g} epochs"
+
+    def close(self) -> None:
+        with self._lock:
+            if self.bar is not None:
+                self.bar.close()
+                self.bar = None
+        self._conn.close()
