@@ -18,6 +18,7 @@ import psycopg
 import pytest
 
 from madlib_mop.client import Client, JobCancelled, ServerError
+from madlib_mop.tools.demo import load_iris
 from tests.conftest import REPO_ROOT
 
 ARCH = {"class_name": "Sequential", "config": {"name": "mlp", "layers": [
@@ -27,19 +28,12 @@ CLI = [sys.executable, "-m", "madlib_mop.client.cli"]
 
 
 @pytest.fixture(scope="module")
-def mop(extension_dsn):
-    from sklearn.datasets import load_iris
-
-    iris = load_iris()
-    with psycopg.connect(extension_dsn, autocommit=True) as conn:
-        conn.execute("CREATE TABLE iris (id int, attributes float8[], class_text text)")
-        with conn.cursor().copy("COPY iris FROM STDIN") as copy:
-            for i, (x, y) in enumerate(zip(iris.data, iris.target)):
-                copy.write_row((i, [float(v) for v in x], str(iris.target_names[y])))
+def mop(extension_dsn, conn):
+    iris = load_iris(conn)  # what make demo loads: madlib_mop_demo.iris
     client = Client(extension_dsn)
-    client.training_preprocessor_dl("iris", "iris_packed", "class_text", "attributes",
+    client.training_preprocessor_dl(iris, "iris_packed", "class_text", "attributes",
                                     distribution_rules="2")
-    client.validation_preprocessor_dl(source_table="iris", output_table="iris_valid",
+    client.validation_preprocessor_dl(source_table=iris, output_table="iris_valid",
                                       dependent_varname="class_text", independent_varname="attributes",
                                       training_preprocessor_table="iris_packed")
     client.load_keras_model(keras_model_arch_table="arch", model_arch=ARCH, name="mlp")
@@ -268,3 +262,19 @@ def test_cli_tensorboard_writes_the_curves(fitted, mop, extension_dsn, tmp_path)
             for metric, group in mine.groupby("metric"):
                 steps = [(int(i), float(np.float32(v))) for i, v in zip(group["iteration"], group["value"])]
                 assert [(s, float(np.float32(v))) for s, v in scalars[f"epoch_{metric}"]] == steps
+
+
+def test_the_readme_python_example_runs(extension_dsn, mop):
+    """The README's client example, as written, after what `make demo` loads (`mop` has)."""
+    import re
+
+    text = (REPO_ROOT / "README.md").read_text()
+    start = text.index("## From Python and the shell")
+    example = re.search(r"```python\n(.*?)```", text[start:], re.S).group(1)
+    env = dict(os.environ, MADLIB_MOP_DSN=extension_dsn)
+    done = subprocess.run([sys.executable, "-c", example + "\nprint(board.to_json())\n"], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
+    assert done.returncode == 0, done.stderr
+    board = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sorted(board["mst_key"].values()) == [1, 2, 3, 4]
+    assert "10.00/10.00 epochs" in done.stderr

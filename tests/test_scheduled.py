@@ -16,6 +16,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from madlib_mop.tools.demo import load_iris
 from tests.conftest import _uses_embedded_cluster, held_job
 
 ARCH = """{"class_name": "Sequential", "config": {"name": "mlp", "layers": [
@@ -31,18 +32,12 @@ def _connect(dsn):
 
 @pytest.fixture(scope="module")
 def data(extension_dsn):
-    from sklearn.datasets import load_iris
-
-    iris = load_iris()
     with _connect(extension_dsn) as conn:
-        conn.execute("CREATE TABLE iris (id int, attributes float8[], class_text text)")
-        with conn.cursor().copy("COPY iris FROM STDIN") as copy:
-            for i, (x, y) in enumerate(zip(iris.data, iris.target)):
-                copy.write_row((i, [float(v) for v in x], str(iris.target_names[y])))
-        conn.execute("SELECT training_preprocessor_dl('iris', 'iris_packed', 'class_text', "
-                     "'attributes', distribution_rules => '2')")
-        conn.execute("SELECT validation_preprocessor_dl('iris', 'iris_valid', 'class_text', "
-                     "'attributes', 'iris_packed')")
+        iris = load_iris(conn)
+        conn.execute("SELECT training_preprocessor_dl(%s, 'iris_packed', 'class_text', "
+                     "'attributes', distribution_rules => '2')", (iris,))
+        conn.execute("SELECT validation_preprocessor_dl(%s, 'iris_valid', 'class_text', "
+                     "'attributes', 'iris_packed')", (iris,))
         conn.execute("SELECT load_keras_model('arch', %s)", (ARCH,))
         conn.execute("SELECT load_model_selection_table('arch', 'mst', ARRAY[1], "
                      "ARRAY[$$loss='categorical_crossentropy', optimizer='Adam(lr=0.01)', "

@@ -157,6 +157,8 @@ def main() -> int:
         print(f"{mst_key:>7}  {names[model_id]:<18} {optimizer:<20} {batch:>5}  {accuracy:7.4f}  "
               f"{loss:8.4f}  {seconds:7.1f}")
     print(f'\nTry it yourself:  psql "$(make -s dsn)" -c "SELECT * FROM {schema}.job_progress"')
+    print(f'Plots and a summary:  MADLIB_MOP_DSN="$(make -s dsn)" .venv/bin/madlib-mop report '
+          f'{DEMO_SCHEMA}.digits_models --out /tmp/madlib_mop_demo_report')
     return 0
 
 
