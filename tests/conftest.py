@@ -27,6 +27,16 @@ from madlib_mop.tools.embedded import DSN_VARIABLE, EmbeddedCluster
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
+def connect(dsn: str, notices: list | None = None) -> psycopg.Connection:
+    """An autocommit connection with the extension's schema on the search_path, as the
+    README's sessions have it; NOTICEs appended to `notices` if given."""
+    conn = psycopg.connect(dsn, autocommit=True)
+    conn.execute("SET search_path = public, madlib_mop")
+    if notices is not None:
+        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary))
+    return conn
+
+
 @contextlib.contextmanager
 def held_job(conn: psycopg.Connection, out: str, done: int, timeout: float = 120.0):
     """The job writing public.<out>, held still once it has `done` sub-epochs, until the block

@@ -13,7 +13,7 @@ import pytest
 from psycopg import sql
 
 from madlib_mop.runtime import state
-from tests.conftest import held_job
+from tests.conftest import connect as _connect, held_job
 
 # MADlib's automl example: two MLPs as Keras 2.1.6 wrote them (a list of layers).
 def _madlib_mlp(hidden_layers: int) -> str:
@@ -42,12 +42,6 @@ DOC_COMPILE_GRID = """{
     'metrics': ['accuracy']
 } """
 DOC_FIT_GRID = "{'batch_size': [4, 8], 'epochs': [1]}"
-
-
-def _connect(dsn):
-    conn = psycopg.connect(dsn, autocommit=True)
-    conn.execute("SET search_path = public, madlib_mop")
-    return conn
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import psycopg
@@ -235,7 +234,7 @@ def test_cli_report_writes_pngs_and_a_summary(fitted, extension_dsn, tmp_path):
             width, height = image.size
             assert 900 <= width <= 1600 and 300 <= height <= 1400, (name, image.size)
             # not a blank canvas: the plot has many colours
-            assert len(set(np.asarray(image.convert("RGB")).reshape(-1, 3)[::97].tolist())) > 20
+            assert len(set(map(tuple, np.asarray(image.convert("RGB")).reshape(-1, 3)[::97].tolist()))) > 20
     summary = (out / "report.md").read_text()
     assert f"job {job.job_id}" in summary.lower() and "learning_curves.png" in summary
     for key in mop_keys(extension_dsn):

@@ -24,7 +24,7 @@ from psycopg.conninfo import make_conninfo
 from madlib_mop.tools import cluster as cluster_tool
 from madlib_mop.tools.embedded import EmbeddedCluster
 
-from tests.conftest import _uses_embedded_cluster, held_job
+from tests.conftest import _uses_embedded_cluster, connect as _connect, held_job
 
 pytestmark = pytest.mark.skipif(not _uses_embedded_cluster(),
                                 reason="starts PostgreSQL servers of its own on this machine")
@@ -68,14 +68,6 @@ def cluster(servers):
             server.start()
         with psycopg.connect(_server_dsn(server, "postgres"), autocommit=True) as admin:
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-
-
-def _connect(dsn, notices=None):
-    conn = psycopg.connect(dsn, autocommit=True)
-    conn.execute("SET search_path = public, madlib_mop")
-    if notices is not None:
-        conn.add_notice_handler(lambda diag: notices.append(diag.message_primary))
-    return conn
 
 
 def _walkthrough_data(dsn, local: bool):

@@ -14,7 +14,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from madlib_mop.tools.replay import replay
-from tests.conftest import held_job
+from tests.conftest import connect as _connect, held_job
 from madlib_mop.job.schedule import visit_orders
 
 import keras  # noqa: E402  (a missing Keras fails these tests, it does not skip them)
@@ -61,12 +61,6 @@ def data(extension_dsn):
         conn.execute("SELECT generate_model_configs('arch', 'mst_digits', ARRAY[2], %s, %s)",
                      (COMPILE_GRID, "{'batch_size': [16], 'epochs': [1]}"))
     return extension_dsn
-
-
-def _connect(dsn):
-    conn = psycopg.connect(dsn, autocommit=True)
-    conn.execute("SET search_path = public, madlib_mop")
-    return conn
 
 
 def _fit(dsn, out, mst="mst_iris", source="iris_packed", iterations=3, validation="iris_valid",

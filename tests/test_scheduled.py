@@ -17,17 +17,11 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from madlib_mop.tools.demo import load_iris
-from tests.conftest import _uses_embedded_cluster, held_job
+from tests.conftest import _uses_embedded_cluster, connect as _connect, held_job
 
 ARCH = """{"class_name": "Sequential", "config": {"name": "mlp", "layers": [
   {"class_name": "Dense", "config": {"units": 8, "activation": "relu", "batch_input_shape": [null, 4]}},
   {"class_name": "Dense", "config": {"units": 3, "activation": "softmax"}}]}}"""
-
-
-def _connect(dsn):
-    conn = psycopg.connect(dsn, autocommit=True)
-    conn.execute("SET search_path = public, madlib_mop")
-    return conn
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ connection, and Ctrl-C cancels the job on the server and says how to continue it
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import threading
@@ -209,18 +210,16 @@ class Client:
                 return result.scalar()
 
     @staticmethod
+    @contextlib.contextmanager
     def _notices(conn: sa.Connection, sink: Callable[[str], None]):
+        """The server's NOTICEs on `conn`, as 'NOTICE: text', to `sink` while the block runs."""
         raw = conn.connection.dbapi_connection
-
-        class Handler:
-            def __enter__(self):
-                self.handler = lambda diag: sink(f"{diag.severity}: {diag.message_primary}")
-                raw.add_notice_handler(self.handler)
-
-            def __exit__(self, *exc):
-                raw.remove_notice_handler(self.handler)
-
-        return Handler()
+        handler = lambda diag: sink(f"{diag.severity}: {diag.message_primary}")  # noqa: E731
+        raw.add_notice_handler(handler)
+        try:
+            yield
+        finally:
+            raw.remove_notice_handler(handler)
 
     # ---- training calls with progress ---------------------------------------------------
     def _train(self, statement: str, params: dict) -> None:
