@@ -138,7 +138,7 @@ def test_ctrl_c_cancels_the_fit_and_it_resumes(mop, extension_dsn):
               "import os\n"
               "c = Client(os.environ['MADLIB_MOP_DSN'])\n"
               "c.fit_multiple(source_table='iris_packed', model_output_table='cancelled',"
-              " model_selection_table='mst', num_iterations=200)\n")
+              " model_selection_table='mst', num_iterations=60)\n")
     process = subprocess.Popen([sys.executable, "-c", script], env=env, cwd=REPO_ROOT,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -163,7 +163,7 @@ def test_ctrl_c_cancels_the_fit_and_it_resumes(mop, extension_dsn):
     assert state == "interrupted", stderr
     assert f"job {job_id} cancelled after" in stderr, stderr
     assert f"mop.resume({job_id})" in stderr and f"CALL madlib_mop.resume({job_id})" in stderr
-    assert 8 <= done < 200 * 4 * 2
+    assert 8 <= done < 60 * 4 * 2
     mop.progress = False
     try:
         mop.resume(job_id)

@@ -91,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{kind}: {path}")
                 return EXIT_OK
             if args.command == "tensorboard":
+                # TensorFlow only writes files here: keep its errors about a missing GPU quiet.
+                os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
                 from madlib_mop.client.tensorboard import write_events
 
                 runs = write_events(client, args.job, args.logdir)
