@@ -99,10 +99,15 @@ def test_new_version_continues_an_interrupted_run_instead_of_starting_another(da
         assert [r[1:] for r in _jobs_of(conn, "resumed")] == [
             ("public.resumed", "finished"), ("public.resumed_v2", "interrupted")]
         conn.add_notice_handler(lambda d: notices.append(d.message_primary))
+        # another call of the family (other arguments) leaves the interrupted one alone
+        conn.execute(_fit_sql("resumed", iterations=2, policy="new_version"))
+        assert any("started with other arguments: it is left as it is" in n for n in notices)
         conn.execute(_fit_sql("resumed", iterations=3, policy="new_version"))
         assert [r[1:] for r in _jobs_of(conn, "resumed")] == [
-            ("public.resumed", "finished"), ("public.resumed_v2", "finished")]
+            ("public.resumed", "finished"), ("public.resumed_v2", "finished"),
+            ("public.resumed_v3", "finished")]
         assert any("continuing job" in n for n in notices), notices
+        assert conn.execute("SELECT array_length(training_loss, 1) FROM resumed_v2_info").fetchone()[0] == 3
 
 
 def test_a_bad_policy_is_refused_before_anything_is_written(data):
@@ -113,6 +118,11 @@ def test_a_bad_policy_is_refused_before_anything_is_written(data):
         with pytest.raises(psycopg.errors.InvalidParameterValue):
             conn.execute("SELECT madlib_keras_fit_multiple_model('iris_packed', 'bad_policy', 'mst', 1, "
                          "warm_start => TRUE, if_output_exists => 'new_version')")
+        long_name = "n" * 50  # fits the job's tables (52 bytes at most), not its versions'
+        with pytest.raises(psycopg.errors.InvalidParameterValue) as error:
+            conn.execute(_fit_sql(long_name, policy="new_version"))
+        assert "too long to add \"_v99_mop_" in error.value.diag.message_primary
+        assert "at most 48 bytes" in error.value.diag.message_hint
         assert conn.execute("SELECT to_regclass('bad_policy') IS NULL").fetchone()[0]
         assert _jobs_of(conn, "bad_policy") == []
 
@@ -128,16 +138,17 @@ def _cron_dsn(server_dsn: str) -> str | None:
     return make_conninfo(server_dsn, dbname=database)
 
 
-def _runs(cron, jobid):
+def _runs(cron, jobid, started=False):
+    """The job's runs: those that ended (status, message), or also those under way."""
     return cron.execute("SELECT status, return_message FROM cron.job_run_details "
-                        "WHERE jobid = %s AND status IN ('succeeded', 'failed') ORDER BY runid",
-                        (jobid,)).fetchall()
+                        "WHERE jobid = %s AND (%s OR status IN ('succeeded', 'failed')) "
+                        "ORDER BY runid", (jobid, started)).fetchall()
 
 
-def _wait_for_runs(cron, jobid, count, timeout=150.0):
+def _wait_for_runs(cron, jobid, count, timeout=150.0, started=False):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        runs = _runs(cron, jobid)
+        runs = _runs(cron, jobid, started)
         if len(runs) >= count:
             return runs
         time.sleep(1)
@@ -173,13 +184,16 @@ def test_pg_cron_runs_a_nightly_fit_continues_it_after_an_interruption_and_repor
             cron.execute("SELECT cron.unschedule(%s)", (jobs["broken"],))
             first = _wait_for_runs(cron, jobs["fit"], 1)
             assert first[0][0] == "failed"
-            # The next firing continues the same job: no second version is made.
+            # The next firing continues the same job: no second version is made.  No third
+            # firing: moved to January once the second has started (unscheduling would
+            # cancel the run under way).
+            _wait_for_runs(cron, jobs["fit"], 2, started=True)
+            cron.execute("SELECT cron.alter_job(%s, schedule => '0 0 1 1 *')", (jobs["fit"],))
             runs = _wait_for_runs(cron, jobs["fit"], 2)
-            cron.execute("SELECT cron.unschedule(%s)", (jobs["fit"],))
-            jobs.clear()
         finally:
             for jobid in jobs.values():
-                cron.execute("SELECT cron.unschedule(%s)", (jobid,))
+                if cron.execute("SELECT 1 FROM cron.job WHERE jobid = %s", (jobid,)).fetchone():
+                    cron.execute("SELECT cron.unschedule(%s)", (jobid,))
         assert runs[1] == ("succeeded", "CALL"), runs
         assert [r[1:] for r in _jobs_of(conn, "cron_models")] == [("public.cron_models", "finished")]
         assert conn.execute("SELECT count(*) FROM cron_models_info WHERE "

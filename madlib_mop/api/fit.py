@@ -203,21 +203,37 @@ def _output_policy(if_output_exists: str | None, warm_start: bool | None) -> str
     return policy
 
 
+VERSION_ROOM = "_v99"  # the suffix a versioned name must leave room for
+
+
 def _next_version(plpy: Any, plan) -> None:
     """if_output_exists => 'new_version': the call's output becomes its family's unfinished
-    job's (continued), else the name itself if free, else the first free `<name>_v<N>`.
-    The family is recorded in the job's arguments, so the next run finds it."""
+    job's (continued) when that job was started with the same arguments, else the name
+    itself if free, else the first free `<name>_v<N>`.  The family is recorded in the
+    job's arguments, so the next run finds it.  An unfinished job on the name itself that
+    was started without the policy is continued as it was started."""
+    for suffix in TABLE_SUFFIXES.values():
+        plan.out.sibling(VERSION_ROOM + suffix, plpy)  # the versions' names will fit
+    own = _find_job(plpy, plan.out, unfinished=True)
+    if own is not None and "output_family" not in json.loads(own["arguments"]):
+        return
     family = plan.out.quoted
     plan.arguments["if_output_exists"] = "new_version"
     plan.arguments["output_family"] = family
-    rows = plpy.execute(plpy.prepare(
-        f"SELECT arguments->>'model_output_table' AS out, tables FROM "
-        f"{catalog.extension_schema(plpy)}.jobs WHERE owner = current_user AND state <> 'finished' "
-        "AND arguments->>'output_family' = $1 ORDER BY job_id DESC LIMIT 1", ["text"]), [family])
-    if rows and _tables_exist(plpy, {"tables": rows[0]["tables"]}):
-        plan.arguments["model_output_table"] = rows[0]["out"]
-        plan.out = catalog.new_table(plpy, rows[0]["out"], argument="model_output_table")
-        return
+    for job in plpy.execute(plpy.prepare(
+            f"SELECT job_id, arguments, tables FROM {catalog.extension_schema(plpy)}.jobs "
+            "WHERE owner = current_user AND state <> 'finished' "
+            "AND arguments->>'output_family' = $1 ORDER BY job_id DESC", ["text"]), [family]):
+        if not _tables_exist(plpy, job):
+            continue
+        recorded = json.loads(job["arguments"])
+        if _same_call(recorded, plan.arguments):
+            plan.arguments["model_output_table"] = recorded["model_output_table"]
+            plan.out = catalog.new_table(plpy, recorded["model_output_table"],
+                                         argument="model_output_table")
+            return
+        plpy.notice(f"job {job['job_id']} ({recorded['model_output_table']}) is unfinished but "
+                    "was started with other arguments: it is left as it is")
     version = 1
     candidate = plan.out
     while _taken(plpy, candidate):
@@ -227,12 +243,19 @@ def _next_version(plpy: Any, plan) -> None:
         candidate = catalog.new_table(plpy, quoted, argument="model_output_table")
         for suffix in TABLE_SUFFIXES.values():
             if suffix:
-                candidate.sibling(suffix, plpy)  # checks the names fit
+                candidate.sibling(suffix, plpy)  # checks the names fit (past _v99)
     if version > 1:
         plpy.notice(f"model_output_table {family} exists: training into {candidate.quoted} "
                     "(if_output_exists => 'new_version')")
     plan.arguments["model_output_table"] = candidate.quoted
     plan.out = candidate
+
+
+def _same_call(recorded: dict, arguments: dict) -> bool:
+    """The same call but for the version it wrote (arguments as a job records them)."""
+    def without_output(values: dict) -> dict:
+        return {k: v for k, v in values.items() if k != "model_output_table"}
+    return without_output(recorded) == without_output(json.loads(json.dumps(arguments)))
 
 
 def _taken(plpy: Any, out: catalog.NewTable) -> bool:

@@ -37,12 +37,16 @@ class JobProgress:
         self._since = self._conn.execute(sa.text("SELECT clock_timestamp()")).scalar()
 
     def find_job(self) -> int | None:
-        """The job the call started or continued: running, coordinated by its backend,
-        and marked running since this object was made."""
+        """The job the call started or continued: coordinated by its backend and marked
+        running since this object was made (it may have ended since: short jobs do).  A
+        pooled backend may have coordinated other jobs before; one the call abandoned
+        (its tables dropped) is marked failed now, and is not it."""
         if self.job_id is None and self.coordinator_pid is not None:
             self.job_id = self._conn.execute(sa.text(
                 f"SELECT job_id FROM {frames._quote(self.schema)}.jobs "
-                "WHERE coordinator_pid = :pid AND updated_at >= :since ORDER BY job_id DESC LIMIT 1"),
+                "WHERE coordinator_pid = :pid AND state IN ('running', 'finished', 'interrupted') "
+                "AND updated_at >= :since "
+                "ORDER BY job_id DESC LIMIT 1"),
                 {"pid": self.coordinator_pid, "since": self._since}).scalar()
         return self.job_id
 
@@ -131,12 +135,6 @@ class JobProgress:
                 if done is None and state is None:
                     raise LookupError(f"job {self.job_id} not found")
                 return state or "unknown"
-
-    def done_text(self) -> str:
-        self._read()
-        if self.row is None:
-            return ""
-        return f" after {float(self.row['epochs_done']):g} of {float(self.row['epochs_total']):g} epochs"
 
     def close(self) -> None:
         with self._lock:

@@ -68,7 +68,8 @@ def write_report(client, job: int | str, out_dir: str | Path, *,
 # ---- content -------------------------------------------------------------------------
 def _facts(ref: frames.JobRef, progress: dict[str, Any]) -> list[tuple[str, str]]:
     """(name, value) of the job: its state, tables, search, models and epochs, times."""
-    facts = [("job", str(ref.job_id)), ("state", ref.state),
+    # job_progress's state: a job whose coordinator's session ended shows as interrupted
+    facts = [("job", str(ref.job_id)), ("state", progress.get("state") or ref.state),
              ("output table", ref.model_output_table),
              ("source table", str(ref.arguments.get("source_table") or "")),
              ("validation table", ref.validation_table or "none")]

@@ -244,19 +244,39 @@ class Client:
             with self._notices(conn, progress.notice if self.progress else self._print_notice):
                 worker = threading.Thread(target=run, name="madlib_mop call", daemon=True)
                 worker.start()
+                cancelled = False
                 try:
                     progress.follow(done)
                 except KeyboardInterrupt:
+                    cancelled = True
                     raw.cancel_safe()
-                    done.wait()
-                    job, done_text = progress.find_job(), progress.done_text()
+                    # The call ends soon after the cancel; until it has, the connection is
+                    # its own (another Ctrl-C sends the cancel again).
+                    while True:
+                        try:
+                            if done.wait(0.5):
+                                break
+                        except KeyboardInterrupt:
+                            raw.cancel_safe()
+                finally:
                     progress.close()
-                    raise JobCancelled(job, self.schema, done_text) from None
                 worker.join()
-                progress.close()
-        if outcome["error"] is not None:
-            error = outcome["error"]
+        error = outcome["error"]
+        if cancelled and isinstance(getattr(error, "orig", None), psycopg.errors.QueryCanceled):
+            raise JobCancelled(*self._cancelled_job(progress)) from None
+        if error is not None:
             raise (server_error(error) if isinstance(error, sa.exc.DBAPIError) else error) from None
+
+    def _cancelled_job(self, progress: JobProgress) -> tuple[int | None, str, str]:
+        """(job id, schema, ' after x of y epochs') of a cancelled call, read anew."""
+        if progress.job_id is None:
+            return None, self.schema, ""
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.text(
+                f"SELECT epochs_done, epochs_total FROM {_quote(self.schema)}.job_progress "
+                "WHERE job_id = :id"), {"id": progress.job_id}).first()
+        done = f" after {float(row[0]):g} of {float(row[1]):g} epochs" if row else ""
+        return progress.job_id, self.schema, done
 
     def resume(self, job_id: int) -> None:
         """Continue an interrupted job (CALL resume)."""
