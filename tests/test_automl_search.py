@@ -316,3 +316,42 @@ def test_tpe_on_a_small_discrete_grid_tries_every_configuration():
     searcher = OptunaSearcher(space, LOSS, 12, 3, "tpe", 0, 2, 2)
     # TPE soon settles on the best few; repeats are replaced by random proposals.
     assert len(set(_run(searcher, 0))) == 12
+
+
+def _decisions_of(brackets: dict, reports: list[Report]) -> dict[int, tuple[int, Decision, dict]]:
+    """Each model's last decision passed on by the coordinator's SearchDecisions (iteration,
+    decision, Hyperband's labels), the reports handed over in the given order."""
+    from madlib_mop.job.coordinator import SearchDecisions
+
+    pruner = HyperbandPruner(LOSS, brackets, 9, 3, 0, 9)
+    pruner.start(sorted(brackets))
+    last: dict[int, tuple[int, Decision, dict]] = {}
+
+    def decided(report, decision, why):
+        assert report.iteration >= last.get(report.mst_key, (0,))[0], "a decision went back"
+        last[report.mst_key] = (report.iteration, decision, pruner.labels(report.mst_key, report.iteration))
+
+    decisions = SearchDecisions(None, pruner, Dispatcher({k: [[0]] for k in brackets}, 1), decided)
+    for report in reports:
+        decisions.report(report)
+    return last
+
+
+def test_a_resumed_job_decides_as_the_uninterrupted_one():
+    """A resumed job hands over each model's reports at once (model by model): a later
+    iteration's decision can then come before an earlier one's, which must not undo it
+    (Hyperband's `i` of a model stopped in round 1 went back to 0)."""
+    brackets = hyperband_brackets(9, 3, 0)
+    rng = random.Random(5)
+    values = {k: [rng.random() for _ in range(9)] for k in brackets}
+    # The reports a run has: a stopped model reports nothing after its stop.
+    pruner = HyperbandPruner(LOSS, brackets, 9, 3, 0, 9)
+    pruner.start(sorted(brackets))
+    stopped = _replay(pruner, sorted(_reports(values), key=lambda r: (r.iteration, r.mst_key)))
+    reports = [r for r in _reports(values) if r.iteration <= stopped.get(r.mst_key, 9)]
+    in_time = _decisions_of(brackets, sorted(reports, key=lambda r: (r.iteration, r.mst_key)))
+    resumed = _decisions_of(brackets, reports)  # model by model
+    assert resumed == in_time
+    promoted_then_stopped = [k for k, (i, d, labels) in in_time.items()
+                             if d is Decision.STOP and labels["i"] >= 1]
+    assert promoted_then_stopped  # the case that went wrong: i of a model stopped in round 1

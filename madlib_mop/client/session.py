@@ -56,7 +56,8 @@ class JobCancelled(KeyboardInterrupt):
     def __init__(self, job_id: int | None, schema: str, done: str = ""):
         self.job_id = job_id
         if job_id is None:
-            message = "cancelled before the job started; nothing was recorded"
+            message = ("cancelled before its job was running; the same call again starts it, or "
+                       "continues it if it was recorded")
         else:
             message = (f"job {job_id} cancelled{done}; continue it with mop.resume({job_id}), "
                        f"CALL {schema}.resume({job_id}), or the same call again")

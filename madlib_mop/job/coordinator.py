@@ -493,13 +493,18 @@ class SearchDecisions:
     """Hands each (model, iteration) report to the searcher and the pruner, once, and
     turns the pruner's answers into schedule changes (stop, hold while it waits).  Held
     decisions are asked again, in (iteration, mst_key) order, after every report and every
-    decision, until none changes: the outcome depends on the reports, not on their order."""
+    decision, until none changes: the outcome depends on the reports, not on their order.
+
+    A resumed job hands over each model's reports at once, so a later iteration's decision
+    may come before an earlier one's (which waited for other models' reports): the model
+    trained past that earlier iteration, its decision is moot and is not passed on."""
 
     def __init__(self, searcher: Searcher | None, pruner: Pruner, dispatcher: schedule.Dispatcher,
                  decided):
         self.searcher, self.pruner, self.schedule, self.decided = searcher, pruner, dispatcher, decided
         self.reports: dict[int, dict[int, Report]] = {}  # iteration -> mst_key -> report
         self.waiting: set[tuple[int, int]] = set()  # (iteration, mst_key) held for the pruner
+        self.latest: dict[int, int] = {}  # mst_key -> the last iteration decided about it
 
     def has(self, mst_key: int, iteration: int) -> bool:
         return mst_key in self.reports.get(iteration, {})
@@ -518,6 +523,9 @@ class SearchDecisions:
 
     def decide(self, report: Report) -> bool:
         """True if the pruner decided (the model no longer waits)."""
+        if self.latest.get(report.mst_key, 0) > report.iteration:
+            self.waiting.discard((report.iteration, report.mst_key))
+            return True
         decision = self.pruner.decide(report, self.reports[report.iteration])
         self.schedule.hold(report.mst_key, decision is Decision.WAIT)
         if decision is Decision.WAIT:
@@ -525,6 +533,7 @@ class SearchDecisions:
         self.waiting.discard((report.iteration, report.mst_key))
         if decision is Decision.STOP:
             self.schedule.stop(report.mst_key)
+        self.latest[report.mst_key] = max(report.iteration, self.latest.get(report.mst_key, 0))
         self.decided(report, decision, self.pruner.reason(report) if decision is Decision.STOP else None)
         return True
 
