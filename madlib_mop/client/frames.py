@@ -13,7 +13,6 @@ parameters are read by the extension's literal-only parser.
 
 from __future__ import annotations
 
-import ast
 import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -40,10 +39,11 @@ class JobRef:
     def table(self, key: str) -> str:
         """The job's table `key` ('output', 'info', 'summary', 'visits', ...), quoted."""
         schema, name = self.tables[key]
-        return f"{_quote(schema)}.{_quote(name)}"
+        return f"{quote(schema)}.{quote(name)}"
 
 
-def _quote(identifier: str) -> str:
+def quote(identifier: str) -> str:
+    """An identifier quoted for SQL text (the client's only way to put a name in SQL)."""
     return '"' + identifier.replace('"', '""') + '"'
 
 
@@ -64,7 +64,7 @@ def job_ref(conn: sa.Connection, schema: str, job: int | str) -> JobRef:
                         " WHERE c.oid = to_regclass(:v)))"), str(job)
     row = conn.execute(sa.text(
         f"SELECT job_id, state, model_output_table, tables, arguments, validation_table, "
-        f"coordinator_pid FROM {_quote(schema)}.jobs WHERE {where} "
+        f"coordinator_pid FROM {quote(schema)}.jobs WHERE {where} "
         "ORDER BY job_id DESC LIMIT 1"), {"v": value}).mappings().first()
     if row is None:
         raise LookupError(f"no job {job!r} of yours: see `madlib-mop jobs` or "
@@ -75,7 +75,7 @@ def job_ref(conn: sa.Connection, schema: str, job: int | str) -> JobRef:
 
 def jobs(conn: sa.Connection, schema: str) -> pd.DataFrame:
     """The `job_progress` view: every job of the connected role, newest first."""
-    return pd.read_sql_query(sa.text(f"SELECT * FROM {_quote(schema)}.job_progress "
+    return pd.read_sql_query(sa.text(f"SELECT * FROM {quote(schema)}.job_progress "
                                      "ORDER BY job_id DESC"), conn)
 
 
@@ -86,9 +86,9 @@ def hyperparameters(compile_params: str | None, fit_params: str | None) -> dict[
     if compile_params:
         params = model_config.parse_keyword_text(compile_params, "compile_params",
                                                  names_are_strings=True, call_keys=("optimizer",))
-        name, arguments = _optimizer_parts(str(params.get("optimizer", "")))
+        name, arguments = model_config.optimizer_parts(str(params.get("optimizer", "")))
         out["optimizer"] = name
-        for key, value in arguments.items():
+        for key, value in arguments:
             out["learning_rate" if key in ("lr", "learning_rate") else key] = value
         out["loss"] = params.get("loss")
     if fit_params:
@@ -96,25 +96,6 @@ def hyperparameters(compile_params: str | None, fit_params: str | None) -> dict[
             if isinstance(value, (int, float, str, bool)):
                 out[key] = value
     return out
-
-
-def _optimizer_parts(text: str) -> tuple[str, dict[str, Any]]:
-    """'Adam(lr=0.01)' -> ('Adam', {'lr': 0.01}); literal values only."""
-    try:
-        node = ast.parse(text.strip(), mode="eval").body
-    except SyntaxError:
-        return text, {}
-    if isinstance(node, ast.Name):
-        return node.id, {}
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-        arguments = {}
-        for keyword in node.keywords:
-            try:
-                arguments[keyword.arg] = ast.literal_eval(keyword.value)
-            except ValueError:
-                continue
-        return node.func.id, arguments
-    return text, {}
 
 
 def objective(job: JobRef, info: pd.DataFrame) -> tuple[str, bool]:

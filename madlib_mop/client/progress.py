@@ -43,7 +43,7 @@ class JobProgress:
         (its tables dropped) is marked failed now, and is not it."""
         if self.job_id is None and self.coordinator_pid is not None:
             self.job_id = self._conn.execute(sa.text(
-                f"SELECT job_id FROM {frames._quote(self.schema)}.jobs "
+                f"SELECT job_id FROM {frames.quote(self.schema)}.jobs "
                 "WHERE coordinator_pid = :pid AND state IN ('running', 'finished', 'interrupted') "
                 "AND updated_at >= :since "
                 "ORDER BY job_id DESC LIMIT 1"),
@@ -54,7 +54,7 @@ class JobProgress:
         if self.find_job() is None:
             return
         row = self._conn.execute(sa.text(
-            f"SELECT * FROM {frames._quote(self.schema)}.job_progress WHERE job_id = :id"),
+            f"SELECT * FROM {frames.quote(self.schema)}.job_progress WHERE job_id = :id"),
             {"id": self.job_id}).mappings().first()
         if row is None:
             return

@@ -177,8 +177,8 @@ class Client:
             arg, kind = routine.arguments[k]
             parts.append(self._bind(f"a{k}", value, kind if typed else None, params))
         for arg, value in kwargs.items():
-            parts.append(f"{_quote(arg)} => " + self._bind(arg, value, types[arg] if typed else None, params))
-        call = f"{_quote(self.schema)}.{_quote(name)}({', '.join(parts)})"
+            parts.append(f"{frames.quote(arg)} => " + self._bind(arg, value, types[arg] if typed else None, params))
+        call = f"{frames.quote(self.schema)}.{frames.quote(name)}({', '.join(parts)})"
         if routine.kind == "p":
             return f"CALL {call}", params, routine
         if routine.returns_set:
@@ -274,7 +274,7 @@ class Client:
             return None, self.schema, ""
         with self.engine.connect() as conn:
             row = conn.execute(sa.text(
-                f"SELECT epochs_done, epochs_total FROM {_quote(self.schema)}.job_progress "
+                f"SELECT epochs_done, epochs_total FROM {frames.quote(self.schema)}.job_progress "
                 "WHERE job_id = :id"), {"id": progress.job_id}).first()
         done = f" after {float(row[0]):g} of {float(row[1]):g} epochs" if row else ""
         return progress.job_id, self.schema, done
@@ -323,7 +323,3 @@ class Client:
 
     def __exit__(self, *exc):
         self.close()
-
-
-def _quote(identifier: str) -> str:
-    return '"' + identifier.replace('"', '""') + '"'

@@ -178,20 +178,26 @@ def make_optimizer(name: str, arguments: Iterable[tuple[str, Any]], text: str) -
     return Optimizer(canonical, arguments)
 
 
-def parse_optimizer(text: str) -> Optimizer:
-    """'Adam(lr=0.01)', 'Adam()', 'adam' -> Optimizer."""
+def optimizer_parts(text: str) -> tuple[str, list[tuple[str, Any]]]:
+    """'Adam(lr=0.01)' -> ('Adam', [('lr', 0.01)]): literal values only, not checked
+    against Keras (a client reads stored configurations without TensorFlow)."""
     what = "optimizer"
     try:
         node = ast.parse(str(text).strip(), mode="eval").body
     except SyntaxError as error:
         raise _syntax_error(what, str(text), error.msg) from None
     if isinstance(node, ast.Name):
-        return make_optimizer(node.id, (), str(text))
+        return node.id, []
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args \
             and all(k.arg is not None for k in node.keywords):
-        arguments = [(k.arg, _literal(k.value, what, str(text), False)) for k in node.keywords]
-        return make_optimizer(node.func.id, arguments, str(text))
+        return node.func.id, [(k.arg, _literal(k.value, what, str(text), False)) for k in node.keywords]
     raise _syntax_error(what, str(text), "expected Name or Name(key=value, ...), e.g. Adam(lr=0.01)")
+
+
+def parse_optimizer(text: str) -> Optimizer:
+    """'Adam(lr=0.01)', 'Adam()', 'adam' -> Optimizer."""
+    name, arguments = optimizer_parts(text)
+    return make_optimizer(name, arguments, str(text))
 
 
 # ---- compile and fit parameters -----------------------------------------------------------------
