@@ -9,12 +9,13 @@ CREATE FUNCTION @extschema@.training_preprocessor_dl(
     normalizing_const   double precision DEFAULT 1.0,  -- MADlib: real; also takes float8 values
     num_classes         integer[] DEFAULT NULL,
     distribution_rules  text      DEFAULT NULL,
-    seed                integer   DEFAULT 0
+    seed                integer   DEFAULT 0,
+    regression          boolean   DEFAULT FALSE  -- TRUE: numeric labels are targets, not classes
 )
 RETURNS void
 #plpython "training_preprocessor_dl.py"
 
-COMMENT ON FUNCTION @extschema@.training_preprocessor_dl(varchar, varchar, varchar, varchar, integer, double precision, integer[], text, integer) IS
+COMMENT ON FUNCTION @extschema@.training_preprocessor_dl(varchar, varchar, varchar, varchar, integer, double precision, integer[], text, integer, boolean) IS
     'Shuffles and packs a table into minibatch buffers spread over segments; SELECT training_preprocessor_dl(''help'') for usage';
 
 CREATE FUNCTION @extschema@.validation_preprocessor_dl(

@@ -32,6 +32,34 @@ CREATE FUNCTION @extschema@.madlib_keras_predict(
 RETURNS void
 #plpython "madlib_keras_predict.py"
 
+-- MADlib's pred_type overloads: an integer k (the top k classes) or a probability
+-- threshold, written as numbers.
+CREATE FUNCTION @extschema@.madlib_keras_predict(
+    model_table         varchar,
+    test_table          varchar,
+    id_col              varchar,
+    independent_varname varchar,
+    output_table        varchar,
+    pred_type           integer,
+    use_gpus            boolean DEFAULT FALSE,
+    mst_key             integer DEFAULT NULL
+)
+RETURNS void
+#plpython "madlib_keras_predict.py"
+
+CREATE FUNCTION @extschema@.madlib_keras_predict(
+    model_table         varchar,
+    test_table          varchar,
+    id_col              varchar,
+    independent_varname varchar,
+    output_table        varchar,
+    pred_type           double precision,
+    use_gpus            boolean DEFAULT FALSE,
+    mst_key             integer DEFAULT NULL
+)
+RETURNS void
+#plpython "madlib_keras_predict.py"
+
 CREATE FUNCTION @extschema@.madlib_keras_predict_byom(
     model_arch_table    varchar,
     model_id            integer,
@@ -41,7 +69,39 @@ CREATE FUNCTION @extschema@.madlib_keras_predict_byom(
     output_table        varchar,
     pred_type           varchar DEFAULT 'prob',
     use_gpus            boolean DEFAULT FALSE,
-    class_values        text[]  DEFAULT NULL,
+    class_values        text[]  DEFAULT NULL,   -- MADlib's 2-D form ARRAY[ARRAY[...]] too
+    normalizing_const   double precision DEFAULT NULL,
+    dependent_count     integer DEFAULT 1    -- outputs of the model: 1 only
+)
+RETURNS void
+#plpython "madlib_keras_predict_byom.py"
+
+-- As MADlib: the numeric pred_type overloads have no dependent_count.
+CREATE FUNCTION @extschema@.madlib_keras_predict_byom(
+    model_arch_table    varchar,
+    model_id            integer,
+    test_table          varchar,
+    id_col              varchar,
+    independent_varname varchar,
+    output_table        varchar,
+    pred_type           integer,
+    use_gpus            boolean DEFAULT FALSE,
+    class_values        text[]  DEFAULT NULL,   -- MADlib's 2-D form ARRAY[ARRAY[...]] too
+    normalizing_const   double precision DEFAULT NULL
+)
+RETURNS void
+#plpython "madlib_keras_predict_byom.py"
+
+CREATE FUNCTION @extschema@.madlib_keras_predict_byom(
+    model_arch_table    varchar,
+    model_id            integer,
+    test_table          varchar,
+    id_col              varchar,
+    independent_varname varchar,
+    output_table        varchar,
+    pred_type           double precision,
+    use_gpus            boolean DEFAULT FALSE,
+    class_values        text[]  DEFAULT NULL,   -- MADlib's 2-D form ARRAY[ARRAY[...]] too
     normalizing_const   double precision DEFAULT NULL
 )
 RETURNS void

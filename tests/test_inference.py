@@ -28,12 +28,13 @@ def models(extension_dsn):
         with conn.cursor().copy("COPY iris FROM STDIN") as copy:
             for i, (x, y) in enumerate(zip(iris.data, iris.target)):
                 copy.write_row((i, [float(v) for v in x[:3]], str(iris.target_names[y]), float(x[3])))
+        conn.execute("CREATE TABLE iris_wide AS SELECT id, attributes || width AS attributes FROM iris")
         conn.execute("SELECT training_preprocessor_dl('iris', 'iris_packed', 'class_text', 'attributes', "
                      "normalizing_const => 2, distribution_rules => '2')")
         conn.execute("SELECT validation_preprocessor_dl('iris', 'iris_valid', 'class_text', 'attributes', "
                      "'iris_packed')")
         conn.execute("SELECT training_preprocessor_dl('iris', 'width_packed', 'width', 'attributes', "
-                     "distribution_rules => '2')")
+                     "distribution_rules => '2', regression => TRUE)")
         conn.execute("SELECT load_keras_model('arch', %s::json)", (_mlp(3, 3),))
         conn.execute("SELECT load_keras_model('arch', %s::json)", (_mlp(3, 1, "linear"),))
         conn.execute("SELECT generate_model_configs('arch', 'mst', ARRAY[1], %s, %s)", (
@@ -168,7 +169,9 @@ def test_evaluate_every_model_in_one_pass(conn, models):
      "22023", "mst_key 9 is not in"),
     ("SELECT madlib_keras_predict('single', 'iris', 'no_id', 'attributes', 'bad_out')", "42703", "no_id"),
     ("SELECT madlib_keras_predict('single', 'iris', 'id', 'width', 'bad_out')", "42804",
-     "1 values per row, the model takes input of shape [3]"),
+     "which is not a numeric array"),
+    ("SELECT madlib_keras_predict('single', 'iris_wide', 'id', 'attributes', 'bad_out')",
+     "42804", "4 values per row, the model takes input of shape [3]"),
     ("SELECT madlib_keras_predict('single', 'iris', 'id', 'attributes', 'iris')", "42P07", "already exists"),
     ("SELECT madlib_keras_predict('single', 'iris', 'id', 'attributes', 'bad_out', 'maybe')", "22023",
      "pred_type 'maybe' is not valid"),

@@ -47,7 +47,11 @@ def test_fit_params():
 
 @pytest.mark.parametrize(("text", "sqlstate", "match"), [
     ("optimizer='Adamm()', loss='mse'", "22023", "not a Keras optimizer"),
-    ("optimizer='Adam(lr=0.1, decay=0.01)', loss='mse'", "22023", "has no argument 'decay'"),
+    ("optimizer='Adam(lr=0.1, dekay=0.01)', loss='mse'", "22023", "has no argument 'dekay'"),
+    ("optimizer='Adam(lr=0.1, decay=-0.01)', loss='mse'", "22023", "decay=-0.01 is out of range"),
+    ("optimizer='Adam(lr=0.1, decay=None)', loss='mse'", "22023", "must be a number at least 0"),
+    ("optimizer='Adam', loss='mse', metrics=['top_0_accuracy']", "22023", "metric 'top_0_accuracy'"),
+    ("optimizer='Adam', loss='mse', metrics=['top_k_accuracy']", "22023", "metric 'top_k_accuracy'"),
     ("optimizer='Adam(lr=float(1))', loss='mse'", "42601", "not a literal"),
     ("optimizer='Adam', loss='no_such_loss'", "22023", "loss 'no_such_loss' is not supported"),
     ("optimizer='Adam', loss='mse', metrics=['accuracy', 'f1_custom']", "22023", "metric 'f1_custom'"),
@@ -68,7 +72,8 @@ def test_bad_compile_params(text, sqlstate, match):
 
 @pytest.mark.parametrize(("text", "match"), [
     ("batch_size=0", "positive integer"), ("epochs=1.5", "positive integer"),
-    ("verbose=7", "0, 1 or 2"), ("callbacks=[]", "callbacks is not accepted"),
+    ("verbose=7", "0, 1 or 2"), ("callbacks='[TensorBoard()]'", "a list of TensorBoard"),
+    ("validation_split=0.1", "validation_split is not accepted"),
     ("batch_size='64'", "positive integer"), ("shuffle=1", "True or False"),
 ])
 def test_bad_fit_params(text, match):
@@ -98,3 +103,66 @@ def test_whitelisted_names_exist_in_keras():
         assert keras.metrics.get(metric) is not None, metric
     for name in mc.OPTIMIZERS.values():
         assert "learning_rate" in mc.optimizer_parameters(name)
+
+
+# ---- Keras 2 idioms of MADlib's examples ------------------------------------------------------
+
+def test_decay_is_kept_as_written_and_becomes_keras2s_schedule():
+    import keras
+
+    text = "optimizer='Adam(lr=0.01,decay=0.5)',loss='categorical_crossentropy'"
+    params = mc.parse_compile_params(text)
+    assert str(params) == text and params.optimizer.scheduled
+    assert params.optimizer.written_arguments() == {"learning_rate": 0.01, "decay": 0.5}
+    schedule = params.optimizer.keras_arguments()["learning_rate"]
+    assert isinstance(schedule, keras.optimizers.schedules.InverseTimeDecay)
+    assert list(params.optimizer.keras_arguments()) == ["learning_rate"]
+    optimizer = keras.optimizers.Adam(**params.optimizer.keras_arguments())
+    for steps in (0, 1, 7, 100):  # Keras 2: lr / (1 + decay * iterations)
+        optimizer.iterations.assign(steps)
+        assert float(optimizer.learning_rate) == pytest.approx(0.01 / (1 + 0.5 * steps), rel=1e-6)
+    # Without lr, the optimizer's own default decays; decay=0 is no schedule at all.
+    assert mc.parse_optimizer("SGD(decay=1e-4)").keras_arguments()["learning_rate"] \
+        .get_config()["initial_learning_rate"] == 0.01
+    assert mc.parse_optimizer("Adam(lr=0.1, decay=0)").keras_arguments() == {"learning_rate": 0.1}
+    assert not mc.parse_optimizer("Adam(lr=0.1, decay=0)").scheduled
+    # As MADlib's generate_model_configs examples write it.
+    assert str(mc.make_optimizer("Adam", [("lr", 0.01), ("decay", 1e-4)], "")) == "Adam(lr=0.01,decay=0.0001)"
+
+
+def test_top_k_accuracy_for_any_k():
+    params = mc.parse_compile_params("loss='categorical_crossentropy', "
+                                     "metrics=['top_3_accuracy', 'top_10_accuracy', 'top_k_categorical_accuracy']")
+    assert params.metrics == ("top_3_accuracy", "top_10_accuracy", "top_k_categorical_accuracy")
+    assert [mc.top_k(m) for m in params.metrics] == [3, 10, None]
+    assert mc.top_k("top_03_accuracy") is None and mc.top_k("top_3_accuracy_x") is None
+    with pytest.raises(MadlibMopError, match="not supported") as raised:
+        mc.parse_compile_params("loss='mse', metrics=['top_3_acc']")
+    assert "top_<k>_accuracy (e.g. top_3_accuracy)" in raised.value.hint
+
+
+def test_tensorboard_callbacks_are_read_never_run():
+    text = 'batch_size=32, epochs=1, callbacks=[TensorBoard(log_dir="/tmp/logs/fit", histogram_freq=1)]'
+    assert mc.parse_fit_params(text) == {"batch_size": 32, "epochs": 1}  # what training uses
+    callbacks = mc.fit_callbacks(text)
+    assert callbacks == [mc.Callback("TensorBoard", (("log_dir", "/tmp/logs/fit"), ("histogram_freq", 1)))]
+    assert mc.fit_params_text(mc.fit_params_from(mc.parse_keyword_text(text, "fit_params"), text)) == \
+        "batch_size=32,epochs=1,callbacks=[TensorBoard(log_dir='/tmp/logs/fit', histogram_freq=1)]"
+    assert mc.fit_callbacks("batch_size=8") == [] and mc.fit_callbacks("callbacks=[]") == []
+
+
+@pytest.mark.parametrize(("text", "sqlstate", "match"), [
+    ("callbacks=[EarlyStopping(patience=2)]", "22023", "callback EarlyStopping is not supported"),
+    ("callbacks=[TensorBoard(), ModelCheckpoint(filepath='/tmp/m')]", "22023", "ModelCheckpoint"),
+    ("callbacks=[TensorBoard('/tmp/logs')]", "42601", "is not a callback such as"),
+    ("callbacks=[keras.callbacks.TensorBoard()]", "42601", "is not a callback such as"),
+    ("callbacks=[TensorBoard(log_dir=__import__('os').getcwd())]", "42601", "not a literal"),
+    ("callbacks=[TensorBoard(**{'log_dir': '/tmp'})]", "42601", "is not a callback such as"),
+    ("callbacks=TensorBoard()", "42601", "not a literal"),
+])
+def test_bad_callbacks(text, sqlstate, match):
+    with pytest.raises(MadlibMopError, match=match) as raised:
+        mc.parse_fit_params(text)
+    assert raised.value.sqlstate == sqlstate and raised.value.hint
+    if sqlstate == "22023":
+        assert "madlib-mop tensorboard" in raised.value.hint

@@ -126,19 +126,56 @@ def test_same_seed_same_packing(conn, data):
     assert a == b and a != c
 
 
-def test_several_numeric_columns_become_one_feature_vector(conn, data):
-    _drop(conn, "cols_packed", "array_packed")
-    _call(conn, "training_preprocessor_dl", "iris", "cols_packed", "class_text",
-          'sepal_length, sepal_width, "petal_length", petal_width', distribution_rules="1")
-    _call(conn, "training_preprocessor_dl", "iris", "array_packed", "class_text", "attributes",
-          distribution_rules="1")
-    summary = _summary(conn, "cols_packed")
-    assert summary["independent_varname"] == ["sepal_length", "sepal_width", "petal_length", "petal_width"]
-    _, features, labels = _unpack(conn, "cols_packed", "independent_var", "class_text")
-    _, expected, expected_labels = _unpack(conn, "array_packed", "attributes", "class_text")
-    # The same rows in the same (seeded) order as when they come as one array column.
-    assert features.shape == (150, 4)
-    assert np.array_equal(features, expected) and np.array_equal(labels, expected_labels)
+def test_several_feature_columns_are_madlibs_multi_input_and_refused(conn, data):
+    """MADlib reads 'a, b' as the inputs of a multi-input model: refused, with the view
+    that gives one input made of the columns."""
+    _drop(conn, "cols_packed")
+    diag = _error(conn, "training_preprocessor_dl", "iris", "cols_packed", "class_text",
+                  'sepal_length, sepal_width, "petal_length", petal_width')
+    assert diag.sqlstate == "0A000" and "multi-input" in diag.message_primary
+    assert "ARRAY[sepal_length, sepal_width, petal_length, petal_width]" in diag.message_hint
+    _nothing_left(conn, "cols_packed")
+
+
+def test_float_labels_are_classes_and_null_is_a_class(conn, data):
+    """MADlib's meaning: a float label holds classes; NULL is a class (the first)."""
+    _drop(conn, "float_packed", "float_valid")
+    conn.execute("CREATE TABLE IF NOT EXISTS floats AS SELECT id, attributes, "
+                 "CASE WHEN id % 5 = 0 THEN NULL ELSE (id % 3)::float8 / 2 END AS half FROM iris")
+    _call(conn, "training_preprocessor_dl", "floats", "float_packed", "half", "attributes",
+          distribution_rules="2")
+    summary = _summary(conn, "float_packed")
+    assert summary["label_kind"] == "classification" and summary["num_classes"] == [4]
+    assert summary["half_class_values"] == [None, 0.0, 0.5, 1.0]
+    _, _, labels = _unpack(conn, "float_packed", "attributes", "half")
+    counts = conn.execute("SELECT count(*) FILTER (WHERE half IS NULL), count(*) FILTER "
+                          "(WHERE half = 0), count(*) FILTER (WHERE half = 0.5), count(*) "
+                          "FILTER (WHERE half = 1) FROM floats").fetchone()
+    assert labels.shape == (150, 4) and (labels.sum(axis=1) == 1).all()
+    assert labels.sum(axis=0).tolist() == list(counts)
+    _call(conn, "validation_preprocessor_dl", "floats", "float_valid", "half", "attributes",
+          "float_packed")
+    assert _summary(conn, "float_valid")["half_class_values"] == [None, 0.0, 0.5, 1.0]
+
+
+def test_numeric_array_labels_are_one_hot(conn, data):
+    _drop(conn, "onehot_packed", "onehot_bad")
+    conn.execute("CREATE TABLE IF NOT EXISTS onehot AS SELECT id, attributes, "
+                 "ARRAY[(id % 3 = 0)::int, (id % 3 = 1)::int, (id % 3 = 2)::int]::real[] AS y FROM iris")
+    _call(conn, "training_preprocessor_dl", "onehot", "onehot_packed", "y", "attributes",
+          distribution_rules="2")
+    summary = _summary(conn, "onehot_packed")
+    assert summary["label_kind"] == "classification" and summary["num_classes"] == [3]
+    assert summary["y_class_values"] == [0, 1, 2]
+    _, _, labels = _unpack(conn, "onehot_packed", "attributes", "y")
+    counts = conn.execute("SELECT count(*) FILTER (WHERE id % 3 = 0), count(*) FILTER "
+                          "(WHERE id % 3 = 1), count(*) FILTER (WHERE id % 3 = 2) FROM onehot").fetchone()
+    assert labels.shape == (150, 3) and labels.sum(axis=0).tolist() == list(counts)
+    conn.execute("CREATE TABLE IF NOT EXISTS not_onehot AS SELECT id, attributes, "
+                 "ARRAY[sepal_length, 1]::real[] AS y FROM iris")
+    diag = _error(conn, "training_preprocessor_dl", "not_onehot", "onehot_bad", "y", "attributes")
+    assert diag.sqlstate == "22023" and "regression => TRUE" in diag.message_hint
+    _nothing_left(conn, "onehot_bad")
 
 
 def test_boolean_integer_labels_and_num_classes(conn, data):
@@ -158,7 +195,7 @@ def test_regression_targets(conn, data):
     conn.execute("CREATE TABLE IF NOT EXISTS reg AS SELECT id, attributes, "
                  "ARRAY[sepal_length * 2, petal_width::float8] AS target FROM iris")
     _call(conn, "training_preprocessor_dl", "reg", "reg_packed", "target", "attributes",
-          distribution_rules="2")
+          distribution_rules="2", regression=True)
     summary = _summary(conn, "reg_packed")
     assert summary["label_kind"] == "regression" and summary["num_classes"] is None
     _, features, targets = _unpack(conn, "reg_packed", "attributes", "target", label_dtype="<f4")
@@ -216,13 +253,13 @@ def _nothing_left(conn, *tables):
     ("CREATE TABLE bad AS SELECT ARRAY[1.0, 2.0]::float8[] AS x, 'a' AS y "
      "UNION ALL SELECT ARRAY[1.0]::float8[], 'b'", ("bad", "out", "y", "x"), {}, "22000", "differ in shape"),
     ("CREATE TABLE bad AS SELECT ARRAY['a', 'b'] AS x, 'a' AS y",
-     ("bad", "out", "y", "x"), {}, "42804", "which is not numeric"),
+     ("bad", "out", "y", "x"), {}, "42804", "which is not a numeric array"),
     ("CREATE TABLE bad AS SELECT ARRAY[1.0]::float8[] AS x, 'a' AS y WHERE false",
      ("bad", "out", "y", "x"), {}, "22000", "is empty"),
     ("CREATE TABLE bad AS SELECT ARRAY[1.0]::float8[] AS x, 'a' AS y",
      ("bad", "out", "y", "x"), {"distribution_rules": "2"}, "22023", "fewer than the 2 segments"),
-    ("CREATE TABLE bad AS SELECT ARRAY[1.0]::float8[] AS x, NULL::text AS y",
-     ("bad", "out", "y", "x"), {}, "22004", "NULL label"),
+    ("CREATE TABLE bad AS SELECT ARRAY[1.0]::float8[] AS x, 'a'::text AS y",
+     ("bad", "out", "y", "x"), {"regression": True}, "42804", "regression needs numbers"),
     (None, ("iris", "out", "class_text", "attributes"), {"num_classes": [2]}, "22023",
      "num_classes 2 is less than the 3 classes"),
     (None, ("iris", "out", "class_text", "attributes"), {"normalizing_const": 0.0}, "22023",

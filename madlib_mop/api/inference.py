@@ -161,6 +161,8 @@ def _evaluate(plpy, model_table, test_table, output_table, use_gpus, mst_key, al
     _no_gpus(use_gpus)
     refs = trained_models(plpy, model_table, mst_key, all_models=all_models)
     test = packed.read_summary(plpy, test_table, argument="test_table")
+    catalog.committed(plpy, {"model_table": catalog.resolve_table(plpy, refs[0].model_oid),
+                             "test_table": catalog.resolve_table(plpy, test["packed_oid"])})
     out = catalog.new_table(plpy, output_table, argument="output_table")
     out.must_not_exist(plpy)
     model = _build(refs[0], compile_model=True)
@@ -222,8 +224,8 @@ def worker_evaluate(plpy: Any, task: str, partition: int) -> str:
     test = packed.read_summary(plpy, task["test_table"], argument="test_table")
     x_col, y_col = packed.packed_columns(test)
     classification = test["label_kind"] == "classification"
-    buffers = scan_partition(plpy, test["packed_table"], PackedColumns(x_col, y_col, classification),
-                             partition)
+    buffers = scan_partition(plpy, test["packed_table"], PackedColumns(
+        x_col, y_col, classification, packed.partition_modulus(test)), partition)
     refs = [trained_models(plpy, task["model_table"], k, all_models=True)[0] for k in task["mst_keys"]]
     return _evaluate_on(refs, buffers, classification)
 
@@ -251,8 +253,13 @@ def _evaluate_on(refs: list[ModelRef], buffers: list, classification: bool) -> s
 
 # ---- predict ------------------------------------------------------------------------------
 
-def _pred_type(value: str | None) -> Any:
-    text = (value or "prob").strip()
+def _pred_type(value: str | int | float | None) -> Any:
+    """'prob' | 'response' | k (int, top k classes) | threshold (float in [0, 1)); MADlib's
+    numeric overloads pass numbers, its text one may hold a number too."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        text = repr(value)
+    else:
+        text = (value or "prob").strip()
     if text.lower() in ("prob", "response"):
         return text.lower()
     try:
@@ -270,6 +277,19 @@ def _pred_type(value: str | None) -> Any:
              "threshold in [0, 1).")
 
 
+def _byom_class_values(class_values: list | None) -> list | None:
+    """MADlib's class_values is two-dimensional (a row per output); a 1-D array is one row."""
+    if class_values is None or not class_values or not isinstance(class_values[0], list):
+        return class_values
+    if len(class_values) != 1:
+        raise MadlibMopError(
+            f"class_values has {len(class_values)} rows, one per output of the model",
+            sqlstate=errors.FEATURE_NOT_SUPPORTED,
+            hint="Models with one output are supported: pass ARRAY[ARRAY['a', 'b', ...]] or "
+                 "ARRAY['a', 'b', ...].")
+    return class_values[0]
+
+
 def predict(plpy: Any, model_table: str, test_table: str, id_col: str, independent_varname: str,
             output_table: str, pred_type: str | None = "prob", use_gpus: bool | None = False,
             mst_key: int | None = None) -> None:
@@ -281,8 +301,13 @@ def predict(plpy: Any, model_table: str, test_table: str, id_col: str, independe
 def predict_byom(plpy: Any, model_arch_table: str, model_id: int, test_table: str, id_col: str,
                  independent_varname: str, output_table: str, pred_type: str | None = "prob",
                  use_gpus: bool | None = False, class_values: list | None = None,
-                 normalizing_const: float | None = None) -> None:
+                 normalizing_const: float | None = None, dependent_count: int | None = 1) -> None:
     _no_gpus(use_gpus)
+    if dependent_count not in (None, 1):
+        raise MadlibMopError(
+            f"dependent_count {dependent_count}: models with several outputs are not supported",
+            sqlstate=errors.FEATURE_NOT_SUPPORTED, hint="Pass 1 (the default) or NULL.")
+    class_values = _byom_class_values(class_values)
     table = catalog.resolve_table(plpy, model_arch_table, argument="model_arch_table")
     rows = plpy.execute(plpy.prepare(
         f"SELECT model_arch::text AS model_arch, model_weights FROM {table.name} WHERE model_id = $1",
@@ -310,6 +335,7 @@ def predict_byom(plpy: Any, model_arch_table: str, model_id: int, test_table: st
 def _predict(plpy, ref: ModelRef, test_table, id_col, independent_varname, output_table, pred_type):
     kind = _pred_type(pred_type)
     source = catalog.resolve_table(plpy, test_table, argument="test_table")
+    catalog.committed(plpy, {"test_table": source})
     id_column = catalog.column(plpy, source, id_col, argument="id_col")
     features = preprocessor.feature_columns(plpy, source, independent_varname)
     out = catalog.new_table(plpy, output_table, argument="output_table")
@@ -346,7 +372,7 @@ def _predict(plpy, ref: ModelRef, test_table, id_col, independent_varname, outpu
         db.execute(f"CREATE TABLE {out.quoted} {columns}")
     # Names, never SQL text: the worker derives its statements as this call did.
     task = {"mst_key": ref.mst_key, "model_arch": ref.model_arch,
-            "class_values": [str(v) for v in ref.class_values] if classification else None,
+            "class_values": [None if v is None else str(v) for v in ref.class_values] if classification else None,
             "class_name": ref.dependent_varname, "normalizing_const": ref.normalizing_const,
             "source": source.oid, "id_col": id_col, "independent_varname": independent_varname,
             "output": [out.schema, out.name], "pred_type": kind}

@@ -33,7 +33,7 @@ from psycopg.types.json import Jsonb
 
 from madlib_mop import errors
 from madlib_mop.db import catalog, scan, segments, settings
-from madlib_mop.db.packed import MULTI_COLUMN_FEATURES, read_summary
+from madlib_mop.db.packed import read_summary
 from madlib_mop.engine.cluster import on_server
 from madlib_mop.engine.pool import run_all
 from madlib_mop.runtime import packing
@@ -58,8 +58,18 @@ class Label:
     name: str
     base_type: str
     classification: bool
-    expression: str  # SQL: the native value (classes) or a real[] (targets)
+    expression: str  # SQL: the native value (classes) or a real[] (one-hot rows, targets)
     class_values: list = field(default_factory=list)
+    one_hot: bool = False  # a numeric array label: already one-hot (MADlib's meaning)
+
+    @property
+    def as_codes(self) -> bool:
+        """Read as values to encode (scalar classes), not as arrays of numbers."""
+        return self.classification and not self.one_hot
+
+    @property
+    def kind(self) -> str:
+        return "one_hot" if self.one_hot else "classes" if self.classification else "regression"
 
 
 def segment_count(plpy: Any, distribution_rules: str | None) -> int:
@@ -100,45 +110,63 @@ def segment_count(plpy: Any, distribution_rules: str | None) -> int:
 
 def feature_columns(plpy: Any, table: catalog.Table, independent_varname: str) -> Features:
     names = catalog.column_names(plpy, independent_varname, argument="independent_varname")
-    columns = [catalog.column(plpy, table, name, argument="independent_varname") for name in names]
-    if len(columns) == 1 and columns[0].is_numeric_array:
+    if len(names) > 1:
+        # MADlib reads 'a, b' as the inputs of a multi-input model, each an array column; one
+        # input made of the columns' values would train another model than MADlib's.
+        raise MadlibMopError(
+            f"independent_varname '{independent_varname}' names {len(names)} columns: in MADlib, "
+            "the inputs of a multi-input model, which madlib_mop does not train",
+            sqlstate=errors.FEATURE_NOT_SUPPORTED,
+            hint="Give the features as one numeric array column, e.g. a view with "
+                 f"ARRAY[{', '.join(names)}]::real[] AS attributes, and pass 'attributes'.")
+    column = catalog.column(plpy, table, names[0], argument="independent_varname")
+    if column.is_numeric_array:
         quoted = plpy.quote_ident(names[0])
         # float4_pack reads real, double precision and integer arrays as they are.
-        cast = "" if columns[0].base_type in PACKABLE_ARRAYS else "::double precision[]"
+        cast = "" if column.base_type in PACKABLE_ARRAYS else "::double precision[]"
         return Features(names, f"{quoted}{cast}", names[0])
-    if all(column.is_numeric for column in columns):
-        quoted = ", ".join(f"{plpy.quote_ident(n)}::double precision" for n in names)
-        return Features(names, f"ARRAY[{quoted}]", MULTI_COLUMN_FEATURES)
-    wrong = [c for c in columns if not (c.is_numeric or c.is_numeric_array)] or columns
     raise MadlibMopError(
-        f'independent_varname "{wrong[0].name}" has type {wrong[0].type}, which is not numeric',
+        f'independent_varname "{column.name}" has type {column.type}, which is not a numeric array',
         sqlstate=errors.DATATYPE_MISMATCH,
-        detail="Features are one numeric array column (of any shape) or several numeric columns.",
-        hint="Pass an array column such as real[] or double precision[], or a list of numeric "
-             "columns, e.g. 'sepal_length, sepal_width'.",
+        detail="Features are one numeric array column, of any shape (as in MADlib).",
+        hint="Pass an array column such as real[] or double precision[]; for numeric columns, "
+             f"a view with ARRAY[{column.name}, ...]::real[] AS attributes.",
     )
 
 
-def _label(plpy: Any, table: catalog.Table, dependent_varname: str) -> Label:
+def _label(plpy: Any, table: catalog.Table, dependent_varname: str, regression: bool) -> Label:
+    """MADlib's meaning: a scalar label (text, integer, boolean, also a float) holds classes
+    and a numeric array label is already one-hot; numbers are regression targets only when
+    asked for (`regression => TRUE`)."""
     names = catalog.column_names(plpy, dependent_varname, argument="dependent_varname")
     if len(names) != 1:
-        raise MadlibMopError("dependent_varname must be one column",
-                             sqlstate=errors.FEATURE_NOT_SUPPORTED,
-                             hint="Models with several outputs are not supported.")
+        raise MadlibMopError(
+            "dependent_varname names several columns: in MADlib, the outputs of a multi-output "
+            "model, which madlib_mop does not train",
+            sqlstate=errors.FEATURE_NOT_SUPPORTED,
+            hint="Pass one label column.")
     column = catalog.column(plpy, table, names[0], argument="dependent_varname")
     quoted = plpy.quote_ident(column.name)
-    if column.category in ("S", "B") or column.base_type in INTEGER_TYPES:
+    array_cast = "" if column.base_type in PACKABLE_ARRAYS else "::double precision[]"
+    if regression:
+        if column.is_numeric:
+            return Label(column.name, column.base_type, False, f"ARRAY[{quoted}::double precision]")
+        if column.is_numeric_array:
+            return Label(column.name, column.base_type, False, f"{quoted}{array_cast}")
+        raise MadlibMopError(
+            f'dependent_varname "{column.name}" has type {column.type}: regression needs numbers',
+            sqlstate=errors.DATATYPE_MISMATCH,
+            hint="Pass a numeric label column (or an array of them) for regression, or "
+                 "regression => FALSE for classes.")
+    if column.category in ("S", "B") or column.is_numeric:
         return Label(column.name, column.base_type, True, quoted)
-    if column.is_numeric:
-        return Label(column.name, column.base_type, False, f"ARRAY[{quoted}::double precision]")
     if column.is_numeric_array:
-        cast = "" if column.base_type in PACKABLE_ARRAYS else "::double precision[]"
-        return Label(column.name, column.base_type, False, f"{quoted}{cast}")
+        return Label(column.name, column.base_type, True, f"{quoted}{array_cast}", one_hot=True)
     raise MadlibMopError(
         f'dependent_varname "{column.name}" has type {column.type}',
         sqlstate=errors.DATATYPE_MISMATCH,
-        detail="Labels are classes (text, integer or boolean) or numeric targets (real, "
-               "double precision, numeric, or arrays of them) for regression.",
+        detail="Labels are classes (text, integer, boolean or other numbers), one-hot rows "
+               "(numeric arrays), or, with regression => TRUE, numeric targets.",
         hint="Cast the label in a view, e.g. label::text.",
     )
 
@@ -181,8 +209,7 @@ class SourceReader:
         else:
             self.scan_table = table
             self.scratch = None
-        label_sql = (f"array_agg({y}) AS y, count(*) FILTER (WHERE {y} IS NULL) AS null_labels"
-                     if label.classification else f"{schema}.float4_pack({y}) AS y, 0 AS null_labels")
+        label_sql = f"array_agg({y}) AS y" if label.as_codes else f"{schema}.float4_pack({y}) AS y"
         self.chunk_plan = plpy.prepare(
             f"SELECT count(*) AS n, {schema}.float4_pack({x}) AS x, {label_sql} "
             f"FROM {self.scan_table.name} WHERE ctid >= $1::tid AND ctid < $2::tid",
@@ -202,14 +229,16 @@ class SourceReader:
                 raise _source_error(error, self.source) from None
             if row["n"] == 0:
                 continue
-            if row["null_labels"]:
-                raise MadlibMopError(
-                    f"{self.source.name} has rows with a NULL label",
-                    sqlstate=errors.NULL_VALUE_NOT_ALLOWED,
-                    hint="Remove those rows or give them a label.")
             features = packing.unpack_float4(row["x"], row["n"])
-            labels = (row["y"] if self.label.classification
+            labels = (row["y"] if self.label.as_codes
                       else packing.unpack_float4(row["y"], row["n"]).reshape(row["n"], -1))
+            if self.label.one_hot and not np.isin(labels, (0.0, 1.0)).all():
+                raise MadlibMopError(
+                    f"the label arrays of {self.source.name} hold values other than 0 and 1",
+                    sqlstate=errors.INVALID_PARAMETER_VALUE,
+                    detail="A numeric array label is taken as one-hot encoded classes (MADlib's "
+                           "meaning).",
+                    hint="Pass regression => TRUE to training_preprocessor_dl for numeric targets.")
             yield features, labels
 
     def ragged(self, first: tuple, other: tuple) -> MadlibMopError:
@@ -238,10 +267,12 @@ def training_preprocessor_dl(plpy: Any, source_table: str, output_table: str,
                              dependent_varname: str, independent_varname: str,
                              buffer_size: int | None = None, normalizing_const: float | None = 1.0,
                              num_classes: list[int] | None = None,
-                             distribution_rules: str | None = None, seed: int | None = 0) -> None:
+                             distribution_rules: str | None = None, seed: int | None = 0,
+                             regression: bool | None = False) -> None:
     _preprocess(plpy, "training_preprocessor_dl", source_table, output_table, dependent_varname,
                 independent_varname, buffer_size, normalizing_const, num_classes,
-                distribution_rules, seed=0 if seed is None else seed, training=None)
+                distribution_rules, seed=0 if seed is None else seed, training=None,
+                regression=bool(regression))
 
 
 def validation_preprocessor_dl(plpy: Any, source_table: str, output_table: str,
@@ -252,11 +283,13 @@ def validation_preprocessor_dl(plpy: Any, source_table: str, output_table: str,
                             argument="training_preprocessor_table")
     _preprocess(plpy, "validation_preprocessor_dl", source_table, output_table, dependent_varname,
                 independent_varname, buffer_size, training["normalizing_const"],
-                training["num_classes"], distribution_rules, seed=None, training=training)
+                training["num_classes"], distribution_rules, seed=None, training=training,
+                regression=training["label_kind"] == "regression")
 
 
 def _preprocess(plpy, module, source_table, output_table, dependent_varname, independent_varname,
-                buffer_size, normalizing_const, num_classes, distribution_rules, seed, training):
+                buffer_size, normalizing_const, num_classes, distribution_rules, seed, training,
+                regression):
     started = time.perf_counter()
     table = catalog.resolve_table(plpy, source_table)
     out = catalog.new_table(plpy, output_table, argument="output_table")
@@ -264,7 +297,7 @@ def _preprocess(plpy, module, source_table, output_table, dependent_varname, ind
     out.must_not_exist(plpy)
     summary_table.must_not_exist(plpy)
     features = feature_columns(plpy, table, independent_varname)
-    label = _label(plpy, table, dependent_varname)
+    label = _label(plpy, table, dependent_varname, regression)
     _check_positive(buffer_size, "buffer_size")
     _check_positive(normalizing_const, "normalizing_const")
     if normalizing_const is None:
@@ -298,7 +331,10 @@ def _preprocess(plpy, module, source_table, output_table, dependent_varname, ind
         raise MadlibMopError(f"source_table {table.name} is empty",
                              sqlstate=errors.DATA_EXCEPTION, hint="Load rows into it first.")
 
-    if label.classification:
+    if label.one_hot:
+        label.class_values = _one_hot_positions(plpy, table, label, training)
+        classes = _class_count(label.class_values, num_classes, training, padding=False)
+    elif label.classification:
         label.class_values = _class_values(plpy, table, label, training)
         classes = _class_count(label.class_values, num_classes, training)
     else:
@@ -448,8 +484,8 @@ def pack_segment(plpy: Any, task: str) -> str:
                                           for n in names))
         table = catalog.resolve_table(plpy, "pg_temp.madlib_mop_segment_source")
     features = feature_columns(plpy, table, task["independent_varname"])
-    label = _label(plpy, table, task["dependent_varname"])
     given = task["encoding"]
+    label = _label(plpy, table, task["dependent_varname"], given["label"] == "regression")
     label.class_values = given["class_values"]
     encoding = Encoding(label, given["classes"], given["normalizing_const"],
                         _budget(plpy),
@@ -499,6 +535,7 @@ class Encoding:
 
     def as_json(self) -> dict:
         return {"classes": self.classes, "normalizing_const": self.normalizing_const,
+                "label": self.label.kind,
                 "class_values": self.label.class_values, "expected_shape": self.expected_shape}
 
 
@@ -551,12 +588,12 @@ def write_buffers(plpy: Any, reader: SourceReader, table_name: str, rows: int,
                 # The wave ends on a buffer boundary so that buffers are written whole.
                 wave_stop = _wave_stop(layout, wave_start, wave_rows)
                 wave_x = np.empty((wave_stop - wave_start, *feature_shape), dtype=np.float32)
-                wave_y = (np.empty(wave_stop - wave_start, dtype=np.int64) if label.classification
+                wave_y = (np.empty(wave_stop - wave_start, dtype=np.int64) if label.as_codes
                           else np.empty((wave_stop - wave_start, chunk_y.shape[1]), dtype=np.float32))
             where = positions[seen: seen + n]
             mask = (where >= wave_start) & (where < wave_stop)
             wave_x[where[mask] - wave_start] = chunk_x[mask]
-            if label.classification:
+            if label.as_codes:
                 codes = _encode(chunk_y, class_index, table_name, label)
                 wave_y[where[mask] - wave_start] = codes[mask]
             else:
@@ -573,7 +610,10 @@ def write_buffers(plpy: Any, reader: SourceReader, table_name: str, rows: int,
                 y = wave_y[buffer.start - wave_start: buffer.stop - wave_start]
                 if encoding.normalizing_const != 1.0:
                     x = x / np.float32(encoding.normalizing_const)
-                y = packing.one_hot(y, encoding.classes).astype("<i2") if label.classification else y
+                if label.as_codes:
+                    y = packing.one_hot(y, encoding.classes).astype("<i2")
+                elif label.one_hot:
+                    y = y.astype("<i2")
                 write([x.astype("<f4").tobytes(), y.tobytes(), [buffer.rows, *feature_shape],
                        list(y.shape), buffer.buffer_id, buffer.segment])
         wave_start = wave_stop
@@ -597,9 +637,11 @@ def _class_values(plpy, table, label, training) -> list:
     # Byte order for text classes, so the order does not depend on the database's collation.
     # GROUP BY (not DISTINCT): over segment servers, each groups its own rows.
     order = "v COLLATE \"C\"" if label.base_type in ("text", "character varying", "character") else "v"
+    # NULL is a class (MADlib's meaning), the first: trailing NULLs of a summary's class values
+    # are num_classes' padding.
     found = [row["v"] for row in plpy.execute(
         f"SELECT v FROM (SELECT {label.expression} AS v FROM {table.name} GROUP BY 1) d "
-        f"WHERE v IS NOT NULL ORDER BY {order}")]
+        f"ORDER BY {order} NULLS FIRST")]
     if training is None:
         return found
     if training["label_kind"] != "classification":
@@ -623,11 +665,36 @@ def _class_values(plpy, table, label, training) -> list:
     return [by_text.get(str(v), v) for v in known]
 
 
-def _class_count(class_values: list, num_classes: list | None, training: dict | None) -> int:
+def _one_hot_positions(plpy, table, label, training) -> list:
+    """The classes of one-hot label arrays: their positions 0 .. n-1."""
+    widths = [row["n"] for row in plpy.execute(
+        f"SELECT cardinality({label.expression}) AS n FROM {table.name} GROUP BY 1 LIMIT 2")]
+    if len(widths) != 1 or not widths[0]:
+        raise MadlibMopError(f"the label arrays of {table.name} differ in length or are empty",
+                             sqlstate=errors.DATA_EXCEPTION,
+                             detail=f"Found lengths {widths}.",
+                             hint="Every one-hot label needs one entry per class.")
+    if training is not None and (training["label_kind"] != "classification"
+                                 or len(training["class_values"]) != widths[0]):
+        raise MadlibMopError(
+            f"dependent_varname {label.name} holds one-hot rows of {widths[0]} classes, unlike "
+            f"the labels of {training['packed_table']}",
+            sqlstate=errors.DATATYPE_MISMATCH,
+            hint="Use a label column of the same kind as the training data's.")
+    return list(range(widths[0]))
+
+
+def _class_count(class_values: list, num_classes: list | None, training: dict | None,
+                 padding: bool = True) -> int:
     if training is not None:
         return int(training["num_classes"][0])
     if num_classes is None:
         return len(class_values)
+    if not padding and list(num_classes) != [len(class_values)]:
+        raise MadlibMopError(
+            f"num_classes {list(num_classes)} differs from the {len(class_values)} entries of "
+            "the one-hot label arrays", sqlstate=errors.INVALID_PARAMETER_VALUE,
+            hint="Pass NULL: one-hot labels give their number of classes.")
     if len(num_classes) != 1 or num_classes[0] is None:
         raise MadlibMopError("num_classes must be an array of one number, e.g. ARRAY[10]",
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
@@ -817,7 +884,8 @@ def _write_summary(plpy, summary_table, source_table, output_table, label, featu
                    seed):
     q = plpy.quote_ident
     class_column = q(f"{label.name}_class_values")
-    class_type = f"{label.base_type}[]" if label.classification else "text[]"
+    class_type = ("integer[]" if label.one_hot else f"{label.base_type}[]" if label.classification
+                  else "text[]")
     rows_per_segment = [packed.rows_per_segment.get(k, 0) for k in range(segments)]
     buffers_per_segment = [packed.buffers_per_segment.get(k, 0) for k in range(segments)]
     class_values = (list(label.class_values) + [None] * (classes - len(label.class_values))

@@ -303,3 +303,32 @@ def extension_schema_name(plpy: Any) -> str:
                              sqlstate=errors.UNDEFINED_OBJECT,
                              hint="CREATE EXTENSION madlib_mop SCHEMA madlib_mop CASCADE;")
     return row[0]["s"]
+
+
+_WRITTEN_HERE = (
+    # Relations (or their _summary siblings) this transaction wrote rows into: still
+    # uncommitted, since the transaction is open.  pg_stat_xact_* counts this transaction's
+    # inserts, updates and deletes per table, a CREATE TABLE AS or COPY included.
+    "SELECT c.oid AS given FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+    "JOIN pg_stat_xact_all_tables s ON s.schemaname = n.nspname "
+    "AND s.relname IN (c.relname, c.relname || '_summary') "
+    "WHERE c.oid = ANY($1) AND s.n_tup_ins + s.n_tup_upd + s.n_tup_del > 0")
+
+
+def committed(plpy: Any, tables: dict[str, Table]) -> None:
+    """Refuse inputs this transaction wrote and has not committed: worker sessions, which read
+    them, see committed data only (the table would be missing, or empty, for them)."""
+    if plpy.execute("SELECT pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS none")[0]["none"]:
+        return  # this transaction has written nothing
+    by_oid = {table.oid: argument for argument, table in tables.items()}
+    found = plpy.execute(plpy.prepare(_WRITTEN_HERE, ["oid[]"]), [list(by_oid)])
+    if found:
+        argument = by_oid[found[0]["given"]]
+        raise MadlibMopError(
+            f"{argument} {tables[argument].name} was written by this transaction, which has not "
+            "committed yet",
+            sqlstate=errors.INVALID_TRANSACTION_STATE,
+            detail="Training, evaluation and prediction read their inputs in worker sessions of "
+                   "their own, which see committed data only.",
+            hint="COMMIT the statements that made it first (in psql: run them outside BEGIN ... "
+                 "COMMIT, or end that transaction before this call).")

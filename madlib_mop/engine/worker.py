@@ -77,7 +77,8 @@ def _packed(plpy: Any, table: str) -> PackedData:
     summary = packed.read_summary(plpy, table, argument="packed table")
     x, y = packed.packed_columns(summary)
     return PackedData(summary["packed_table"],
-                      PackedColumns(x, y, summary["label_kind"] == "classification"))
+                      PackedColumns(x, y, summary["label_kind"] == "classification",
+                                    packed.partition_modulus(summary)))
 
 
 def _budget_bytes(plpy: Any, use_caching: bool) -> int:

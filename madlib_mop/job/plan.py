@@ -134,6 +134,9 @@ def plan_job(plpy: Any, source_table: str, model_output_table: str, model_select
     source = packed.read_summary(plpy, source_table, argument="source_table")
     validation = (packed.read_summary(plpy, validation_table, argument="validation_table")
                   if validation_table else None)
+    catalog.committed(plpy, {argument: catalog.resolve_table(plpy, summary["packed_oid"])
+                             for argument, summary in (("source_table", source),
+                                                       ("validation_table", validation)) if summary})
     if validation is not None:
         for key in ("label_kind", "feature_shape", "normalizing_const", "class_values", "num_classes"):
             if validation[key] != source[key]:
@@ -158,8 +161,25 @@ def plan_job(plpy: Any, source_table: str, model_output_table: str, model_select
                  "use_caching": use_caching is not False, "seed": int(seed or 0)}
     epochs = {c["mst_key"]: model_config.parse_fit_params(c["fit_params"]).get("epochs", 1)
               for c in configs}
+    _warn_of_callbacks(plpy, configs, out)
     return Plan(source, validation, mst_name, arch_name, configs, num_iterations, frequency,
                 epochs, out, arguments)
+
+
+def _warn_of_callbacks(plpy: Any, configs: list[dict], out: catalog.NewTable) -> None:
+    """MADlib's docs pass fit_params callbacks=[TensorBoard(...)]; nothing runs them here (the
+    training loop is not Keras' fit).  Said once per call, with the command that writes
+    the same curves from the job's records."""
+    found = {c["mst_key"]: model_config.fit_callbacks(c["fit_params"]) for c in configs}
+    keys = [key for key, callbacks in found.items() if callbacks]
+    if not keys:
+        return
+    log_dir = next((dict(c.arguments).get("log_dir") for c in found[keys[0]]), None)
+    plpy.warning(
+        f"fit_params of mst_key {', '.join(map(str, keys))}: TensorBoard callbacks are not run "
+        f"inside the database; after the job, `madlib-mop tensorboard {out.quoted} --logdir "
+        f"{log_dir if isinstance(log_dir, str) else 'DIR'}` writes TensorBoard event files "
+        "from its _info table")
 
 
 def check_models(plpy: Any, plan: Plan) -> None:

@@ -25,6 +25,12 @@ class PackedColumns:
     feature: str
     label: str
     classification: bool
+    modulus: int | None = None  # a table packed by MADlib: buffer b is on segment b % modulus
+
+    def in_partition(self) -> str:
+        """SQL true for the rows of partition $1."""
+        return ("__dist_key__ = $1" if self.modulus is None
+                else f"buffer_id % {int(self.modulus)} = $1")
 
     def select_list(self, quote: Callable[[str], str]) -> str:
         """The columns decode() needs, as x, y, xs, ys."""
@@ -61,12 +67,12 @@ def scan_partition(plpy: Any, table: str, columns: PackedColumns, partition: int
         listing = plpy.execute(plpy.prepare(
             f"SELECT buffer_id, {q(columns.feature + '_shape')}[1] AS rows, "
             f"octet_length({q(columns.feature)}) AS bytes FROM {table} "
-            "WHERE __dist_key__ = $1 ORDER BY buffer_id", ["integer"]), [partition])
+            f"WHERE {columns.in_partition()} ORDER BY buffer_id", ["integer"]), [partition])
     if listing is None or sum(r["bytes"] for r in listing) <= budget_bytes:
         return in_memory(plpy.execute(plpy.prepare(
-            f"SELECT {select} FROM {table} WHERE __dist_key__ = $1 ORDER BY buffer_id",
+            f"SELECT {select} FROM {table} WHERE {columns.in_partition()} ORDER BY buffer_id",
             ["integer"]), [partition]), columns.classification)
-    plan = plpy.prepare(f"SELECT {select} FROM {table} WHERE __dist_key__ = $1 AND buffer_id = $2",
+    plan = plpy.prepare(f"SELECT {select} FROM {table} WHERE {columns.in_partition()} AND buffer_id = $2",
                         ["integer", "integer"])
     return [Buffer(r["rows"], lambda b=r["buffer_id"]: decode(
         plpy.execute(plan, [partition, b])[0], columns.classification), in_memory=False)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -28,6 +29,9 @@ OPTIMIZERS = {name.lower(): name for name in (
     "Lion", "Lamb", "Adafactor")}
 # Keras 2 spellings of Keras 3 optimizer arguments.
 OPTIMIZER_ALIASES = {"lr": "learning_rate"}
+# Keras 2's decay (MADlib's examples use it): lr / (1 + decay * iterations), which Keras 3
+# computes as a schedule (`Optimizer.keras_arguments`).
+DECAY = "decay"
 # Ranges Keras does not check itself (a negative learning rate trains "uphill" silently).
 _POSITIVE = (lambda v: v > 0, "greater than 0")
 _FRACTION = (lambda v: 0 <= v < 1, "in [0, 1)")
@@ -39,6 +43,7 @@ OPTIMIZER_RANGES = {
     "momentum": (lambda v: 0 <= v <= 1, "in [0, 1]"),
     "weight_decay": (lambda v: v >= 0, "at least 0"),
     "initial_accumulator_value": (lambda v: v >= 0, "at least 0"),
+    DECAY: (lambda v: v >= 0, "a number at least 0"),
 }
 
 LOSSES = frozenset({
@@ -57,9 +62,14 @@ METRICS = frozenset({
     "mean_absolute_percentage_error", "mean_squared_logarithmic_error", "mse", "mae", "mape",
     "msle", "root_mean_squared_error",
 })
+# top_<k>_accuracy: what MADlib's docs load as a custom function (load_top_k_accuracy_function);
+# here Keras' own top-k accuracy with that k, reported under that name.
+TOP_K_ACCURACY = re.compile(r"top_([1-9][0-9]{0,5})_accuracy")
 COMPILE_KEYS = ("optimizer", "loss", "metrics", "loss_weights", "weighted_metrics")
 FIT_KEYS = ("batch_size", "epochs", "verbose", "shuffle", "class_weight", "initial_epoch",
-            "steps_per_epoch")
+            "steps_per_epoch", "callbacks")
+# The callbacks fit_params may name: checked and recorded, never built (see parse_fit_params).
+CALLBACKS = ("TensorBoard",)
 DEFAULT_OPTIMIZER = "RMSprop"  # Keras' own default, and MADlib's when a grid names none
 
 
@@ -86,11 +96,33 @@ def _literal(node: ast.AST, what: str, text: str, names_are_strings: bool) -> An
         raise _syntax_error(what, text, f"'{ast.unparse(node)[:80]}' is not a literal value") from None
 
 
+@dataclass(frozen=True)
+class Callback:
+    """A Keras callback as fit_params writes it, e.g. TensorBoard(log_dir='/tmp/logs'): its
+    name and literal keyword arguments, read but never built."""
+
+    name: str
+    arguments: tuple[tuple[str, Any], ...]
+
+    def __repr__(self) -> str:  # the source text, so that fit_params_text renders it
+        return f"{self.name}({', '.join(f'{k}={v!r}' for k, v in self.arguments)})"
+
+
+def _callback(node: ast.AST, what: str, text: str) -> Callback:
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args
+            and all(k.arg is not None for k in node.keywords)):
+        raise _syntax_error(what, text, f"'{ast.unparse(node)[:80]}' is not a callback such as "
+                                        "TensorBoard(log_dir='/tmp/logs')")
+    return Callback(node.func.id, tuple((k.arg, _literal(k.value, what, text, False))
+                                        for k in node.keywords))
+
+
 def parse_keyword_text(text: str | None, what: str, *, names_are_strings: bool = False,
                        call_keys: Iterable[str] = ()) -> dict[str, Any]:
     """'a=1, b=[2, 3]' -> {'a': 1, 'b': [2, 3]}, by Python's parser, literals only.
 
-    Keys in `call_keys` may hold a call such as Adam(lr=0.1), returned as its source text.
+    Keys in `call_keys` may hold a call such as Adam(lr=0.1), returned as its source text;
+    `callbacks` a list of calls such as [TensorBoard(log_dir='/tmp')], returned as Callbacks.
     """
     if text is None or not text.strip():
         return {}
@@ -109,6 +141,8 @@ def parse_keyword_text(text: str | None, what: str, *, names_are_strings: bool =
             raise _syntax_error(what, text, f"{keyword.arg} is given twice")
         if keyword.arg in call_keys and isinstance(keyword.value, (ast.Call, ast.Name)):
             result[keyword.arg] = ast.unparse(keyword.value)
+        elif keyword.arg == "callbacks" and isinstance(keyword.value, (ast.List, ast.Tuple)):
+            result[keyword.arg] = [_callback(item, what, text) for item in keyword.value.elts]
         else:
             result[keyword.arg] = _literal(keyword.value, what, text, names_are_strings)
     return result
@@ -124,8 +158,41 @@ class Optimizer:
     def __str__(self) -> str:
         return f"{self.name}({','.join(f'{k}={_render(v)}' for k, v in self.arguments)})"
 
-    def keras_arguments(self) -> dict[str, Any]:
+    def written_arguments(self) -> dict[str, Any]:
+        """Keras 3 names, values as written (decay kept): comparable and hashable."""
         return {OPTIMIZER_ALIASES.get(k, k): v for k, v in self.arguments}
+
+    @property
+    def scheduled(self) -> bool:
+        """Whether the learning rate is a schedule (a nonzero decay), not a variable."""
+        return bool(self.written_arguments().get(DECAY))
+
+    def keras_arguments(self) -> dict[str, Any]:
+        """The Keras 3 optimizer's arguments; a decay becomes its learning rate schedule."""
+        arguments = self.written_arguments()
+        decay = arguments.pop(DECAY, None)
+        if decay:
+            arguments["learning_rate"] = inverse_time_decay(
+                self.name, arguments.get("learning_rate"), decay)
+        return arguments
+
+
+def inverse_time_decay(name: str, learning_rate: float | None, decay: float):
+    """Keras 2's lr / (1 + decay * iterations), exactly: InverseTimeDecay with one step per
+    decay, read at the optimizer's iteration count (which a model's state carries across
+    hops).  Without lr, the optimizer's own default."""
+    import inspect
+
+    from madlib_mop.runtime.tf_runtime import import_tensorflow
+
+    import_tensorflow()
+    import keras
+
+    if learning_rate is None:
+        learning_rate = inspect.signature(getattr(keras.optimizers, name).__init__) \
+            .parameters["learning_rate"].default
+    return keras.optimizers.schedules.InverseTimeDecay(
+        initial_learning_rate=learning_rate, decay_steps=1, decay_rate=decay)
 
 
 def _render(value: Any) -> str:
@@ -155,13 +222,11 @@ def make_optimizer(name: str, arguments: Iterable[tuple[str, Any]], text: str) -
     arguments = tuple(arguments)
     allowed = optimizer_parameters(canonical)
     for key, value in arguments:
-        if OPTIMIZER_ALIASES.get(key, key) not in allowed:
+        if OPTIMIZER_ALIASES.get(key, key) not in allowed | {DECAY}:
             raise MadlibMopError(
                 f"{canonical} has no argument '{key}'",
                 sqlstate=errors.INVALID_PARAMETER_VALUE, detail=f"Got: {text[:300]}",
-                hint=f"{canonical} takes: " + ", ".join(sorted(allowed | {'lr'})) + "."
-                     + (" Keras 3 optimizers have no 'decay': use weight_decay or a schedule."
-                        if key == "decay" else ""))
+                hint=f"{canonical} takes: " + ", ".join(sorted(allowed | {'lr', DECAY})) + ".")
         if not (value is None or isinstance(value, (bool, int, float))) or (
                 isinstance(value, float) and not math.isfinite(value)):
             raise MadlibMopError(
@@ -169,12 +234,15 @@ def make_optimizer(name: str, arguments: Iterable[tuple[str, Any]], text: str) -
                 sqlstate=errors.INVALID_PARAMETER_VALUE, detail=f"Got: {text[:300]}",
                 hint="Optimizer arguments are numbers, e.g. Adam(lr=0.001, beta_1=0.9).")
         check = OPTIMIZER_RANGES.get(OPTIMIZER_ALIASES.get(key, key))
-        if check is not None and isinstance(value, (int, float)) and not isinstance(value, bool) \
-                and not check[0](value):
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        # decay must be a number: True or None would not say which schedule.
+        if check is not None and (number or key == DECAY) and not (number and check[0](value)):
             raise MadlibMopError(
                 f"{canonical} argument {key}={value!r} is out of range: it must be {check[1]}",
                 sqlstate=errors.INVALID_PARAMETER_VALUE, detail=f"Got: {text[:300]}",
-                hint="e.g. Adam(lr=0.001); a learning rate is a positive number.")
+                hint="decay is Keras 2's: lr / (1 + decay * iterations), e.g. Adam(lr=0.01, "
+                     "decay=1e-4)." if key == DECAY
+                else "e.g. Adam(lr=0.001); a learning rate is a positive number.")
     return Optimizer(canonical, arguments)
 
 
@@ -218,12 +286,20 @@ class CompileParams:
 
 
 def _check_name(value: Any, allowed: frozenset, kind: str, text: str) -> str:
-    if not isinstance(value, str) or value not in allowed:
+    if not isinstance(value, str) or (value not in allowed and not (
+            kind == "metric" and TOP_K_ACCURACY.fullmatch(value))):
         raise MadlibMopError(
             f"{kind} {value!r} is not supported",
             sqlstate=errors.INVALID_PARAMETER_VALUE, detail=f"Got: {text[:300]}",
-            hint=f"Use a built-in Keras {kind}: " + ", ".join(sorted(allowed)) + ".")
+            hint=f"Use a built-in Keras {kind}: " + ", ".join(sorted(allowed))
+                 + (", or top_<k>_accuracy (e.g. top_3_accuracy)" if kind == "metric" else "") + ".")
     return value
+
+
+def top_k(metric: str) -> int | None:
+    """k of a top_<k>_accuracy metric, else None."""
+    match = TOP_K_ACCURACY.fullmatch(metric)
+    return int(match.group(1)) if match else None
 
 
 def check_keys(params: dict, allowed: tuple, what: str, text: str) -> None:
@@ -281,7 +357,12 @@ _FIT_CHECKS = {
         "a dict {class index: weight}"),
     "initial_epoch": (lambda v: _is_int(v) and v >= 0, "a non-negative integer"),
     "steps_per_epoch": (lambda v: v is None or (_is_int(v) and v >= 1), "a positive integer or None"),
+    "callbacks": (lambda v: isinstance(v, list) and all(isinstance(c, Callback) for c in v),
+                  "a list of TensorBoard(...) calls"),
 }
+TENSORBOARD_HINT = ("TensorBoard callbacks are not run inside the database: `madlib-mop "
+                    "tensorboard JOB --logdir DIR` writes TensorBoard event files from a "
+                    "finished job's _info table.")
 
 
 def fit_params_from(params: dict, text: str) -> dict[str, Any]:
@@ -292,11 +373,27 @@ def fit_params_from(params: dict, text: str) -> dict[str, Any]:
             raise MadlibMopError(f"fit_params {key}={value!r} must be {expected}",
                                  sqlstate=errors.INVALID_PARAMETER_VALUE,
                                  detail=f"Got: {text[:300]}", hint=f"Give {key} as {expected}.")
+    for callback in params.get("callbacks", ()):
+        if callback.name not in CALLBACKS:
+            raise MadlibMopError(
+                f"fit_params callback {callback.name} is not supported",
+                sqlstate=errors.INVALID_PARAMETER_VALUE, detail=f"Got: {text[:300]}",
+                hint="Remove it from fit_params; callbacks=[...] may only name "
+                     + ", ".join(CALLBACKS) + ". " + TENSORBOARD_HINT)
     return dict(params)
 
 
 def parse_fit_params(text: str | None) -> dict[str, Any]:
-    return fit_params_from(parse_keyword_text(text, "fit_params"), text or "")
+    """The fit parameters training uses.  TensorBoard callbacks (MADlib's docs pass them)
+    are checked and left out: nothing runs them in the database (`fit_callbacks`)."""
+    params = fit_params_from(parse_keyword_text(text, "fit_params"), text or "")
+    params.pop("callbacks", None)
+    return params
+
+
+def fit_callbacks(text: str | None) -> list[Callback]:
+    """The (TensorBoard) callbacks fit_params names, checked."""
+    return fit_params_from(parse_keyword_text(text, "fit_params"), text or "").get("callbacks", [])
 
 
 def fit_params_text(params: dict[str, Any]) -> str:

@@ -85,19 +85,34 @@ def build_model(spec: ModelSpec, seed: int | None):
         keras_json.set_flat_weights(model, spec.initial_weights)
     params = spec.compile
     optimizer = getattr(keras.optimizers, params.optimizer.name)(**params.optimizer.keras_arguments())
-    model.compile(optimizer=optimizer, loss=params.loss, metrics=list(params.metrics),
+    model.compile(optimizer=optimizer, loss=params.loss, metrics=keras_metrics(params),
                   **dict(params.extra))
     optimizer.build(model.trainable_variables)
     return model
 
 
+def keras_metrics(params: model_config.CompileParams) -> list:
+    """The metrics to compile: their names, but top_<k>_accuracy, which Keras does not know
+    by name: its top-k accuracy (sparse with a sparse loss), named as written, so results,
+    _info tables and evaluations report it under that name."""
+    import keras
+
+    metric = (keras.metrics.SparseTopKCategoricalAccuracy if params.loss in SPARSE_LOSSES
+              else keras.metrics.TopKCategoricalAccuracy)
+    return [name if model_config.top_k(name) is None else metric(k=model_config.top_k(name), name=name)
+            for name in params.metrics]
+
+
 def program_key(spec: ModelSpec) -> tuple:
     """Models with the same key train by the same function of (state, rows, batch size): the
     same architecture, loss, metrics and optimizer class and arguments, but for the learning
-    rate, which Keras keeps in an optimizer variable and so travels in the state."""
+    rate, which Keras keeps in an optimizer variable and so travels in the state.  A decayed
+    rate is a schedule, whose constants are traced into the function: it is part of the key.
+    The arguments as written: a schedule object neither sorts nor hashes."""
     params = spec.compile
-    arguments = tuple(sorted((k, v) for k, v in params.optimizer.keras_arguments().items()
-                             if k != "learning_rate"))
+    scheduled = params.optimizer.scheduled
+    arguments = tuple(sorted((k, v) for k, v in params.optimizer.written_arguments().items()
+                             if k != "learning_rate" or scheduled))
     return (_canonical_architecture(spec.model_arch), params.optimizer.name, arguments,
             params.loss, params.metrics, repr(params.extra))
 

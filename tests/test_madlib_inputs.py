@@ -1,0 +1,112 @@
+"""Inputs a MADlib script hands over: tables packed by MADlib itself (their summary lacks
+madlib_mop's columns and they have no segment column), and inputs made in the caller's
+still-open transaction, which worker sessions cannot see."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import psycopg
+import pytest
+
+CLASSES = ["Iris-setosa", "Iris-versicolor", "Iris-virginica"]
+MLP = ('{"class_name": "Sequential", "config": {"name": "s", "layers": ['
+       '{"class_name": "InputLayer", "config": {"batch_shape": [null, 4], "name": "i"}}, '
+       '{"class_name": "Dense", "config": {"units": 8, "activation": "relu", "name": "d1"}}, '
+       '{"class_name": "Dense", "config": {"units": 3, "activation": "softmax", "name": "d2"}}]}}')
+COMPILE = "loss='categorical_crossentropy', optimizer='Adam(lr=0.05)', metrics=['accuracy']"
+
+
+@pytest.fixture(scope="module")
+def iris(extension_dsn):
+    from sklearn.datasets import load_iris
+
+    data = load_iris()
+    with psycopg.connect(extension_dsn, autocommit=True) as conn:
+        conn.execute("SET search_path = public, madlib_mop")
+        conn.execute("CREATE TABLE iris (id int, attributes real[], class_text varchar)")
+        with conn.cursor().copy("COPY iris FROM STDIN") as copy:
+            for i, (x, y) in enumerate(zip(data.data, data.target)):
+                copy.write_row((i, [float(v) for v in x], CLASSES[y]))
+        # Packed as MADlib's training_preprocessor_dl packs on PostgreSQL: buffers of 30 rows,
+        # float32 features and int16 one-hot labels as bytes (its convert_array_to_bytea),
+        # shapes, buffer_id; a summary with MADlib's columns only.
+        conn.execute("""
+            CREATE TABLE iris_madlib AS
+            WITH r AS (SELECT row_number() OVER (ORDER BY (id * 37) % 150) - 1 AS n, * FROM iris)
+            SELECT madlib_mop.convert_array_to_bytea(array_agg(attributes ORDER BY n)) AS attributes,
+                   madlib_mop.convert_array_to_bytea(array_agg(ARRAY[
+                       (class_text = 'Iris-setosa')::int, (class_text = 'Iris-versicolor')::int,
+                       (class_text = 'Iris-virginica')::int]::smallint[] ORDER BY n)) AS class_text,
+                   ARRAY[count(*), 4]::integer[] AS attributes_shape,
+                   ARRAY[count(*), 3]::integer[] AS class_text_shape,
+                   (n / 30)::integer AS buffer_id
+            FROM r GROUP BY n / 30""")
+        conn.execute("""
+            CREATE TABLE iris_madlib_summary AS SELECT
+                'iris'::text AS source_table, 'iris_madlib'::text AS output_table,
+                ARRAY['class_text'] AS dependent_varname, ARRAY['attributes'] AS independent_varname,
+                ARRAY['character varying'] AS dependent_vartype,
+                ARRAY['Iris-setosa', 'Iris-versicolor', 'Iris-virginica']::varchar[]
+                    AS class_text_class_values,
+                30 AS buffer_size, 1.0::real AS normalizing_const, ARRAY[3] AS num_classes,
+                'all_segments'::text AS distribution_rules,
+                'all_segments'::text AS __internal_gpu_config__""")
+        conn.execute("SELECT load_keras_model('arch', %s::json)", (MLP,))
+        conn.execute("SELECT madlib_keras_fit('iris_madlib', 'from_madlib', 'arch', 1, %s, "
+                     "'batch_size=10', 6, validation_table => 'iris_madlib')", (COMPILE,))
+    return extension_dsn, data
+
+
+@pytest.fixture
+def conn(iris):
+    with psycopg.connect(iris[0], autocommit=True) as connection:
+        connection.execute("SET search_path = public, madlib_mop")
+        yield connection
+
+
+def test_table_packed_by_madlib_trains_evaluates_and_predicts(conn, iris):
+    conn.execute("DROP TABLE IF EXISTS madlib_eval, madlib_pred")
+    summary = conn.execute("SELECT num_classes, class_text_class_values, num_segments, "
+                           "training_loss, validation_metrics_final FROM from_madlib_summary").fetchone()
+    num_classes, class_values, segments, losses, accuracy = summary
+    assert num_classes == [3] and class_values == CLASSES
+    assert segments == min(os.cpu_count(), 5)  # one per CPU, at most one per buffer
+    # Each iteration visits every segment once, so every buffer (b on segment b % S) once.
+    visits = conn.execute("SELECT subepochs_done FROM madlib_mop.jobs WHERE model_output_table "
+                          "LIKE '%%from_madlib' ORDER BY job_id DESC LIMIT 1").fetchone()[0]
+    assert visits == 6 * segments
+    assert losses[-1] < 0.6 and accuracy > 0.8  # it learned from MADlib's bytes (ln 3 at first)
+    conn.execute("SELECT madlib_keras_evaluate('from_madlib', 'iris_madlib', 'madlib_eval')")
+    loss, metric = conn.execute("SELECT loss, metric FROM madlib_eval").fetchone()
+    assert np.isfinite(loss) and metric == pytest.approx(accuracy, abs=1e-6)
+    conn.execute("SELECT madlib_keras_predict('from_madlib', 'iris', 'id', 'attributes', "
+                 "'madlib_pred', 'response')")
+    right = conn.execute("SELECT avg((p.class_value = i.class_text)::int) FROM madlib_pred p "
+                         "JOIN iris i USING (id)").fetchone()[0]
+    assert float(right) == pytest.approx(accuracy, abs=0.02)
+
+
+def test_inputs_of_an_open_transaction_are_refused(iris):
+    with psycopg.connect(iris[0]) as conn:  # not autocommit: one open transaction
+        conn.execute("SET search_path = public, madlib_mop")
+        conn.execute("SELECT training_preprocessor_dl('iris', 'tx_packed', 'class_text', "
+                     "'attributes')")
+        with pytest.raises(psycopg.Error) as raised:
+            conn.execute("SELECT madlib_keras_fit('tx_packed', 'tx_model', 'arch', 1, %s, "
+                         "'batch_size=10', 1)", (COMPILE,))
+        diag = raised.value.diag
+        assert diag.sqlstate == "25000" and "tx_packed" in diag.message_primary
+        assert "COMMIT" in diag.message_hint
+        conn.rollback()
+        conn.execute("SET search_path = public, madlib_mop")
+        conn.execute("CREATE TABLE tx_rows AS SELECT * FROM iris")
+        with pytest.raises(psycopg.Error) as raised:
+            conn.execute("SELECT madlib_keras_predict('from_madlib', 'tx_rows', 'id', "
+                         "'attributes', 'tx_pred')")
+        assert raised.value.diag.sqlstate == "25000" and "tx_rows" in raised.value.diag.message_primary
+        conn.rollback()
+    with psycopg.connect(iris[0], autocommit=True) as conn:
+        assert conn.execute("SELECT to_regclass('public.tx_packed'), to_regclass('public.tx_model'), "
+                            "to_regclass('public.tx_rows'), to_regclass('public.tx_pred')").fetchone() == (None,) * 4
