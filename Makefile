@@ -138,6 +138,7 @@ bench: install db-start
 	$(PY) bench/bench_mop.py
 	$(PY) bench/bench_automl.py
 	$(PY) bench/bench_worker_auth.py
+	$(PY) bench/bench_caching.py
 
 clean:
 	-@$(PGXS_MAKE) clean

@@ -15,17 +15,19 @@ evenly over segments (one partition per segment), for madlib_keras_fit_multiple_
 SELECT training_preprocessor_dl(
     source_table        varchar,   -- table or view with the training rows
     output_table        varchar,   -- packed table to create (and <output_table>_summary)
-    dependent_varname   varchar,   -- label column: text, integer or boolean classes, or
-                                   --   real/double precision/numeric (arrays) for regression
-    independent_varname varchar,   -- one numeric array column of any shape, or a
-                                   --   comma-separated list of numeric columns
+    dependent_varname   varchar,   -- label column: a scalar (text, integer, boolean, float)
+                                   --   holds classes, NULL being one; a numeric array is
+                                   --   one-hot already (as in MADlib)
+    independent_varname varchar,   -- one numeric array column of any shape
     buffer_size         integer   DEFAULT NULL,  -- rows per buffer (NULL: about 4 MiB)
     normalizing_const   real      DEFAULT 1.0,   -- features are divided by it
     num_classes         integer[] DEFAULT NULL,  -- e.g. ARRAY[10]; NULL: the classes found
     distribution_rules  text      DEFAULT NULL,  -- NULL/'all_segments': setting
                                                  --   madlib_mop.segments, else one per CPU;
                                                  --   or a number of segments, e.g. '4'
-    seed                integer   DEFAULT 0      -- the shuffle's seed
+    seed                integer   DEFAULT 0,     -- the shuffle's seed
+    regression          boolean   DEFAULT FALSE  -- TRUE: numeric labels (or arrays of them)
+                                                 --   are regression targets, not classes
 );
 
 Output table: __dist_key__ (segment), <features> bytea (float32), <label> bytea (int16
@@ -93,6 +95,8 @@ SELECT generate_model_configs(
 Grids are Python dict literals or JSON; every value is a list of choices.  Random search
 also takes [low, high, 'linear' | 'log' | 'log_near_one'].  A metrics choice may be a
 list of several metrics, e.g. 'metrics': [['accuracy', 'top_k_categorical_accuracy']].
+Top-k accuracy for any k: 'top_3_accuracy'.  An optimizer's Keras 2 decay=d gives the
+learning rate lr / (1 + d * step), as in Keras 2.
 Output: mst_key, model_id, compile_params, fit_params; summary: model_arch_table,
 object_table.
 """,
@@ -222,8 +226,9 @@ SELECT madlib_keras_predict(
     id_col              varchar,
     independent_varname varchar,   -- the feature column(s) the model was trained on
     output_table        varchar,   -- created
-    pred_type           varchar DEFAULT 'prob',   -- 'prob', 'response', a number k of top
-                                                  --   classes, or a probability threshold
+    pred_type           varchar DEFAULT 'prob',   -- 'prob', 'response', an integer k (top
+                                                  --   k classes) or a double precision
+                                                  --   threshold (prob > it), e.g. 3 or 0.5
     use_gpus            boolean DEFAULT FALSE,
     mst_key             integer DEFAULT NULL      -- which model of a multiple-model table
 );
@@ -242,9 +247,12 @@ SELECT madlib_keras_predict_byom(
     output_table        varchar,   -- created
     pred_type           varchar DEFAULT 'prob',
     use_gpus            boolean DEFAULT FALSE,
-    class_values        text[]  DEFAULT NULL,              -- NULL: classes 0 .. n-1
-    normalizing_const   double precision DEFAULT NULL      -- NULL: 1.0
+    class_values        text[]  DEFAULT NULL,              -- NULL: classes 0 .. n-1; also
+                                                           --   MADlib's ARRAY[ARRAY[...]]
+    normalizing_const   double precision DEFAULT NULL,     -- NULL: 1.0
+    dependent_count     integer DEFAULT 1                  -- outputs of the model: 1
 );
+pred_type as in madlib_keras_predict.
 """,
 }
 
