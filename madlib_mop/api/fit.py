@@ -69,10 +69,13 @@ def _initial_states(plan, seed: int, previous: dict[int, bytes]) -> dict[int, by
     return {c["mst_key"]: previous.get(c["mst_key"], fresh.get(c["mst_key"])) for c in plan.configs}
 
 
-def _create_job(plpy: Any, plan, previous_job: dict | None, prepare=None) -> int:
+def _create_job(plpy: Any, plan, previous_job: dict | None, prepare=None,
+                left_by: dict | None = None) -> int:
     """The jobs row, the output and per-job tables, and every model's initial state, in one
     transaction of a session of its own: a failed start leaves nothing.  `prepare(db)`
-    creates more tables in that transaction (madlib_keras_automl's model selection table)."""
+    creates more tables in that transaction (madlib_keras_automl's model selection table).
+    `left_by`: an earlier job of this output whose output table was dropped; the tables it
+    left are dropped in the same transaction."""
     schema = sql.Identifier(catalog.extension_schema_name(plpy))
     names = _names(plan.out)
     t = identifiers(names)
@@ -88,6 +91,9 @@ def _create_job(plpy: Any, plan, previous_job: dict | None, prepare=None) -> int
                     "ORDER BY mst_key, step DESC").format(old["state"])).fetchall())
             for key in ("models", "state", "visits", "evals", "info", "summary", "output"):
                 db.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(old[key]))
+        if left_by is not None:
+            for table in identifiers(json.loads(left_by["tables"])).values():
+                db.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(table))
         for key, table in t.items():
             if db.execute("SELECT to_regclass(%s)", (table.as_string(db),)).fetchone()[0]:
                 raise MadlibMopError(
@@ -304,19 +310,45 @@ def run_plan(plpy: Any, plan, warm_start: bool, can_commit: bool, caller: str,
         raise MadlibMopError(f"warm_start: {plan.out.quoted} does not exist",
                              sqlstate=errors.UNDEFINED_TABLE,
                              hint="Train it first, or pass warm_start => FALSE.")
+    left_by = _left_by_dropped_output(plpy, plan.out)
     # The workers import TensorFlow (seconds) while this session checks the models against
     # the data (which may import it here too) and creates the job.
     engine = _engine(plpy, plan.source["packed_table"])
     pool = start_pool(engine, plan.source["num_segments"])
     try:
         check_models(plpy, plan)
-        job_id = _create_job(plpy, plan, previous, prepare)
+        job_id = _create_job(plpy, plan, previous, prepare, left_by)
     except BaseException:
         pool.stop()
         raise
     plpy.notice(f"{caller}: job {job_id}: {len(plan.configs)} "
                 f"models, {plan.source['num_segments']} segments, {plan.num_iterations} iterations")
     run_job(plpy, job_id, can_commit, engine, pool)
+
+
+def _left_by_dropped_output(plpy: Any, out: catalog.NewTable) -> dict | None:
+    """The latest earlier job of this output, when its output table is gone but some of its
+    other tables remain: a MADlib script drops `<out>` and `<out>_summary` (the tables
+    MADlib makes) and trains into the same name again, so the `_info` and per-job tables
+    the earlier job left are the caller's to replace.  (An unfinished job whose tables were
+    dropped is abandoned first, in run_plan.)"""
+    if out.exists(plpy):
+        return None
+    rows = plpy.execute(plpy.prepare(
+        f"SELECT * FROM {catalog.extension_schema(plpy)}.jobs WHERE model_output_table = $1 "
+        "AND owner = current_user AND state IN ('finished', 'failed') "
+        "ORDER BY job_id DESC LIMIT 1", ["text"]), [out.quoted])
+    if not rows:
+        return None
+    job = dict(rows[0])
+    left = [".".join(parts) for parts in json.loads(job["tables"]).values()
+            if plpy.execute(plpy.prepare("SELECT to_regclass(format('%I.%I', $1, $2)) IS NOT NULL "
+                                         "AS e", ["text", "text"]), parts)[0]["e"]]
+    if not left:
+        return None
+    plpy.notice(f"{out.quoted} was dropped: replacing what job {job['job_id']} left of it "
+                f"({', '.join(left)})")
+    return job
 
 
 def resume(plpy: Any, job_id: int, *, can_commit: bool = False) -> None:
