@@ -5,124 +5,54 @@
 -- to do instead, rather than at "function does not exist".
 
 -- ---- Converters: arrays <-> the bytes of MADlib's packed buffers -------------------------
--- MADlib stores a buffer as the bytes of a NumPy array (ndarray.tobytes()): the values in
--- row-major order (a multi-dimensional array is flattened), each in the machine's byte
--- order, 4 bytes per real (float32) and 2 per smallint (int16), no header.  These functions
--- read and write exactly that, so that tables packed by MADlib can be read here and the
--- reverse.  The real[] ones ride on the C functions of 05_packing.sql (float4_pack,
--- float4_unpack): a buffer of independent variables holds up to millions of values.  The
--- smallint[] ones (MADlib's one-hot dependent variables: a few values per row) go value by
--- value in SQL.  All are IMMUTABLE STRICT (NULL in, NULL out) and PARALLEL SAFE: they depend
--- on their argument only, and the server's byte order.
+-- NumPy's tobytes() and frombuffer(), as MADlib's own (madlib_mop/api/converters.py): tables
+-- packed by MADlib can be read here and the reverse.  IMMUTABLE STRICT (NULL in, NULL out)
+-- and PARALLEL SAFE: they depend on their argument only, and the server's byte order.
 
 CREATE FUNCTION @extschema@.convert_array_to_bytea(var real[])
 RETURNS bytea
-LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE plpython3u IMMUTABLE STRICT PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    packed bytea;
-    little_endian boolean;
-BEGIN
-    IF cardinality(var) = 0 THEN
-        RETURN '\x'::bytea;
-    END IF;
-    IF num_nulls(VARIADIC var) > 0 THEN  -- any shape, without a row per value
-        RAISE EXCEPTION 'madlib_mop: convert_array_to_bytea: the array holds NULL elements'
-            USING ERRCODE = 'null_value_not_allowed',
-                  DETAIL = 'Packed values are raw float32 bytes, which have no NULL.',
-                  HINT = 'Replace the NULLs first, e.g. with array_replace(x, NULL, 0::real).';
-    END IF;
-    IF NOT ('NaN' = ANY (var) OR 'Infinity' = ANY (var) OR '-Infinity' = ANY (var)) THEN
-        -- float4_pack writes int32 ndim, int32 dims[ndim], then the values: skip the header.
-        SELECT @extschema@.float4_pack(var) INTO packed;
-        RETURN substring(packed FROM 4 * array_ndims(var) + 5);
-    END IF;
-    -- Non-finite values, which float4_pack refuses (the preprocessor must; NumPy packs
-    -- them): value by value, float4send's big-endian bytes put in the server's order.
-    little_endian := @extschema@.int4_unpack('\x01000000'::bytea) = ARRAY[1];
-    RETURN (SELECT string_agg(CASE WHEN little_endian
-                                   THEN substring(b FROM 4 FOR 1) || substring(b FROM 3 FOR 1)
-                                        || substring(b FROM 2 FOR 1) || substring(b FROM 1 FOR 1)
-                                   ELSE b END, '\x'::bytea ORDER BY i)
-            FROM unnest(var) WITH ORDINALITY AS v(x, i), LATERAL float4send(v.x) AS b);
-END
-$$;
+AS $python$
+element = "real"
+#include "convert_array_to_bytea.py"
+$python$;
 
 COMMENT ON FUNCTION @extschema@.convert_array_to_bytea(real[]) IS
     'MADlib''s packing of a real[] (any shape, flattened) as float32 bytes in machine order, as NumPy''s tobytes()';
 
 CREATE FUNCTION @extschema@.convert_array_to_bytea(var smallint[])
 RETURNS bytea
-LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE plpython3u IMMUTABLE STRICT PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    little_endian boolean := @extschema@.int4_unpack('\x01000000'::bytea) = ARRAY[1];
-BEGIN
-    IF num_nulls(VARIADIC var) > 0 THEN
-        RAISE EXCEPTION 'madlib_mop: convert_array_to_bytea: the array holds NULL elements'
-            USING ERRCODE = 'null_value_not_allowed',
-                  DETAIL = 'Packed values are raw int16 bytes, which have no NULL.',
-                  HINT = 'Replace the NULLs first, e.g. with array_replace(y, NULL, 0::smallint).';
-    END IF;
-    -- Each value as 4 hex digits, its two bytes in the server's order.
-    RETURN (SELECT coalesce(decode(string_agg(lpad(to_hex(
-                CASE WHEN little_endian THEN ((x & 255) << 8) | ((x >> 8) & 255)
-                     ELSE x & 65535 END), 4, '0'), '' ORDER BY i), 'hex'), '\x'::bytea)
-            FROM unnest(var) WITH ORDINALITY AS v(x, i));
-END
-$$;
+AS $python$
+element = "smallint"
+#include "convert_array_to_bytea.py"
+$python$;
 
 COMMENT ON FUNCTION @extschema@.convert_array_to_bytea(smallint[]) IS
     'MADlib''s packing of a smallint[] (any shape, flattened) as int16 bytes in machine order, as NumPy''s tobytes()';
 
 CREATE FUNCTION @extschema@.convert_bytea_to_real_array(var bytea)
 RETURNS real[]
-LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE plpython3u IMMUTABLE STRICT PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    IF octet_length(var) % 4 <> 0 THEN
-        RAISE EXCEPTION 'madlib_mop: convert_bytea_to_real_array: % bytes are not a whole number of 4-byte float32 values',
-                        octet_length(var)
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Pass the bytes of float32 values (MADlib''s independent_var buffers); '
-                         'int16 bytes (dependent_var buffers) are read by convert_bytea_to_smallint_array.';
-    END IF;
-    IF octet_length(var) = 0 THEN
-        RETURN '{}'::real[];  -- PostgreSQL's empty array has no dimension
-    END IF;
-    RETURN @extschema@.float4_unpack(var);
-END
-$$;
+AS $python$
+element = "real"
+#include "convert_bytea_to_array.py"
+$python$;
 
 COMMENT ON FUNCTION @extschema@.convert_bytea_to_real_array(bytea) IS
     'MADlib''s unpacking of float32 bytes in machine order (NumPy''s tobytes()) as a one-dimensional real[]';
 
 CREATE FUNCTION @extschema@.convert_bytea_to_smallint_array(var bytea)
 RETURNS smallint[]
-LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+LANGUAGE plpython3u IMMUTABLE STRICT PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
-AS $$
-DECLARE
-    little_endian boolean := @extschema@.int4_unpack('\x01000000'::bytea) = ARRAY[1];
-BEGIN
-    IF octet_length(var) % 2 <> 0 THEN
-        RAISE EXCEPTION 'madlib_mop: convert_bytea_to_smallint_array: % bytes are not a whole number of 2-byte int16 values',
-                        octet_length(var)
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'Pass the bytes of int16 values (MADlib''s dependent_var buffers); '
-                         'float32 bytes (independent_var buffers) are read by convert_bytea_to_real_array.';
-    END IF;
-    -- Two bytes as an unsigned 16-bit value u, then as signed: (u # 32768) - 32768.
-    RETURN ARRAY(
-        SELECT ((CASE WHEN little_endian THEN get_byte(var, k) | (get_byte(var, k + 1) << 8)
-                      ELSE (get_byte(var, k) << 8) | get_byte(var, k + 1) END # 32768) - 32768)::smallint
-        FROM generate_series(0, octet_length(var) - 2, 2) AS k
-        ORDER BY k);
-END
-$$;
+AS $python$
+element = "smallint"
+#include "convert_bytea_to_array.py"
+$python$;
 
 COMMENT ON FUNCTION @extschema@.convert_bytea_to_smallint_array(bytea) IS
     'MADlib''s unpacking of int16 bytes in machine order (NumPy''s tobytes()) as a one-dimensional smallint[]';

@@ -103,7 +103,12 @@ def test_the_project_sources_build(tmp_path):
     functions = re.findall(r"CREATE FUNCTION @extschema@\.(\w+)\(", script)
     bodies = script.count(PREAMBLE.format(site="/opt/site-packages", can_commit=False))
     assert "version" in functions and "runtime_check" in functions
-    assert bodies == len(list((REPO_ROOT / "udf").glob("*.py")))
+    # One body per PL/Python declaration (overloads such as madlib_keras_predict's share a
+    # file), and every file of udf/ is some function's body.
+    sources = "".join(path.read_text() for path in (REPO_ROOT / "sql").glob("*.sql"))
+    used = set(re.findall(r'^#(?:plpython|include) "(\w+\.py)"', sources, re.MULTILINE))
+    assert bodies == len(re.findall(r'^#(?:plpython|include) "', sources, re.MULTILINE))
+    assert used == {path.name for path in (REPO_ROOT / "udf").glob("*.py")}
 
 
 def test_a_procedure_is_declared_from_its_function(sources, tmp_path):

@@ -69,6 +69,26 @@ def caller_search_path(plpy: Any) -> Iterator[None]:
         _pin(plpy, SAFE_SEARCH_PATH)
 
 
+def run_pure(plpy: Any, function: Callable[..., Any], *args: Any) -> Any:
+    """`run` for a function of its arguments alone (no SQL, no TensorFlow): IMMUTABLE and
+    PARALLEL SAFE, so it may neither set settings nor pin the search_path."""
+    try:
+        return function(plpy, *args)
+    except MadlibMopError as error:
+        raise _reported(plpy, error) from None
+
+
+def _reported(plpy: Any, error: MadlibMopError) -> Exception:
+    """The PL/Python error that reports `error` with its SQLSTATE, detail and hint."""
+    reported = _error_class(plpy)(error.message)
+    reported.sqlstate = error.sqlstate
+    if error.detail is not None:
+        reported.detail = error.detail
+    if error.hint is not None:
+        reported.hint = error.hint
+    return reported
+
+
 def _error_class(plpy: Any) -> type:
     """A subclass of plpy.Error that PL/Python reports as 'madlib_mop: <message>'.
 
@@ -93,13 +113,7 @@ def run(plpy: Any, function: Callable[..., Any], *args: Any, **kwargs: Any) -> A
     try:
         return function(plpy, *args, **kwargs)
     except MadlibMopError as error:
-        reported = _error_class(plpy)(error.message)
-        reported.sqlstate = error.sqlstate
-        if error.detail is not None:
-            reported.detail = error.detail
-        if error.hint is not None:
-            reported.hint = error.hint
-        raise reported from None
+        raise _reported(plpy, error) from None
     finally:
         _callers.pop()
         try:  # back to the caller's path (an error's rollback would restore it anyway)

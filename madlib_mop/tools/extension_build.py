@@ -86,7 +86,8 @@ def expand_includes(sql: str, udf_dir: Path, site_packages: str, used: set[str])
         text = path.read_text(encoding="utf-8")
         if "$python$" in text:
             raise BuildError(f"{path} contains the dollar-quote tag $python$")
-        if "run(plpy, " not in text:  # it pins the search_path and reports errors
+        # run pins the search_path and reports errors; run_pure (no SQL) reports errors
+        if "run(plpy, " not in text and "run_pure(plpy, " not in text:
             raise BuildError(f"{path} does not call madlib_mop.runtime.plpy_bridge.run(plpy, ...)")
         return PREAMBLE.format(site=site_packages, can_commit=bool(match.group("procedure"))) \
             + text.rstrip("\n")
