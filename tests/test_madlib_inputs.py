@@ -5,10 +5,13 @@ still-open transaction, which worker sessions cannot see."""
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 import psycopg
 import pytest
+
+from tests.conftest import connect, held_job
 
 CLASSES = ["Iris-setosa", "Iris-versicolor", "Iris-virginica"]
 MLP = ('{"class_name": "Sequential", "config": {"name": "s", "layers": ['
@@ -53,6 +56,13 @@ def iris(extension_dsn):
                 30 AS buffer_size, 1.0::real AS normalizing_const, ARRAY[3] AS num_classes,
                 'all_segments'::text AS distribution_rules,
                 'all_segments'::text AS __internal_gpu_config__""")
+        # MADlib packs a numeric array label as one-hot rows, with NULL class values.
+        conn.execute("CREATE TABLE onehot_madlib AS SELECT * FROM iris_madlib")
+        conn.execute("CREATE TABLE onehot_madlib_summary AS SELECT source_table, "
+                     "'onehot_madlib'::text AS output_table, dependent_varname, independent_varname, "
+                     "ARRAY['smallint[]'] AS dependent_vartype, NULL::smallint[] AS class_text_class_values, "
+                     "buffer_size, normalizing_const, num_classes, distribution_rules, "
+                     "__internal_gpu_config__ FROM iris_madlib_summary")
         conn.execute("SELECT load_keras_model('arch', %s::json)", (MLP,))
         conn.execute("SELECT madlib_keras_fit('iris_madlib', 'from_madlib', 'arch', 1, %s, "
                      "'batch_size=10', 6, validation_table => 'iris_madlib')", (COMPILE,))
@@ -88,6 +98,22 @@ def test_table_packed_by_madlib_trains_evaluates_and_predicts(conn, iris):
     assert float(right) == pytest.approx(accuracy, abs=0.02)
 
 
+def test_one_hot_table_packed_by_madlib_gives_position_classes(conn, iris):
+    conn.execute("DROP TABLE IF EXISTS onehot_model, onehot_model_summary, onehot_model_info, "
+                 "onehot_eval, onehot_pred")
+    conn.execute("SELECT madlib_keras_fit('onehot_madlib', 'onehot_model', 'arch', 1, %s, "
+                 "'batch_size=10', 3)", (COMPILE,))
+    assert conn.execute("SELECT class_text_class_values FROM onehot_model_summary").fetchone()[0] \
+        == [0, 1, 2]
+    conn.execute("SELECT madlib_keras_evaluate('onehot_model', 'onehot_madlib', 'onehot_eval')")
+    assert np.isfinite(conn.execute("SELECT loss FROM onehot_eval").fetchone()[0])
+    conn.execute("SELECT madlib_keras_predict('onehot_model', 'iris', 'id', 'attributes', "
+                 "'onehot_pred', 2)")
+    rows = conn.execute("SELECT count(*), count(DISTINCT id), array_agg(DISTINCT class_value) "
+                        "FROM onehot_pred").fetchone()
+    assert rows[0] == 300 and rows[1] == 150 and set(rows[2]) <= {"0", "1", "2"}
+
+
 def test_inputs_of_an_open_transaction_are_refused(iris):
     with psycopg.connect(iris[0]) as conn:  # not autocommit: one open transaction
         conn.execute("SET search_path = public, madlib_mop")
@@ -110,3 +136,37 @@ def test_inputs_of_an_open_transaction_are_refused(iris):
     with psycopg.connect(iris[0], autocommit=True) as conn:
         assert conn.execute("SELECT to_regclass('public.tx_packed'), to_regclass('public.tx_model'), "
                             "to_regclass('public.tx_rows'), to_regclass('public.tx_pred')").fetchone() == (None,) * 4
+
+
+def test_a_running_job_is_not_replaced_when_its_output_is_dropped(iris):
+    """A script's DROP of <model> while its job still trains, then the same fit: refused
+    (55006), nothing of the running job dropped."""
+    fit = ("SELECT madlib_keras_fit('iris_madlib', 'busy', 'arch', 1, %s, 'batch_size=10', 40)",
+           (COMPILE,))
+    outcome: list[BaseException] = []
+
+    def train():
+        try:
+            with connect(iris[0]) as conn:
+                conn.execute(*fit)
+        except BaseException as error:  # the job fails once its output is gone
+            outcome.append(error)
+
+    with connect(iris[0]) as conn:
+        conn.execute("DROP TABLE IF EXISTS busy, busy_summary, busy_info, busy_mop_models, "
+                     "busy_mop_state, busy_mop_visits, busy_mop_evals")
+    job = threading.Thread(target=train)
+    job.start()
+    with connect(iris[0]) as watcher, connect(iris[0]) as caller:
+        with held_job(watcher, "busy", 1):
+            caller.execute("SET lock_timeout = '10s'")
+            caller.execute("DROP TABLE busy, busy_summary")
+            with pytest.raises(psycopg.Error) as raised:
+                caller.execute(*fit)
+            assert raised.value.diag.sqlstate == "55006"
+            assert "pg_cancel_backend" in raised.value.diag.message_hint
+            assert caller.execute("SELECT to_regclass('public.busy_mop_state') IS NOT NULL").fetchone()[0]
+            caller.execute("SELECT pg_cancel_backend(coordinator_pid) FROM madlib_mop.jobs "
+                           "WHERE model_output_table = 'public.busy'")
+    job.join(timeout=120)
+    assert not job.is_alive() and outcome

@@ -50,6 +50,19 @@ def _tables_exist(plpy: Any, job: dict) -> bool:
         tables[t])[0]["e"] for t in ("output", "info", "state", "visits"))
 
 
+def _refuse_if_running(plpy: Any, job: dict, out: catalog.NewTable) -> None:
+    """A job whose coordinator's session is alive is running: its tables are not the
+    caller's to drop or replace, even when its output table was dropped meanwhile."""
+    if job["state"] == "running" and plpy.execute(plpy.prepare(
+            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity WHERE pid = $1) AS alive",
+            ["integer"]), [job["coordinator_pid"]])[0]["alive"]:
+        raise MadlibMopError(
+            f"job {job['job_id']} is still training into {out.quoted}",
+            sqlstate=errors.OBJECT_IN_USE,
+            hint=f"Wait for it (SELECT * FROM {catalog.extension_schema(plpy)}.job_progress), or "
+                 f"cancel it: SELECT pg_cancel_backend({job['coordinator_pid']}).")
+
+
 def _abandon(plpy: Any, job: dict, why: str) -> None:
     """An unfinished job whose tables are gone cannot continue: record why, through the
     coordinator's connection so that it stays recorded whatever this call does next."""
@@ -277,6 +290,7 @@ def run_plan(plpy: Any, plan, warm_start: bool, can_commit: bool, caller: str,
     """Continue the unfinished job of the same call, or create the job and run it."""
     unfinished = _find_job(plpy, plan.out, unfinished=True)
     if unfinished is not None and not _tables_exist(plpy, unfinished):
+        _refuse_if_running(plpy, unfinished, plan.out)
         _abandon(plpy, unfinished, "its tables were dropped")
         unfinished = None
     if unfinished is not None:

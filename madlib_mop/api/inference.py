@@ -162,7 +162,8 @@ def _evaluate(plpy, model_table, test_table, output_table, use_gpus, mst_key, al
     refs = trained_models(plpy, model_table, mst_key, all_models=all_models)
     test = packed.read_summary(plpy, test_table, argument="test_table")
     catalog.committed(plpy, {"model_table": catalog.resolve_table(plpy, refs[0].model_oid),
-                             "test_table": catalog.resolve_table(plpy, test["packed_oid"])})
+                             "test_table": catalog.resolve_table(plpy, test["packed_oid"])},
+                      packed=("model_table", "test_table"))
     out = catalog.new_table(plpy, output_table, argument="output_table")
     out.must_not_exist(plpy)
     model = _build(refs[0], compile_model=True)
@@ -194,7 +195,7 @@ def _evaluate(plpy, model_table, test_table, output_table, use_gpus, mst_key, al
                 "weights": [r.weights for r in refs]}
     else:
         task = {"model_table": refs[0].model_oid, "mst_keys": [r.mst_key for r in refs],
-                "test_table": test["packed_oid"]}
+                "test_table": test["packed_oid"], "modulus": packed.partition_modulus(test)}
     parts = _run_parallel(plpy, [lambda worker, p=p: worker.evaluate_models(task, p)
                                  for p in range(test["num_segments"])], engine)
     rows = []
@@ -225,7 +226,7 @@ def worker_evaluate(plpy: Any, task: str, partition: int) -> str:
     x_col, y_col = packed.packed_columns(test)
     classification = test["label_kind"] == "classification"
     buffers = scan_partition(plpy, test["packed_table"], PackedColumns(
-        x_col, y_col, classification, packed.partition_modulus(test)), partition)
+        x_col, y_col, classification, task["modulus"]), partition)
     refs = [trained_models(plpy, task["model_table"], k, all_models=True)[0] for k in task["mst_keys"]]
     return _evaluate_on(refs, buffers, classification)
 
@@ -352,7 +353,7 @@ def _predict(plpy, ref: ModelRef, test_table, id_col, independent_varname, outpu
             f"the features of {source.name} have {math.prod(found)} values per row, the model "
             f"takes input of shape {shape} ({math.prod(shape)} values)",
             sqlstate=errors.DATATYPE_MISMATCH,
-            hint="Pass the feature column(s) the model was trained on.")
+            hint="Pass the feature column the model was trained on.")
     classification = ref.class_values is not None
     if classification and model.output_shape[-1] != len(ref.class_values):
         raise MadlibMopError(f"the model has {model.output_shape[-1]} outputs but "

@@ -12,8 +12,8 @@ Packed table (MADlib 1.18+ column names, plus the segment key):
     <y> bytea               int16 one-hot labels (classification) or float32 targets
     <x>_shape, <y>_shape    integer[]
     buffer_id int
-<x> is the feature column's name, or `independent_var` when several scalar columns are
-packed into one feature vector; <y> is the label column's name.
+<x> is the feature column's name (`independent_var` in tables of madlib_mop 0.5, which
+packed several scalar columns into one vector); <y> is the label column's name.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 import numpy as np
@@ -40,6 +41,8 @@ from madlib_mop.runtime import packing
 from madlib_mop.errors import MadlibMopError
 
 INTEGER_TYPES = {"smallint", "integer", "bigint"}
+FLOAT_TYPES = {"real", "double precision", "numeric"}
+MANY_FLOAT_CLASSES = 100  # more float classes than this and than half the rows: a target
 PACKABLE_ARRAYS = {"real[]", "double precision[]", "smallint[]", "integer[]", "bigint[]"}
 DEFAULT_MEMORY_MB = 1024
 SEGMENTS_SETTING = "madlib_mop.segments"
@@ -337,6 +340,17 @@ def _preprocess(plpy, module, source_table, output_table, dependent_varname, ind
     elif label.classification:
         label.class_values = _class_values(plpy, table, label, training)
         classes = _class_count(label.class_values, num_classes, training)
+        if training is None and label.base_type in FLOAT_TYPES and \
+                len(label.class_values) > max(MANY_FLOAT_CLASSES, rows // 2):
+            # Classes, as in MADlib; but one per value of a continuous target would be a
+            # one-hot matrix of rows x values.
+            raise MadlibMopError(
+                f"dependent_varname {label.name} has {len(label.class_values)} distinct values "
+                f"in {rows} rows: as classes (MADlib's meaning of a {label.base_type} label) "
+                "that is a one-hot column per value",
+                sqlstate=errors.INVALID_PARAMETER_VALUE,
+                hint="Pass regression => TRUE for numeric targets; or, for that many classes, "
+                     "give the label as text or integer in a view.")
     else:
         if training is not None and training["label_kind"] != "regression":
             raise MadlibMopError(
@@ -486,7 +500,13 @@ def pack_segment(plpy: Any, task: str) -> str:
     features = feature_columns(plpy, table, task["independent_varname"])
     given = task["encoding"]
     label = _label(plpy, table, task["dependent_varname"], given["label"] == "regression")
-    label.class_values = given["class_values"]
+    if label.kind != given["label"]:
+        raise MadlibMopError(
+            f"the label column of {table.name} is of another kind ({label.kind}) on this segment "
+            f"server than on the coordinator's ({given['label']})", sqlstate=errors.DATATYPE_MISMATCH,
+            hint="Give the segment servers' tables the column types of the foreign tables.")
+    label.class_values = [Decimal(v) if label.base_type == "numeric" and v is not None else v
+                          for v in given["class_values"]]
     encoding = Encoding(label, given["classes"], given["normalizing_const"],
                         _budget(plpy),
                         given["expected_shape"])
@@ -536,7 +556,10 @@ class Encoding:
     def as_json(self) -> dict:
         return {"classes": self.classes, "normalizing_const": self.normalizing_const,
                 "label": self.label.kind,
-                "class_values": self.label.class_values, "expected_shape": self.expected_shape}
+                # numeric's values go as text: JSON has no decimal, and a float is another value
+                "class_values": [str(v) if isinstance(v, Decimal) else v
+                                 for v in self.label.class_values],
+                "expected_shape": self.expected_shape}
 
 
 @dataclass
@@ -642,6 +665,9 @@ def _class_values(plpy, table, label, training) -> list:
     found = [row["v"] for row in plpy.execute(
         f"SELECT v FROM (SELECT {label.expression} AS v FROM {table.name} GROUP BY 1) d "
         f"ORDER BY {order} NULLS FIRST")]
+    if any(isinstance(v, (float, Decimal)) and v != v for v in found):  # NaN is not equal to itself
+        raise MadlibMopError(f"{table.name} has NaN labels", sqlstate=errors.DATA_EXCEPTION,
+                             hint="Remove those rows, or give them a label (NULL is a class).")
     if training is None:
         return found
     if training["label_kind"] != "classification":
@@ -651,8 +677,8 @@ def _class_values(plpy, table, label, training) -> list:
             sqlstate=errors.DATATYPE_MISMATCH,
             hint="Use a label column of the same kind as the training data's.")
     known = training["class_values"]
-    as_text = {str(v) for v in known}
-    unknown = [v for v in found if v not in known and str(v) not in as_text]
+    as_text = {_as_text(v) for v in known}
+    unknown = [v for v in found if v not in known and _as_text(v) not in as_text]
     if unknown:
         raise MadlibMopError(
             f"{table.name} has labels that the training data does not have: "
@@ -661,8 +687,14 @@ def _class_values(plpy, table, label, training) -> list:
             detail="Training classes: " + ", ".join(repr(v) for v in known[:20]) + ".",
             hint="Remove those rows, or pack training data that has every class.")
     # Validation labels are encoded in the training's class order, typed like the source's.
-    by_text = {str(v): v for v in found}
-    return [by_text.get(str(v), v) for v in known]
+    by_text = {_as_text(v): v for v in found}
+    return [by_text.get(_as_text(v), v) for v in known]
+
+
+def _as_text(value: Any) -> str | None:
+    """A class value compared across types (the summary's against the source's); NULL stays
+    apart from the text 'None'."""
+    return None if value is None else str(value)
 
 
 def _one_hot_positions(plpy, table, label, training) -> list:
@@ -675,6 +707,7 @@ def _one_hot_positions(plpy, table, label, training) -> list:
                              detail=f"Found lengths {widths}.",
                              hint="Every one-hot label needs one entry per class.")
     if training is not None and (training["label_kind"] != "classification"
+                                 or not str(training["dependent_vartype"][0]).endswith("[]")
                                  or len(training["class_values"]) != widths[0]):
         raise MadlibMopError(
             f"dependent_varname {label.name} holds one-hot rows of {widths[0]} classes, unlike "

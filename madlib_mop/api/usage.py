@@ -45,7 +45,7 @@ SELECT validation_preprocessor_dl(
     source_table                varchar,  -- table or view with the validation rows
     output_table                varchar,  -- packed table to create (and _summary)
     dependent_varname           varchar,  -- label column
-    independent_varname         varchar,  -- feature column(s), same shape as training
+    independent_varname         varchar,  -- the feature array column, shaped as training
     training_preprocessor_table varchar,  -- output_table of training_preprocessor_dl
     buffer_size                 integer DEFAULT NULL,
     distribution_rules          text    DEFAULT NULL   -- NULL: the training table's segments
@@ -224,7 +224,7 @@ SELECT madlib_keras_predict(
     model_table         varchar,   -- made by madlib_keras_fit or ..._fit_multiple_model
     test_table          varchar,   -- any table with the features
     id_col              varchar,
-    independent_varname varchar,   -- the feature column(s) the model was trained on
+    independent_varname varchar,   -- the feature array column the model was trained on
     output_table        varchar,   -- created
     pred_type           varchar DEFAULT 'prob',   -- 'prob', 'response', an integer k (top
                                                   --   k classes) or a double precision

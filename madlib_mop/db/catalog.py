@@ -306,22 +306,25 @@ def extension_schema_name(plpy: Any) -> str:
 
 
 _WRITTEN_HERE = (
-    # Relations (or their _summary siblings) this transaction wrote rows into: still
-    # uncommitted, since the transaction is open.  pg_stat_xact_* counts this transaction's
-    # inserts, updates and deletes per table, a CREATE TABLE AS or COPY included.
+    # Relations (and, for packed tables, their _summary siblings) this transaction wrote rows
+    # into: still uncommitted, since the transaction is open.  pg_stat_xact_* counts this
+    # transaction's inserts, updates and deletes per table, a CREATE TABLE AS or COPY included
+    # (also those of a subtransaction rolled back: such a call is refused too).
     "SELECT c.oid AS given FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-    "JOIN pg_stat_xact_all_tables s ON s.schemaname = n.nspname "
-    "AND s.relname IN (c.relname, c.relname || '_summary') "
+    "JOIN pg_stat_xact_all_tables s ON s.schemaname = n.nspname AND (s.relname = c.relname "
+    "OR (c.oid = ANY($2) AND s.relname = c.relname || '_summary')) "
     "WHERE c.oid = ANY($1) AND s.n_tup_ins + s.n_tup_upd + s.n_tup_del > 0")
 
 
-def committed(plpy: Any, tables: dict[str, Table]) -> None:
+def committed(plpy: Any, tables: dict[str, Table], packed: tuple[str, ...] = ()) -> None:
     """Refuse inputs this transaction wrote and has not committed: worker sessions, which read
-    them, see committed data only (the table would be missing, or empty, for them)."""
+    them, see committed data only (the table would be missing, or empty, for them).  The
+    summaries of the `packed` arguments' tables are inputs too."""
     if plpy.execute("SELECT pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS none")[0]["none"]:
         return  # this transaction has written nothing
     by_oid = {table.oid: argument for argument, table in tables.items()}
-    found = plpy.execute(plpy.prepare(_WRITTEN_HERE, ["oid[]"]), [list(by_oid)])
+    found = plpy.execute(plpy.prepare(_WRITTEN_HERE, ["oid[]", "oid[]"]),
+                         [list(by_oid), [tables[a].oid for a in packed]])
     if found:
         argument = by_oid[found[0]["given"]]
         raise MadlibMopError(

@@ -73,12 +73,14 @@ class PackedData:
     partitions: dict[int, str] = field(default_factory=dict)
 
 
-def _packed(plpy: Any, table: str) -> PackedData:
+def _packed(plpy: Any, table: str, partitions: int) -> PackedData:
+    """The job's packed table; `partitions`, as the job recorded them, are also the modulus
+    of a table packed by MADlib (never recomputed: a resumed job reads the same buffers)."""
     summary = packed.read_summary(plpy, table, argument="packed table")
     x, y = packed.packed_columns(summary)
+    modulus = partitions if packed.partition_modulus(summary) is not None else None
     return PackedData(summary["packed_table"],
-                      PackedColumns(x, y, summary["label_kind"] == "classification",
-                                    packed.partition_modulus(summary)))
+                      PackedColumns(x, y, summary["label_kind"] == "classification", modulus))
 
 
 def _budget_bytes(plpy: Any, use_caching: bool) -> int:
@@ -137,8 +139,9 @@ def context(plpy: Any, job_id: int) -> JobContext:
     budget = _budget_bytes(plpy, json.loads(job["arguments"]).get("use_caching") is not False)
     import_tensorflow(threads=max(1, (os.cpu_count() or 1) // job["num_segments"]))
     ctx = JobContext(job_id, job["seed"], job["num_segments"], tables,
-                     _packed(plpy, job["source_table"]),
-                     _packed(plpy, job["validation_table"]) if job["validation_table"] else None,
+                     _packed(plpy, job["source_table"], job["num_segments"]),
+                     _packed(plpy, job["validation_table"], job["validation_partitions"])
+                     if job["validation_table"] else None,
                      budget)
     for row in plpy.execute(f"SELECT * FROM {tables['models']}"):
         ctx.specs[row["mst_key"]] = training.ModelSpec(

@@ -72,15 +72,26 @@ def add_model(db: psycopg.Connection, t: dict[str, sql.Identifier], config: dict
          len(weights) / 1024.0, list(params.metrics) or None, params.loss, *labels.values()))
 
 
+def _class_values(source: dict, label: str) -> list | None:
+    """The packed table's class values as its summary has them, padded to num_classes; a
+    table MADlib packed with one-hot labels has none: its classes are positions 0 .. n-1."""
+    written = source.get(f"{label}_class_values")
+    if written is not None or source["label_kind"] != "classification":
+        return written
+    values = list(source["class_values"])
+    return values + [None] * (source["num_classes"][0] - len(values))
+
+
 def _create_summary(db, table: sql.Identifier, plan, info_name: str, job_id: int) -> None:
     source = plan.source
     label = source["dependent_varname"][0]
     class_type = "text[]"
     if source["label_kind"] == "classification":
-        class_type = db.execute(
+        found = db.execute(
             "SELECT format_type(atttypid, NULL) FROM pg_attribute WHERE attrelid = "
             "(%s || '_summary')::regclass AND attname = %s",
-            (source["packed_table"], f"{label}_class_values")).fetchone()[0]
+            (source["packed_table"], f"{label}_class_values")).fetchone()
+        class_type = found[0] if found else "integer[]"  # none: one-hot positions
     class_column = sql.Identifier(f"{label}_class_values")
     db.execute(sql.SQL("""
         CREATE TABLE {} (
@@ -101,7 +112,7 @@ def _create_summary(db, table: sql.Identifier, plan, info_name: str, job_id: int
         source["independent_varname"], plan.model_arch_table, plan.model_selection_table,
         plan.num_iterations, plan.frequency, arguments["warm_start"], arguments["name"],
         arguments["description"], f"madlib_mop {madlib_mop.__version__}",
-        source["num_classes"], source.get(f"{label}_class_values"), source["dependent_vartype"],
+        source["num_classes"], _class_values(source, label), source["dependent_vartype"],
         source["normalizing_const"],
         metrics.due_iterations(plan.num_iterations, plan.frequency, plan.num_iterations,
                                plan.also_due),

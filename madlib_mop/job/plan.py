@@ -134,9 +134,10 @@ def plan_job(plpy: Any, source_table: str, model_output_table: str, model_select
     source = packed.read_summary(plpy, source_table, argument="source_table")
     validation = (packed.read_summary(plpy, validation_table, argument="validation_table")
                   if validation_table else None)
-    catalog.committed(plpy, {argument: catalog.resolve_table(plpy, summary["packed_oid"])
-                             for argument, summary in (("source_table", source),
-                                                       ("validation_table", validation)) if summary})
+    inputs = {argument: catalog.resolve_table(plpy, summary["packed_oid"])
+              for argument, summary in (("source_table", source), ("validation_table", validation))
+              if summary}
+    catalog.committed(plpy, inputs, packed=tuple(inputs))
     if validation is not None:
         for key in ("label_kind", "feature_shape", "normalizing_const", "class_values", "num_classes"):
             if validation[key] != source[key]:

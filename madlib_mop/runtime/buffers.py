@@ -27,10 +27,10 @@ class PackedColumns:
     classification: bool
     modulus: int | None = None  # a table packed by MADlib: buffer b is on segment b % modulus
 
-    def in_partition(self) -> str:
-        """SQL true for the rows of partition $1."""
-        return ("__dist_key__ = $1" if self.modulus is None
-                else f"buffer_id % {int(self.modulus)} = $1")
+    def in_partition(self, parameter: str = "$1") -> str:
+        """SQL true for the rows of the partition `parameter` gives (a placeholder)."""
+        return (f"__dist_key__ = {parameter}" if self.modulus is None
+                else f"buffer_id % {int(self.modulus)} = {parameter}")
 
     def select_list(self, quote: Callable[[str], str]) -> str:
         """The columns decode() needs, as x, y, xs, ys."""

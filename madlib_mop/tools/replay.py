@@ -42,12 +42,18 @@ def _job(conn: psycopg.Connection, model_output_table: str) -> dict:
     return job
 
 
-def _segment_buffers(conn: psycopg.Connection, summary: dict, segment: int) -> list[Buffer]:
+def _segment_buffers(conn: psycopg.Connection, summary: dict, segment: int,
+                     segments: int) -> list[Buffer]:
     x, y = packed.packed_columns(summary)
-    columns = PackedColumns(x, y, summary["label_kind"] == "classification")
+    # A table packed by MADlib (no label_kind in its summary) has no segment column: buffer
+    # b is on segment b % S, S the job's segments.
+    modulus = None if "label_kind" in summary else segments
+    columns = PackedColumns(x, y, summary.get("label_kind", "classification") == "classification",
+                            modulus)
     select = columns.select_list(lambda name: psycopg.sql.Identifier(name).as_string(conn))
     rows = conn.execute(f"SELECT {select} FROM {summary['packed_table']} "  # quoted by the server
-                        "WHERE __dist_key__ = %s ORDER BY buffer_id", (segment,)).fetchall()
+                        f"WHERE {columns.in_partition('%s')} ORDER BY buffer_id",
+                        (segment,)).fetchall()
     return in_memory(rows, columns.classification)
 
 
@@ -71,14 +77,14 @@ def replay(conn: psycopg.Connection, model_output_table: str, mst_key: int) -> n
         tables["state"]), (mst_key,)).fetchone()["state"]
     visits = conn.execute(SQL("SELECT step, segment FROM {} WHERE mst_key = %s ORDER BY step")
                           .format(tables["visits"]), (mst_key,)).fetchall()
-    classification = summary["label_kind"] == "classification"
+    classification = summary.get("label_kind", "classification") == "classification"
     program = training.Program.for_spec(spec)
     program.restore(bytes(initial))
     buffers: dict[int, list[Buffer]] = {}
     for visit in visits:
         segment = visit["segment"]
         if segment not in buffers:
-            buffers[segment] = _segment_buffers(conn, summary, segment)
+            buffers[segment] = _segment_buffers(conn, summary, segment, job["num_segments"])
         training.train_subepoch(program, spec, buffers[segment], job["seed"], visit["step"],
                                 classification)
     return np.concatenate([w.ravel() for w in program.model.get_weights()]).astype(np.float32)
