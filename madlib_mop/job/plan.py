@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+import shlex
 from typing import Any
 
 from madlib_mop import errors
@@ -178,8 +179,9 @@ def _warn_of_callbacks(plpy: Any, configs: list[dict], out: catalog.NewTable) ->
     log_dir = next((dict(c.arguments).get("log_dir") for c in found[keys[0]]), None)
     plpy.warning(
         f"fit_params of mst_key {', '.join(map(str, keys))}: TensorBoard callbacks are not run "
-        f"inside the database; after the job, `madlib-mop tensorboard {out.quoted} --logdir "
-        f"{log_dir if isinstance(log_dir, str) else 'DIR'}` writes TensorBoard event files "
+        f"inside the database; after the job, `madlib-mop tensorboard {shlex.quote(out.quoted)} "
+        f"--logdir {shlex.quote(log_dir) if isinstance(log_dir, str) else 'DIR'}` writes "
+        "TensorBoard event files "
         "from its _info table")
 
 
