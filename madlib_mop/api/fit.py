@@ -394,7 +394,9 @@ def fit_single_model(plpy: Any, source_table: str, model: str, model_arch_table:
                              hint="e.g. $$loss='categorical_crossentropy', optimizer='Adam(lr=0.01)', "
                                   "metrics=['accuracy']$$")
     for table in (SINGLE_FIT_CONFIGS, SINGLE_FIT_CONFIGS + "_summary"):
-        plpy.execute(f"DROP TABLE IF EXISTS {table}")
+        # (to_regclass first: DROP ... IF EXISTS notices a session's missing pg_temp schema)
+        if plpy.execute(f"SELECT to_regclass('{table}') IS NOT NULL AS e")[0]["e"]:
+            plpy.execute(f"DROP TABLE {table}")
     load_model_selection_table(plpy, model_arch_table, SINGLE_FIT_CONFIGS, [model_id],
                                [compile_params], [fit_params or ""], object_table)
     fit_multiple_model(plpy, source_table, model, SINGLE_FIT_CONFIGS, num_iterations, use_gpus,

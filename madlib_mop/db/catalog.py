@@ -333,5 +333,5 @@ def committed(plpy: Any, tables: dict[str, Table], packed: tuple[str, ...] = ())
             sqlstate=errors.INVALID_TRANSACTION_STATE,
             detail="Training, evaluation and prediction read their inputs in worker sessions of "
                    "their own, which see committed data only.",
-            hint="COMMIT the statements that made it first (in psql: run them outside BEGIN ... "
-                 "COMMIT, or end that transaction before this call).")
+            hint="COMMIT the statements that made it first: a script inside BEGIN ... COMMIT, "
+                 "or run by psql -1 (--single-transaction), is one transaction; run it without.")
