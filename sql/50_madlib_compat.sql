@@ -113,94 +113,43 @@ BEGIN
 END
 $$;
 
--- MADlib's overloads, with its parameter names and types.  The one-argument message forms
--- (MADlib's online help) return the same explanation as text.
-CREATE FUNCTION @extschema@.load_custom_function(object_table varchar, object bytea, name text,
-                                                 description text)
-RETURNS void
-LANGUAGE sql
-SET search_path = pg_catalog, pg_temp
-AS $$ SELECT @extschema@._refuse_madlib_function('load_custom_function') $$;
-
-COMMENT ON FUNCTION @extschema@.load_custom_function(varchar, bytea, text, text) IS
-    'Not supported (loading pickled Python code would run it in the server): name built-in Keras losses and metrics';
-
-CREATE FUNCTION @extschema@.load_custom_function(object_table varchar, object bytea, name text)
-RETURNS void
-LANGUAGE sql
-SET search_path = pg_catalog, pg_temp
-AS $$ SELECT @extschema@._refuse_madlib_function('load_custom_function') $$;
-
-COMMENT ON FUNCTION @extschema@.load_custom_function(varchar, bytea, text) IS
-    'Not supported (loading pickled Python code would run it in the server): name built-in Keras losses and metrics';
-
-CREATE FUNCTION @extschema@.load_custom_function(message varchar DEFAULT '')
-RETURNS varchar
-LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
-AS $$ SELECT u.message || E'\n' || u.hint FROM @extschema@._unsupported_madlib_function('load_custom_function') AS u $$;
-
-CREATE FUNCTION @extschema@.delete_custom_function(object_table varchar, id integer)
-RETURNS void
-LANGUAGE sql
-SET search_path = pg_catalog, pg_temp
-AS $$ SELECT @extschema@._refuse_madlib_function('delete_custom_function') $$;
-
-COMMENT ON FUNCTION @extschema@.delete_custom_function(varchar, integer) IS
-    'Not supported (custom functions are pickled Python code): name built-in Keras losses and metrics';
-
-CREATE FUNCTION @extschema@.delete_custom_function(object_table varchar, name text)
-RETURNS void
-LANGUAGE sql
-SET search_path = pg_catalog, pg_temp
-AS $$ SELECT @extschema@._refuse_madlib_function('delete_custom_function') $$;
-
-COMMENT ON FUNCTION @extschema@.delete_custom_function(varchar, text) IS
-    'Not supported (custom functions are pickled Python code): name built-in Keras losses and metrics';
-
-CREATE FUNCTION @extschema@.delete_custom_function(message varchar DEFAULT '')
-RETURNS varchar
-LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
-AS $$ SELECT u.message || E'\n' || u.hint FROM @extschema@._unsupported_madlib_function('delete_custom_function') AS u $$;
-
-CREATE FUNCTION @extschema@.load_top_k_accuracy_function(object_table varchar, k integer)
-RETURNS void
-LANGUAGE sql
-SET search_path = pg_catalog, pg_temp
-AS $$ SELECT @extschema@._refuse_madlib_function('load_top_k_accuracy_function') $$;
-
-COMMENT ON FUNCTION @extschema@.load_top_k_accuracy_function(varchar, integer) IS
-    'Not supported (it stores pickled Python code): ask for metrics=[''top_3_accuracy''] (any k) in compile_params';
-
-CREATE FUNCTION @extschema@.load_top_k_accuracy_function(message varchar DEFAULT '')
-RETURNS varchar
-LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
-AS $$ SELECT u.message || E'\n' || u.hint FROM @extschema@._unsupported_madlib_function('load_top_k_accuracy_function') AS u $$;
-
-CREATE FUNCTION @extschema@.gpu_configuration(output_table text, source text)
-RETURNS void
-LANGUAGE sql
-SET search_path = pg_catalog, pg_temp
-AS $$ SELECT @extschema@._refuse_madlib_function('gpu_configuration') $$;
-
-COMMENT ON FUNCTION @extschema@.gpu_configuration(text, text) IS
-    'Not supported: madlib_mop trains on CPUs (use_gpus => FALSE)';
-
-CREATE FUNCTION @extschema@.gpu_configuration(output_table text)
-RETURNS void
-LANGUAGE sql
-SET search_path = pg_catalog, pg_temp
-AS $$ SELECT @extschema@._refuse_madlib_function('gpu_configuration') $$;
-
-COMMENT ON FUNCTION @extschema@.gpu_configuration(text) IS
-    'Not supported: madlib_mop trains on CPUs (use_gpus => FALSE)';
-
--- MADlib's help form takes no argument (a one-argument text form would be the output
--- table's): no `message` parameter here, unlike the others.
-CREATE FUNCTION @extschema@.gpu_configuration()
-RETURNS varchar
-LANGUAGE sql IMMUTABLE
-SET search_path = pg_catalog, pg_temp
-AS $$ SELECT u.message || E'\n' || u.hint FROM @extschema@._unsupported_madlib_function('gpu_configuration') AS u $$;
+-- MADlib's overloads, with its parameter names and types, each refusing; the message forms
+-- (MADlib's online help) return the same explanation as text.  gpu_configuration's help
+-- form takes no argument (a one-argument text form would be the output table's).  (A DO
+-- $routines$ block is part of an upgrade's generated routines: it must be rerunnable.)
+DO $routines$
+DECLARE
+    f record;
+BEGIN
+    FOR f IN SELECT * FROM (VALUES
+        ('load_custom_function', 'object_table varchar, object bytea, name text, description text'),
+        ('load_custom_function', 'object_table varchar, object bytea, name text'),
+        ('delete_custom_function', 'object_table varchar, id integer'),
+        ('delete_custom_function', 'object_table varchar, name text'),
+        ('load_top_k_accuracy_function', 'object_table varchar, k integer'),
+        ('gpu_configuration', 'output_table text, source text'),
+        ('gpu_configuration', 'output_table text')) AS v(name, parameters)
+    LOOP
+        EXECUTE format(
+            'CREATE OR REPLACE FUNCTION %I.%I(%s) RETURNS void LANGUAGE sql '
+            'SET search_path = pg_catalog, pg_temp AS %L',
+            '@extschema@', f.name, f.parameters,
+            format('SELECT %I._refuse_madlib_function(%L)', '@extschema@', f.name));
+        EXECUTE format('COMMENT ON FUNCTION %I.%I(%s) IS %L', '@extschema@', f.name, f.parameters,
+                       (SELECT u.message FROM @extschema@._unsupported_madlib_function(f.name) u));
+    END LOOP;
+    FOR f IN SELECT * FROM (VALUES
+        ('load_custom_function', 'message varchar DEFAULT '''''),
+        ('delete_custom_function', 'message varchar DEFAULT '''''),
+        ('load_top_k_accuracy_function', 'message varchar DEFAULT '''''),
+        ('gpu_configuration', '')) AS v(name, parameters)
+    LOOP
+        EXECUTE format(
+            'CREATE OR REPLACE FUNCTION %I.%I(%s) RETURNS varchar LANGUAGE sql IMMUTABLE '
+            'SET search_path = pg_catalog, pg_temp AS %L',
+            '@extschema@', f.name, f.parameters,
+            format('SELECT u.message || E''\n'' || u.hint FROM %I._unsupported_madlib_function(%L) u',
+                   '@extschema@', f.name));
+    END LOOP;
+END
+$routines$;
