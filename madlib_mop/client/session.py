@@ -259,6 +259,7 @@ class Client:
                                 break
                         except KeyboardInterrupt:
                             raw.cancel_safe()
+                    progress.find_job()  # the bar polls: it may not have seen the job yet
                 finally:
                     progress.close()
                 worker.join()
