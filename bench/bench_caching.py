@@ -13,7 +13,6 @@ import argparse
 import os
 import time
 
-import numpy as np
 import psycopg
 
 from madlib_mop.tools.demo import ensure_extension
@@ -74,7 +73,6 @@ def main() -> None:
     print(f"| FALSE (MADlib's default) | {read:.1f} | {args.configs * args.iterations / read:.2f} | none |")
     print(f"\nFALSE / TRUE time: {read / cached:.2f}x; same weights: "
           f"{weights[True] == weights[False]}")
-    assert np.isfinite(cached) and np.isfinite(read)
 
 
 if __name__ == "__main__":

@@ -51,11 +51,12 @@ def _tables_exist(plpy: Any, job: dict) -> bool:
 
 
 def _refuse_if_running(plpy: Any, job: dict, out: catalog.NewTable) -> None:
-    """A job whose coordinator's session is alive is running: its tables are not the
-    caller's to drop or replace, even when its output table was dropped meanwhile."""
-    if job["state"] == "running" and plpy.execute(plpy.prepare(
-            "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity WHERE pid = $1) AS alive",
-            ["integer"]), [job["coordinator_pid"]])[0]["alive"]:
+    """A running job (job_progress's state: its coordinator's session is alive) keeps its
+    tables: they are not the caller's to drop or replace, even when its output table was
+    dropped meanwhile."""
+    if plpy.execute(plpy.prepare(
+            f"SELECT state FROM {catalog.extension_schema(plpy)}.job_progress WHERE job_id = $1",
+            ["bigint"]), [job["job_id"]])[0]["state"] == "running":
         raise MadlibMopError(
             f"job {job['job_id']} is still training into {out.quoted}",
             sqlstate=errors.OBJECT_IN_USE,
@@ -305,7 +306,7 @@ def run_plan(plpy: Any, plan, warm_start: bool, can_commit: bool, caller: str,
             "other arguments", sqlstate=errors.DUPLICATE_TABLE,
             hint=f"Continue it with CALL {catalog.extension_schema(plpy)}.resume("
                  f"{unfinished['job_id']}), or drop its tables and pass another name.")
-    previous = None
+    previous = left_by = None
     if plan.out.exists(plpy):
         if not warm_start:
             raise MadlibMopError(f"model_output_table {plan.out.quoted} already exists",
@@ -324,7 +325,8 @@ def run_plan(plpy: Any, plan, warm_start: bool, can_commit: bool, caller: str,
         raise MadlibMopError(f"warm_start: {plan.out.quoted} does not exist",
                              sqlstate=errors.UNDEFINED_TABLE,
                              hint="Train it first, or pass warm_start => FALSE.")
-    left_by = _left_by_dropped_output(plpy, plan.out)
+    else:
+        left_by = _left_by_dropped_output(plpy, plan.out)
     # The workers import TensorFlow (seconds) while this session checks the models against
     # the data (which may import it here too) and creates the job.
     engine = _engine(plpy, plan.source["packed_table"])
@@ -341,13 +343,11 @@ def run_plan(plpy: Any, plan, warm_start: bool, can_commit: bool, caller: str,
 
 
 def _left_by_dropped_output(plpy: Any, out: catalog.NewTable) -> dict | None:
-    """The latest earlier job of this output, when its output table is gone but some of its
-    other tables remain: a MADlib script drops `<out>` and `<out>_summary` (the tables
+    """The latest earlier job of this output (which does not exist), when some of its other
+    tables remain: a MADlib script drops `<out>` and `<out>_summary` (the tables
     MADlib makes) and trains into the same name again, so the `_info` and per-job tables
     the earlier job left are the caller's to replace.  (An unfinished job whose tables were
     dropped is abandoned first, in run_plan.)"""
-    if out.exists(plpy):
-        return None
     rows = plpy.execute(plpy.prepare(
         f"SELECT * FROM {catalog.extension_schema(plpy)}.jobs WHERE model_output_table = $1 "
         "AND owner = current_user AND state IN ('finished', 'failed') "
@@ -355,9 +355,10 @@ def _left_by_dropped_output(plpy: Any, out: catalog.NewTable) -> dict | None:
     if not rows:
         return None
     job = dict(rows[0])
-    left = [".".join(parts) for parts in json.loads(job["tables"]).values()
-            if plpy.execute(plpy.prepare("SELECT to_regclass(format('%I.%I', $1, $2)) IS NOT NULL "
-                                         "AS e", ["text", "text"]), parts)[0]["e"]]
+    left = plpy.execute(plpy.prepare(
+        "SELECT array_agg(format('%I.%I', v->>0, v->>1)) AS names FROM jsonb_each($1::jsonb) "
+        "AS t(k, v) WHERE to_regclass(format('%I.%I', v->>0, v->>1)) IS NOT NULL", ["text"]),
+        [job["tables"]])[0]["names"]
     if not left:
         return None
     plpy.notice(f"{out.quoted} was dropped: replacing what job {job['job_id']} left of it "

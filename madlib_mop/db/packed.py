@@ -27,7 +27,7 @@ def read_summary(plpy: Any, packed_table: str | int, *, argument: str) -> dict:
     needed = {"normalizing_const", "num_classes", "dependent_varname", "label_kind",
               "feature_shape", "num_segments"}
     if len(rows) == 1 and not needed <= set(rows[0].keys()) and MADLIB_SUMMARY <= set(rows[0].keys()):
-        summary = _packed_by_madlib(plpy, table, summary_name, dict(rows[0]))
+        summary = _packed_by_madlib(plpy, table, dict(rows[0]))
     elif len(rows) != 1 or not needed <= set(rows[0].keys()):
         raise MadlibMopError(f"{summary_name} is not a summary made by training_preprocessor_dl",
                              sqlstate=errors.DATA_EXCEPTION, hint=hint)
@@ -47,11 +47,12 @@ def read_summary(plpy: Any, packed_table: str | int, *, argument: str) -> dict:
 MADLIB_SUMMARY = {"dependent_varname", "independent_varname", "normalizing_const", "num_classes"}
 
 
-def _packed_by_madlib(plpy: Any, table: catalog.Table, summary_name: str, summary: dict) -> dict:
+def _packed_by_madlib(plpy: Any, table: catalog.Table, summary: dict) -> dict:
     """The summary of a table packed by MADlib itself, completed from the table: its rows are
     minibatch buffers like ours (float32 features, int16 one-hot labels, with their shapes),
     but it has no segment column, so buffer b is read by segment b % S, for S one segment
-    per CPU of this server (at most one per buffer)."""
+    per CPU of this server (at most one per buffer and a quarter of max_connections); a job
+    records its S, and its workers take the modulus from the job."""
     def names(value) -> list:  # MADlib 1.x wrote text, 2.x arrays
         return [value] if isinstance(value, str) else list(value or [])
     x_names, y_names = names(summary["independent_varname"]), names(summary["dependent_varname"])
@@ -74,8 +75,7 @@ def _packed_by_madlib(plpy: Any, table: catalog.Table, summary_name: str, summar
     if not shapes:
         raise MadlibMopError(f"{table.name} is empty", sqlstate=errors.DATA_EXCEPTION,
                              hint="Pack a table with rows.")
-    # Every session (the caller's, each worker's) must find the same S: the server's CPUs,
-    # not a setting a session may change.
+    # The server's CPUs, not a setting a session may change.
     segments = max(1, min(os.cpu_count() or 1, settings.worker_session_limit(plpy),
                           int(shapes[0]["buffers"])))
     width = int(shapes[0]["y"])
@@ -89,8 +89,7 @@ def _packed_by_madlib(plpy: Any, table: catalog.Table, summary_name: str, summar
         "partition_modulus": segments,
         # one-hot labels packed as they were: classes are their positions
         "class_values": list(range(width)),
-        "normalizing_const": float(summary["normalizing_const"] or 1.0),
-        "packed_by": "MADlib"})
+        "normalizing_const": float(summary["normalizing_const"] or 1.0)})
     return summary
 
 

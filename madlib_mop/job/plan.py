@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 import shlex
+from dataclasses import dataclass, field
 from typing import Any
 
 from madlib_mop import errors
@@ -181,8 +181,7 @@ def _warn_of_callbacks(plpy: Any, configs: list[dict], out: catalog.NewTable) ->
         f"fit_params of mst_key {', '.join(map(str, keys))}: TensorBoard callbacks are not run "
         f"inside the database; after the job, `madlib-mop tensorboard {shlex.quote(out.quoted)} "
         f"--logdir {shlex.quote(log_dir) if isinstance(log_dir, str) else 'DIR'}` writes "
-        "TensorBoard event files "
-        "from its _info table")
+        "TensorBoard event files from its _info table")
 
 
 def check_models(plpy: Any, plan: Plan) -> None:
