@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from madlib_mop.runtime import keras_json, state, training
+from madlib_mop.runtime import keras_json, training
 from tests.conftest import connect
 
 ARCH = keras.Sequential([keras.Input((4,)), keras.layers.Dense(6, activation="relu"),
@@ -59,18 +59,6 @@ def test_a_decayed_pass_is_keras_fit_and_keras2s_rate(loss):
     assert float(program.model.optimizer.learning_rate) == pytest.approx(0.05 / (1 + 0.5 * steps), rel=1e-6)
     top2 = np.mean([c in np.argsort(p)[-2:] for p, c in zip(program.model.predict(x, verbose=0), classes)])
     assert program.evaluate(x, y)["top_2_accuracy"] == pytest.approx(top2, abs=1e-6)
-
-
-def test_initial_states_with_decay_are_those_of_models_built_one_by_one():
-    specs = [_spec(k, o) for k, o in ((1, "Adam(lr=0.01,decay=0.1)"), (2, "Adam(lr=0.01,decay=0.1)"),
-                                      (3, "SGD(decay=0.1)"), (4, "Adam(lr=0.01)"))]
-    states = training.initial_states(specs, seed=5)
-    for spec in specs:
-        expected = state.decode(training.capture_state(training.build_model(spec, 5)))[0]
-        found = state.decode(states[spec.mst_key])[0]
-        assert state.layout_of(found) == state.layout_of(expected)
-        for a, b in zip(found, expected, strict=True):
-            assert np.array_equal(a.array, b.array), (spec.mst_key, b.name)
 
 
 # ---- in the database --------------------------------------------------------------------------

@@ -170,3 +170,18 @@ def test_a_running_job_is_not_replaced_when_its_output_is_dropped(iris):
                            "WHERE model_output_table = 'public.busy'")
     job.join(timeout=120)
     assert not job.is_alive() and outcome
+
+
+def test_call_fit_multiple_inside_a_transaction_block_is_refused(iris):
+    """The procedure commits as it goes: inside BEGIN ... COMMIT it cannot (25001, with a
+    HINT).  (Only that error of a commit says so: test_client's Ctrl-C test cancels a CALL,
+    which must end interrupted, not failed, whenever the cancel is acted on.)"""
+    with connect(iris[0]) as conn:
+        conn.execute("DROP TABLE IF EXISTS mst_tx, mst_tx_summary")
+        conn.execute("SELECT load_model_selection_table('arch', 'mst_tx', ARRAY[1], ARRAY[%s], "
+                      "ARRAY['batch_size=10'])", (COMPILE,))
+    with psycopg.connect(iris[0]) as conn:  # not autocommit: the CALL runs in a block
+        conn.execute("SET search_path = public, madlib_mop")
+        with pytest.raises(psycopg.Error) as raised:
+            conn.execute("CALL fit_multiple('iris_madlib', 'in_block', 'mst_tx', 1)")
+        assert raised.value.diag.sqlstate == "25001" and "BEGIN" in raised.value.diag.message_hint

@@ -106,7 +106,8 @@ def test_a_state_of_another_model_is_refused():
 
 
 @pytest.mark.parametrize("optimizer", ["Adam(lr={})", "SGD(lr={},momentum=0.9)", "RMSprop(lr={})",
-                                       "Adagrad(lr={})", "Adam(lr={},use_ema=True)"])
+                                       "Adagrad(lr={})", "Adam(lr={},use_ema=True)",
+                                       "Adam(lr={},decay=0.1)", "SGD(lr={},decay=0.1)"])
 def test_initial_states_are_those_of_models_built_one_by_one(optimizer):
     """Two architectures x two learning rates: each key's second model takes the shortcut."""
     specs = [training.ModelSpec(k, ARCHITECTURES[k % 2 == 0],

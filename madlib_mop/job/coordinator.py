@@ -425,7 +425,11 @@ class Coordinator:
         try:
             self.plpy.commit()
             plpy_bridge.renew_pin(self.plpy)
-        except Exception:
+        except self.plpy.SPIError as error:
+            # Only "invalid transaction termination" says the CALL runs in a transaction
+            # block; a cancel request acted on at the commit is an interruption, as elsewhere.
+            if getattr(error, "sqlstate", None) != "2D000":
+                raise
             raise MadlibMopError(
                 "CALL fit_multiple cannot run inside a transaction block", sqlstate="25001",
                 hint="Run CALL outside BEGIN ... COMMIT, or use SELECT "
