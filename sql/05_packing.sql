@@ -31,3 +31,15 @@ CREATE FUNCTION @extschema@.int4_unpack(bytea)
 RETURNS integer[]
 AS 'MODULE_PATHNAME', 'madlib_mop_int4_unpack'
 LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
+-- Did this transaction (or a live subtransaction of it) change the relation: its catalog
+-- row, or rows in it?  Exact, unlike pg_stat_xact_all_tables, which on PostgreSQL 15 also
+-- counts this session's earlier, committed transactions until its statistics are flushed.
+-- Written in C (src/written_here.c): only the server knows its own transaction's writes.
+CREATE FUNCTION @extschema@.written_in_transaction(regclass)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'madlib_mop_written_in_transaction'
+LANGUAGE C STABLE STRICT;
+
+COMMENT ON FUNCTION @extschema@.written_in_transaction(regclass) IS
+    'True when the current transaction created, altered, truncated or wrote rows of the relation';

@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import subprocess
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -25,6 +27,7 @@ from psycopg.conninfo import make_conninfo
 from madlib_mop.tools.embedded import DSN_VARIABLE, EmbeddedCluster
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+PSQL = "/usr/lib/postgresql/15/bin/psql"
 
 
 def connect(dsn: str, notices: list | None = None) -> psycopg.Connection:
@@ -35,6 +38,16 @@ def connect(dsn: str, notices: list | None = None) -> psycopg.Connection:
     if notices is not None:
         conn.add_notice_handler(lambda diag: notices.append(diag.message_primary))
     return conn
+
+
+def psql_script(dsn: str, script: str) -> subprocess.CompletedProcess:
+    """`script` run as an analyst's script file runs: psql -f, autocommit, one statement
+    after another with no pause, stopping at the first error (ON_ERROR_STOP)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".sql") as file:
+        file.write("SET search_path = public, madlib_mop;\n" + script)
+        file.flush()
+        return subprocess.run([PSQL, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", dsn, "-f", file.name],
+                              capture_output=True, text=True, timeout=600)
 
 
 @contextlib.contextmanager

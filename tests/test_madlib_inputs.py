@@ -11,7 +11,7 @@ import numpy as np
 import psycopg
 import pytest
 
-from tests.conftest import connect, held_job
+from tests.conftest import connect, held_job, psql_script
 
 CLASSES = ["Iris-setosa", "Iris-versicolor", "Iris-virginica"]
 MLP = ('{"class_name": "Sequential", "config": {"name": "s", "layers": ['
@@ -136,6 +136,65 @@ def test_inputs_of_an_open_transaction_are_refused(iris):
     with psycopg.connect(iris[0], autocommit=True) as conn:
         assert conn.execute("SELECT to_regclass('public.tx_packed'), to_regclass('public.tx_model'), "
                             "to_regclass('public.tx_rows'), to_regclass('public.tx_pred')").fetchone() == (None,) * 4
+
+
+def test_a_table_filled_then_trained_at_once_is_not_refused(iris):
+    """The commonest psql script: create and fill a table, pack it, fit, predict, one
+    statement after another in autocommit.  Each input was committed by an earlier statement;
+    the session's statistics, not yet flushed, still count those writes and must not be read
+    as this transaction's."""
+    done = psql_script(iris[0], f"""
+        CREATE TABLE fresh (id int, attributes real[], class_text varchar);
+        INSERT INTO fresh SELECT * FROM iris WHERE id % 2 = 0;
+        INSERT INTO fresh SELECT * FROM iris WHERE id % 2 = 1;
+        SELECT training_preprocessor_dl('fresh', 'fresh_packed', 'class_text', 'attributes');
+        SELECT madlib_keras_fit('fresh_packed', 'fresh_model', 'arch', 1, $${COMPILE}$$,
+                                $$batch_size=10$$, 1);
+        SELECT madlib_keras_evaluate('fresh_model', 'fresh_packed', 'fresh_eval');
+        INSERT INTO fresh SELECT id + 1000, attributes, class_text FROM iris WHERE id < 5;
+        SELECT madlib_keras_predict('fresh_model', 'fresh', 'id', 'attributes', 'fresh_pred');
+        SELECT count(DISTINCT id) FROM fresh_pred;
+        """)
+    assert done.returncode == 0, done.stderr
+    assert "155" in done.stdout
+
+
+def test_written_in_transaction_is_exact(conn):
+    """What the open-transaction check asks: true for this transaction's creations, writes,
+    truncations and released savepoints; false for committed writes (even right after them),
+    for a savepoint rolled back, and outside a transaction with an id."""
+    conn.execute("CREATE TABLE wt (x int)")
+    conn.execute("INSERT INTO wt VALUES (1)")
+    conn.execute("CREATE TABLE wt_other (x int)")
+
+    def written(table: str = "wt") -> bool:
+        return conn.execute("SELECT written_in_transaction(%s::regclass)", (table,)).fetchone()[0]
+
+    assert not written()
+    conn.execute("BEGIN")
+    conn.execute("INSERT INTO wt_other VALUES (1)")  # this transaction has an id now
+    stale = conn.execute("SELECT n_tup_ins FROM pg_stat_xact_all_tables WHERE relid = "
+                         "'wt'::regclass").fetchone()
+    assert not written() and written("wt_other")
+    conn.execute("SAVEPOINT s")
+    conn.execute("INSERT INTO wt VALUES (2)")
+    assert written()
+    conn.execute("ROLLBACK TO SAVEPOINT s")  # its insert is gone
+    assert not written()
+    conn.execute("DELETE FROM wt")
+    conn.execute("RELEASE SAVEPOINT s")  # its delete is this transaction's
+    assert written()
+    conn.execute("ROLLBACK")
+    for change in ("TRUNCATE wt", "UPDATE wt SET x = 3", "CREATE TABLE wt_new (x int)",
+                   "ALTER TABLE wt ADD COLUMN y int"):
+        table = "wt_new" if "wt_new" in change else "wt"
+        conn.execute("BEGIN")
+        conn.execute("INSERT INTO wt_other VALUES (1)")
+        conn.execute(change)
+        assert written(table), change
+        conn.execute("ROLLBACK")
+    # What makes the check exact: the statistics still count the committed insert.
+    assert stale is not None and stale[0] >= 1
 
 
 def test_a_running_job_is_not_replaced_when_its_output_is_dropped(iris):

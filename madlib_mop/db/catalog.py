@@ -305,28 +305,23 @@ def extension_schema_name(plpy: Any) -> str:
     return row[0]["s"]
 
 
-_WRITTEN_HERE = (
-    # Relations (and, for packed tables, their _summary siblings) this transaction wrote rows
-    # into: still uncommitted, since the transaction is open.  pg_stat_xact_* counts this
-    # transaction's inserts, updates and deletes per table, a CREATE TABLE AS or COPY included
-    # (also those of a subtransaction rolled back: such a call is refused too).
-    "SELECT c.oid AS given FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-    "JOIN pg_stat_xact_all_tables s ON s.schemaname = n.nspname AND (s.relname = c.relname "
-    "OR (c.oid = ANY($2) AND s.relname = c.relname || '_summary')) "
-    "WHERE c.oid = ANY($1) AND s.n_tup_ins + s.n_tup_upd + s.n_tup_del > 0")
-
-
 def committed(plpy: Any, tables: dict[str, Table], packed: tuple[str, ...] = ()) -> None:
     """Refuse inputs this transaction wrote and has not committed: worker sessions, which read
     them, see committed data only (the table would be missing, or empty, for them).  The
     summaries of the `packed` arguments' tables are inputs too."""
     if plpy.execute("SELECT pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS none")[0]["none"]:
         return  # this transaction has written nothing
-    by_oid = {table.oid: argument for argument, table in tables.items()}
-    found = plpy.execute(plpy.prepare(_WRITTEN_HERE, ["oid[]", "oid[]"]),
-                         [list(by_oid), [tables[a].oid for a in packed]])
+    # written_in_transaction (C) is exact: pg_stat_xact_all_tables would also count this
+    # session's earlier, committed transactions until its statistics are flushed.
+    written = f"{extension_schema(plpy)}.written_in_transaction"
+    found = plpy.execute(plpy.prepare(
+        "SELECT t.argument FROM unnest($1::oid[], $2::text[]) AS t(relid, argument) "
+        f"JOIN pg_class c ON c.oid = t.relid WHERE {written}(c.oid) OR (t.argument = ANY($3) "
+        f"AND {written}(to_regclass(format('%s.%I', c.relnamespace::regnamespace, "
+        "c.relname || '_summary')))) LIMIT 1", ["oid[]", "text[]", "text[]"]),
+        [[table.oid for table in tables.values()], list(tables), list(packed)])
     if found:
-        argument = by_oid[found[0]["given"]]
+        argument = found[0]["argument"]
         raise MadlibMopError(
             f"{argument} {tables[argument].name} was written by this transaction, which has not "
             "committed yet",
@@ -335,3 +330,4 @@ def committed(plpy: Any, tables: dict[str, Table], packed: tuple[str, ...] = ())
                    "their own, which see committed data only.",
             hint="COMMIT the statements that made it first: a script inside BEGIN ... COMMIT, "
                  "or run by psql -1 (--single-transaction), is one transaction; run it without.")
+
