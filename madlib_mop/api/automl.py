@@ -14,15 +14,16 @@ are tried, and keeps only the best one when the job finishes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from psycopg import sql
 
 from madlib_mop import errors
-from madlib_mop.api import fit
-from madlib_mop.api.model_catalog import _arch_table_with_ids, _no_object_table
+from madlib_mop.api.model_catalog import SELECTION_TABLES, arch_table_with_ids, no_object_table
 from madlib_mop.db import catalog
 from madlib_mop.errors import MadlibMopError
+from madlib_mop.job import lifecycle, store
 from madlib_mop.job.plan import plan_job
 from madlib_mop.runtime import model_config
 from madlib_mop.search import grid, hyperband, setup
@@ -103,82 +104,103 @@ def madlib_keras_automl(plpy: Any, source_table: str, model_output_table: str, m
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
                              hint="Pass automl_method => 'hyperband' or 'hyperopt'.")
     params = _params(method, automl_params)
-    _no_object_table(object_table)
-    arch, ids = _arch_table_with_ids(plpy, model_arch_table, model_id_list)
+    no_object_table(object_table)
+    arch, ids = arch_table_with_ids(plpy, model_arch_table, model_id_list)
     compile_grid = model_config.parse_grid(compile_params_grid, "compile_params_grid")
     fit_grid = model_config.parse_grid(fit_params_grid, "fit_params_grid")
     seed = 0 if random_state is None else int(random_state)
-    S = _segments(plpy, source_table)
     objective = setup.objective_from(params.get("metric"), params.get("direction"),
                                      validation_table is not None, _metric_choices(compile_grid),
                                      "automl_params")
     if method == "hyperband":
-        iterations = params["R"]
-        rungs = hyperband.bracket_rungs(params["R"], params["eta"], params["skip_last"])
-        count = sum(r[0].n_i for r in rungs.values())
-        configs = grid.all_configs(grid.RandomSearcher(ids, compile_grid, fit_grid, count, seed))
-        brackets = setup.hyperband_brackets(params["R"], params["eta"], params["skip_last"])
-        info_labels = {key: {"s": s, "i": 0} for key, s in brackets.items()}
+        proposal = _hyperband(params, ids, compile_grid, fit_grid, seed)
     else:
-        iterations = params["num_iterations"]
-        params.setdefault("parallelism", S)
-        params.setdefault("startup_configs", max(params["parallelism"], min(10, params["num_configs"] // 4)))
-        space = SearchSpace(ids, compile_grid, fit_grid)
-        if space.size() is not None and params["num_configs"] > space.size():
-            raise MadlibMopError(
-                f"automl_params: num_configs ({params['num_configs']}) is more than the "
-                f"{space.size()} configurations the grids hold", sqlstate=errors.INVALID_PARAMETER_VALUE,
-                hint=f"Pass num_configs={space.size()} or fewer, or give a distribution "
-                     "([low, high, 'log']) instead of a list.")
-        searcher = OptunaSearcher(space, objective, params["num_configs"], iterations,
-                                  params["algorithm"], seed, params["parallelism"],
-                                  params["startup_configs"])
-        configs = []
-        while (config := searcher.ask()) is not None:  # the first `parallelism` need no results
-            configs.append(config)
-        info_labels = {}
+        proposal = _hyperopt(plpy, params, ids, compile_grid, fit_grid, seed, objective, source_table)
     mst = catalog.new_table(plpy, model_selection_table, argument="model_selection_table")
     mst_summary = mst.sibling("_summary", plpy)
-    entries = _entries(plpy, arch, configs)
-    plan = plan_job(plpy, source_table, model_output_table, mst.quoted, iterations, use_gpus,
-                    validation_table, metrics_compute_frequency, False, name, description,
-                    use_caching, seed, given=(mst.quoted, arch.name, entries))
-    plan.arguments["automl"] = {
+    entries = _entries(plpy, arch, proposal.configs)
+    automl = {
         "method": method, "params": params,
         "params_text": automl_params if automl_params and automl_params.strip() else METHODS[method][0],
         "random_state": random_state, "model_id_list": ids,
         # As given: a jsonb object would not keep the order of the keys (nor the texts made).
-        "compile_params_grid": compile_params_grid, "fit_params_grid": fit_params_grid, "metric_choices": _metric_choices(compile_grid),
+        "compile_params_grid": compile_params_grid, "fit_params_grid": fit_params_grid,
+        "metric_choices": _metric_choices(compile_grid),
         "model_arch_table": _parts(plpy, arch),
         "model_selection_table": [mst.schema, mst.name],
     }
-    plan.arguments["initial_models"] = len(entries)
-    plan.info_labels = info_labels
-    found = setup.search_of_job(plan.arguments, {}, plan.validation is not None)
-    plan.also_due = frozenset(found.pruner.required_iterations())
-    unfinished = fit._find_job(plpy, plan.out, unfinished=True)
-    if unfinished is None:
+    plan = plan_job(plpy, source_table, model_output_table, mst.quoted, proposal.iterations,
+                    use_gpus, validation_table, metrics_compute_frequency, False, name,
+                    description, use_caching, seed, given=(mst.quoted, arch.name, entries),
+                    extra={"automl": automl, "initial_models": len(entries)},
+                    info_labels=proposal.info_labels)
+    if store.find_job(plpy, plan.out.quoted, unfinished=True) is None:
         for table in (mst, mst_summary):
             table.must_not_exist(plpy)
 
     def create_model_selection_table(db) -> None:
-        table, summary = sql.Identifier(mst.schema, mst.name), sql.Identifier(mst_summary.schema, mst_summary.name)
-        db.execute(sql.SQL("CREATE TABLE {} (mst_key integer PRIMARY KEY, model_id integer NOT NULL, "
-                           "compile_params varchar NOT NULL, fit_params varchar NOT NULL, "
-                           "UNIQUE (model_id, compile_params, fit_params))").format(table))
+        table = sql.Identifier(mst.schema, mst.name)
+        for statement in SELECTION_TABLES:
+            db.execute(sql.SQL(statement).format(table, sql.Identifier(mst_summary.schema, mst_summary.name),
+                                                 sql.Literal(arch.name)))
         for entry in entries:
             db.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s)").format(table),
                        (entry["mst_key"], entry["model_id"], entry["compile_params"], entry["fit_params"]))
-        db.execute(sql.SQL("CREATE TABLE {} (model_arch_table varchar, object_table varchar)").format(summary))
-        db.execute(sql.SQL("INSERT INTO {} VALUES (%s, NULL)").format(summary), (arch.name,))
 
-    plpy.notice(f"madlib_keras_automl: {method} {plan.arguments['automl']['params_text']}: "
-                + (f"{len(entries)} configurations in {len(rungs)} brackets, at most {iterations} "
-                   f"iterations each" if method == "hyperband" else
-                   f"{params['num_configs']} configurations of {iterations} iterations, "
-                   f"{params['parallelism']} at a time")
-                + f"; deciding by {objective.describe()}")
-    fit.run_plan(plpy, plan, False, can_commit, "madlib_keras_automl", create_model_selection_table)
+    plpy.notice(f"madlib_keras_automl: {method} {automl['params_text']}: {proposal.describe(params)}"
+                f"; deciding by {objective.describe()}")
+    lifecycle.run_plan(plpy, plan, False, can_commit, "madlib_keras_automl",
+                       create_model_selection_table)
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """The configurations a job starts with, and how many iterations each trains at most."""
+
+    configs: list
+    iterations: int
+    info_labels: dict  # mst_key -> extra _info columns (Hyperband's s and i)
+    brackets: int = 0
+
+    def describe(self, params: dict) -> str:
+        if self.brackets:
+            return (f"{len(self.configs)} configurations in {self.brackets} brackets, at most "
+                    f"{self.iterations} iterations each")
+        return (f"{params['num_configs']} configurations of {self.iterations} iterations, "
+                f"{params['parallelism']} at a time")
+
+
+def _hyperband(params: dict, ids: list, compile_grid: dict, fit_grid: dict, seed: int) -> Proposal:
+    """Every configuration of every bracket, drawn up front (MADlib's random search)."""
+    rungs = hyperband.bracket_rungs(params["R"], params["eta"], params["skip_last"])
+    count = sum(r[0].n_i for r in rungs.values())
+    configs = grid.all_configs(grid.RandomSearcher(ids, compile_grid, fit_grid, count, seed))
+    brackets = setup.hyperband_brackets(params["R"], params["eta"], params["skip_last"])
+    return Proposal(configs, params["R"], {key: {"s": s, "i": 0} for key, s in brackets.items()},
+                    len(rungs))
+
+
+def _hyperopt(plpy: Any, params: dict, ids: list, compile_grid: dict, fit_grid: dict, seed: int,
+              objective, source_table: str) -> Proposal:
+    """The first configurations TPE proposes (as many as train at once: they need no
+    results); it proposes the others as these finish.  Sets the defaults of `params`."""
+    iterations = params["num_iterations"]
+    params.setdefault("parallelism", _segments(plpy, source_table))
+    params.setdefault("startup_configs", max(params["parallelism"], min(10, params["num_configs"] // 4)))
+    space = SearchSpace(ids, compile_grid, fit_grid)
+    if space.size() is not None and params["num_configs"] > space.size():
+        raise MadlibMopError(
+            f"automl_params: num_configs ({params['num_configs']}) is more than the "
+            f"{space.size()} configurations the grids hold", sqlstate=errors.INVALID_PARAMETER_VALUE,
+            hint=f"Pass num_configs={space.size()} or fewer, or give a distribution "
+                 "([low, high, 'log']) instead of a list.")
+    searcher = OptunaSearcher(space, objective, params["num_configs"], iterations,
+                              params["algorithm"], seed, params["parallelism"],
+                              params["startup_configs"])
+    configs = []
+    while (config := searcher.ask()) is not None:
+        configs.append(config)
+    return Proposal(configs, iterations, {})
 
 
 def _parts(plpy: Any, table: catalog.Table) -> list[str]:

@@ -82,7 +82,7 @@ def delete_keras_model(plpy: Any, keras_model_arch_table: str, model_id: int | N
 
 # ---- model selection table ------------------------------------------------------------------
 
-def _arch_table_with_ids(plpy: Any, model_arch_table: str, model_id_list: list | None):
+def arch_table_with_ids(plpy: Any, model_arch_table: str, model_id_list: list | None):
     table = catalog.resolve_table(plpy, model_arch_table, argument="model_arch_table")
     _check_columns(plpy, table, ARCH_COLUMNS, "model_arch_table", "load_keras_model")
     if not model_id_list or any(m is None for m in model_id_list):
@@ -101,7 +101,7 @@ def _arch_table_with_ids(plpy: Any, model_arch_table: str, model_id_list: list |
     return table, ids
 
 
-def _no_object_table(object_table: str | None) -> None:
+def no_object_table(object_table: str | None) -> None:
     if object_table is not None:
         raise MadlibMopError(
             "object_table (custom Keras objects) is not supported",
@@ -110,19 +110,22 @@ def _no_object_table(object_table: str | None) -> None:
             hint="Use built-in Keras losses and metrics, and pass object_table => NULL.")
 
 
+# The model selection table and its summary, declared once: {0} the table, {1} its summary,
+# {2} the model_arch_table's name as a literal.  Made by generate_model_configs and
+# load_model_selection_table, and by madlib_keras_automl in its job's creating transaction.
+SELECTION_TABLES = (
+    "CREATE TABLE {0} (mst_key serial PRIMARY KEY, model_id integer NOT NULL, "
+    "compile_params varchar NOT NULL, fit_params varchar NOT NULL, "
+    "UNIQUE (model_id, compile_params, fit_params))",
+    "CREATE TABLE {1} (model_arch_table varchar, object_table varchar)",
+    "INSERT INTO {1} VALUES ({2}, NULL)",
+)
+
+
 def _create_mst_tables(plpy: Any, out: catalog.NewTable, summary: catalog.NewTable,
                        arch_table: catalog.Table) -> None:
-    plpy.execute(f"""
-        CREATE TABLE {out.quoted} (
-            mst_key serial PRIMARY KEY,
-            model_id integer NOT NULL,
-            compile_params varchar NOT NULL,
-            fit_params varchar NOT NULL,
-            UNIQUE (model_id, compile_params, fit_params)
-        )""")
-    plpy.execute(f"CREATE TABLE {summary.quoted} (model_arch_table varchar, object_table varchar)")
-    plpy.execute(plpy.prepare(f"INSERT INTO {summary.quoted} VALUES ($1, NULL)", ["text"]),
-                 [arch_table.name])
+    for statement in SELECTION_TABLES:
+        plpy.execute(statement.format(out.quoted, summary.quoted, plpy.quote_literal(arch_table.name)))
 
 
 def _insert_configs(plpy: Any, table: str, configs: list[model_config.Config]) -> int:
@@ -142,8 +145,8 @@ def generate_model_configs(plpy: Any, model_arch_table: str, model_selection_tab
                            model_id_list: list, compile_params_grid: str, fit_params_grid: str,
                            search_type: str | None = "grid", num_configs: int | None = None,
                            random_state: int | None = None, object_table: str | None = None) -> None:
-    _no_object_table(object_table)
-    arch, ids = _arch_table_with_ids(plpy, model_arch_table, model_id_list)
+    no_object_table(object_table)
+    arch, ids = arch_table_with_ids(plpy, model_arch_table, model_id_list)
     compile_grid = model_config.parse_grid(compile_params_grid, "compile_params_grid")
     fit_grid = model_config.parse_grid(fit_params_grid, "fit_params_grid")
     kind = (search_type or "").strip().lower()
@@ -192,8 +195,8 @@ def generate_model_configs(plpy: Any, model_arch_table: str, model_selection_tab
 def load_model_selection_table(plpy: Any, model_arch_table: str, model_selection_table: str,
                                model_id_list: list, compile_params_list: list | None,
                                fit_params_list: list | None, object_table: str | None = None) -> None:
-    _no_object_table(object_table)
-    arch, ids = _arch_table_with_ids(plpy, model_arch_table, model_id_list)
+    no_object_table(object_table)
+    arch, ids = arch_table_with_ids(plpy, model_arch_table, model_id_list)
     for argument, values in (("compile_params_list", compile_params_list),
                              ("fit_params_list", fit_params_list)):
         if not values or any(v is None for v in values):

@@ -271,19 +271,6 @@ def new_table(plpy: Any, name: str | None, *, argument: str) -> NewTable:
     return NewTable(schema, table, f"{plpy.quote_ident(schema)}.{plpy.quote_ident(table)}", argument)
 
 
-def own_job(plpy: Any, job_id: int) -> dict:
-    """The `jobs` row of one of the current role's jobs."""
-    schema = extension_schema(plpy)
-    rows = plpy.execute(plpy.prepare(f"SELECT * FROM {schema}.jobs WHERE job_id = $1 "
-                                     "AND owner = current_user", ["bigint"]), [job_id])
-    if not rows:
-        raise MadlibMopError(f"job {job_id} does not exist (or is another role's)",
-                             sqlstate=errors.INVALID_PARAMETER_VALUE,
-                             hint=f"SELECT * FROM {schema}.job_progress; lists your jobs. A job "
-                                  "runs as its owner: SET ROLE to it to resume another's.")
-    return dict(rows[0])
-
-
 def qualified_name(plpy: Any, parts: list[str]) -> str:
     """A [schema, table] pair (as tasks and job rows name tables) quoted for SQL."""
     return ".".join(plpy.quote_ident(part) for part in parts)

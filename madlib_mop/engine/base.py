@@ -37,6 +37,7 @@ reached the same way (docs/architecture.md).
 from __future__ import annotations
 
 import abc
+import json
 from typing import Any
 
 from madlib_mop import errors
@@ -102,12 +103,18 @@ class Engine(abc.ABC):
         earlier job of this session left open (TensorFlow imported, functions traced)."""
         return [self.worker(s, f"madlib_mop worker segment {s}") for s in range(segments)]
 
-    def prepare_job(self, plpy: Any, job_id: int) -> None:
-        """Called in the coordinator's thread before the job's first call: an engine whose
-        workers cannot read the job's row reads what they need here."""
+    def prepare_job(self, plpy: Any, job: dict, models: list[dict]) -> None:
+        """Called in the coordinator's thread before the job's first call, and when models
+        join: an engine whose workers cannot read the job's row gives them what they need
+        of `job` (its `jobs` row) and `models` (its models table's rows)."""
 
     @abc.abstractmethod
     def inference_workers(self, count: int) -> list[Worker]: ...
+
+
+def json_value(value: Any) -> Any:
+    """A worker function's JSON result, whether the driver decoded it already or not."""
+    return json.loads(value) if isinstance(value, (str, bytes)) else value
 
 
 def failure_sqlstate(error: BaseException) -> str | None:

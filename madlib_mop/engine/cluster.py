@@ -11,7 +11,6 @@ are), then the calls are the same `_mop_train` / `_mop_evaluate` as on one serve
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from psycopg.types.json import Jsonb
@@ -19,8 +18,8 @@ from psycopg.types.json import Jsonb
 from madlib_mop import errors
 from madlib_mop.db import catalog, packed, segments, worker_session
 from madlib_mop.db.segments import Partition, SegmentServer
-from madlib_mop.engine.base import Engine, Worker, as_error
-from madlib_mop.engine.local import LocalWorker, _json
+from madlib_mop.engine.base import Engine, Worker, as_error, json_value
+from madlib_mop.engine.local import LocalWorker
 from madlib_mop.errors import MadlibMopError
 
 
@@ -58,7 +57,7 @@ class ClusterWorker(LocalWorker):
     def evaluate_models(self, task, partition):
         weights = task["weights"]
         shipped = {k: v for k, v in task.items() if k != "weights"}
-        return _json(self._call("_mop_segment_evaluate", Jsonb(shipped), partition, weights)[0])
+        return json_value(self._call("_mop_segment_evaluate", Jsonb(shipped), partition, weights)[0])
 
     def predict_blocks(self, task, first_block, last_block, weights):
         raise MadlibMopError("predicting on a segment server is not supported",
@@ -106,8 +105,8 @@ class ClusterEngine(Engine):
         self._workers.append(worker)
         return worker
 
-    def prepare_job(self, plpy: Any, job_id: int) -> None:
-        self.job = job_description(plpy, job_id, self.partitions)
+    def prepare_job(self, plpy: Any, job: dict, models: list[dict]) -> None:
+        self.job = job_description(plpy, job, models, self.partitions)
         for worker in self._workers:
             worker.job = self.job
 
@@ -153,9 +152,9 @@ def _shipped_data(plpy: Any, table_name: str, partitions: dict[int, Partition],
             "partitions": {str(p): part.name for p, part in partitions.items()}}
 
 
-def job_description(plpy: Any, job_id: int, partitions: dict[int, Partition]) -> dict:
-    """What a segment server's worker needs of job `job_id` (read as the current role)."""
-    job = catalog.own_job(plpy, job_id)
+def job_description(plpy: Any, job: dict, models: list[dict], partitions: dict[int, Partition]) -> dict:
+    """What a segment server's worker needs of a job: its `jobs` row (as the coordinator's
+    store reads it) and its models (mst_key, model_arch, compile_params, fit_params)."""
     validation = None
     if job["validation_table"]:
         table = catalog.resolve_table(plpy, job["validation_table"], argument="validation_table")
@@ -166,12 +165,9 @@ def job_description(plpy: Any, job_id: int, partitions: dict[int, Partition]) ->
                 "segment servers", sqlstate=errors.FEATURE_NOT_SUPPORTED,
                 hint="Pack it with validation_preprocessor_dl() against the training table.")
         validation = _shipped_data(plpy, job["validation_table"], placed, partitions)
-    models_table = catalog.qualified_name(plpy, json.loads(job["tables"])["models"])
-    models = [{"mst_key": r["mst_key"], "model_arch": r["model_arch"],
-               "compile_params": r["compile_params"], "fit_params": r["fit_params"]}
-              for r in plpy.execute(f"SELECT mst_key, model_arch, compile_params, fit_params "
-                                    f"FROM {models_table} ORDER BY mst_key")]
-    return {"job_id": job_id, "seed": job["seed"], "segments": job["num_segments"],
-            "use_caching": json.loads(job["arguments"]).get("use_caching") is not False,
+    return {"job_id": job["job_id"], "seed": job["seed"], "segments": job["num_segments"],
+            "use_caching": job["arguments"].get("use_caching") is not False,
             "train": _shipped_data(plpy, job["source_table"], partitions, None),
-            "validation": validation, "models": models}
+            "validation": validation,
+            "models": [{key: m[key] for key in ("mst_key", "model_arch", "compile_params", "fit_params")}
+                       for m in models]}

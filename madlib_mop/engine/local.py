@@ -4,7 +4,6 @@ worker a session of that same server, opened by the caller's backend as the call
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -13,7 +12,7 @@ from psycopg.types.json import Jsonb
 from psycopg import sql
 
 from madlib_mop.db import catalog, worker_session
-from madlib_mop.engine.base import Engine, Worker
+from madlib_mop.engine.base import Engine, Worker, json_value
 
 # Worker sessions kept for the calling session's later calls, by connection string (which
 # names the role, the database and the session settings): a kept session never serves
@@ -62,19 +61,19 @@ class LocalWorker(Worker):
     def train(self, job_id, mst_key, step, segment, model_state):
         started = time.perf_counter()
         new_state, result = self._call("_mop_train", job_id, mst_key, step, segment, model_state)
-        result = _json(result)
+        result = json_value(result)
         # The call as the coordinator saw it: the sub-epoch plus the round trip.
         result["seconds"]["call"] = time.perf_counter() - started
         return bytes(new_state), result
 
     def evaluate(self, job_id, mst_key, step, partition, model_state):
-        return _json(self._call("_mop_evaluate", job_id, mst_key, step, partition, model_state)[0])
+        return json_value(self._call("_mop_evaluate", job_id, mst_key, step, partition, model_state)[0])
 
     def evaluate_models(self, task, partition):
-        return _json(self._call("_mop_infer_evaluate", Jsonb(task), partition)[0])
+        return json_value(self._call("_mop_infer_evaluate", Jsonb(task), partition)[0])
 
     def predict_blocks(self, task, first_block, last_block, weights):
-        return _json(self._call("_mop_infer_predict", Jsonb(task),
+        return json_value(self._call("_mop_infer_predict", Jsonb(task),
                                 first_block, last_block, weights)[0])
 
     def cancel(self) -> None:
@@ -92,10 +91,6 @@ class LocalWorker(Worker):
     @property
     def usable(self) -> bool:
         return self._connection is None or not (self._connection.closed or self._connection.broken)
-
-
-def _json(value: Any) -> Any:
-    return json.loads(value) if isinstance(value, (str, bytes)) else value
 
 
 class LocalEngine(Engine):

@@ -25,7 +25,7 @@ from madlib_mop.engine.pool import WorkerPool
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.job import metrics, outputs, plan, schedule
 from madlib_mop.job.store import JobStore, ModelRecord
-from madlib_mop.runtime import model_config, plpy_bridge, training
+from madlib_mop.runtime import plpy_bridge, training
 from madlib_mop.runtime.model_config import Config
 from madlib_mop.search import setup
 from madlib_mop.search.base import Decision, NoPruner, Pruner, Report, Searcher
@@ -186,16 +186,16 @@ class Coordinator:
         if self.can_commit:
             self._commit()
         for model in list(self.models.values()):
-            finished = len(model.visits) // (self.S * model.epochs)
+            finished = len(model.visits) // model.per_iteration
             for iteration in range(1, finished + 1):
                 self._queue_evals(model, iteration, None)
             self._publish(model)
-            iteration, within = divmod(len(model.visits), self.S * model.epochs)
+            iteration, within = divmod(len(model.visits), model.per_iteration)
             if not within and self._decided_at(iteration) and not self.decisions.has(model.mst_key, iteration):
                 self.schedule.hold(model.mst_key)  # its validation, then the decision, come first
         self._ask()
         self.store.progress(self._done(), self.schedule.planned_total(), self._counts())
-        self.engine.prepare_job(self.plpy, self.job_id)
+        self.engine.prepare_job(self.plpy, self.job, self.store.model_rows())
         if self.pool is None:
             self.pool = start_pool(self.engine, self.S)
         for index, thread in enumerate(self.pool.threads):
@@ -236,8 +236,8 @@ class Coordinator:
             model.visits[task.step], model.state = result, new_state
             self.schedule.finish(task.mst_key, task.segment, result["seconds"]["total"])
             completed = task.step + 1
-            boundary = completed % (self.S * model.epochs) == 0
-            iteration = completed // (self.S * model.epochs)
+            boundary = completed % model.per_iteration == 0
+            iteration = completed // model.per_iteration
             if boundary and self._decided_at(iteration):
                 # The pruner decides on this iteration's report, once its validation is done:
                 # until then the model trains no further (a model it stops has no extra work).
@@ -258,7 +258,7 @@ class Coordinator:
             else:
                 self.store.record_visit(task.mst_key, task.step, task.segment, new_state, result)
                 if boundary:
-                    self._queue_evals(model, completed // (self.S * model.epochs), new_state)
+                    self._queue_evals(model, completed // model.per_iteration, new_state)
             if task.kind == "evaluate" or boundary:
                 self._publish(model)
             self.store.progress(self._done(), self.schedule.planned_total(), self._counts())
@@ -298,7 +298,7 @@ class Coordinator:
         if not self.partitions or not metrics.due(iteration, self.args["metrics_compute_frequency"],
                                                   self.args["num_iterations"], self.also_due):
             return
-        step = iteration * self.S * model.epochs
+        step = iteration * model.per_iteration
         missing = [p for p in range(self.partitions) if (step, p) not in model.evals]
         if missing and state is None:
             state = self.store.state_at(model.mst_key, step)
@@ -308,15 +308,14 @@ class Coordinator:
     # ---- iteration boundaries ----
     def _publish(self, model: ModelRecord) -> None:
         """Bring the model's output rows up to date, then hand its new reports to search."""
-        per_iteration = self.S * model.epochs
         curves = metrics.curves(model.visits, model.evals, self.S, model.epochs,
                                 self.args["metrics_compute_frequency"], self.args["num_iterations"],
                                 self.partitions, self.started_epoch, self.also_due)
         outputs.publish(self.store, model, curves, self.partitions, bool(self.args.get("single")))
-        finished = len(model.visits) // per_iteration
+        finished = len(model.visits) // model.per_iteration
         if not finished:
             return
-        step = finished * per_iteration
+        step = finished * model.per_iteration
         if step != model.published_step:  # once per iteration, not once per hop
             blob = model.state if len(model.visits) == step else self.store.state_at(model.mst_key, step)
             outputs.publish_weights(self.store, model.mst_key, blob)
@@ -380,7 +379,7 @@ class Coordinator:
             self._notice(f"mst_key {key} enters: model_id {config.model_id}, "
                          f"{config.compile_params}, {config.fit_params}")
         if added:
-            self.engine.prepare_job(self.plpy, self.job_id)  # segment servers learn the new models
+            self.engine.prepare_job(self.plpy, self.job, self.store.model_rows())  # segment servers learn the new models
 
     def _add_model(self, key: int, config: Config) -> ModelRecord:
         """A proposed configuration, checked against the data, with its initial state (drawn
@@ -390,12 +389,10 @@ class Coordinator:
                  "compile_params": config.compile_params, "fit_params": config.fit_params,
                  "weights": weights}
         plan.check_config(self.plpy, entry, self.job["source_table"])
-        blob = training.initial_states([training.ModelSpec(
-            key, arch, config.compile_params, config.fit_params, weights)], self.job["seed"])[key]
+        blob = training.initial_states([training.ModelSpec.of(entry)], self.job["seed"])[key]
         self.store.add_model(entry, blob)
-        epochs = model_config.parse_fit_params(config.fit_params).get("epochs", 1)
-        return ModelRecord(key, config.model_id, config.compile_params, config.fit_params, epochs,
-                           state=blob)
+        return self.store.model_record(key, config.model_id, config.compile_params,
+                                       config.fit_params, state=blob)
 
     def _counts(self) -> dict[str, int]:
         """Models training, waiting (not started, or held for a decision), stopped early,

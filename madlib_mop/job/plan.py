@@ -9,13 +9,15 @@ from typing import Any
 from madlib_mop import errors
 from madlib_mop.db import catalog, packed
 from madlib_mop.errors import MadlibMopError
-from madlib_mop.job.store import TABLE_SUFFIXES
+from madlib_mop.job import versions
+from madlib_mop.job.tables import TABLE_SUFFIXES
 from madlib_mop.runtime import keras_json, model_config, training
+from madlib_mop.search import setup
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
-    """Everything checked before a job starts."""
+    """Everything checked before a job starts; built once by `plan_job`."""
 
     source: dict  # summary of the packed training table
     validation: dict | None
@@ -34,8 +36,7 @@ class Plan:
 def _check_model(plpy: Any, config: dict, source: dict, built: dict) -> None:
     """Does the model fit the data: input shape, output width, loss?  `built`: the Keras
     models built so far, by architecture (configurations share few architectures)."""
-    spec = training.ModelSpec(config["mst_key"], config["model_arch"], config["compile_params"],
-                              config["fit_params"], config["weights"])
+    spec = training.ModelSpec.of(config)
     fit = spec.fit
     for key in ("steps_per_epoch", "initial_epoch"):
         if key in fit:
@@ -114,10 +115,13 @@ def _configs(plpy: Any, model_selection_table: str) -> tuple[str, str, list[dict
 def plan_job(plpy: Any, source_table: str, model_output_table: str, model_selection_table: str,
              num_iterations: int, use_gpus: bool | None, validation_table: str | None,
              metrics_compute_frequency: int | None, warm_start: bool | None, name: str | None,
-             description: str | None, use_caching: bool | None, seed: int | None,
-             given: tuple[str, str, list[dict]] | None = None) -> Plan:
+             description: str | None, use_caching: bool | None, seed: int | None, *,
+             given: tuple[str, str, list[dict]] | None = None, extra: dict | None = None,
+             policy: str = "error", info_labels: dict | None = None) -> Plan:
     """`given`: (model selection table, model_arch_table, configurations) of a search that
-    proposes them itself (madlib_keras_automl), instead of reading the model selection table."""
+    proposes them itself (madlib_keras_automl), instead of reading the model selection table.
+    `extra`: more arguments the job records (a pruner, automl's search, single); `policy`:
+    if_output_exists; `info_labels`: mst_key -> extra `_info` columns."""
     if use_gpus:
         raise MadlibMopError("use_gpus: this server has no GPU support configured",
                              sqlstate=errors.FEATURE_NOT_SUPPORTED,
@@ -161,11 +165,19 @@ def plan_job(plpy: Any, source_table: str, model_output_table: str, model_select
                  "validation_table": validation_table, "metrics_compute_frequency": frequency,
                  "warm_start": bool(warm_start), "name": name, "description": description,
                  "use_caching": use_caching is not False, "seed": int(seed or 0)}
-    epochs = {c["mst_key"]: model_config.parse_fit_params(c["fit_params"]).get("epochs", 1)
-              for c in configs}
+    arguments.update(extra or {})
+    if policy == "new_version":
+        out = versions.versioned_output(plpy, out, arguments)
+    # The search is checked now (a bad pruner fails before anything is written); its pruner
+    # decides at these iterations too.  The coordinator builds it again from the recorded
+    # arguments, as it does for a resumed job.
+    search = setup.search_of_job(arguments, {c["mst_key"]: c["compile_params"] for c in configs},
+                                 validation is not None)
+    epochs = {c["mst_key"]: training.ModelSpec.of(c).epochs for c in configs}
     _warn_of_callbacks(plpy, configs, out)
     return Plan(source, validation, mst_name, arch_name, configs, num_iterations, frequency,
-                epochs, out, arguments)
+                epochs, out, arguments, frozenset(search.pruner.required_iterations()),
+                info_labels or {})
 
 
 def _warn_of_callbacks(plpy: Any, configs: list[dict], out: catalog.NewTable) -> None:

@@ -5,14 +5,9 @@ All of a running job's SQL goes through `JobStore`, over the coordinator's own s
 failure loses nothing recorded).  A sub-epoch counts once `record_visit` has committed the
 new state with the visit's record.
 
-Per-job tables, next to the output table:
-    <out>_mop_models   the configurations as the job started (mst_key, architecture, params)
-    <out>_mop_state    model states (mst_key, step, state): step = sub-epochs completed
-    <out>_mop_visits   every finished sub-epoch: segment, rows, loss/metrics, timings
-    <out>_mop_evals    every finished validation pass over one validation partition
-
-The `jobs` row names its tables as [schema, table] pairs (never SQL text); `names()` turns
-them into `psycopg.sql.Identifier`s.
+The job's tables are declared in `job.tables`.  The module's functions are the calling
+session's SQL on `jobs` (through PL/Python: finding, creating and abandoning jobs); the
+running job's goes through `JobStore`.
 """
 
 from __future__ import annotations
@@ -20,25 +15,18 @@ from __future__ import annotations
 import contextlib
 import json
 from dataclasses import dataclass, field
+from typing import Any
+
 import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg import sql
 
 from madlib_mop import errors
-from madlib_mop.db import worker_session
+from madlib_mop.db import catalog, worker_session
 from madlib_mop.errors import MadlibMopError
+from madlib_mop.job import tables as job_tables
+from madlib_mop.job.tables import identifiers
 from madlib_mop.runtime import model_config
-
-JOB_TABLES = ("models", "state", "visits", "evals")
-# Every table of a job, by key: the suffix its name adds to the output table's.
-TABLE_SUFFIXES = {"output": "", "summary": "_summary", "info": "_info",
-                  **{t: f"_mop_{t}" for t in JOB_TABLES}}
-
-
-def identifiers(tables: dict) -> dict[str, sql.Identifier]:
-    """The jobs row's {key: [schema, table]} as identifiers."""
-    return {key: sql.Identifier(*parts) for key, parts in tables.items()}
-
 
 @dataclass
 class ModelRecord:
@@ -49,6 +37,7 @@ class ModelRecord:
     compile_params: str
     fit_params: str
     epochs: int  # fit epochs: rounds per iteration
+    per_iteration: int  # sub-epochs per iteration: segments x epochs
     visits: dict = field(default_factory=dict)  # step -> visit result
     evals: dict = field(default_factory=dict)  # (step, partition) -> eval result
     state: bytes | None = None  # the latest state (after len(visits) sub-epochs)
@@ -112,8 +101,7 @@ class JobStore:
         for mst_key, model_id, compile_params, fit_params in self.q(sql.SQL(
                 "SELECT mst_key, model_id, compile_params, fit_params FROM {} ORDER BY mst_key")
                 .format(t["models"])):
-            epochs = model_config.parse_fit_params(fit_params).get("epochs", 1)
-            models[mst_key] = ModelRecord(mst_key, model_id, compile_params, fit_params, epochs)
+            models[mst_key] = self.model_record(mst_key, model_id, compile_params, fit_params)
         for mst_key, step, result in self.q(sql.SQL(
                 "SELECT mst_key, step, result FROM {}").format(t["visits"])):
             models[mst_key].visits[step] = result
@@ -123,6 +111,19 @@ class JobStore:
         for model in models.values():
             model.state = self.state_at(model.mst_key, len(model.visits))
         return models
+
+    def model_record(self, mst_key: int, model_id: int, compile_params: str, fit_params: str,
+                     state: bytes | None = None) -> ModelRecord:
+        epochs = model_config.fit_epochs(fit_params)
+        return ModelRecord(mst_key, model_id, compile_params, fit_params, epochs,
+                           epochs * self.job["num_segments"], state=state)
+
+    def model_rows(self) -> list[dict]:
+        """The models table's rows (model_arch as JSON text)."""
+        cursor = self.q(sql.SQL("SELECT mst_key, model_id, model_arch::text AS model_arch, "
+                                "compile_params, fit_params, initial_weights FROM {} ORDER BY mst_key")
+                        .format(self.tables["models"]))
+        return [dict(zip([c.name for c in cursor.description], row)) for row in cursor]
 
     def state_at(self, mst_key: int, step: int) -> bytes:
         row = self.q(sql.SQL("SELECT state FROM {} WHERE mst_key = %s AND step = %s").format(
@@ -151,16 +152,13 @@ class JobStore:
         """The new state and the visit's record, in one transaction: a finished sub-epoch
         is either wholly recorded or not at all."""
         with self.atomic():
-            self.q(sql.SQL("INSERT INTO {} (mst_key, step, state) VALUES (%s, %s, %s) "
-                           "ON CONFLICT (mst_key, step) DO NOTHING").format(self.tables["state"]),
+            self.q(job_tables.STATE.insert(self.tables["state"], conflict=True),
                    (mst_key, step + 1, new_state))
-            self.q(sql.SQL("INSERT INTO {} (mst_key, step, segment, result) VALUES (%s, %s, %s, %s) "
-                           "ON CONFLICT (mst_key, step) DO NOTHING").format(self.tables["visits"]),
+            self.q(job_tables.VISITS.insert(self.tables["visits"], conflict=True),
                    (mst_key, step, segment, json.dumps(result)))
 
     def record_eval(self, mst_key: int, step: int, partition: int, result: dict) -> None:
-        self.q(sql.SQL("INSERT INTO {} (mst_key, step, partition, result) VALUES (%s, %s, %s, %s) "
-                       "ON CONFLICT (mst_key, step, partition) DO NOTHING").format(self.tables["evals"]),
+        self.q(job_tables.EVALS.insert(self.tables["evals"], conflict=True),
                (mst_key, step, partition, json.dumps(result)))
 
     def prune_states(self, mst_key: int, keep_from: int) -> None:
@@ -224,11 +222,7 @@ class JobStore:
         mst = sql.Identifier(*self.job["arguments"]["automl"]["model_selection_table"])
         config = (entry["mst_key"], entry["model_id"], entry["compile_params"], entry["fit_params"])
         with self.atomic():
-            self.q(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s, %s, %s)").format(self.tables["models"]),
-                   (entry["mst_key"], entry["model_id"], entry["model_arch"], entry["compile_params"],
-                    entry["fit_params"], entry["weights"]))
-            self.q(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s)").format(self.tables["state"]),
-                   (entry["mst_key"], 0, blob))
+            job_tables.add_model(self.db, self.tables, entry, blob)
             outputs.add_model(self.db, self.tables, entry, blob)
             self.q(sql.SQL("INSERT INTO {} (mst_key, model_id, compile_params, fit_params) "
                            "VALUES (%s, %s, %s, %s)").format(mst), config)
@@ -250,3 +244,102 @@ class JobStore:
             except psycopg.Error:
                 pass
         self.db.close()
+
+
+# ---- the calling session's SQL on `jobs` (PL/Python) ------------------------------------------
+
+def own_job(plpy: Any, job_id: int) -> dict:
+    """The `jobs` row of one of the current role's jobs (`tables` and `arguments` as JSON
+    text, as PL/Python reads them)."""
+    schema = catalog.extension_schema(plpy)
+    rows = plpy.execute(plpy.prepare(f"SELECT * FROM {schema}.jobs WHERE job_id = $1 "
+                                     "AND owner = current_user", ["bigint"]), [job_id])
+    if not rows:
+        raise MadlibMopError(f"job {job_id} does not exist (or is another role's)",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint=f"SELECT * FROM {schema}.job_progress; lists your jobs. A job "
+                                  "runs as its owner: SET ROLE to it to resume another's.")
+    return dict(rows[0])
+
+
+def latest_job(plpy: Any, output: str, states: tuple[str, ...] | None = None,
+               unfinished: bool = False) -> dict | None:
+    """The current role's latest job of the output table `output` (quoted, as jobs record
+    it): in one of `states`, or unfinished.  owner: row-level security does not bind a
+    superuser, who must not continue a job another role recorded (its stored table names
+    would run with the superuser's rights)."""
+    which = "state <> 'finished'" if unfinished else "state = ANY($2)"
+    rows = plpy.execute(plpy.prepare(
+        f"SELECT * FROM {catalog.extension_schema(plpy)}.jobs WHERE model_output_table = $1 "
+        f"AND owner = current_user AND {which} ORDER BY job_id DESC LIMIT 1", ["text", "text[]"]),
+        [output, list(states or ())])
+    return dict(rows[0]) if rows else None
+
+
+def find_job(plpy: Any, output: str, unfinished: bool) -> dict | None:
+    """The current role's latest unfinished, or finished, job of the output table."""
+    return latest_job(plpy, output, ("finished",), unfinished=unfinished)
+
+
+def tables_exist(plpy: Any, job: dict) -> bool:
+    """Whether the tables a job cannot go on without exist."""
+    tables = json.loads(job["tables"])
+    present = set(existing_tables(plpy, job))
+    return all(catalog.qualified_name(plpy, tables[t]) in present
+               for t in ("output", "info", "state", "visits"))
+
+
+def unfinished_of_family(plpy: Any, family: str) -> list[dict]:
+    """The current role's unfinished jobs of one output family (if_output_exists =>
+    'new_version'), latest first."""
+    return [dict(r) for r in plpy.execute(plpy.prepare(
+        f"SELECT job_id, arguments, tables FROM {catalog.extension_schema(plpy)}.jobs "
+        "WHERE owner = current_user AND state <> 'finished' "
+        "AND arguments->>'output_family' = $1 ORDER BY job_id DESC", ["text"]), [family])]
+
+
+def output_recorded(plpy: Any, output: str) -> bool:
+    """Whether a job of the current role records `output` as its output table."""
+    return bool(plpy.execute(plpy.prepare(
+        f"SELECT 1 FROM {catalog.extension_schema(plpy)}.jobs WHERE owner = current_user "
+        "AND model_output_table = $1", ["text"]), [output]))
+
+
+def is_running(plpy: Any, job_id: int) -> bool:
+    """job_progress's state: its coordinator's session is alive."""
+    return plpy.execute(plpy.prepare(
+        f"SELECT state FROM {catalog.extension_schema(plpy)}.job_progress WHERE job_id = $1",
+        ["bigint"]), [job_id])[0]["state"] == "running"
+
+
+def existing_tables(plpy: Any, job: dict) -> list[str]:
+    """The job's tables that exist, quoted."""
+    return plpy.execute(plpy.prepare(
+        "SELECT coalesce(array_agg(format('%I.%I', v->>0, v->>1)), '{}') AS names "
+        "FROM jsonb_each($1::jsonb) AS t(k, v) "
+        "WHERE to_regclass(format('%I.%I', v->>0, v->>1)) IS NOT NULL", ["text"]),
+        [job["tables"]])[0]["names"]
+
+
+def abandon(plpy: Any, job_id: int, why: str) -> None:
+    """An unfinished job whose tables are gone cannot continue: record why, through a
+    session of its own so that it stays recorded whatever the calling one does next."""
+    schema = sql.Identifier(catalog.extension_schema_name(plpy))
+    with worker_session.connect(worker_session.conninfo(plpy)) as db:
+        db.execute(sql.SQL("UPDATE {}.jobs SET state = 'failed', last_error = %s, updated_at = now() "
+                           "WHERE job_id = %s").format(schema), (f"abandoned: {why}", job_id))
+
+
+def last_states(db: psycopg.Connection, state_table: sql.Identifier) -> dict[int, bytes]:
+    """Every model's latest state in a job's state table (none if the table is gone)."""
+    if not db.execute("SELECT to_regclass(%s)", (state_table.as_string(db),)).fetchone()[0]:
+        return {}
+    return dict(db.execute(sql.SQL("SELECT DISTINCT ON (mst_key) mst_key, state FROM {} "
+                                   "ORDER BY mst_key, step DESC").format(state_table)).fetchall())
+
+
+def insert_job(db: psycopg.Connection, schema: str, values: dict) -> int:
+    """A new `jobs` row (in the creating transaction of `db`); its job_id."""
+    return db.execute(sql.SQL("INSERT INTO {}.jobs ({}) VALUES ({}) RETURNING job_id").format(
+        sql.Identifier(schema), sql.SQL(", ").join(map(sql.Identifier, values)),
+        sql.SQL(", ").join(sql.Placeholder() * len(values))), tuple(values.values())).fetchone()[0]

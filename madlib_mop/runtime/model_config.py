@@ -391,6 +391,11 @@ def parse_fit_params(text: str | None) -> dict[str, Any]:
     return params
 
 
+def fit_epochs(text: str | None) -> int:
+    """fit_params' epochs: a model's passes over each segment per iteration."""
+    return parse_fit_params(text).get("epochs", 1)
+
+
 def fit_callbacks(text: str | None) -> list[Callback]:
     """The (TensorBoard) callbacks fit_params names, checked."""
     return fit_params_from(parse_keyword_text(text, "fit_params"), text or "").get("callbacks", [])

@@ -17,7 +17,7 @@ import random
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -43,10 +43,22 @@ class ModelSpec:
     fit_params: str
     initial_weights: bytes | None = None
 
+    @classmethod
+    def of(cls, row: Mapping[str, Any]) -> "ModelSpec":
+        """From any record of a configuration: a plan's entry (`weights`), a job's models row
+        (`initial_weights`) or a segment server's shipped description (neither)."""
+        return cls(row["mst_key"], row["model_arch"], row["compile_params"], row["fit_params"],
+                   row.get("initial_weights", row.get("weights")))
+
     # Parsed once: a worker asks at every sub-epoch.
     @functools.cached_property
     def fit(self) -> dict:
         return model_config.parse_fit_params(self.fit_params)
+
+    @functools.cached_property
+    def epochs(self) -> int:
+        """Fit epochs: passes over each segment per iteration."""
+        return model_config.fit_epochs(self.fit_params)
 
     @functools.cached_property
     def compile(self) -> model_config.CompileParams:

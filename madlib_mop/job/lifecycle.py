@@ -1,0 +1,199 @@
+"""A job's lifecycle: creating it, finding the unfinished job of a call, output versions,
+abandoning a job whose tables are gone, and running or resuming it.
+
+A job is created in one transaction of the coordinator's own connection (its catalog row,
+the MADlib output tables, the per-job tables and every model's initial state), so a failed
+start leaves nothing.  A call whose output table belongs to an unfinished job with the same
+arguments continues that job instead of failing.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+from madlib_mop import errors
+from madlib_mop.db import catalog, worker_session
+from madlib_mop.engine.base import Engine
+from madlib_mop.engine.cluster import engine_for
+from madlib_mop.engine.local import LocalEngine
+from madlib_mop.errors import MadlibMopError
+from madlib_mop.job import outputs, store
+from madlib_mop.job import tables as job_tables
+from madlib_mop.job.coordinator import Coordinator, start_pool
+from madlib_mop.job.plan import Plan, check_models
+from madlib_mop.job.tables import identifiers
+from madlib_mop.runtime import training
+
+
+def refuse_if_running(plpy: Any, job: dict, out: catalog.NewTable) -> None:
+    """A running job keeps its tables: they are not the caller's to drop or replace, even
+    when its output table was dropped meanwhile."""
+    if store.is_running(plpy, job["job_id"]):
+        raise MadlibMopError(
+            f"job {job['job_id']} is still training into {out.quoted}",
+            sqlstate=errors.OBJECT_IN_USE,
+            hint=f"Wait for it (SELECT * FROM {catalog.extension_schema(plpy)}.job_progress), or "
+                 f"cancel it: SELECT pg_cancel_backend({job['coordinator_pid']}).")
+
+
+def initial_states(plan: Plan, previous: dict[int, bytes]) -> dict[int, bytes]:
+    """Step 0 of every model: the previous job's last state (warm start), else a fresh
+    model initialised from the seed or the architecture's weights."""
+    fresh = training.initial_states(
+        [training.ModelSpec.of(c) for c in plan.configs if c["mst_key"] not in previous],
+        plan.arguments["seed"])
+    return {c["mst_key"]: previous.get(c["mst_key"], fresh.get(c["mst_key"])) for c in plan.configs}
+
+
+def create_job(plpy: Any, plan: Plan, previous_job: dict | None, prepare=None,
+               left_by: dict | None = None) -> int:
+    """The jobs row, the output and per-job tables, and every model's initial state, in one
+    transaction of a session of its own: a failed start leaves nothing.  `prepare(db)`
+    creates more tables in that transaction (madlib_keras_automl's model selection table).
+    `left_by`: an earlier job of this output whose output table was dropped; the tables it
+    left are dropped in the same transaction."""
+    names = job_tables.names(plan.out.schema, plan.out.name)
+    t = identifiers(names)
+    previous_states: dict[int, bytes] = {}
+    with worker_session.connect(worker_session.conninfo(plpy), autocommit=False,
+                                application_name="madlib_mop coordinator") as db:
+        if previous_job is not None:  # warm start: continue from the last states
+            old = identifiers(json.loads(previous_job["tables"]))
+            previous_states = store.last_states(db, old["state"])
+            job_tables.drop(db, old.values())
+        if left_by is not None:
+            job_tables.drop(db, identifiers(json.loads(left_by["tables"])).values())
+        for key, table in t.items():
+            if db.execute("SELECT to_regclass(%s)", (table.as_string(db),)).fetchone()[0]:
+                raise MadlibMopError(
+                    f"{'.'.join(names[key])} already exists", sqlstate=errors.DUPLICATE_TABLE,
+                    hint="Drop it, pass another model_output_table, or warm_start => TRUE to "
+                         "continue a finished job.")
+        states = initial_states(plan, previous_states)
+        S = plan.source["num_segments"]
+        job_id = store.insert_job(db, catalog.extension_schema_name(plpy), {
+            "model_output_table": plan.out.quoted, "source_table": plan.source["packed_table"],
+            "validation_table": plan.validation["packed_table"] if plan.validation else None,
+            "model_selection_table": plan.model_selection_table,
+            "arguments": json.dumps(plan.arguments), "tables": json.dumps(names),
+            "num_models": len(plan.configs), "num_segments": S,
+            "validation_partitions": plan.validation["num_segments"] if plan.validation else None,
+            "seed": plan.arguments["seed"],
+            "subepochs_total": sum(plan.num_iterations * plan.epochs[c["mst_key"]] * S
+                                   for c in plan.configs)})
+        job_tables.create(db, t)
+        for config in plan.configs:
+            job_tables.add_model(db, t, config, states[config["mst_key"]])
+        outputs.create(db, t, plan, job_id, states, plan.out.sibling("_info", plpy).quoted)
+        if prepare is not None:
+            prepare(db)
+    return job_id
+
+
+def engine_of(plpy: Any, packed_table: str) -> Engine:
+    """Where the job's workers run: on this server, or on the segment servers that hold
+    the packed table's segments."""
+    return engine_for(plpy, packed_table, lambda: LocalEngine(plpy))
+
+
+def run_job(plpy: Any, job_id: int, can_commit: bool, engine: Engine | None = None,
+            pool=None) -> None:
+    if engine is None:
+        engine = engine_of(plpy, store.own_job(plpy, job_id)["source_table"])
+    try:
+        coordinator = Coordinator(plpy, job_id, can_commit, engine, pool)
+    except BaseException:
+        if pool is not None:
+            pool.stop()
+        raise
+    try:
+        coordinator.run()
+    except BaseException as error:
+        coordinator.close(error)
+        raise
+    coordinator.close()
+
+
+def run_plan(plpy: Any, plan: Plan, warm_start: bool, can_commit: bool, caller: str,
+             prepare=None) -> None:
+    """Continue the unfinished job of the same call, or create the job and run it."""
+    unfinished = store.find_job(plpy, plan.out.quoted, unfinished=True)
+    if unfinished is not None and not store.tables_exist(plpy, unfinished):
+        refuse_if_running(plpy, unfinished, plan.out)
+        store.abandon(plpy, unfinished["job_id"], "its tables were dropped")
+        unfinished = None
+    if unfinished is not None:
+        if json.loads(unfinished["arguments"]) == json.loads(json.dumps(plan.arguments)):
+            plpy.notice(f"{caller}: continuing job {unfinished['job_id']} "
+                        f"({unfinished['subepochs_done']} of {unfinished['subepochs_total']} "
+                        "sub-epochs done)")
+            run_job(plpy, unfinished["job_id"], can_commit)
+            return
+        raise MadlibMopError(
+            f"{plan.out.quoted} belongs to unfinished job {unfinished['job_id']}, started with "
+            "other arguments", sqlstate=errors.DUPLICATE_TABLE,
+            hint=f"Continue it with CALL {catalog.extension_schema(plpy)}.resume("
+                 f"{unfinished['job_id']}), or drop its tables and pass another name.")
+    previous = left_by = None
+    if plan.out.exists(plpy):
+        if not warm_start:
+            raise MadlibMopError(f"model_output_table {plan.out.quoted} already exists",
+                                 sqlstate=errors.DUPLICATE_TABLE,
+                                 hint="Drop it, pass another name, warm_start => TRUE to "
+                                      "continue training its models, or (fit_multiple) "
+                                      "if_output_exists => 'new_version' to train into "
+                                      "<name>_v2, _v3, ...")
+        previous = store.find_job(plpy, plan.out.quoted, unfinished=False)
+        if previous is None:
+            raise MadlibMopError(f"{plan.out.quoted} was not made by madlib_mop",
+                                 sqlstate=errors.INVALID_PARAMETER_VALUE,
+                                 hint="warm_start continues a table made by "
+                                      "madlib_keras_fit_multiple_model.")
+    elif warm_start:
+        raise MadlibMopError(f"warm_start: {plan.out.quoted} does not exist",
+                             sqlstate=errors.UNDEFINED_TABLE,
+                             hint="Train it first, or pass warm_start => FALSE.")
+    else:
+        left_by = left_by_dropped_output(plpy, plan.out)
+    # The workers import TensorFlow (seconds) while this session checks the models against
+    # the data (which may import it here too) and creates the job.
+    engine = engine_of(plpy, plan.source["packed_table"])
+    pool = start_pool(engine, plan.source["num_segments"])
+    try:
+        check_models(plpy, plan)
+        job_id = create_job(plpy, plan, previous, prepare, left_by)
+    except BaseException:
+        pool.stop()
+        raise
+    plpy.notice(f"{caller}: job {job_id}: {len(plan.configs)} "
+                f"models, {plan.source['num_segments']} segments, {plan.num_iterations} iterations")
+    run_job(plpy, job_id, can_commit, engine, pool)
+
+
+def left_by_dropped_output(plpy: Any, out: catalog.NewTable) -> dict | None:
+    """The latest earlier job of this output (which does not exist), when some of its other
+    tables remain: a MADlib script drops `<out>` and `<out>_summary` (the tables
+    MADlib makes) and trains into the same name again, so the `_info` and per-job tables
+    the earlier job left are the caller's to replace.  (An unfinished job whose tables were
+    dropped is abandoned first, in run_plan.)"""
+    job = store.latest_job(plpy, out.quoted, ("finished", "failed"))
+    if job is None:
+        return None
+    left = store.existing_tables(plpy, job)
+    if not left:
+        return None
+    plpy.notice(f"{out.quoted} was dropped: replacing what job {job['job_id']} left of it "
+                f"({', '.join(left)})")
+    return job
+
+
+def resume(plpy: Any, job_id: int, *, can_commit: bool = False) -> None:
+    job = store.own_job(plpy, job_id)
+    if job["state"] == "finished":
+        plpy.notice(f"madlib_mop: job {job_id} is already finished")
+        return
+    run_job(plpy, job_id, can_commit)
+
+
