@@ -14,8 +14,6 @@ import contextlib
 import json
 import math
 import os
-import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -23,98 +21,26 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from madlib_mop import errors
-from madlib_mop.api import preprocessor
 from madlib_mop.db import catalog, packed, scan, segments, settings, worker_session
 from madlib_mop.engine.base import Engine
 from madlib_mop.engine.cluster import ClusterEngine, engine_for, on_server
 from madlib_mop.engine.local import LocalEngine
 from madlib_mop.engine.pool import run_all
-from madlib_mop.runtime import keras_json, model_config, packing, training
-from madlib_mop.runtime.buffers import PackedColumns, scan_partition
+from madlib_mop.preprocess.source import feature_columns
+from madlib_mop.runtime import keras_json, model_config
+from madlib_mop.segment.models import ModelRef, build, trained_models
 from madlib_mop.errors import MadlibMopError
 
-PREDICT_BATCH = 4096
 WORKERS_SETTING = "madlib_mop.segments"
 
 
 # ---- which model --------------------------------------------------------------------------
 
-@dataclass
-class ModelRef:
-    """A trained model: where its architecture, weights and parameters are."""
-
-    model_table: str | None  # quoted, for messages
-    mst_key: int | None  # None: madlib_keras_fit's one model, or BYOM
-    model_arch: str
-    weights: bytes | None
-    compile_params: str | None
-    class_values: list | None
-    normalizing_const: float
-    dependent_varname: str
-    model_oid: int | None = None
-
-    def spec(self) -> training.ModelSpec:
-        return training.ModelSpec(self.mst_key or 0, self.model_arch,
-                                  self.compile_params or "loss='mse'", "", None)
 
 
-def _summary_of(plpy: Any, table: catalog.Table) -> dict:
-    found = catalog.summary_of(plpy, table)
-    rows = found[1] if found else []
-    if len(rows) != 1 or "normalizing_const" not in rows[0] or "model_info" not in rows[0]:
-        raise MadlibMopError(f"model_table {table.name} was not made by madlib_keras_fit or "
-                             "madlib_keras_fit_multiple_model",
-                             sqlstate=errors.UNDEFINED_TABLE,
-                             hint="Pass the model_output_table of a fit.")
-    return dict(rows[0])
 
 
-def trained_models(plpy: Any, model_table: str | int, mst_key: int | None, *, all_models: bool = False
-                   ) -> list[ModelRef]:
-    table = catalog.resolve_table(plpy, model_table, argument="model_table")
-    summary = _summary_of(plpy, table)
-    single = "compile_params" in summary  # madlib_keras_fit's summary holds its one model
-    if single and mst_key is not None:
-        raise MadlibMopError(f"{table.name} holds one model: do not pass mst_key",
-                             sqlstate=errors.INVALID_PARAMETER_VALUE, hint="Pass mst_key => NULL.")
-    if not single and mst_key is None and not all_models:
-        raise MadlibMopError(f"{table.name} holds several models: pass mst_key",
-                             sqlstate=errors.INVALID_PARAMETER_VALUE,
-                             hint=f"SELECT mst_key FROM {summary['model_info']}; lists them "
-                                  "(madlib_keras_evaluate_multiple_model evaluates all).")
-    label = summary["dependent_varname"][0]
-    # <model>_info beside the model table, resolved by the catalog: the summary's model_info
-    # text is data (possibly another role's), never SQL.
-    info = catalog.sibling_table(plpy, table, "_info")
-    rows = plpy.execute(plpy.prepare(
-        f"SELECT o.mst_key, o.model_arch::text AS model_arch, o.model_weights, i.compile_params "
-        f"FROM {table.name} o JOIN {info.name} i USING (mst_key) "
-        "WHERE $1::int IS NULL OR o.mst_key = $1 ORDER BY o.mst_key", ["integer"]),
-        [None if single else mst_key])
-    if not rows:
-        raise MadlibMopError(f"mst_key {mst_key} is not in {table.name}",
-                             sqlstate=errors.INVALID_PARAMETER_VALUE,
-                             hint=f"SELECT mst_key FROM {table.name}; lists the models.")
-    values = summary.get(f"{label}_class_values")
-    values = list(values) if values is not None else None
-    while values and values[-1] is None:
-        values.pop()
-    return [ModelRef(table.name, None if single else r["mst_key"], r["model_arch"],
-                     r["model_weights"], r["compile_params"], values,
-                     float(summary["normalizing_const"] or 1.0), label, table.oid) for r in rows]
 
-
-def _build(ref: ModelRef, compile_model: bool, threads: int | None = None):
-    from madlib_mop.runtime.tf_runtime import import_tensorflow
-
-    import_tensorflow(threads)
-    if compile_model:
-        model = training.build_model(ref.spec(), 0)
-    else:
-        model = keras_json.build_model(keras_json.parse_model_json(ref.model_arch))
-    keras_json.check_weights(model, ref.weights)
-    keras_json.set_flat_weights(model, ref.weights)
-    return model
 
 
 # ---- running on workers -------------------------------------------------------------------
@@ -134,7 +60,7 @@ def _run_parallel(plpy: Any, calls: list, engine: Engine | None = None) -> list[
 
 def _worker_count(plpy: Any) -> int:
     """The setting, else the CPU count; at most a quarter of the server's connections (as
-    segments, see preprocessor.segment_count)."""
+    segments, see segment_count)."""
     wanted = settings.whole_number(plpy, WORKERS_SETTING, strict=False) or os.cpu_count() or 1
     return max(1, min(wanted, settings.worker_session_limit(plpy)))
 
@@ -166,7 +92,7 @@ def _evaluate(plpy, model_table, test_table, output_table, use_gpus, mst_key, al
                       packed=("model_table", "test_table"))
     out = catalog.new_table(plpy, output_table, argument="output_table")
     out.must_not_exist(plpy)
-    model = _build(refs[0], compile_model=True)
+    model = build(refs[0], compile_model=True)
     if list(keras_json.input_shape(model)) != list(test["feature_shape"]):
         raise MadlibMopError(
             f"the model takes input of shape {keras_json.input_shape(model)}, the features of "
@@ -219,37 +145,10 @@ def _evaluate(plpy, model_table, test_table, output_table, use_gpus, mst_key, al
         plpy.execute(insert, list(row) if all_models else list(row[1:]))
 
 
-def worker_evaluate(plpy: Any, task: str, partition: int) -> str:
-    """Loss and metrics of each model over one partition of a packed table."""
-    task = json.loads(task)
-    test = packed.read_summary(plpy, task["test_table"], argument="test_table")
-    x_col, y_col = packed.packed_columns(test)
-    classification = test["label_kind"] == "classification"
-    buffers = scan_partition(plpy, test["packed_table"], PackedColumns(
-        x_col, y_col, classification, task["modulus"]), partition)
-    refs = [trained_models(plpy, task["model_table"], k, all_models=True)[0] for k in task["mst_keys"]]
-    return _evaluate_on(refs, buffers, classification)
 
 
-def segment_evaluate(plpy: Any, task: str, partition: int, weights: list[bytes]) -> str:
-    """worker_evaluate on a segment server: the models, their weights and where the
-    partition's rows are come with the call."""
-    task = json.loads(task)
-    columns = PackedColumns(*task["columns"])
-    buffers = scan_partition(plpy, catalog.qualified_name(plpy, task["partitions"][str(partition)]),
-                             columns, partition)
-    refs = [ModelRef(None, m["mst_key"], m["model_arch"], bytes(w), m["compile_params"], None,
-                     1.0, columns.label) for m, w in zip(task["models"], weights)]
-    return _evaluate_on(refs, buffers, columns.classification)
 
 
-def _evaluate_on(refs: list[ModelRef], buffers: list, classification: bool) -> str:
-    results = []
-    for ref in refs:
-        model = _build(ref, compile_model=True)
-        outcome = training.evaluate(training.Program(model), ref.spec(), buffers, classification)
-        results.append({"rows": outcome.rows, "metrics": outcome.means()})
-    return json.dumps(results)
 
 
 # ---- predict ------------------------------------------------------------------------------
@@ -328,7 +227,7 @@ def predict_byom(plpy: Any, model_arch_table: str, model_id: int, test_table: st
                    list(class_values) if class_values is not None else None,
                    float(normalizing_const or 1.0), "dependent_var")
     if ref.class_values is None:  # MADlib: classes 0..n-1 when none are given
-        outputs = _build(ref, compile_model=False).output_shape[-1]
+        outputs = build(ref, compile_model=False).output_shape[-1]
         ref.class_values = [str(i) for i in range(outputs)]
     _predict(plpy, ref, test_table, id_col, independent_varname, output_table, pred_type)
 
@@ -338,10 +237,10 @@ def _predict(plpy, ref: ModelRef, test_table, id_col, independent_varname, outpu
     source = catalog.resolve_table(plpy, test_table, argument="test_table")
     catalog.committed(plpy, {"test_table": source})
     id_column = catalog.column(plpy, source, id_col, argument="id_col")
-    features = preprocessor.feature_columns(plpy, source, independent_varname)
+    features = feature_columns(plpy, source, independent_varname)
     out = catalog.new_table(plpy, output_table, argument="output_table")
     out.must_not_exist(plpy)
-    model = _build(ref, compile_model=False)
+    model = build(ref, compile_model=False)
     shape = keras_json.input_shape(model)
     first = plpy.execute(f"SELECT {features.expression} AS x FROM {source.name} LIMIT 1")
     if not first:
@@ -454,89 +353,7 @@ def _predict_where_it_lies(plpy: Any, lying: dict, task: dict, weights: bytes, o
                            for server, part in parts], lambda: plpy.execute("SELECT 1"))
 
 
-_models: dict[tuple, Any] = {}
 
 
-def worker_predict(plpy: Any, task: str, first_block: int, last_block: int, weights: bytes) -> str:
-    """Predict the rows in blocks [first_block, last_block) and insert them into the output,
-    a chunk of rows (one float4_pack) at a time.  Predictions go back to SQL as bytes
-    (float4_unpack, int4_unpack): no Python object per value."""
-    import hashlib
-
-    task = json.loads(task)
-    schema = catalog.extension_schema(plpy)
-    weights = bytes(weights)
-    key = (task["model_arch"], hashlib.sha256(weights).hexdigest())
-    if key not in _models:  # kept for this worker session's later calls
-        _models.clear()
-        ref = ModelRef(None, task["mst_key"], task["model_arch"], weights, None,
-                       task["class_values"], task["normalizing_const"], task["class_name"])
-        _models[key] = _build(ref, compile_model=False, threads=task["threads"])
-    model = _models[key]
-    shape = tuple(keras_json.input_shape(model))
-    source = catalog.resolve_table(  # an oid here; [schema, table] on a segment server
-        plpy, catalog.qualified_name(plpy, task["source"]) if isinstance(task["source"], list)
-        else task["source"], argument="test_table")
-    features = preprocessor.feature_columns(plpy, source, task["independent_varname"])
-    id_type = catalog.column(plpy, source, task["id_col"], argument="id_col").base_type
-    output = ".".join(plpy.quote_ident(part) for part in task["output"])
-    chunk = plpy.prepare(
-        f"SELECT count(*) AS n, {schema}.float4_pack({features.expression}) AS x, "
-        f"array_agg({plpy.quote_ident(task['id_col'])}) AS ids FROM {source.name} "
-        "WHERE ctid >= $1::tid AND ctid < $2::tid", ["text", "text"])
-    ids_type = f"{id_type}[]"
-    classification = task["class_values"] is not None
-    kind = task["pred_type"]
-    if classification:
-        ranked = kind != "response"
-        insert = plpy.prepare(
-            f"INSERT INTO {output} SELECT u.i, $2, $3[u.k + 1], u.p"
-            f"{', u.r' if ranked else ''} FROM unnest($1, {schema}.int4_unpack($4), "
-            f"{schema}.float4_unpack($5){f', {schema}.int4_unpack($6)' if ranked else ''}) "
-            f"AS u(i, k, p{', r' if ranked else ''})",
-            [ids_type, "text", "text[]", "bytea", "bytea"] + (["bytea"] if ranked else []))
-    else:
-        insert = plpy.prepare(
-            f"INSERT INTO {output} SELECT $1[g], v[(g - 1) * $3 + 1 : g * $3] "
-            f"FROM generate_subscripts($1, 1) AS g, "
-            f"CAST({schema}.float4_unpack($2) AS double precision[]) AS v",
-            [ids_type, "bytea", "integer"])
-    rows_done, started = 0, time.perf_counter()
-    for bounds in scan.block_chunks(first_block, last_block):
-        row = plpy.execute(chunk, list(bounds))[0]
-        if not row["n"]:
-            continue
-        n = row["n"]
-        x = packing.unpack_float4(row["x"], n).reshape((n, *shape)) / np.float32(task["normalizing_const"])
-        predictions = model.predict(x, batch_size=PREDICT_BATCH, verbose=0).reshape(n, -1)
-        if classification:
-            _insert_classes(plpy, insert, kind, row["ids"], predictions, task["class_values"],
-                            task["class_name"])
-        else:
-            plpy.execute(insert, [row["ids"], predictions.astype("=f4").tobytes(), predictions.shape[1]])
-        rows_done += n
-    return json.dumps({"rows": rows_done, "seconds": time.perf_counter() - started})
 
 
-def _insert_classes(plpy, insert, kind, ids, probabilities, class_values, class_name) -> None:
-    """One row per (id, class) kept by pred_type, with the class's rank by probability."""
-    n, k = probabilities.shape
-    if kind == "response":
-        best = np.argmax(probabilities, axis=1)
-        plpy.execute(insert, [ids, class_name, class_values, best.astype("=i4").tobytes(),
-                              probabilities[np.arange(n), best].astype("=f4").tobytes()])
-        return
-    order = np.argsort(-probabilities, axis=1, kind="stable")
-    ranks = np.empty_like(order)
-    ranks[np.arange(n)[:, None], order] = np.arange(1, k + 1)
-    if isinstance(kind, int):
-        keep = ranks <= kind
-    elif isinstance(kind, float):
-        keep = probabilities > kind
-    else:
-        keep = np.ones((n, k), dtype=bool)
-    rows, columns = np.nonzero(keep)
-    plpy.execute(insert, [np.asarray(ids, dtype=object)[rows].tolist(), class_name, class_values,
-                          columns.astype("=i4").tobytes(),
-                          probabilities[rows, columns].astype("=f4").tobytes(),
-                          ranks[rows, columns].astype("=i4").tobytes()])

@@ -38,10 +38,35 @@ from __future__ import annotations
 
 import abc
 import json
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from madlib_mop import errors
 from madlib_mop.errors import MadlibMopError
+
+
+@dataclass
+class VisitRecord:
+    """What a worker reports of one sub-epoch, as the job's visits table keeps it (jsonb)."""
+
+    rows: int
+    metrics: dict[str, float]  # means over the segment's rows: loss and the compiled metrics
+    segment: int
+    pid: int  # the worker session's
+    in_memory: bool  # the segment's buffers were kept decoded (else read per sub-epoch)
+    finished_at: float  # epoch seconds
+    # setup, read, restore, train, other, save, total; `call` as the coordinator saw it
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, value: Any) -> "VisitRecord":
+        return cls(**json_value(value))
+
+    def as_dict(self) -> dict:
+        return asdict(self)
 
 
 class Worker(abc.ABC):
@@ -61,9 +86,9 @@ class Worker(abc.ABC):
 
     @abc.abstractmethod
     def train(self, job_id: int, mst_key: int, step: int, segment: int,
-              model_state: bytes) -> tuple[bytes, dict]:
+              model_state: bytes) -> tuple[bytes, VisitRecord]:
         """One sub-epoch of model `mst_key` on `segment` from its state after `step`
-        sub-epochs: (the new state, the visit's record: rows, metrics, timings)."""
+        sub-epochs: (the new state, the visit's record)."""
 
     @abc.abstractmethod
     def evaluate(self, job_id: int, mst_key: int, step: int, partition: int,

@@ -12,7 +12,7 @@ from psycopg.types.json import Jsonb
 from psycopg import sql
 
 from madlib_mop.db import catalog, worker_session
-from madlib_mop.engine.base import Engine, Worker, json_value
+from madlib_mop.engine.base import Engine, VisitRecord, Worker, json_value
 
 # Worker sessions kept for the calling session's later calls, by connection string (which
 # names the role, the database and the session settings): a kept session never serves
@@ -61,10 +61,10 @@ class LocalWorker(Worker):
     def train(self, job_id, mst_key, step, segment, model_state):
         started = time.perf_counter()
         new_state, result = self._call("_mop_train", job_id, mst_key, step, segment, model_state)
-        result = json_value(result)
+        record = VisitRecord.from_json(result)
         # The call as the coordinator saw it: the sub-epoch plus the round trip.
-        result["seconds"]["call"] = time.perf_counter() - started
-        return bytes(new_state), result
+        record.seconds["call"] = time.perf_counter() - started
+        return bytes(new_state), record
 
     def evaluate(self, job_id, mst_key, step, partition, model_state):
         return json_value(self._call("_mop_evaluate", job_id, mst_key, step, partition, model_state)[0])

@@ -233,8 +233,8 @@ class Coordinator:
         boundary = False  # the hop completed one of the model's iterations
         if task.kind == "train":
             new_state, result = value
-            model.visits[task.step], model.state = result, new_state
-            self.schedule.finish(task.mst_key, task.segment, result["seconds"]["total"])
+            model.visits[task.step], model.state = result.as_dict(), new_state
+            self.schedule.finish(task.mst_key, task.segment, result.seconds["total"])
             completed = task.step + 1
             boundary = completed % model.per_iteration == 0
             iteration = completed // model.per_iteration

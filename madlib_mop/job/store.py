@@ -23,6 +23,7 @@ from psycopg import sql
 
 from madlib_mop import errors
 from madlib_mop.db import catalog, worker_session
+from madlib_mop.engine.base import VisitRecord
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.job import tables as job_tables
 from madlib_mop.job.tables import identifiers
@@ -148,14 +149,14 @@ class JobStore:
                 yield
 
     def record_visit(self, mst_key: int, step: int, segment: int, new_state: bytes,
-                     result: dict) -> None:
+                     result: VisitRecord) -> None:
         """The new state and the visit's record, in one transaction: a finished sub-epoch
         is either wholly recorded or not at all."""
         with self.atomic():
             self.q(job_tables.STATE.insert(self.tables["state"], conflict=True),
                    (mst_key, step + 1, new_state))
             self.q(job_tables.VISITS.insert(self.tables["visits"], conflict=True),
-                   (mst_key, step, segment, json.dumps(result)))
+                   (mst_key, step, segment, result.to_json()))
 
     def record_eval(self, mst_key: int, step: int, partition: int, result: dict) -> None:
         self.q(job_tables.EVALS.insert(self.tables["evals"], conflict=True),
@@ -260,6 +261,13 @@ def own_job(plpy: Any, job_id: int) -> dict:
                              hint=f"SELECT * FROM {schema}.job_progress; lists your jobs. A job "
                                   "runs as its owner: SET ROLE to it to resume another's.")
     return dict(rows[0])
+
+
+def job_models(plpy: Any, models_table: str, mst_key: int | None = None) -> list[dict]:
+    """A job's models table's rows (`models_table` quoted), or the one of `mst_key`."""
+    return [dict(r) for r in plpy.execute(plpy.prepare(
+        f"SELECT * FROM {models_table} WHERE $1::integer IS NULL OR mst_key = $1 ORDER BY mst_key",
+        ["integer"]), [mst_key])]
 
 
 def latest_job(plpy: Any, output: str, states: tuple[str, ...] | None = None,

@@ -28,6 +28,8 @@ from typing import Any
 
 from madlib_mop import errors
 from madlib_mop.db import catalog, packed, settings
+from madlib_mop.engine.base import VisitRecord
+from madlib_mop.job import store
 from madlib_mop.runtime import training
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.runtime.buffers import Buffer, PackedColumns, scan_partition
@@ -107,8 +109,7 @@ def ship(plpy: Any, description: dict) -> None:
                      {}, data(description["train"]), data(description["validation"]),
                      _budget_bytes(plpy, description["use_caching"]))
     for m in description["models"]:
-        ctx.specs[m["mst_key"]] = training.ModelSpec(m["mst_key"], m["model_arch"],
-                                                     m["compile_params"], m["fit_params"])
+        ctx.specs[m["mst_key"]] = training.ModelSpec.of(m)
     _adopt(ctx)
     _contexts[(ctx.job_id, role)] = ctx
     _shipped.add((ctx.job_id, role))
@@ -124,16 +125,9 @@ def context(plpy: Any, job_id: int) -> JobContext:
             return _contexts[(job_id, role)]
     # Looked up at every call, as the current role: a backend's cache never serves a job to
     # a role that does not own it (also not after SET ROLE), nor one that no longer exists.
-    rows = plpy.execute(plpy.prepare(
-        f"SELECT * FROM {catalog.extension_schema(plpy)}.jobs WHERE job_id = $1 "
-        "AND owner = current_user", ["bigint"]), [job_id])
-    if rows and (job_id, rows[0]["owner"]) in _contexts:
-        return _contexts[(job_id, rows[0]["owner"])]
-    if not rows:
-        raise MadlibMopError(f"job {job_id} does not exist (or is another role's)",
-                             sqlstate=errors.INVALID_PARAMETER_VALUE,
-                             hint="SELECT * FROM madlib_mop.job_progress; lists your jobs.")
-    job = rows[0]
+    job = store.own_job(plpy, job_id)
+    if (job_id, job["owner"]) in _contexts:
+        return _contexts[(job_id, job["owner"])]
     tables = {key: catalog.qualified_name(plpy, parts)
               for key, parts in json.loads(job["tables"]).items()}
     budget = _budget_bytes(plpy, json.loads(job["arguments"]).get("use_caching") is not False)
@@ -143,10 +137,8 @@ def context(plpy: Any, job_id: int) -> JobContext:
                      _packed(plpy, job["validation_table"], job["validation_partitions"])
                      if job["validation_table"] else None,
                      budget)
-    for row in plpy.execute(f"SELECT * FROM {tables['models']}"):
-        ctx.specs[row["mst_key"]] = training.ModelSpec(
-            row["mst_key"], row["model_arch"], row["compile_params"], row["fit_params"],
-            row["initial_weights"])
+    for row in store.job_models(plpy, tables["models"]):
+        ctx.specs[row["mst_key"]] = training.ModelSpec.of(row)
     _adopt(ctx)  # a backend serves one job at a time: drop another job's caches
     _shipped.clear()
     _contexts[(job_id, job["owner"])] = ctx
@@ -157,11 +149,8 @@ def _spec(plpy: Any, ctx: JobContext, mst_key: int) -> training.ModelSpec:
     """A model of the job; one a searcher added after this session read the job's models
     is read now (a segment server's session is shipped the job again instead)."""
     if mst_key not in ctx.specs and ctx.tables:
-        for row in plpy.execute(plpy.prepare(
-                f"SELECT * FROM {ctx.tables['models']} WHERE mst_key = $1", ["integer"]), [mst_key]):
-            ctx.specs[mst_key] = training.ModelSpec(
-                row["mst_key"], row["model_arch"], row["compile_params"], row["fit_params"],
-                row["initial_weights"])
+        for row in store.job_models(plpy, ctx.tables["models"], mst_key):
+            ctx.specs[mst_key] = training.ModelSpec.of(row)
     if mst_key not in ctx.specs:
         raise MadlibMopError(f"job {ctx.job_id} has no model {mst_key}", sqlstate=errors.DATA_EXCEPTION,
                              hint="The job's tables were changed; start the job again.")
@@ -207,14 +196,11 @@ def train(plpy: Any, job_id: int, mst_key: int, step: int, segment: int,
     trained = time.perf_counter()
     new_state = program.capture()
     saved = time.perf_counter()
-    result = json.dumps({
-        "rows": outcome.rows, "metrics": outcome.means(), "segment": segment, "pid": os.getpid(),
-        "in_memory": chunk_rows is None,
-        "finished_at": time.time(),
-        "seconds": {"setup": setup - started, "read": read - setup, "restore": restored - read,
-                    "train": outcome.seconds_train,
-                    "other": trained - restored - outcome.seconds_train,
-                    "save": saved - trained, "total": saved - started}})
+    result = VisitRecord(
+        outcome.rows, outcome.means(), segment, os.getpid(), chunk_rows is None, time.time(),
+        {"setup": setup - started, "read": read - setup, "restore": restored - read,
+         "train": outcome.seconds_train, "other": trained - restored - outcome.seconds_train,
+         "save": saved - trained, "total": saved - started}).to_json()
     return {"new_state": new_state, "result": result}
 
 

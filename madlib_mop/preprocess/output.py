@@ -1,0 +1,250 @@
+"""The packed table and its summary: how many segments, on which servers, and the DDL
+that makes the table's partitions (tables of this server, or foreign tables whose rows are
+stored on segment servers, made there in a session of the calling role)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import psycopg
+
+from madlib_mop import errors
+from madlib_mop.db import catalog, segments, settings
+from madlib_mop.errors import MadlibMopError
+from madlib_mop.preprocess.buffers import Packed
+from madlib_mop.preprocess.source import Features, Label
+
+
+SEGMENTS_SETTING = "madlib_mop.segments"
+
+
+def segment_count(plpy: Any, distribution_rules: str | None) -> int:
+    """S from distribution_rules: NULL/'all_segments' -> the setting madlib_mop.segments,
+    else the server's CPU count; or a positive number of segments."""
+    rules = (distribution_rules or "all_segments").strip().lower()
+    # A job opens a session per segment: a quarter of the server's connections at most, so
+    # that one role's job cannot take every connection slot of the server.
+    limit = settings.worker_session_limit(plpy)
+    if rules == "all_segments":
+        wanted = settings.whole_number(plpy, SEGMENTS_SETTING)
+        if wanted is None:
+            return min(os.cpu_count() or 1, limit)
+    elif rules.isdigit() and int(rules) >= 1:
+        wanted = int(rules)
+    else:
+        wanted = None
+    if wanted is not None:
+        if wanted > limit:
+            raise MadlibMopError(
+                f"{wanted} segments are more than this server serves ({limit})",
+                sqlstate=errors.INVALID_PARAMETER_VALUE,
+                detail="A job opens one worker session per segment; a server takes at most a "
+                       "quarter of max_connections.",
+                hint=f"Use at most {limit} segments (or raise max_connections).")
+        return wanted
+    if rules == "gpu_segments":
+        raise MadlibMopError("distribution_rules 'gpu_segments' is not supported",
+                             sqlstate=errors.FEATURE_NOT_SUPPORTED,
+                             hint="Use 'all_segments' or a number of segments, e.g. '4'.")
+    raise MadlibMopError(f"distribution_rules '{distribution_rules}' is not understood",
+                         sqlstate=errors.INVALID_PARAMETER_VALUE,
+                         hint="Use NULL or 'all_segments' (one segment per CPU, or the setting "
+                              f"{SEGMENTS_SETTING}), or a number of segments such as '4'.")
+
+
+def segment_homes(plpy: Any, distribution_rules: str | None, training: dict | None
+                  ) -> list[segments.SegmentServer] | None:
+    """The segment server of each segment of a new packed table, or None (this server).
+    Training data: 'all_segments' spreads it over every registered segment server.
+    Validation data: partition p goes where the training data's segment p % S is, so that
+    the worker of that segment evaluates it where it lies."""
+    if training is None:
+        if (distribution_rules or "all_segments").strip().lower() != "all_segments":
+            return None
+        servers = segments.registered(plpy)
+        if not servers:
+            return None
+        return [segments.server_of(servers, k) for k in range(sum(s.segments for s in servers))]
+    placed = segments.placement(plpy, catalog.resolve_table(plpy, training["packed_oid"]))
+    if placed is None:
+        return None
+    count = (segment_count(plpy, distribution_rules) if distribution_rules is not None
+             else int(training["num_segments"]))
+    return [placed[k % len(placed)].server for k in range(count)]
+
+
+class PackedOutput:
+    """The packed table: partitioned by segment; a partition is a table of this server, or a
+    foreign table whose rows are stored on the segment's segment server (`homes`)."""
+
+    def __init__(self, plpy: Any, out: catalog.NewTable, features: Features, label: Label,
+                 homes: list[segments.SegmentServer] | None):
+        self.plpy, self.out, self.homes = plpy, out, homes
+        q = plpy.quote_ident
+        self.x, self.y = q(features.packed_column), q(label.name)
+        self.xs, self.ys = q(features.packed_column + "_shape"), q(label.name + "_shape")
+        self.remote: list[tuple[Any, str]] = []  # (server, table) made on segment servers
+        self.partition_names: dict[int, list[str]] = {}  # segment -> [schema, table] there
+        self.sessions: dict[str, Any] = {}
+
+    def _columns(self) -> str:
+        return (f"__dist_key__ integer NOT NULL, {self.x} bytea NOT NULL, {self.y} bytea NOT NULL, "
+                f"{self.xs} integer[] NOT NULL, {self.ys} integer[] NOT NULL, "
+                "buffer_id integer NOT NULL")
+
+    def create(self, count: int):
+        """Create the table and its partitions; the INSERT plan its buffers go through."""
+        plpy, out = self.plpy, self.out
+        # Foreign partitions take no index: the key is kept on each segment server.
+        key = ", PRIMARY KEY (__dist_key__, buffer_id)" if self.homes is None else ""
+        plpy.execute(f"CREATE TABLE {out.quoted} ({self._columns()}{key}) "
+                     "PARTITION BY LIST (__dist_key__)")
+        try:
+            for segment in range(count):
+                self._create_partition(segment)
+        finally:
+            for session in self.sessions.values():
+                session.close()
+            self.sessions.clear()
+        return plpy.prepare(
+            f"INSERT INTO {out.quoted} ({self.x}, {self.y}, {self.xs}, {self.ys}, buffer_id, "
+            "__dist_key__) VALUES ($1, $2, $3, $4, $5, $6)",
+            ["bytea", "bytea", "integer[]", "integer[]", "integer", "integer"])
+
+    def _create_partition(self, segment: int) -> None:
+        plpy, out = self.plpy, self.out
+        part = out.sibling(f"_seg{segment}", plpy)
+        part.must_not_exist(plpy)
+        if self.homes is None:
+            plpy.execute(f"CREATE TABLE {part.quoted} PARTITION OF {out.quoted} "
+                         f"FOR VALUES IN ({segment})")
+            # Float bytes do not compress: store them out of line without trying.
+            plpy.execute(f"ALTER TABLE {part.quoted} ALTER COLUMN {self.x} SET STORAGE EXTERNAL")
+            return
+        server = self.homes[segment]
+        self._create_remote(server, part, segment)
+        self.partition_names[segment] = [part.schema, part.name]
+        plpy.execute(
+            f"CREATE FOREIGN TABLE {part.quoted} PARTITION OF {out.quoted} "
+            f"FOR VALUES IN ({segment}) SERVER {plpy.quote_ident(server.name)} "
+            f"OPTIONS (schema_name {plpy.quote_literal(part.schema)}, "
+            f"table_name {plpy.quote_literal(part.name)})")
+
+    def _marker(self, segment: int) -> str:
+        """What the segment's table there says it is: which coordinator's which packed table."""
+        row = self.plpy.execute(
+            f"SELECT id::text AS id, current_database() AS db "
+            f"FROM {catalog.extension_schema(self.plpy)}.coordinator_id")[0]
+        return (f"madlib_mop: segment {segment} of {self.out.quoted} of database {row['db']} "
+                f"of coordinator {row['id']}")
+
+    def _used_here(self, server: segments.SegmentServer, part: catalog.NewTable) -> bool:
+        """A foreign table of this database points at that table of the server."""
+        return bool(self.plpy.execute(self.plpy.prepare(
+            "SELECT 1 FROM pg_catalog.pg_foreign_table ft "
+            "JOIN pg_catalog.pg_foreign_server s ON s.oid = ft.ftserver "
+            "WHERE s.srvname = $1 AND ft.ftoptions @> ARRAY['schema_name=' || $2, "
+            "'table_name=' || $3]", ["name", "text", "text"]),
+            [server.name, part.schema, part.name]))
+
+    def _create_remote(self, server: segments.SegmentServer, part: catalog.NewTable,
+                       segment: int) -> None:
+        """The segment's table on its server, made in a session of the calling role there.
+        A table of the same name left by an earlier packing into this name of this
+        coordinator (its packed table since dropped, or its transaction rolled back) is
+        replaced; any other is left alone."""
+        plpy = self.plpy
+        if server.name not in self.sessions:
+            self.sessions[server.name] = segments.session(plpy, server)
+        session = self.sessions[server.name]
+        marker = self._marker(segment)
+        q_schema = plpy.quote_ident(part.schema)
+        try:
+            found = session.execute(
+                "SELECT c.oid, obj_description(c.oid, 'pg_class') AS note, "
+                "(SELECT true FROM pg_namespace WHERE nspname = %s) AS schema_exists "
+                "FROM (SELECT to_regclass(%s) AS oid) c", (part.schema, part.quoted)).fetchone()
+            if not found[2]:  # the packed table's schema, made there by the same role
+                session.execute(f"CREATE SCHEMA IF NOT EXISTS {q_schema}")
+            if found[0] is not None:
+                if found[1] != marker or self._used_here(server, part):
+                    raise MadlibMopError(
+                        f"table {part.quoted} already exists on {server.label}",
+                        sqlstate=errors.DUPLICATE_TABLE,
+                        hint="Drop it there, or pass another output_table.")
+                plpy.notice(f"madlib_mop: replacing {part.quoted} on {server.label}, left by an "
+                            "earlier packing into this name")
+                session.execute(f"DROP TABLE {part.quoted}")
+            session.execute(f"CREATE TABLE {part.quoted} ({self._columns()}, "
+                            f"CHECK (__dist_key__ = {segment}), PRIMARY KEY (__dist_key__, buffer_id))")
+            session.execute(f"ALTER TABLE {part.quoted} ALTER COLUMN {self.x} SET STORAGE EXTERNAL")
+            session.execute(f"COMMENT ON TABLE {part.quoted} IS {plpy.quote_literal(marker)}")
+        except psycopg.Error as error:
+            diag = error.diag
+            role = plpy.execute("SELECT current_user AS r")[0]["r"]
+            raise MadlibMopError(
+                f"{server.label}: could not create {part.quoted}: "
+                f"{diag.message_primary or error}", sqlstate=diag.sqlstate or errors.DATA_EXCEPTION,
+                hint=f"The role needs to create tables in schema {part.schema} there: GRANT "
+                     f"CREATE ON SCHEMA {q_schema} TO {plpy.quote_ident(role)};") from None
+        self.remote.append((server, part.quoted))
+
+    def drop_remote(self) -> None:
+        """After a failure: the tables made on segment servers go (this server's tables go
+        with the transaction).  One this transaction wrote to through postgres_fdw stays
+        locked until it ends: it is left (the next packing into this name replaces it)."""
+        by_server: dict[str, tuple[segments.SegmentServer, list[str]]] = {}
+        for server, table in self.remote:
+            by_server.setdefault(server.name, (server, []))[1].append(table)
+        for server, tables in by_server.values():
+            try:
+                with segments.session(self.plpy, server) as session:
+                    session.execute("SET lock_timeout = '2s'")
+                    for table in tables:
+                        try:
+                            session.execute(f"DROP TABLE IF EXISTS {table}")
+                        except psycopg.Error as error:
+                            self.plpy.warning(f"madlib_mop: left {table} on {server.label} "
+                                              f"({error.diag.message_primary}); packing into "
+                                              "this name again replaces it")
+            except Exception as error:  # the failure being raised matters more
+                self.plpy.warning(f"madlib_mop: left {', '.join(tables)} on {server.label} "
+                                  f"({str(error).strip()}); packing into this name again "
+                                  "replaces them")
+        self.remote.clear()
+
+
+def write_summary(plpy, summary_table, source_table, output_table, label, features, buffer_size,
+                   normalizing_const, classes, distribution_rules, segments, rows, packed: Packed,
+                   seed):
+    q = plpy.quote_ident
+    class_column = q(f"{label.name}_class_values")
+    class_type = ("integer[]" if label.one_hot else f"{label.base_type}[]" if label.classification
+                  else "text[]")
+    rows_per_segment = [packed.rows_per_segment.get(k, 0) for k in range(segments)]
+    buffers_per_segment = [packed.buffers_per_segment.get(k, 0) for k in range(segments)]
+    class_values = (list(label.class_values) + [None] * (classes - len(label.class_values))
+                    if label.classification else None)
+    plpy.execute(f"""
+        CREATE TABLE {summary_table.quoted} (
+            source_table text, output_table text,
+            dependent_varname text[], independent_varname text[], dependent_vartype text[],
+            {class_column} {class_type},
+            buffer_size integer, normalizing_const real, num_classes integer[],
+            distribution_rules text, __internal_gpu_config__ text,
+            num_segments integer, num_rows bigint, rows_per_segment bigint[],
+            buffers_per_segment integer[], feature_shape integer[], label_kind text,
+            shuffle_seed integer)""")
+    plan = plpy.prepare(
+        f"INSERT INTO {summary_table.quoted} VALUES "
+        "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'all_segments', $11, $12, $13, $14, $15, $16, $17)",
+        ["text", "text", "text[]", "text[]", "text[]", class_type, "integer", "real", "integer[]",
+         "text", "integer", "bigint", "bigint[]", "integer[]", "integer[]", "text", "integer"])
+    plpy.execute(plan, [
+        source_table, output_table, [label.name], features.names, [label.base_type], class_values,
+        int(packed.max_buffer_rows), float(normalizing_const),
+        [classes] if classes is not None else None,
+        (distribution_rules or "all_segments"), segments, rows, rows_per_segment,
+        buffers_per_segment, list(packed.feature_shape),
+        "classification" if label.classification else "regression", seed])

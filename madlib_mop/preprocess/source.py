@@ -1,0 +1,299 @@
+"""Reading a source table for packing: its feature and label columns (MADlib's meaning of
+each label type), their class values, and the rows in chunks of physical blocks (TID range
+scans), each chunk's features packed into one float32 buffer by the server (float4_pack)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+import numpy as np
+
+from madlib_mop import errors
+from madlib_mop.db import catalog, scan
+from madlib_mop.errors import MadlibMopError
+from madlib_mop.runtime import packing
+
+
+FLOAT_TYPES = {"real", "double precision", "numeric"}
+
+
+MANY_FLOAT_CLASSES = 100  # more float classes than this and than half the rows: a target
+
+
+PACKABLE_ARRAYS = {"real[]", "double precision[]", "smallint[]", "integer[]", "bigint[]"}
+
+
+
+@dataclass
+class Features:
+    names: list[str]
+    expression: str  # SQL giving one real[] per row
+    packed_column: str
+
+
+
+@dataclass
+class Label:
+    name: str
+    base_type: str
+    classification: bool
+    expression: str  # SQL: the native value (classes) or a real[] (one-hot rows, targets)
+    class_values: list = field(default_factory=list)
+    one_hot: bool = False  # a numeric array label: already one-hot (MADlib's meaning)
+
+    @property
+    def as_codes(self) -> bool:
+        """Read as values to encode (scalar classes), not as arrays of numbers."""
+        return self.classification and not self.one_hot
+
+    @property
+    def kind(self) -> str:
+        return "one_hot" if self.one_hot else "classes" if self.classification else "regression"
+
+
+def feature_columns(plpy: Any, table: catalog.Table, independent_varname: str) -> Features:
+    names = catalog.column_names(plpy, independent_varname, argument="independent_varname")
+    if len(names) > 1:
+        # MADlib reads 'a, b' as the inputs of a multi-input model, each an array column; one
+        # input made of the columns' values would train another model than MADlib's.
+        raise MadlibMopError(
+            f"independent_varname '{independent_varname}' names {len(names)} columns: in MADlib, "
+            "the inputs of a multi-input model, which madlib_mop does not train",
+            sqlstate=errors.FEATURE_NOT_SUPPORTED,
+            hint="Give the features as one numeric array column, e.g. a view with "
+                 f"ARRAY[{', '.join(names)}]::real[] AS attributes, and pass 'attributes'.")
+    column = catalog.column(plpy, table, names[0], argument="independent_varname")
+    if column.is_numeric_array:
+        quoted = plpy.quote_ident(names[0])
+        # float4_pack reads real, double precision and integer arrays as they are.
+        cast = "" if column.base_type in PACKABLE_ARRAYS else "::double precision[]"
+        return Features(names, f"{quoted}{cast}", names[0])
+    raise MadlibMopError(
+        f'independent_varname "{column.name}" has type {column.type}, which is not a numeric array',
+        sqlstate=errors.DATATYPE_MISMATCH,
+        detail="Features are one numeric array column, of any shape (as in MADlib).",
+        hint="Pass an array column such as real[] or double precision[]; for numeric columns, "
+             f"a view with ARRAY[{column.name}, ...]::real[] AS attributes.",
+    )
+
+
+def label_of(plpy: Any, table: catalog.Table, dependent_varname: str, regression: bool) -> Label:
+    """MADlib's meaning: a scalar label (text, integer, boolean, also a float) holds classes
+    and a numeric array label is already one-hot; numbers are regression targets only when
+    asked for (`regression => TRUE`)."""
+    names = catalog.column_names(plpy, dependent_varname, argument="dependent_varname")
+    if len(names) != 1:
+        raise MadlibMopError(
+            "dependent_varname names several columns: in MADlib, the outputs of a multi-output "
+            "model, which madlib_mop does not train",
+            sqlstate=errors.FEATURE_NOT_SUPPORTED,
+            hint="Pass one label column.")
+    column = catalog.column(plpy, table, names[0], argument="dependent_varname")
+    quoted = plpy.quote_ident(column.name)
+    array_cast = "" if column.base_type in PACKABLE_ARRAYS else "::double precision[]"
+    if regression:
+        if column.is_numeric:
+            return Label(column.name, column.base_type, False, f"ARRAY[{quoted}::double precision]")
+        if column.is_numeric_array:
+            return Label(column.name, column.base_type, False, f"{quoted}{array_cast}")
+        raise MadlibMopError(
+            f'dependent_varname "{column.name}" has type {column.type}: regression needs numbers',
+            sqlstate=errors.DATATYPE_MISMATCH,
+            hint="Pass a numeric label column (or an array of them) for regression, or "
+                 "regression => FALSE for classes.")
+    if column.category in ("S", "B") or column.is_numeric:
+        return Label(column.name, column.base_type, True, quoted)
+    if column.is_numeric_array:
+        return Label(column.name, column.base_type, True, f"{quoted}{array_cast}", one_hot=True)
+    raise MadlibMopError(
+        f'dependent_varname "{column.name}" has type {column.type}',
+        sqlstate=errors.DATATYPE_MISMATCH,
+        detail="Labels are classes (text, integer, boolean or other numbers), one-hot rows "
+               "(numeric arrays), or, with regression => TRUE, numeric targets.",
+        hint="Cast the label in a view, e.g. label::text.",
+    )
+
+
+def check_positive(value: Any, argument: str, allow_null: bool = True) -> None:
+    if value is None and allow_null:
+        return
+    if value is None or not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise MadlibMopError(f"{argument} must be a positive number, not {value}",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint=f"Pass a positive {argument}" + (" or NULL." if allow_null else "."))
+
+
+class SourceReader:
+    """Reads (features, labels) of every row in a fixed scan order, chunk by chunk.
+
+    A chunk is a range of physical blocks (a TID range scan); the aggregate float4_pack
+    (src/float4_pack.c) turns its rows' arrays into one float32 buffer inside the server.
+    Sources without blocks of their own (views, partitioned or foreign tables) are first
+    copied into a temporary table.
+    """
+
+    def __init__(self, plpy: Any, table: catalog.Table, features: Features, label: Label):
+        self.plpy = plpy
+        self.source = table
+        self.label = label
+        schema = catalog.extension_schema(plpy)
+        x, y = features.expression, label.expression
+        if table.kind not in ("r", "m"):
+            scratch = plpy.quote_ident(f"madlib_mop_source_{table.oid}")
+            if plpy.execute(f"SELECT to_regclass('pg_temp.{scratch}') IS NOT NULL AS e")[0]["e"]:
+                plpy.execute(f"DROP TABLE pg_temp.{scratch}")
+            plpy.execute(f"CREATE TEMP TABLE {scratch} AS SELECT {x} AS x, {y} AS y "
+                         f"FROM {table.name}")
+            self.scan_table = catalog.resolve_table(plpy, f"pg_temp.{scratch}")
+            self.scratch = self.scan_table.name
+            x, y = "x", "y"
+        else:
+            self.scan_table = table
+            self.scratch = None
+        label_sql = f"array_agg({y}) AS y" if label.as_codes else f"{schema}.float4_pack({y}) AS y"
+        self.chunk_plan = plpy.prepare(
+            f"SELECT count(*) AS n, {schema}.float4_pack({x}) AS x, {label_sql} "
+            f"FROM {self.scan_table.name} WHERE ctid >= $1::tid AND ctid < $2::tid",
+            ["text", "text"])
+
+    def close(self) -> None:
+        if self.scratch is not None:
+            self.plpy.execute(f"DROP TABLE {self.scratch}")
+            self.scratch = None
+
+    def chunks(self):
+        """Yield (features float32 (n, *shape), labels: list, or float32 (n, k)) per chunk."""
+        for bounds in scan.block_chunks(0, scan.table_blocks(self.plpy, self.scan_table.oid)):
+            try:
+                row = self.plpy.execute(self.chunk_plan, list(bounds))[0]
+            except self.plpy.SPIError as error:
+                raise source_error(error, self.source) from None
+            if row["n"] == 0:
+                continue
+            features = packing.unpack_float4(row["x"], row["n"])
+            labels = (row["y"] if self.label.as_codes
+                      else packing.unpack_float4(row["y"], row["n"]).reshape(row["n"], -1))
+            if self.label.one_hot and not np.isin(labels, (0.0, 1.0)).all():
+                raise MadlibMopError(
+                    f"the label arrays of {self.source.name} hold values other than 0 and 1",
+                    sqlstate=errors.INVALID_PARAMETER_VALUE,
+                    detail="A numeric array label is taken as one-hot encoded classes (MADlib's "
+                           "meaning).",
+                    hint="Pass regression => TRUE to training_preprocessor_dl for numeric targets.")
+            yield features, labels
+
+    def ragged(self, first: tuple, other: tuple) -> MadlibMopError:
+        return MadlibMopError(
+            f"the feature arrays of {self.source.name} differ in shape",
+            sqlstate=errors.DATA_EXCEPTION, detail=f"Found shapes {list(first)} and {list(other)}.",
+            hint="Every row needs a feature array of the same shape.")
+
+
+def source_error(error: Any, table: catalog.Table) -> Exception:
+    """float4_pack's errors (NULL, shape, NaN, type) restated with the table's name."""
+    sqlstate = getattr(error, "sqlstate", None)
+    message = str(error.args[0]) if error.args else str(error)
+    if sqlstate not in ("22004", "22000", "22003", "42804") or "madlib_mop:" not in message:
+        return error
+    spidata = getattr(error, "spidata", None) or ()
+    detail = spidata[1] if len(spidata) > 1 else None
+    hint = spidata[2] if len(spidata) > 2 else None
+    return MadlibMopError(f"{table.name}: {message.split('madlib_mop: ', 1)[1]}",
+                          sqlstate=sqlstate, detail=detail, hint=hint)
+
+
+def class_values_of(plpy, table, label, training) -> list:
+    # Byte order for text classes, so the order does not depend on the database's collation.
+    # GROUP BY (not DISTINCT): over segment servers, each groups its own rows.
+    order = "v COLLATE \"C\"" if label.base_type in ("text", "character varying", "character") else "v"
+    # NULL is a class (MADlib's meaning), the first: trailing NULLs of a summary's class values
+    # are num_classes' padding.
+    found = [row["v"] for row in plpy.execute(
+        f"SELECT v FROM (SELECT {label.expression} AS v FROM {table.name} GROUP BY 1) d "
+        f"ORDER BY {order} NULLS FIRST")]
+    if any(isinstance(v, (float, Decimal)) and v != v for v in found):  # NaN is not equal to itself
+        raise MadlibMopError(f"{table.name} has NaN labels", sqlstate=errors.DATA_EXCEPTION,
+                             hint="Remove those rows, or give them a label (NULL is a class).")
+    if training is None:
+        return found
+    if training["label_kind"] != "classification":
+        raise MadlibMopError(
+            f"dependent_varname {label.name} holds classes but {training['packed_table']} "
+            "was packed for regression",
+            sqlstate=errors.DATATYPE_MISMATCH,
+            hint="Use a label column of the same kind as the training data's.")
+    known = training["class_values"]
+    known_text = {as_text(v) for v in known}
+    unknown = [v for v in found if v not in known and as_text(v) not in known_text]
+    if unknown:
+        raise MadlibMopError(
+            f"{table.name} has labels that the training data does not have: "
+            + ", ".join(repr(v) for v in unknown[:5]) + (" ..." if len(unknown) > 5 else ""),
+            sqlstate=errors.INVALID_PARAMETER_VALUE,
+            detail="Training classes: " + ", ".join(repr(v) for v in known[:20]) + ".",
+            hint="Remove those rows, or pack training data that has every class.")
+    # Validation labels are encoded in the training's class order, typed like the source's.
+    by_text = {as_text(v): v for v in found}
+    return [by_text.get(as_text(v), v) for v in known]
+
+
+def as_text(value: Any) -> str | None:
+    """A class value compared across types (the summary's against the source's); NULL stays
+    apart from the text 'None'."""
+    return None if value is None else str(value)
+
+
+def one_hot_positions(plpy, table, label, training) -> list:
+    """The classes of one-hot label arrays: their positions 0 .. n-1."""
+    widths = [row["n"] for row in plpy.execute(
+        f"SELECT cardinality({label.expression}) AS n FROM {table.name} GROUP BY 1 LIMIT 2")]
+    if len(widths) != 1 or not widths[0]:
+        raise MadlibMopError(f"the label arrays of {table.name} differ in length or are empty",
+                             sqlstate=errors.DATA_EXCEPTION,
+                             detail=f"Found lengths {widths}.",
+                             hint="Every one-hot label needs one entry per class.")
+    if training is not None and (training["label_kind"] != "classification"
+                                 or not str(training["dependent_vartype"][0]).endswith("[]")
+                                 or len(training["class_values"]) != widths[0]):
+        raise MadlibMopError(
+            f"dependent_varname {label.name} holds one-hot rows of {widths[0]} classes, unlike "
+            f"the labels of {training['packed_table']}",
+            sqlstate=errors.DATATYPE_MISMATCH,
+            hint="Use a label column of the same kind as the training data's.")
+    return list(range(widths[0]))
+
+
+def class_count(class_values: list, num_classes: list | None, training: dict | None,
+                 padding: bool = True) -> int:
+    if training is not None:
+        return int(training["num_classes"][0])
+    if num_classes is None:
+        return len(class_values)
+    if not padding and list(num_classes) != [len(class_values)]:
+        raise MadlibMopError(
+            f"num_classes {list(num_classes)} differs from the {len(class_values)} entries of "
+            "the one-hot label arrays", sqlstate=errors.INVALID_PARAMETER_VALUE,
+            hint="Pass NULL: one-hot labels give their number of classes.")
+    if len(num_classes) != 1 or num_classes[0] is None:
+        raise MadlibMopError("num_classes must be an array of one number, e.g. ARRAY[10]",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint="Models with several outputs are not supported.")
+    if num_classes[0] < len(class_values):
+        raise MadlibMopError(
+            f"num_classes {num_classes[0]} is less than the {len(class_values)} classes found",
+            sqlstate=errors.INVALID_PARAMETER_VALUE,
+            hint=f"Pass NULL or ARRAY[n] with n >= {len(class_values)}.")
+    return int(num_classes[0])
+
+
+def encode(values: list, class_index: dict, table_name: str, label) -> np.ndarray:
+    try:
+        return np.fromiter((class_index[v] for v in values), dtype=np.int64, count=len(values))
+    except KeyError as error:  # a row was added after the class values were read
+        raise MadlibMopError(f"{table_name} changed while it was being packed: label "
+                             f"{error.args[0]!r} appeared",
+                             sqlstate=errors.DATA_EXCEPTION,
+                             hint="Pack a table that is not being written to.") from None

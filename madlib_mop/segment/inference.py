@@ -1,0 +1,140 @@
+"""Evaluate and predict in worker sessions: one partition of a packed table
+(`_mop_infer_evaluate`; on a segment server, `_mop_segment_evaluate`), or a range of blocks
+of a plain table (`_mop_infer_predict`), as `api.inference` hands them out."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from typing import Any
+
+import numpy as np
+
+from madlib_mop.db import catalog, packed, scan
+from madlib_mop.preprocess.source import feature_columns
+from madlib_mop.runtime import keras_json, packing, training
+from madlib_mop.runtime.buffers import PackedColumns, scan_partition
+from madlib_mop.segment.models import ModelRef, build, trained_models
+
+
+PREDICT_BATCH = 4096
+
+
+def worker_evaluate(plpy: Any, task: str, partition: int) -> str:
+    """Loss and metrics of each model over one partition of a packed table."""
+    task = json.loads(task)
+    test = packed.read_summary(plpy, task["test_table"], argument="test_table")
+    x_col, y_col = packed.packed_columns(test)
+    classification = test["label_kind"] == "classification"
+    buffers = scan_partition(plpy, test["packed_table"], PackedColumns(
+        x_col, y_col, classification, task["modulus"]), partition)
+    refs = [trained_models(plpy, task["model_table"], k, all_models=True)[0] for k in task["mst_keys"]]
+    return _evaluate_on(refs, buffers, classification)
+
+
+def segment_evaluate(plpy: Any, task: str, partition: int, weights: list[bytes]) -> str:
+    """worker_evaluate on a segment server: the models, their weights and where the
+    partition's rows are come with the call."""
+    task = json.loads(task)
+    columns = PackedColumns(*task["columns"])
+    buffers = scan_partition(plpy, catalog.qualified_name(plpy, task["partitions"][str(partition)]),
+                             columns, partition)
+    refs = [ModelRef(None, m["mst_key"], m["model_arch"], bytes(w), m["compile_params"], None,
+                     1.0, columns.label) for m, w in zip(task["models"], weights)]
+    return _evaluate_on(refs, buffers, columns.classification)
+
+
+def _evaluate_on(refs: list[ModelRef], buffers: list, classification: bool) -> str:
+    results = []
+    for ref in refs:
+        model = build(ref, compile_model=True)
+        outcome = training.evaluate(training.Program(model), ref.spec(), buffers, classification)
+        results.append({"rows": outcome.rows, "metrics": outcome.means()})
+    return json.dumps(results)
+
+
+_models: dict[tuple, Any] = {}
+
+
+def worker_predict(plpy: Any, task: str, first_block: int, last_block: int, weights: bytes) -> str:
+    """Predict the rows in blocks [first_block, last_block) and insert them into the output,
+    a chunk of rows (one float4_pack) at a time.  Predictions go back to SQL as bytes
+    (float4_unpack, int4_unpack): no Python object per value."""
+    task = json.loads(task)
+    schema = catalog.extension_schema(plpy)
+    weights = bytes(weights)
+    key = (task["model_arch"], hashlib.sha256(weights).hexdigest())
+    if key not in _models:  # kept for this worker session's later calls
+        _models.clear()
+        ref = ModelRef(None, task["mst_key"], task["model_arch"], weights, None,
+                       task["class_values"], task["normalizing_const"], task["class_name"])
+        _models[key] = build(ref, compile_model=False, threads=task["threads"])
+    model = _models[key]
+    shape = tuple(keras_json.input_shape(model))
+    source = catalog.resolve_table(  # an oid here; [schema, table] on a segment server
+        plpy, catalog.qualified_name(plpy, task["source"]) if isinstance(task["source"], list)
+        else task["source"], argument="test_table")
+    features = feature_columns(plpy, source, task["independent_varname"])
+    id_type = catalog.column(plpy, source, task["id_col"], argument="id_col").base_type
+    output = ".".join(plpy.quote_ident(part) for part in task["output"])
+    chunk = plpy.prepare(
+        f"SELECT count(*) AS n, {schema}.float4_pack({features.expression}) AS x, "
+        f"array_agg({plpy.quote_ident(task['id_col'])}) AS ids FROM {source.name} "
+        "WHERE ctid >= $1::tid AND ctid < $2::tid", ["text", "text"])
+    ids_type = f"{id_type}[]"
+    classification = task["class_values"] is not None
+    kind = task["pred_type"]
+    if classification:
+        ranked = kind != "response"
+        insert = plpy.prepare(
+            f"INSERT INTO {output} SELECT u.i, $2, $3[u.k + 1], u.p"
+            f"{', u.r' if ranked else ''} FROM unnest($1, {schema}.int4_unpack($4), "
+            f"{schema}.float4_unpack($5){f', {schema}.int4_unpack($6)' if ranked else ''}) "
+            f"AS u(i, k, p{', r' if ranked else ''})",
+            [ids_type, "text", "text[]", "bytea", "bytea"] + (["bytea"] if ranked else []))
+    else:
+        insert = plpy.prepare(
+            f"INSERT INTO {output} SELECT $1[g], v[(g - 1) * $3 + 1 : g * $3] "
+            f"FROM generate_subscripts($1, 1) AS g, "
+            f"CAST({schema}.float4_unpack($2) AS double precision[]) AS v",
+            [ids_type, "bytea", "integer"])
+    rows_done, started = 0, time.perf_counter()
+    for bounds in scan.block_chunks(first_block, last_block):
+        row = plpy.execute(chunk, list(bounds))[0]
+        if not row["n"]:
+            continue
+        n = row["n"]
+        x = packing.unpack_float4(row["x"], n).reshape((n, *shape)) / np.float32(task["normalizing_const"])
+        predictions = model.predict(x, batch_size=PREDICT_BATCH, verbose=0).reshape(n, -1)
+        if classification:
+            _insert_classes(plpy, insert, kind, row["ids"], predictions, task["class_values"],
+                            task["class_name"])
+        else:
+            plpy.execute(insert, [row["ids"], predictions.astype("=f4").tobytes(), predictions.shape[1]])
+        rows_done += n
+    return json.dumps({"rows": rows_done, "seconds": time.perf_counter() - started})
+
+
+def _insert_classes(plpy, insert, kind, ids, probabilities, class_values, class_name) -> None:
+    """One row per (id, class) kept by pred_type, with the class's rank by probability."""
+    n, k = probabilities.shape
+    if kind == "response":
+        best = np.argmax(probabilities, axis=1)
+        plpy.execute(insert, [ids, class_name, class_values, best.astype("=i4").tobytes(),
+                              probabilities[np.arange(n), best].astype("=f4").tobytes()])
+        return
+    order = np.argsort(-probabilities, axis=1, kind="stable")
+    ranks = np.empty_like(order)
+    ranks[np.arange(n)[:, None], order] = np.arange(1, k + 1)
+    if isinstance(kind, int):
+        keep = ranks <= kind
+    elif isinstance(kind, float):
+        keep = probabilities > kind
+    else:
+        keep = np.ones((n, k), dtype=bool)
+    rows, columns = np.nonzero(keep)
+    plpy.execute(insert, [np.asarray(ids, dtype=object)[rows].tolist(), class_name, class_values,
+                          columns.astype("=i4").tobytes(),
+                          probabilities[rows, columns].astype("=f4").tobytes(),
+                          ranks[rows, columns].astype("=i4").tobytes()])

@@ -1,0 +1,92 @@
+"""The trained models a call reads (a fit's output table and its `_info`, or an
+architecture table's model for BYOM) and building them in Keras: shared by the calls that
+evaluate and predict and by the worker sessions that run their parts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from madlib_mop import errors
+from madlib_mop.db import catalog
+from madlib_mop.errors import MadlibMopError
+from madlib_mop.runtime import keras_json, training
+
+
+
+@dataclass
+class ModelRef:
+    """A trained model: where its architecture, weights and parameters are."""
+
+    model_table: str | None  # quoted, for messages
+    mst_key: int | None  # None: madlib_keras_fit's one model, or BYOM
+    model_arch: str
+    weights: bytes | None
+    compile_params: str | None
+    class_values: list | None
+    normalizing_const: float
+    dependent_varname: str
+    model_oid: int | None = None
+
+    def spec(self) -> training.ModelSpec:
+        return training.ModelSpec(self.mst_key or 0, self.model_arch,
+                                  self.compile_params or "loss='mse'", "", None)
+
+
+def summary_of(plpy: Any, table: catalog.Table) -> dict:
+    found = catalog.summary_of(plpy, table)
+    rows = found[1] if found else []
+    if len(rows) != 1 or "normalizing_const" not in rows[0] or "model_info" not in rows[0]:
+        raise MadlibMopError(f"model_table {table.name} was not made by madlib_keras_fit or "
+                             "madlib_keras_fit_multiple_model",
+                             sqlstate=errors.UNDEFINED_TABLE,
+                             hint="Pass the model_output_table of a fit.")
+    return dict(rows[0])
+
+
+def trained_models(plpy: Any, model_table: str | int, mst_key: int | None, *, all_models: bool = False
+                   ) -> list[ModelRef]:
+    table = catalog.resolve_table(plpy, model_table, argument="model_table")
+    summary = summary_of(plpy, table)
+    single = "compile_params" in summary  # madlib_keras_fit's summary holds its one model
+    if single and mst_key is not None:
+        raise MadlibMopError(f"{table.name} holds one model: do not pass mst_key",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE, hint="Pass mst_key => NULL.")
+    if not single and mst_key is None and not all_models:
+        raise MadlibMopError(f"{table.name} holds several models: pass mst_key",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint=f"SELECT mst_key FROM {summary['model_info']}; lists them "
+                                  "(madlib_keras_evaluate_multiple_model evaluates all).")
+    label = summary["dependent_varname"][0]
+    # <model>_info beside the model table, resolved by the catalog: the summary's model_info
+    # text is data (possibly another role's), never SQL.
+    info = catalog.sibling_table(plpy, table, "_info")
+    rows = plpy.execute(plpy.prepare(
+        f"SELECT o.mst_key, o.model_arch::text AS model_arch, o.model_weights, i.compile_params "
+        f"FROM {table.name} o JOIN {info.name} i USING (mst_key) "
+        "WHERE $1::int IS NULL OR o.mst_key = $1 ORDER BY o.mst_key", ["integer"]),
+        [None if single else mst_key])
+    if not rows:
+        raise MadlibMopError(f"mst_key {mst_key} is not in {table.name}",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint=f"SELECT mst_key FROM {table.name}; lists the models.")
+    values = summary.get(f"{label}_class_values")
+    values = list(values) if values is not None else None
+    while values and values[-1] is None:
+        values.pop()
+    return [ModelRef(table.name, None if single else r["mst_key"], r["model_arch"],
+                     r["model_weights"], r["compile_params"], values,
+                     float(summary["normalizing_const"] or 1.0), label, table.oid) for r in rows]
+
+
+def build(ref: ModelRef, compile_model: bool, threads: int | None = None):
+    from madlib_mop.runtime.tf_runtime import import_tensorflow
+
+    import_tensorflow(threads)
+    if compile_model:
+        model = training.build_model(ref.spec(), 0)
+    else:
+        model = keras_json.build_model(keras_json.parse_model_json(ref.model_arch))
+    keras_json.check_weights(model, ref.weights)
+    keras_json.set_flat_weights(model, ref.weights)
+    return model
