@@ -299,7 +299,7 @@ def test_a_segment_server_stopped_hard_then_the_coordinators_server(cluster, ser
         coordinator = servers["coordinator"]
         with pytest.raises(psycopg.OperationalError):  # the watcher's session dies with it
             with held_job(watcher, "killed_servers", 2):  # seg0's new session is starting
-                coordinator._run([coordinator._tool("pg_ctl"), "stop", "-m", "immediate", "-w",
+                coordinator.run_command([coordinator.tool("pg_ctl"), "stop", "-m", "immediate", "-w",
                                   "-D", str(coordinator.data)])
     job.join(timeout=120)
     assert not job.is_alive() and errors  # its session died with the server

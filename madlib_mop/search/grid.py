@@ -29,7 +29,7 @@ def is_distribution(values: list) -> bool:
         isinstance(v, str) for v in values[:-1])
 
 
-def _check_distribution(key: str, values: list) -> tuple[float, float, str]:
+def check_distribution(key: str, values: list) -> tuple[float, float, str]:
     if len(values) != 3 or values[2] not in DISTRIBUTIONS or not all(
             isinstance(v, (int, float)) and not isinstance(v, bool) for v in values[:2]) \
             or not values[0] < values[1]:
@@ -47,7 +47,7 @@ def _check_distribution(key: str, values: list) -> tuple[float, float, str]:
     return float(low), float(high), kind
 
 
-def _optimizer_dicts(grid: dict) -> list[dict]:
+def optimizer_dicts(grid: dict) -> list[dict]:
     if "optimizer_params_list" in grid:
         dicts = grid["optimizer_params_list"]
         overlap = {k for d in dicts if isinstance(d, dict) for k in d} & (set(grid) - {"optimizer_params_list"})
@@ -63,13 +63,13 @@ def _optimizer_dicts(grid: dict) -> list[dict]:
     return [{"optimizer": [DEFAULT_OPTIMIZER]}]
 
 
-def _compile_keys(grid: dict) -> list[str]:
+def compile_keys(grid: dict) -> list[str]:
     keys = [k for k in grid if k not in ("optimizer_params_list", "optimizer")]
     check_keys({k: None for k in keys}, COMPILE_KEYS, "compile_params_grid", repr(grid))
     return keys
 
 
-def _optimizer_of(choice: dict, text: str) -> Optimizer:
+def optimizer_from(choice: dict, text: str) -> Optimizer:
     """An optimizer from one choice of an optimizer dict: {'optimizer': 'Adam', 'lr': 0.01}."""
     name = choice.get("optimizer", DEFAULT_OPTIMIZER)
     if isinstance(name, str) and "(" in name:
@@ -79,7 +79,7 @@ def _optimizer_of(choice: dict, text: str) -> Optimizer:
     return make_optimizer(name, [(k, v) for k, v in choice.items() if k != "optimizer"], text)
 
 
-def _compile_text(optimizer: Optimizer, values: dict, text: str) -> str:
+def compile_params_text(optimizer: Optimizer, values: dict, text: str) -> str:
     return str(compile_params_from({"optimizer": optimizer, **values}, text))
 
 
@@ -95,7 +95,7 @@ def _flat_items(grid: dict):
 
 def _sample(values: list, key: str, rng) -> Any:
     if is_distribution(values):
-        low, high, kind = _check_distribution(key, values)
+        low, high, kind = check_distribution(key, values)
         if kind == "linear":
             return float(rng.uniform(low, high))
         if kind == "log":
@@ -118,13 +118,13 @@ class GridSearcher(Searcher):
                         hint="Use search_type => 'random', or list the values.")
         text = repr(compile_grid)
         compile_texts = []
-        keys = _compile_keys(compile_grid)
-        for optimizer_dict in _optimizer_dicts(compile_grid):
+        keys = compile_keys(compile_grid)
+        for optimizer_dict in optimizer_dicts(compile_grid):
             names = list(optimizer_dict)
             for choice in itertools.product(*(optimizer_dict[k] for k in names)):
-                optimizer = _optimizer_of(dict(zip(names, choice)), text)
+                optimizer = optimizer_from(dict(zip(names, choice)), text)
                 for values in itertools.product(*(compile_grid[k] for k in keys)):
-                    compile_texts.append(_compile_text(optimizer, dict(zip(keys, values)), text))
+                    compile_texts.append(compile_params_text(optimizer, dict(zip(keys, values)), text))
         fit_keys = list(fit_grid)
         fit_texts = [
             fit_params_text(fit_params_from(dict(zip(fit_keys, values)), repr(fit_grid)))
@@ -151,8 +151,8 @@ class RandomSearcher(Searcher):
         self._rng = np.random.default_rng(random_state)
         self._model_ids, self._compile_grid, self._fit_grid = model_ids, compile_grid, fit_grid
         self._text = repr(compile_grid)
-        self._keys = _compile_keys(compile_grid)
-        self._optimizer_dicts = _optimizer_dicts(compile_grid)
+        self._keys = compile_keys(compile_grid)
+        self._optimizer_dicts = optimizer_dicts(compile_grid)
         self._limit = num_configs
         self._seen: set[Config] = set()
 
@@ -163,9 +163,9 @@ class RandomSearcher(Searcher):
         for _ in range(100 * self._limit):
             model_id = self._model_ids[int(rng.integers(len(self._model_ids)))]
             optimizer_dict = self._optimizer_dicts[int(rng.integers(len(self._optimizer_dicts)))]
-            optimizer = _optimizer_of({k: _sample(v, k, rng) for k, v in optimizer_dict.items()},
+            optimizer = optimizer_from({k: _sample(v, k, rng) for k, v in optimizer_dict.items()},
                                       self._text)
-            compile_text = _compile_text(
+            compile_text = compile_params_text(
                 optimizer, {k: _sample(self._compile_grid[k], k, rng) for k in self._keys}, self._text)
             fit = fit_params_from({k: _sample(v, k, rng) for k, v in self._fit_grid.items()},
                                   repr(self._fit_grid))

@@ -21,8 +21,8 @@ import numpy as np
 
 from madlib_mop.runtime.model_config import Config, fit_params_from, fit_params_text
 from madlib_mop.search.base import Report, Searcher
-from madlib_mop.search.grid import (_check_distribution, _compile_keys, _compile_text, _optimizer_dicts,
-                                    _optimizer_of, is_distribution)
+from madlib_mop.search.grid import (check_distribution, compile_keys, compile_params_text, optimizer_dicts,
+                                    optimizer_from, is_distribution)
 from madlib_mop.search.objective import Objective
 
 ALGORITHMS = ("tpe", "rand")
@@ -33,7 +33,7 @@ def _suggest(trial, name: str, values: list):
     """One parameter's value from a trial: a distribution is sampled, a list chosen from
     (by index: Optuna's choices must be plain scalars), a single value taken as it is."""
     if is_distribution(values):
-        low, high, kind = _check_distribution(name, values)
+        low, high, kind = check_distribution(name, values)
         if kind == "log_near_one":  # 1 - x, log-uniform in x
             return 1.0 - trial.suggest_float(f"1-{name}", 1.0 - high, 1.0 - low, log=True)
         return trial.suggest_float(name, low, high, log=kind == "log")
@@ -48,8 +48,8 @@ class SearchSpace:
     def __init__(self, model_ids: list[int], compile_grid: dict, fit_grid: dict):
         self.model_ids, self.compile_grid, self.fit_grid = model_ids, compile_grid, fit_grid
         self.text = repr(compile_grid)
-        self.keys = _compile_keys(compile_grid)
-        self.optimizer_dicts = _optimizer_dicts(compile_grid)
+        self.keys = compile_keys(compile_grid)
+        self.optimizer_dicts = optimizer_dicts(compile_grid)
 
     def size(self) -> int | None:
         """How many distinct configurations the grids hold (None: a distribution, unbounded)."""
@@ -67,9 +67,9 @@ class SearchSpace:
         index = _suggest(trial, "optimizer_params_list", list(range(len(self.optimizer_dicts))))
         optimizer_dict = self.optimizer_dicts[index]
         suffix = f"_{index + 1}" if len(self.optimizer_dicts) > 1 else ""
-        optimizer = _optimizer_of({k: _suggest(trial, k + suffix, v)
+        optimizer = optimizer_from({k: _suggest(trial, k + suffix, v)
                                    for k, v in optimizer_dict.items()}, self.text)
-        compile_text = _compile_text(
+        compile_text = compile_params_text(
             optimizer, {k: _suggest(trial, k, self.compile_grid[k]) for k in self.keys}, self.text)
         fit = fit_params_from({k: _suggest(trial, k, v) for k, v in self.fit_grid.items()},
                               repr(self.fit_grid))

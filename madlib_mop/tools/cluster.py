@@ -104,7 +104,7 @@ def kill_segment(name: str = "seg0") -> None:
     """Stop a segment server as a crash would (`pg_ctl stop -m immediate`)."""
     server = servers()[name]
     if server.is_running():
-        server._run([server._tool("pg_ctl"), "stop", "-m", "immediate", "-w", "-D", str(server.data)])
+        server.run_command([server.tool("pg_ctl"), "stop", "-m", "immediate", "-w", "-D", str(server.data)])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -87,7 +87,7 @@ class _ServerFiles:
     def allow_worker_role(self, role: str) -> None:
         """Let this server open worker sessions as `role` (pg_ident.conf), and reload."""
         if server_auth.allow(self.data / "pg_ident.conf", self.server_os_user, role) and self.is_running():
-            self._run([self._tool("pg_ctl"), "reload", "-D", str(self.data)])
+            self.run_command([self.tool("pg_ctl"), "reload", "-D", str(self.data)])
 
     def _secure_trust_cluster(self) -> None:
         """A cluster made by an earlier version trusted every local connection: give the
@@ -102,7 +102,7 @@ class _ServerFiles:
         self._write_passfile(password)
         hba.write_text(DEBIAN_SUPERUSER_LINE + DEBIAN_HBA, encoding="utf-8")
         self._configure_workers()
-        self._run([self._tool("pg_ctl"), "reload", "-D", str(self.data)])
+        self.run_command([self.tool("pg_ctl"), "reload", "-D", str(self.data)])
 
     def _ensure_setting(self, name: str, value: str) -> bool:
         """Clusters made by an earlier version get settings added since (read at start);
@@ -112,7 +112,7 @@ class _ServerFiles:
         if f"\n{name} = " not in text:
             conf.write_text(text + f"{name} = {value}\n", encoding="utf-8")
             if self.is_running():
-                self._run([self._tool("pg_ctl"), "reload", "-D", str(self.data)])
+                self.run_command([self.tool("pg_ctl"), "reload", "-D", str(self.data)])
             return True
         return False
 
@@ -154,12 +154,12 @@ class EmbeddedCluster(_ServerFiles):
             return ["runuser", "-u", SERVER_OS_USER, "--", *argv]
         return argv
 
-    def _run(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
+    def run_command(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
         return subprocess.run(
             self._as_server_user(argv), check=check, capture_output=True, text=True
         )
 
-    def _tool(self, name: str) -> str:
+    def tool(self, name: str) -> str:
         path = self.bindir / name
         if not path.exists():
             raise ClusterError(
@@ -175,7 +175,7 @@ class EmbeddedCluster(_ServerFiles):
     def is_running(self) -> bool:
         if not self.is_initialized():
             return False
-        result = self._run([self._tool("pg_ctl"), "status", "-D", str(self.data)], check=False)
+        result = self.run_command([self.tool("pg_ctl"), "status", "-D", str(self.data)], check=False)
         return result.returncode == 0
 
     def _prepare_folders(self) -> None:
@@ -190,7 +190,7 @@ class EmbeddedCluster(_ServerFiles):
                     os.lchown(path, owner.pw_uid, owner.pw_gid)
             # The server imports the project's virtual environment (PL/Python), so the
             # server's OS user must be able to reach the repository.
-            probe = self._run(["test", "-r", str(REPO_ROOT / "pyproject.toml")], check=False)
+            probe = self.run_command(["test", "-r", str(REPO_ROOT / "pyproject.toml")], check=False)
             if probe.returncode != 0:
                 raise ClusterError(
                     f"the OS user {SERVER_OS_USER!r} cannot read {REPO_ROOT}. "
@@ -212,9 +212,9 @@ class EmbeddedCluster(_ServerFiles):
             os.chown(pwfile, owner.pw_uid, owner.pw_gid)
         try:
             # What Debian's pg_createcluster does: peer on the socket, scram-sha-256 on TCP.
-            self._run(
+            self.run_command(
                 [
-                    self._tool("initdb"),
+                    self.tool("initdb"),
                     "-D", str(self.data),
                     "-U", SUPERUSER,
                     "--auth-local=peer", "--auth-host=scram-sha-256",
@@ -252,13 +252,13 @@ class EmbeddedCluster(_ServerFiles):
         self._ensure_setting("jit", "off")
         added = [self._ensure_setting(name, value) for name, value in self.cron_settings().items()]
         if any(added) and self.is_running():  # a preloaded library needs a restart
-            self._run([self._tool("pg_ctl"), "restart", "-w", "-t", "60", "-m", "fast",
+            self.run_command([self.tool("pg_ctl"), "restart", "-w", "-t", "60", "-m", "fast",
                        "-D", str(self.data), "-l", str(self.log), "-o", f"-p {self.port}"])
         if not self.is_running():
             self._prepare_folders()
-            result = self._run(
+            result = self.run_command(
                 [
-                    self._tool("pg_ctl"), "start", "-w", "-t", "60",
+                    self.tool("pg_ctl"), "start", "-w", "-t", "60",
                     "-D", str(self.data),
                     "-l", str(self.log),
                     "-o", f"-p {self.port}",
@@ -275,7 +275,7 @@ class EmbeddedCluster(_ServerFiles):
         self._wait_ready()
         self._secure_trust_cluster()
         if self._configure_workers():
-            self._run([self._tool("pg_ctl"), "reload", "-D", str(self.data)])
+            self.run_command([self.tool("pg_ctl"), "reload", "-D", str(self.data)])
         self.create_database(DEFAULT_DATABASE)
         self._psql("CREATE EXTENSION IF NOT EXISTS pg_cron", dbname=DEFAULT_DATABASE)
         self.create_database(database)
@@ -284,8 +284,8 @@ class EmbeddedCluster(_ServerFiles):
     def _wait_ready(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout
         while True:
-            ready = self._run(
-                [self._tool("pg_isready"), "-h", str(self.socket_dir), "-p", str(self.port), "-U", SUPERUSER],
+            ready = self.run_command(
+                [self.tool("pg_isready"), "-h", str(self.socket_dir), "-p", str(self.port), "-U", SUPERUSER],
                 check=False,
             )
             if ready.returncode == 0:
@@ -295,9 +295,9 @@ class EmbeddedCluster(_ServerFiles):
             time.sleep(0.2)
 
     def _psql(self, sql: str, dbname: str = "postgres") -> str:
-        result = self._run(
+        result = self.run_command(
             [
-                self._tool("psql"), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1",
+                self.tool("psql"), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1",
                 "-h", str(self.socket_dir), "-p", str(self.port), "-U", SUPERUSER, "-d", dbname,
                 "-c", sql,
             ]
@@ -309,16 +309,16 @@ class EmbeddedCluster(_ServerFiles):
             "SELECT 1 FROM pg_database WHERE datname = " + _sql_literal(database)
         )
         if not exists:
-            self._run(
+            self.run_command(
                 [
-                    self._tool("createdb"), "-h", str(self.socket_dir), "-p", str(self.port),
+                    self.tool("createdb"), "-h", str(self.socket_dir), "-p", str(self.port),
                     "-U", SUPERUSER, database,
                 ]
             )
 
     def stop(self) -> None:
         if self.is_running():
-            self._run([self._tool("pg_ctl"), "stop", "-w", "-m", "fast", "-D", str(self.data)])
+            self.run_command([self.tool("pg_ctl"), "stop", "-w", "-m", "fast", "-D", str(self.data)])
 
     def destroy(self) -> None:
         self.stop()
