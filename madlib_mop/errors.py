@@ -1,6 +1,6 @@
 """Errors a user can act on, carrying PostgreSQL's SQLSTATE, DETAIL and HINT.
 
-Runtime code raises `MadlibMopError`; `madlib_mop.runtime.plpy_bridge` turns it into a PostgreSQL
+Runtime code raises `MadlibMopError`; `madlib_mop.plpy_bridge` turns it into a PostgreSQL
 error with those fields, so a client sees e.g. SQLSTATE 42P01 and a HINT.
 """
 

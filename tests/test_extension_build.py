@@ -16,7 +16,7 @@ def _write(path, text):
     path.write_text(text)
 
 
-BODY = "from madlib_mop.runtime.plpy_bridge import run\nreturn run(plpy, lambda plpy: 41 + 1)\n"
+BODY = "from madlib_mop.plpy_bridge import run\nreturn run(plpy, lambda plpy: 41 + 1)\n"
 
 
 def _build(version, out, site, sources):
@@ -63,7 +63,7 @@ def test_missing_body_is_an_error(sources, tmp_path):
 def test_body_that_bypasses_the_bridge_is_an_error(sources, tmp_path):
     """Every body goes through plpy_bridge.run, which pins the search_path."""
     _write(sources / "udf" / "f.py", "return plpy.execute('SELECT 1')\n")
-    with pytest.raises(BuildError, match="does not call madlib_mop.runtime.plpy_bridge.run"):
+    with pytest.raises(BuildError, match="does not call madlib_mop.plpy_bridge.run"):
         _build("1.0.0", tmp_path / "out", "/x", sources)
 
 

@@ -6,6 +6,8 @@ database needed."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ RANKS = {
     "engine": 4, "search": 4, "preprocess": 4,
     "db": 3,
     "runtime": 2,
+    "grammar": 1, "plpy_bridge": 1,
     "errors": 0,
     "__init__": 9,  # the package re-exports what users import
 }
@@ -71,3 +74,23 @@ def test_no_private_names_of_other_modules(path, tree):
     reached = [f"{module}.{name}" for module, names in _imports(tree) for name in names
                if name.startswith("_") and not name.startswith("__")]
     assert not reached, f"{path.relative_to(PACKAGE)} imports private names: {reached}"
+
+
+@pytest.mark.parametrize("room", ["db", "client", "grammar"])
+def test_rooms_that_need_no_tensorflow_import_no_runtime(room):
+    """The calling session's catalog code, the client and the grammar parse configurations
+    without TensorFlow: they import the grammar, never the TensorFlow runtime."""
+    found = [(str(path.relative_to(PACKAGE)), module) for path, tree in _modules()
+             if path.relative_to(PACKAGE).parts[0] == room
+             for module, _ in _imports(tree) if _room(module) == "runtime"]
+    assert not found, found
+
+
+def test_the_grammar_parses_without_tensorflow():
+    script = ("import sys; from madlib_mop.grammar import model_config as mc; "
+              "mc.parse_compile_params(\"optimizer='Adam(lr=0.01, decay=1e-4)', "
+              "loss='categorical_crossentropy', metrics=['accuracy']\"); "
+              "mc.parse_fit_params('batch_size=32, epochs=2'); "
+              "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras')))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

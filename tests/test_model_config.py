@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from madlib_mop.runtime import model_config as mc
+from madlib_mop.grammar import model_config as mc
 from madlib_mop.errors import MadlibMopError
 
 
@@ -12,7 +12,7 @@ def test_madlib_compile_string_round_trips():
     text = "optimizer='Adam(lr=0.001)',loss='categorical_crossentropy',metrics=['accuracy']"
     params = mc.parse_compile_params(text)
     assert params.optimizer == mc.Optimizer("Adam", (("lr", 0.001),))
-    assert params.optimizer.keras_arguments() == {"learning_rate": 0.001}
+    assert params.optimizer.written_arguments() == {"learning_rate": 0.001}
     assert params.loss == "categorical_crossentropy" and params.metrics == ("accuracy",)
     assert str(params) == text
     assert mc.parse_compile_params(str(params)) == params
@@ -26,7 +26,7 @@ def test_optimizer_spellings(optimizer):
 
 def test_unquoted_values_as_madlib_random_search_writes_them():
     params = mc.parse_compile_params("optimizer=SGD(lr=0.1,momentum=0.9),loss=mse,metrics=[mae]")
-    assert params.optimizer.keras_arguments() == {"learning_rate": 0.1, "momentum": 0.9}
+    assert params.optimizer.written_arguments() == {"learning_rate": 0.1, "momentum": 0.9}
     assert params.loss == "mse" and params.metrics == ("mae",)
 
 
@@ -101,8 +101,11 @@ def test_whitelisted_names_exist_in_keras():
         assert keras.losses.get(loss) is not None, loss
     for metric in mc.METRICS - {"accuracy", "acc"}:
         assert keras.metrics.get(metric) is not None, metric
-    for name in mc.OPTIMIZERS.values():
-        assert "learning_rate" in mc.optimizer_parameters(name)
+    import inspect
+
+    for name in mc.OPTIMIZERS.values():  # the grammar's table is Keras' signatures
+        signature = inspect.signature(getattr(keras.optimizers, name).__init__).parameters
+        assert mc.optimizer_parameters(name) == set(signature) - {"self", "kwargs"}, name
 
 
 # ---- Keras 2 idioms of MADlib's examples ------------------------------------------------------
@@ -110,21 +113,23 @@ def test_whitelisted_names_exist_in_keras():
 def test_decay_is_kept_as_written_and_becomes_keras2s_schedule():
     import keras
 
+    from madlib_mop.runtime.training import optimizer_arguments
+
     text = "optimizer='Adam(lr=0.01,decay=0.5)',loss='categorical_crossentropy'"
     params = mc.parse_compile_params(text)
     assert str(params) == text and params.optimizer.scheduled
     assert params.optimizer.written_arguments() == {"learning_rate": 0.01, "decay": 0.5}
-    schedule = params.optimizer.keras_arguments()["learning_rate"]
+    schedule = optimizer_arguments(params.optimizer)["learning_rate"]
     assert isinstance(schedule, keras.optimizers.schedules.InverseTimeDecay)
-    assert list(params.optimizer.keras_arguments()) == ["learning_rate"]
-    optimizer = keras.optimizers.Adam(**params.optimizer.keras_arguments())
+    assert list(optimizer_arguments(params.optimizer)) == ["learning_rate"]
+    optimizer = keras.optimizers.Adam(**optimizer_arguments(params.optimizer))
     for steps in (0, 1, 7, 100):  # Keras 2: lr / (1 + decay * iterations)
         optimizer.iterations.assign(steps)
         assert float(optimizer.learning_rate) == pytest.approx(0.01 / (1 + 0.5 * steps), rel=1e-6)
     # Without lr, the optimizer's own default decays; decay=0 is no schedule at all.
-    assert mc.parse_optimizer("SGD(decay=1e-4)").keras_arguments()["learning_rate"] \
+    assert optimizer_arguments(mc.parse_optimizer("SGD(decay=1e-4)"))["learning_rate"] \
         .get_config()["initial_learning_rate"] == 0.01
-    assert mc.parse_optimizer("Adam(lr=0.1, decay=0)").keras_arguments() == {"learning_rate": 0.1}
+    assert optimizer_arguments(mc.parse_optimizer("Adam(lr=0.1, decay=0)")) == {"learning_rate": 0.1}
     assert not mc.parse_optimizer("Adam(lr=0.1, decay=0)").scheduled
     # As MADlib's generate_model_configs examples write it.
     assert str(mc.make_optimizer("Adam", [("lr", 0.01), ("decay", 1e-4)], "")) == "Adam(lr=0.01,decay=0.0001)"

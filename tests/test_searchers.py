@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from madlib_mop.errors import MadlibMopError
-from madlib_mop.runtime import model_config as mc
+from madlib_mop.grammar import model_config as mc
 from madlib_mop.search import grid
 from madlib_mop.search.base import Decision, NoPruner, Report
 
@@ -57,7 +57,7 @@ def test_random_search_is_reproducible_and_samples_in_bounds():
     assert first != random_search([1, 2], grid, fit, 20, random_state=8)
     assert len(first) == len(set(first)) == 20
     for config in first:
-        params = mc.parse_compile_params(config.compile_params).optimizer.keras_arguments()
+        params = mc.parse_compile_params(config.compile_params).optimizer.written_arguments()
         if "momentum" in params:
             assert 0.0001 <= params["learning_rate"] <= 0.1 and 0.9 <= params["momentum"] <= 0.999
         else:
@@ -69,7 +69,7 @@ def test_log_sampling_spreads_over_orders_of_magnitude():
     grid = mc.parse_grid("{'loss': ['mse'], 'optimizer_params_list': [{'optimizer': ['SGD'], "
                          "'lr': [0.00001, 0.1, 'log']}]}", "c")
     configs = random_search([1], grid, {"epochs": [1]}, 200, random_state=0)
-    rates = [mc.parse_compile_params(c.compile_params).optimizer.keras_arguments()["learning_rate"]
+    rates = [mc.parse_compile_params(c.compile_params).optimizer.written_arguments()["learning_rate"]
              for c in configs]
     below = sum(r < 0.001 for r in rates)  # half of the log range; a linear draw gives ~1%
     assert 70 <= below <= 130

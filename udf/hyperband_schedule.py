@@ -1,4 +1,4 @@
 from madlib_mop.api.automl import hyperband_schedule
-from madlib_mop.runtime.plpy_bridge import run
+from madlib_mop.plpy_bridge import run
 
 run(plpy, hyperband_schedule, schedule_table, r, eta, skip_last)

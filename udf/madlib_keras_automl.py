@@ -1,5 +1,5 @@
 from madlib_mop.api.automl import madlib_keras_automl
-from madlib_mop.runtime.plpy_bridge import run
+from madlib_mop.plpy_bridge import run
 
 run(plpy, madlib_keras_automl, source_table, model_output_table, model_arch_table,
     model_selection_table, model_id_list, compile_params_grid, fit_params_grid, automl_method,

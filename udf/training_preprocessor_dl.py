@@ -1,4 +1,4 @@
-from madlib_mop.runtime.plpy_bridge import run
+from madlib_mop.plpy_bridge import run
 from madlib_mop.api.preprocessor import training_preprocessor_dl
 
 run(plpy, training_preprocessor_dl, source_table, output_table, dependent_varname,

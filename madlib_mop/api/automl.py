@@ -25,7 +25,7 @@ from madlib_mop.db import catalog
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.job import lifecycle, store
 from madlib_mop.job.plan import plan_job
-from madlib_mop.runtime import model_config
+from madlib_mop.grammar import model_config
 from madlib_mop.search import grid, hyperband, setup
 from madlib_mop.search.tpe import ALGORITHMS, OptunaSearcher, SearchSpace
 

@@ -27,7 +27,8 @@ from madlib_mop.engine.cluster import ClusterEngine, engine_for, on_server
 from madlib_mop.engine.local import LocalEngine
 from madlib_mop.engine.pool import run_all
 from madlib_mop.preprocess.source import feature_columns
-from madlib_mop.runtime import keras_json, model_config
+from madlib_mop.grammar import model_config
+from madlib_mop.runtime import keras_json
 from madlib_mop.segment.models import ModelRef, build, trained_models
 from madlib_mop.errors import MadlibMopError
 

@@ -7,7 +7,8 @@ from typing import Any
 
 from madlib_mop import errors
 from madlib_mop.db import catalog
-from madlib_mop.runtime import keras_json, model_config
+from madlib_mop.grammar import model_config
+from madlib_mop.runtime import keras_json
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.search import grid
 

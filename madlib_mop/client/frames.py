@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 import sqlalchemy as sa
 
-from madlib_mop.runtime import model_config
+from madlib_mop.grammar import model_config
 from madlib_mop.search.objective import direction_of
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from madlib_mop import errors
-from madlib_mop.runtime import plpy_bridge
+from madlib_mop import plpy_bridge
 from madlib_mop.errors import MadlibMopError
 
 # Names are always schema-qualified: they are also used by other sessions (workers),

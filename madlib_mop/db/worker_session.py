@@ -19,7 +19,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from madlib_mop import errors
 from madlib_mop.errors import MadlibMopError
-from madlib_mop.runtime.plpy_bridge import SAFE_SEARCH_PATH
+from madlib_mop.plpy_bridge import SAFE_SEARCH_PATH
 
 CONNINFO_SETTING = "madlib_mop.worker_conninfo"
 # Settings of the caller's session that its workers get (validated: whole numbers).

@@ -25,8 +25,9 @@ from madlib_mop.engine.pool import WorkerPool
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.job import metrics, outputs, plan, schedule
 from madlib_mop.job.store import JobStore, ModelRecord
-from madlib_mop.runtime import plpy_bridge, training
-from madlib_mop.runtime.model_config import Config
+from madlib_mop import plpy_bridge
+from madlib_mop.runtime import training
+from madlib_mop.grammar.model_config import Config
 from madlib_mop.search import setup
 from madlib_mop.search.base import Decision, NoPruner, Pruner, Report, Searcher
 

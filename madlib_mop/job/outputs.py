@@ -15,7 +15,8 @@ from psycopg import sql
 
 import madlib_mop
 from madlib_mop.job import metrics
-from madlib_mop.runtime import model_config, state
+from madlib_mop.grammar import model_config
+from madlib_mop.runtime import state
 
 # <out>_info: MADlib's 17 columns, then madlib_mop's (all metrics by name, timings).
 INFO_COLUMNS = [

@@ -11,7 +11,8 @@ from madlib_mop.db import catalog, packed
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.job import versions
 from madlib_mop.job.tables import TABLE_SUFFIXES
-from madlib_mop.runtime import keras_json, model_config, training
+from madlib_mop.grammar import model_config
+from madlib_mop.runtime import keras_json, training
 from madlib_mop.search import setup
 
 

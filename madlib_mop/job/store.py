@@ -27,7 +27,7 @@ from madlib_mop.engine.base import VisitRecord
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.job import tables as job_tables
 from madlib_mop.job.tables import identifiers
-from madlib_mop.runtime import model_config
+from madlib_mop.grammar import model_config
 
 @dataclass
 class ModelRecord:

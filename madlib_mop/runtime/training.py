@@ -21,7 +21,8 @@ from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 
-from madlib_mop.runtime import keras_json, model_config, state
+from madlib_mop.grammar import model_config
+from madlib_mop.runtime import keras_json, state
 from madlib_mop.runtime.buffers import Buffer
 from madlib_mop.runtime.tf_runtime import import_tensorflow
 
@@ -69,6 +70,32 @@ class ModelSpec:
         return program_key(self)
 
 
+def optimizer_arguments(optimizer: model_config.Optimizer) -> dict[str, Any]:
+    """The Keras 3 optimizer's arguments; a Keras 2 decay becomes its learning rate schedule."""
+    arguments = optimizer.written_arguments()
+    decay = arguments.pop(model_config.DECAY, None)
+    if decay:
+        arguments["learning_rate"] = inverse_time_decay(
+            optimizer.name, arguments.get("learning_rate"), decay)
+    return arguments
+
+
+def inverse_time_decay(name: str, learning_rate: float | None, decay: float):
+    """Keras 2's lr / (1 + decay * iterations), exactly: InverseTimeDecay with one step per
+    decay, read at the optimizer's iteration count (which a model's state carries across
+    hops).  Without lr, the optimizer's own default."""
+    import inspect
+
+    import_tensorflow()
+    import keras
+
+    if learning_rate is None:
+        learning_rate = inspect.signature(getattr(keras.optimizers, name).__init__) \
+            .parameters["learning_rate"].default
+    return keras.optimizers.schedules.InverseTimeDecay(
+        initial_learning_rate=learning_rate, decay_steps=1, decay_rate=decay)
+
+
 def seed_initialisers(seed: int) -> None:
     """Seed what Keras' initialisers and seed generators draw from when they are given no
     seed: Python's `random` (Keras 3's `make_default_seed`), and NumPy's and Keras' global
@@ -96,7 +123,7 @@ def build_model(spec: ModelSpec, seed: int | None):
     if spec.initial_weights is not None:
         keras_json.set_flat_weights(model, spec.initial_weights)
     params = spec.compile
-    optimizer = getattr(keras.optimizers, params.optimizer.name)(**params.optimizer.keras_arguments())
+    optimizer = getattr(keras.optimizers, params.optimizer.name)(**optimizer_arguments(params.optimizer))
     model.compile(optimizer=optimizer, loss=params.loss, metrics=keras_metrics(params),
                   **dict(params.extra))
     optimizer.build(model.trainable_variables)
@@ -199,7 +226,7 @@ def initial_states(specs: list[ModelSpec], seed: int) -> dict[int, bytes]:
         if spec.initial_weights is not None:
             keras_json.set_flat_weights(layers, spec.initial_weights)
         params = spec.compile.optimizer
-        rate = getattr(keras.optimizers, params.name)(**params.keras_arguments()).learning_rate
+        rate = getattr(keras.optimizers, params.name)(**optimizer_arguments(params)).learning_rate
         optimizer = [np.asarray(rate.numpy()) if v.name == "learning_rate" else value
                      for v, value in zip(model.optimizer.variables, fresh)]
         values = ([v.numpy() for v in layers.weights] + [v.numpy() for v in _other_variables(layers)]

@@ -15,7 +15,7 @@ import enum
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from madlib_mop.runtime.model_config import Config
+from madlib_mop.grammar.model_config import Config
 
 
 @dataclass(frozen=True)

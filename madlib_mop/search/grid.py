@@ -15,7 +15,7 @@ import numpy as np
 
 from madlib_mop import errors
 from madlib_mop.errors import MadlibMopError
-from madlib_mop.runtime.model_config import (COMPILE_KEYS, DEFAULT_OPTIMIZER, Config, Optimizer,
+from madlib_mop.grammar.model_config import (COMPILE_KEYS, DEFAULT_OPTIMIZER, Config, Optimizer,
                                              check_keys, compile_params_from, fit_params_from,
                                              fit_params_text, make_optimizer, parse_optimizer)
 from madlib_mop.search.base import Searcher

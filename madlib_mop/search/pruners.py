@@ -18,7 +18,7 @@ from typing import Mapping, Sequence
 
 from madlib_mop import errors
 from madlib_mop.errors import MadlibMopError
-from madlib_mop.runtime.model_config import parse_keyword_text
+from madlib_mop.grammar.model_config import parse_keyword_text
 from madlib_mop.search.base import Decision, Pruner, Report
 from madlib_mop.search.hyperband import Rung, bracket_rungs
 from madlib_mop.search.objective import Objective

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Mapping, NamedTuple
 
-from madlib_mop.runtime import model_config
+from madlib_mop.grammar import model_config
 from madlib_mop.search import hyperband
 from madlib_mop.search.base import NoPruner, Pruner, Searcher
 from madlib_mop.search.objective import Objective, objective_from  # noqa: F401 (re-exported)

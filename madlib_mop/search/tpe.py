@@ -19,7 +19,7 @@ import logging
 
 import numpy as np
 
-from madlib_mop.runtime.model_config import Config, fit_params_from, fit_params_text
+from madlib_mop.grammar.model_config import Config, fit_params_from, fit_params_text
 from madlib_mop.search.base import Report, Searcher
 from madlib_mop.search.grid import (check_distribution, compile_keys, compile_params_text, optimizer_dicts,
                                     optimizer_from, is_distribution)

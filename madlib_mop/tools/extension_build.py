@@ -88,7 +88,7 @@ def expand_includes(sql: str, udf_dir: Path, site_packages: str, used: set[str])
             raise BuildError(f"{path} contains the dollar-quote tag $python$")
         # run pins the search_path and reports errors; run_pure (no SQL) reports errors
         if "run(plpy, " not in text and "run_pure(plpy, " not in text:
-            raise BuildError(f"{path} does not call madlib_mop.runtime.plpy_bridge.run(plpy, ...)")
+            raise BuildError(f"{path} does not call madlib_mop.plpy_bridge.run(plpy, ...)")
         return PREAMBLE.format(site=site_packages, can_commit=bool(match.group("procedure"))) \
             + text.rstrip("\n")
 

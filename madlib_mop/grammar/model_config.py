@@ -27,10 +27,33 @@ from madlib_mop.errors import MadlibMopError
 OPTIMIZERS = {name.lower(): name for name in (
     "SGD", "Adam", "AdamW", "Adamax", "Adagrad", "Adadelta", "RMSprop", "Nadam", "Ftrl",
     "Lion", "Lamb", "Adafactor")}
+# The keyword arguments of Keras 3's optimizers (keras 3.15, pinned in pyproject.toml; a
+# runtime test holds this table equal to Keras' signatures): those all take, and each one's.
+OPTIMIZER_COMMON_PARAMETERS = frozenset({
+    "learning_rate", "weight_decay", "clipnorm", "clipvalue", "global_clipnorm", "use_ema",
+    "ema_momentum", "ema_overwrite_frequency", "loss_scale_factor",
+    "gradient_accumulation_steps", "name"})
+OPTIMIZER_PARAMETERS = {
+    "SGD": frozenset({"momentum", "nesterov"}),
+    "Adam": frozenset({"beta_1", "beta_2", "epsilon", "amsgrad"}),
+    "AdamW": frozenset({"beta_1", "beta_2", "epsilon", "amsgrad"}),
+    "Adamax": frozenset({"beta_1", "beta_2", "epsilon"}),
+    "Adagrad": frozenset({"epsilon", "initial_accumulator_value"}),
+    "Adadelta": frozenset({"epsilon", "rho"}),
+    "RMSprop": frozenset({"rho", "momentum", "epsilon", "centered"}),
+    "Nadam": frozenset({"beta_1", "beta_2", "epsilon"}),
+    "Ftrl": frozenset({"beta", "initial_accumulator_value", "l1_regularization_strength",
+                       "l2_regularization_strength", "l2_shrinkage_regularization_strength",
+                       "learning_rate_power"}),
+    "Lion": frozenset({"beta_1", "beta_2"}),
+    "Lamb": frozenset({"beta_1", "beta_2", "epsilon"}),
+    "Adafactor": frozenset({"beta_2_decay", "epsilon_1", "epsilon_2", "clip_threshold",
+                            "relative_step"}),
+}
 # Keras 2 spellings of Keras 3 optimizer arguments.
 OPTIMIZER_ALIASES = {"lr": "learning_rate"}
 # Keras 2's decay (MADlib's examples use it): lr / (1 + decay * iterations), which Keras 3
-# computes as a schedule (`Optimizer.keras_arguments`).
+# computes as a schedule (`runtime.training.optimizer_arguments`).
 DECAY = "decay"
 # Ranges Keras does not check itself (a negative learning rate trains "uphill" silently).
 _POSITIVE = (lambda v: v > 0, "greater than 0")
@@ -167,49 +190,14 @@ class Optimizer:
         """Whether the learning rate is a schedule (a nonzero decay), not a variable."""
         return bool(self.written_arguments().get(DECAY))
 
-    def keras_arguments(self) -> dict[str, Any]:
-        """The Keras 3 optimizer's arguments; a decay becomes its learning rate schedule."""
-        arguments = self.written_arguments()
-        decay = arguments.pop(DECAY, None)
-        if decay:
-            arguments["learning_rate"] = inverse_time_decay(
-                self.name, arguments.get("learning_rate"), decay)
-        return arguments
-
-
-def inverse_time_decay(name: str, learning_rate: float | None, decay: float):
-    """Keras 2's lr / (1 + decay * iterations), exactly: InverseTimeDecay with one step per
-    decay, read at the optimizer's iteration count (which a model's state carries across
-    hops).  Without lr, the optimizer's own default."""
-    import inspect
-
-    from madlib_mop.runtime.tf_runtime import import_tensorflow
-
-    import_tensorflow()
-    import keras
-
-    if learning_rate is None:
-        learning_rate = inspect.signature(getattr(keras.optimizers, name).__init__) \
-            .parameters["learning_rate"].default
-    return keras.optimizers.schedules.InverseTimeDecay(
-        initial_learning_rate=learning_rate, decay_steps=1, decay_rate=decay)
-
 
 def _render(value: Any) -> str:
     return repr(value) if not isinstance(value, float) else repr(float(value))
 
 
-def optimizer_parameters(name: str) -> set[str]:
+def optimizer_parameters(name: str) -> frozenset[str]:
     """The keyword arguments the Keras optimizer class accepts."""
-    import inspect
-
-    from madlib_mop.runtime.tf_runtime import import_tensorflow
-
-    import_tensorflow()
-    import keras
-
-    cls = getattr(keras.optimizers, name)
-    return {p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "kwargs")}
+    return OPTIMIZER_COMMON_PARAMETERS | OPTIMIZER_PARAMETERS[name]
 
 
 def make_optimizer(name: str, arguments: Iterable[tuple[str, Any]], text: str) -> Optimizer:
