@@ -8,15 +8,18 @@ through tqdm.auto).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
+import psycopg
 import sqlalchemy as sa
 from tqdm.auto import tqdm
 
 from madlib_mop.client import frames
+from madlib_mop.client.errors import JobCancelled
 
 RUNNING = ("created", "running")
 
@@ -142,3 +145,75 @@ class JobProgress:
                 self.bar.close()
                 self.bar = None
         self._conn.close()
+
+
+@contextlib.contextmanager
+def notices_to(conn: sa.Connection, sink: Callable[[str], None]):
+    """The server's NOTICEs on `conn`, as 'NOTICE: text', to `sink` while the block runs."""
+    raw = conn.connection.dbapi_connection
+    handler = lambda diag: sink(f"{diag.severity}: {diag.message_primary}")  # noqa: E731
+    raw.add_notice_handler(handler)
+    try:
+        yield
+    finally:
+        raw.remove_notice_handler(handler)
+
+
+def train_with_progress(engine: sa.Engine, schema: str, statement: str, params: dict,
+                        show: bool, print_notice: Callable[[str], None]) -> None:
+    """Run a training call on one connection while another shows its job's progress;
+    Ctrl-C cancels it on the server (JobCancelled).  The call's own error is raised as it
+    came (the caller restates the server's)."""
+    outcome: dict[str, BaseException | None] = {"error": None}
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        raw = conn.connection.dbapi_connection
+        pid = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar()
+        progress = JobProgress(engine, schema, coordinator_pid=pid, show=show)
+        done = threading.Event()
+
+        def run():
+            try:
+                conn.execute(sa.text(statement), params)
+            except BaseException as error:  # handed to the calling thread
+                outcome["error"] = error
+            finally:
+                done.set()
+
+        with notices_to(conn, progress.notice if show else print_notice):
+            worker = threading.Thread(target=run, name="madlib_mop call", daemon=True)
+            worker.start()
+            cancelled = False
+            try:
+                progress.follow(done)
+            except KeyboardInterrupt:
+                cancelled = True
+                raw.cancel_safe()
+                # The call ends soon after the cancel; until it has, the connection is
+                # its own (another Ctrl-C sends the cancel again).
+                while True:
+                    try:
+                        if done.wait(0.5):
+                            break
+                    except KeyboardInterrupt:
+                        raw.cancel_safe()
+                progress.find_job()  # the bar polls: it may not have seen the job yet
+            finally:
+                progress.close()
+            worker.join()
+    error = outcome["error"]
+    if cancelled and isinstance(getattr(error, "orig", None), psycopg.errors.QueryCanceled):
+        raise JobCancelled(*_cancelled_job(engine, schema, progress)) from None
+    if error is not None:
+        raise error
+
+
+def _cancelled_job(engine: sa.Engine, schema: str, progress: JobProgress) -> tuple[int | None, str, str]:
+    """(job id, schema, ' after x of y epochs') of a cancelled call, read anew."""
+    if progress.job_id is None:
+        return None, schema, ""
+    with engine.connect() as conn:
+        row = conn.execute(sa.text(
+            f"SELECT epochs_done, epochs_total FROM {frames.quote(schema)}.job_progress "
+            "WHERE job_id = :id"), {"id": progress.job_id}).first()
+    done = f" after {float(row[0]):g} of {float(row[1]):g} epochs" if row else ""
+    return progress.job_id, schema, done
