@@ -19,6 +19,7 @@ packed several scalar columns into one vector); <y> is the label column's name.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import time
 from typing import Any
@@ -80,13 +81,7 @@ def _preprocess(plpy, module, source_table, output_table, dependent_varname, ind
     if normalizing_const is None:
         normalizing_const = 1.0
     homes = segment_homes(plpy, distribution_rules, training)
-    if homes is not None:
-        segment_total = len(homes)
-    elif training is None:
-        segment_total = segment_count(plpy, distribution_rules)
-    else:
-        segment_total = (segment_count(plpy, distribution_rules) if distribution_rules is not None
-                         else int(training["num_segments"]))
+    segment_total = _segment_total(plpy, distribution_rules, training, homes)
     columns = {features.packed_column, label.name, f"{features.packed_column}_shape",
                f"{label.name}_shape", "buffer_id", "__dist_key__"}
     if len(columns) != 6:
@@ -108,31 +103,7 @@ def _preprocess(plpy, module, source_table, output_table, dependent_varname, ind
         raise MadlibMopError(f"source_table {table.name} is empty",
                              sqlstate=errors.DATA_EXCEPTION, hint="Load rows into it first.")
 
-    if label.one_hot:
-        label.class_values = one_hot_positions(plpy, table, label, training)
-        classes = class_count(label.class_values, num_classes, training, padding=False)
-    elif label.classification:
-        label.class_values = class_values_of(plpy, table, label, training)
-        classes = class_count(label.class_values, num_classes, training)
-        if training is None and label.base_type in FLOAT_TYPES and \
-                len(label.class_values) > max(MANY_FLOAT_CLASSES, rows // 2):
-            # Classes, as in MADlib; but one per value of a continuous target would be a
-            # one-hot matrix of rows x values.
-            raise MadlibMopError(
-                f"dependent_varname {label.name} has {len(label.class_values)} distinct values "
-                f"in {rows} rows: as classes (MADlib's meaning of a {label.base_type} label) "
-                "that is a one-hot column per value",
-                sqlstate=errors.INVALID_PARAMETER_VALUE,
-                hint="Pass regression => TRUE for numeric targets; or, for that many classes, "
-                     "give the label as text or integer in a view.")
-    else:
-        if training is not None and training["label_kind"] != "regression":
-            raise MadlibMopError(
-                f"dependent_varname {label.name} holds numeric targets but "
-                f"{training['packed_table']} was packed for classification",
-                sqlstate=errors.DATATYPE_MISMATCH,
-                hint="Use a label column of the same kind as the training data's.")
-        classes = None
+    classes = _classes(plpy, table, label, num_classes, training, rows)
     if lying is not None:
         plpy.execute(plpy.prepare("SELECT set_config('enable_partitionwise_aggregate', $1, true)",
                                   ["text"]), [partitionwise])
@@ -140,11 +111,32 @@ def _preprocess(plpy, module, source_table, output_table, dependent_varname, ind
     encoding = Encoding(label, classes, float(normalizing_const),
                         budget(plpy),
                         list(training["feature_shape"]) if training is not None else None)
+    summary = functools.partial(write_summary, plpy, summary_table, source_table, output_table,
+                                label, features)
+    packed = _pack(plpy, table, out, features, label, homes, lying, encoding, rows,
+                   seed if training is None else None, buffer_size, segment_total,
+                   dependent_varname, independent_varname,
+                   lambda packed, size: summary(size, normalizing_const, classes,
+                                                distribution_rules, segment_total, rows, packed,
+                                                seed))
+    where = "" if homes is None else f" on {len({h.name for h in homes})} segment servers"
+    how = "" if lying is None else ", each server packing its own rows"
+    plpy.notice(f"{module}: packed {rows} rows of {table.name} into {packed.buffers} buffers on "
+                f"{segment_total} segments{where}{how} in {out.quoted} "
+                f"({time.perf_counter() - started:.1f}s)")
+
+
+def _pack(plpy: Any, table, out, features, label, homes, lying, encoding: Encoding, rows: int,
+          seed: int | None, buffer_size: int | None, segment_total: int, dependent_varname: str,
+          independent_varname: str, summarize) -> Packed:
+    """Write the buffers (here, or on the segment servers where the rows lie) and then the
+    summary (`summarize(packed, buffer_size)`); on failure, the tables made on segment
+    servers go.  `seed` None: rows in scan order (validation)."""
     output = None  # the segments' tables on segment servers, dropped if this fails
     try:
         if lying is None:
             reader = SourceReader(plpy, table, features, label)
-            positions = (packing.shuffled_positions(rows, seed) if training is None
+            positions = (packing.shuffled_positions(rows, seed) if seed is not None
                          else np.arange(rows, dtype=np.int64))
 
             def begin(feature_shape):
@@ -164,20 +156,55 @@ def _preprocess(plpy, module, source_table, output_table, dependent_varname, ind
             output.create(segment_total)
             buffer_size = buffer_size or _default_buffer_size(plpy, table, features, rows, segment_total)
             packed = _pack_where_it_lies(plpy, lying, homes, output, encoding, buffer_size,
-                                         dependent_varname, independent_varname,
-                                         seed if training is None else None, rows, table)
-        write_summary(plpy, summary_table, source_table, output_table, label, features, buffer_size,
-                       normalizing_const, classes, distribution_rules, segment_total, rows, packed,
-                       seed)
+                                         dependent_varname, independent_varname, seed, rows, table)
+        summarize(packed, buffer_size)
     except BaseException:
         if output is not None:
             output.drop_remote()
         raise
-    where = "" if homes is None else f" on {len({h.name for h in homes})} segment servers"
-    how = "" if lying is None else ", each server packing its own rows"
-    plpy.notice(f"{module}: packed {rows} rows of {table.name} into {packed.buffers} buffers on "
-                f"{segment_total} segments{where}{how} in {out.quoted} "
-                f"({time.perf_counter() - started:.1f}s)")
+    return packed
+
+
+def _segment_total(plpy: Any, distribution_rules: str | None, training: dict | None,
+                   homes: list | None) -> int:
+    """How many segments the packed table gets: one per home on segment servers, else
+    distribution_rules', or (validation) the training table's."""
+    if homes is not None:
+        return len(homes)
+    if training is None or distribution_rules is not None:
+        return segment_count(plpy, distribution_rules)
+    return int(training["num_segments"])
+
+
+def _classes(plpy: Any, table, label, num_classes: list | None, training: dict | None,
+             rows: int) -> int | None:
+    """The label's classes (set on `label`) and how many the one-hot rows get; None for
+    regression targets."""
+    if label.one_hot:
+        label.class_values = one_hot_positions(plpy, table, label, training)
+        return class_count(label.class_values, num_classes, training, padding=False)
+    if label.classification:
+        label.class_values = class_values_of(plpy, table, label, training)
+        classes = class_count(label.class_values, num_classes, training)
+        if training is None and label.base_type in FLOAT_TYPES and \
+                len(label.class_values) > max(MANY_FLOAT_CLASSES, rows // 2):
+            # Classes, as in MADlib; but one per value of a continuous target would be a
+            # one-hot matrix of rows x values.
+            raise MadlibMopError(
+                f"dependent_varname {label.name} has {len(label.class_values)} distinct values "
+                f"in {rows} rows: as classes (MADlib's meaning of a {label.base_type} label) "
+                "that is a one-hot column per value",
+                sqlstate=errors.INVALID_PARAMETER_VALUE,
+                hint="Pass regression => TRUE for numeric targets; or, for that many classes, "
+                     "give the label as text or integer in a view.")
+        return classes
+    if training is not None and training["label_kind"] != "regression":
+        raise MadlibMopError(
+            f"dependent_varname {label.name} holds numeric targets but "
+            f"{training['packed_table']} was packed for classification",
+            sqlstate=errors.DATATYPE_MISMATCH,
+            hint="Use a label column of the same kind as the training data's.")
+    return None
 
 
 def _source_on_segment_servers(plpy: Any, table: catalog.Table, homes: list | None,
