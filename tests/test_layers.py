@@ -94,3 +94,21 @@ def test_the_grammar_parses_without_tensorflow():
               "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tensorflow', 'keras')))")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+LIMITS = {"module": 600, "class": 200, "function": 80}  # lines
+
+
+@pytest.mark.parametrize("path,tree", list(_modules()), ids=lambda v: str(v.relative_to(PACKAGE)) if isinstance(v, Path) else "")
+def test_rooms_stay_small(path, tree):
+    """A module, class or function past these sizes does more than one job."""
+    too_big = []
+    lines = len(path.read_text().splitlines())
+    if lines > LIMITS["module"]:
+        too_big.append(f"module: {lines} lines")
+    for node in ast.walk(tree):
+        kind = ("class" if isinstance(node, ast.ClassDef) else
+                "function" if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else None)
+        if kind and node.end_lineno - node.lineno + 1 > LIMITS[kind]:
+            too_big.append(f"{kind} {node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert not too_big, f"{path.relative_to(PACKAGE)}: {too_big}"

@@ -53,6 +53,19 @@ def added_model_orders(model: int, segments: int, epochs: int, seed: int) -> lis
     return [[int(s) for s in rng.permutation(segments)] for _ in range(epochs)]
 
 
+def dispatcher_for(rounds: dict[int, int], done: dict[int, int], segments: int, seed: int,
+                   initial_models: int | None) -> "Dispatcher":
+    """The dispatcher of a job's models (`rounds`: each one's passes over the segments;
+    `done`: its sub-epochs done).  Models a searcher added while the job ran (mst_key above
+    `initial_models`) have orders of their own, drawn the same whenever they are added, so
+    that a resumed job gives every model the orders it had."""
+    initial = [k for k in rounds if k <= (initial_models or k)]
+    orders = visit_orders(initial, segments, max(rounds[k] for k in initial), seed)
+    for key in set(rounds) - set(initial):
+        orders[key] = added_model_orders(key, segments, rounds[key], seed)
+    return Dispatcher({k: o[: rounds[k]] for k, o in orders.items()}, segments, done)
+
+
 @dataclass
 class _ModelProgress:
     done: int = 0  # sub-epochs completed
