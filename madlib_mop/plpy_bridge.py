@@ -104,7 +104,8 @@ def _error_class(plpy: Any) -> type:
 
 def run(plpy: Any, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     # Sessions that use madlib_mop may load TensorFlow, whose LLVM cannot live next to the
-    # JIT compiler's: JIT stays off in this session from now on.
+    # JIT compiler's: JIT stays off in this session from now on.  (The functions' declarations
+    # also SET jit = off; a procedure, which commits, cannot: this is what covers CALLs.)
     row = plpy.execute("SELECT pg_catalog.set_config('jit', 'off', false), "
                        "pg_catalog.current_setting('search_path') AS path, "
                        "pg_catalog.current_schema() AS schema")[0]

@@ -24,6 +24,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from madlib_mop.tools import server_auth
 from madlib_mop.tools.embedded import DSN_VARIABLE, EmbeddedCluster
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -92,8 +93,15 @@ def allow_worker_role():
     def allow(role: str) -> None:
         if not _uses_embedded_cluster():
             pytest.skip(f"needs the madlib_mop user name map for role {role} on the server")
-        EmbeddedCluster().allow_worker_role(role)
+        allow_worker_role_on(EmbeddedCluster(), role)
     return allow
+
+
+def allow_worker_role_on(server: EmbeddedCluster, role: str) -> None:
+    """The DBA's step for a role that runs jobs: let `server` open worker sessions as
+    `role` (its pg_ident.conf line), and reload."""
+    if server_auth.allow(server.data / "pg_ident.conf", server.server_os_user, role) and server.is_running():
+        server.run_command([server.tool("pg_ctl"), "reload", "-D", str(server.data)])
 
 
 @pytest.fixture(scope="session")

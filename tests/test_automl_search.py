@@ -321,7 +321,7 @@ def test_tpe_on_a_small_discrete_grid_tries_every_configuration():
 def _decisions_of(brackets: dict, reports: list[Report]) -> dict[int, tuple[int, Decision, dict]]:
     """Each model's last decision passed on by the coordinator's SearchDecisions (iteration,
     decision, Hyperband's labels), the reports handed over in the given order."""
-    from madlib_mop.job.coordinator import SearchDecisions
+    from madlib_mop.job.search_driver import SearchDecisions
 
     pruner = HyperbandPruner(LOSS, brackets, 9, 3, 0, 9)
     pruner.start(sorted(brackets))

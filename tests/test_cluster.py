@@ -24,7 +24,7 @@ from psycopg.conninfo import make_conninfo
 from madlib_mop.tools import cluster as cluster_tool
 from madlib_mop.tools.embedded import EmbeddedCluster
 
-from tests.conftest import _uses_embedded_cluster, connect as _connect, held_job
+from tests.conftest import _uses_embedded_cluster, allow_worker_role_on, connect as _connect, held_job
 
 pytestmark = pytest.mark.skipif(not _uses_embedded_cluster(),
                                 reason="starts PostgreSQL servers of its own on this machine")
@@ -234,7 +234,7 @@ def test_a_mapping_naming_another_role_is_refused(cluster, servers, walkthrough)
         conn.execute("GRANT SELECT ON iris_train, arch, mst, mst_summary TO analyst_c")
         conn.execute("GRANT USAGE ON FOREIGN SERVER seg0, seg1 TO analyst_c")
         # The coordinator's own bookkeeping session as the role (the DBA's pg_ident.conf line).
-        servers["coordinator"].allow_worker_role("analyst_c")
+        allow_worker_role_on(servers["coordinator"], "analyst_c")
         seg_password = cluster_tool._password(servers["seg0"])
         conn.execute(sql.SQL("CREATE USER MAPPING FOR analyst_c SERVER seg0 OPTIONS "
                              "(user 'postgres', password {})").format(sql.Literal(seg_password)))

@@ -96,8 +96,6 @@ def madlib_keras_automl(plpy: Any, source_table: str, model_output_table: str, m
                         metrics_compute_frequency: int | None = None, name: str | None = None,
                         description: str | None = None, use_caching: bool = True, *,
                         can_commit: bool = False) -> None:
-    if can_commit:
-        plpy.execute("SELECT set_config('jit', 'off', false)")  # as fit_multiple: TensorFlow's LLVM
     method = (automl_method or "hyperband").strip().lower()
     if method not in METHODS:
         raise MadlibMopError(f"automl_method must be 'hyperband' or 'hyperopt', not {automl_method!r}",

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from madlib_mop import __version__, errors
-from madlib_mop.db import catalog, segments, worker_session
+from madlib_mop.db import catalog, worker_session
+from madlib_mop.db import segments as segment_servers
 from madlib_mop.errors import MadlibMopError
 
 
@@ -31,7 +32,7 @@ def _may_register(plpy: Any, schema: str) -> None:
 
 
 def add_segment_server(plpy: Any, server_name: str, host: str | None, port: int | None,
-                       dbname: str | None, segments_count: int | None) -> None:
+                       dbname: str | None, segments: int | None) -> None:
     schema = catalog.extension_schema(plpy)
     _may_register(plpy, schema)
     if not server_name or not server_name.strip():
@@ -39,7 +40,7 @@ def add_segment_server(plpy: Any, server_name: str, host: str | None, port: int 
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
                              hint=f"e.g. SELECT {schema}.add_segment_server('seg1', "
                                   "'10.0.0.5', 5432, 'analytics');")
-    count = 1 if segments_count is None else segments_count
+    count = 1 if segments is None else segments
     if count < 1:
         raise MadlibMopError(f"segments must be at least 1, not {count}",
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
@@ -68,7 +69,7 @@ def add_segment_server(plpy: Any, server_name: str, host: str | None, port: int 
                              "postgres_fdw", sqlstate=errors.INVALID_PARAMETER_VALUE,
                              hint="Segment servers are PostgreSQL servers reached by postgres_fdw.")
     elif not existing["trusted"]:
-        segments.check_server(plpy, server_name, True, existing["owner"], False)
+        segment_servers.check_server(plpy, server_name, True, existing["owner"], False)
     elif host is not None or port is not None or dbname is not None:
         raise MadlibMopError(
             f"foreign server {server_name} exists already: host, port and dbname are its own",
@@ -84,7 +85,7 @@ def add_segment_server(plpy: Any, server_name: str, host: str | None, port: int 
         f"INSERT INTO {schema}.segment_servers (server_name, segments, position) "
         f"SELECT $1, $2, coalesce(max(position), 0) + 1 FROM {schema}.segment_servers",
         ["name", "integer"]), [server_name, count])
-    servers = segments.registered(plpy)
+    servers = segment_servers.registered(plpy)
     mine = next(s for s in servers if s.name == server_name)
     total = sum(s.segments for s in servers)
     plpy.notice(
@@ -127,13 +128,13 @@ def check_segment_servers(plpy: Any) -> list[dict]:
     extra.setdefault("connect_timeout", "5")
     role = plpy.execute("SELECT current_user AS r")[0]["r"]
     rows = []
-    for server in segments.registered(plpy):
+    for server in segment_servers.registered(plpy):
         row = {"server_name": server.name, "address": server.address,
                "segments": server.segments, "first_segment": server.first_segment,
                "reachable": False, "extension_version": None, "message": None}
         try:
-            info = segments.worker_conninfo(plpy, server, extra, options)
-            with segments.connect(info, server, segments.refused_hint(server, role)) as session:
+            info = segment_servers.worker_conninfo(plpy, server, extra, options)
+            with segment_servers.connect(info, server, segment_servers.refused_hint(server, role)) as session:
                 row["reachable"] = True
                 found = session.execute("SELECT extversion FROM pg_catalog.pg_extension "
                                         "WHERE extname = 'madlib_mop'").fetchone()

@@ -19,10 +19,6 @@ def fit_multiple_model(plpy: Any, source_table: str, model_output_table: str,
                        use_caching: bool = True, seed: int = 0, pruner: str | None = None,
                        if_output_exists: str | None = "error", *,
                        can_commit: bool = False, single: bool = False) -> None:
-    if can_commit:
-        # A procedure cannot carry SET jit = off (it commits); this session loads TensorFlow,
-        # whose LLVM cannot live next to the JIT's: turn JIT off for the session.
-        plpy.execute("SELECT set_config('jit', 'off', false)")
     extra = {"single": True} if single else {}
     if pruner is not None and pruner.strip():
         extra["pruner"] = pruner.strip()

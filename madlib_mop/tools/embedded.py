@@ -84,11 +84,6 @@ class _ServerFiles:
             changed |= server_auth.allow(ident, self.server_os_user, SUPERUSER)
         return changed
 
-    def allow_worker_role(self, role: str) -> None:
-        """Let this server open worker sessions as `role` (pg_ident.conf), and reload."""
-        if server_auth.allow(self.data / "pg_ident.conf", self.server_os_user, role) and self.is_running():
-            self.run_command([self.tool("pg_ctl"), "reload", "-D", str(self.data)])
-
     def _secure_trust_cluster(self) -> None:
         """A cluster made by an earlier version trusted every local connection: give the
         superuser a password and Debian's authentication with the madlib_mop map."""
