@@ -11,7 +11,7 @@ DATA_built  = $(wildcard build/madlib_mop--*.sql)
 PG_CPPFLAGS = -Wall
 
 # pg_regress tests of the SQL surface: usage texts, errors, a tiny end-to-end.
-REGRESS      = usage errors end_to_end
+REGRESS      = usage errors catalogs end_to_end training
 REGRESS_OPTS = --inputdir=tests/regress --outputdir=build/regress \
                --load-extension=plpython3u
 

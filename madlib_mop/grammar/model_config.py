@@ -395,6 +395,12 @@ def fit_params_text(params: dict[str, Any]) -> str:
 
 # ---- grids ------------------------------------------------------------------------------------
 
+def _without_addresses(message: str) -> str:
+    """Python names an AST node by its address ("<ast.Call object at 0x7f...>"): say which
+    kind of node it is instead, so the message is the same every time."""
+    return re.sub(r"<ast[.](\w+) object at 0x[0-9a-f]+>", r"a \1", message)
+
+
 def parse_grid(text: str | None, argument: str) -> dict[str, list]:
     """A grid: a Python dict literal (MADlib) or JSON object, every value a list."""
     if text is None or not text.strip():
@@ -408,7 +414,8 @@ def parse_grid(text: str | None, argument: str) -> dict[str, list]:
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as error:
             raise MadlibMopError(
                 f"{argument} is not a dict literal", sqlstate=errors.SYNTAX_ERROR,
-                detail=f"{type(error).__name__}: {str(error)[:200]}. Got: {text[:300]}",
+                detail=f"{type(error).__name__}: {_without_addresses(str(error))[:200]}. "
+                       f"Got: {text[:300]}",
                 hint="Write a Python dict literal or JSON object of lists, e.g. "
                      "{'loss': ['categorical_crossentropy'], 'metrics': ['accuracy']}; "
                      "names and calls are not allowed.") from None
