@@ -34,31 +34,8 @@ RETURNS void
 
 -- MADlib's pred_type overloads: an integer k (the top k classes) or a probability
 -- threshold, written as numbers.
-CREATE FUNCTION @extschema@.madlib_keras_predict(
-    model_table         varchar,
-    test_table          varchar,
-    id_col              varchar,
-    independent_varname varchar,
-    output_table        varchar,
-    pred_type           integer,
-    use_gpus            boolean DEFAULT FALSE,
-    mst_key             integer DEFAULT NULL
-)
-RETURNS void
-#plpython "madlib_keras_predict.py"
-
-CREATE FUNCTION @extschema@.madlib_keras_predict(
-    model_table         varchar,
-    test_table          varchar,
-    id_col              varchar,
-    independent_varname varchar,
-    output_table        varchar,
-    pred_type           double precision,
-    use_gpus            boolean DEFAULT FALSE,
-    mst_key             integer DEFAULT NULL
-)
-RETURNS void
-#plpython "madlib_keras_predict.py"
+#overload pred_type integer
+#overload pred_type double precision
 
 CREATE FUNCTION @extschema@.madlib_keras_predict_byom(
     model_arch_table    varchar,
@@ -77,35 +54,8 @@ RETURNS void
 #plpython "madlib_keras_predict_byom.py"
 
 -- As MADlib: the numeric pred_type overloads have no dependent_count.
-CREATE FUNCTION @extschema@.madlib_keras_predict_byom(
-    model_arch_table    varchar,
-    model_id            integer,
-    test_table          varchar,
-    id_col              varchar,
-    independent_varname varchar,
-    output_table        varchar,
-    pred_type           integer,
-    use_gpus            boolean DEFAULT FALSE,
-    class_values        text[]  DEFAULT NULL,   -- MADlib's 2-D form ARRAY[ARRAY[...]] too
-    normalizing_const   double precision DEFAULT NULL
-)
-RETURNS void
-#plpython "madlib_keras_predict_byom.py"
-
-CREATE FUNCTION @extschema@.madlib_keras_predict_byom(
-    model_arch_table    varchar,
-    model_id            integer,
-    test_table          varchar,
-    id_col              varchar,
-    independent_varname varchar,
-    output_table        varchar,
-    pred_type           double precision,
-    use_gpus            boolean DEFAULT FALSE,
-    class_values        text[]  DEFAULT NULL,   -- MADlib's 2-D form ARRAY[ARRAY[...]] too
-    normalizing_const   double precision DEFAULT NULL
-)
-RETURNS void
-#plpython "madlib_keras_predict_byom.py"
+#overload pred_type integer WITHOUT dependent_count
+#overload pred_type double precision WITHOUT dependent_count
 
 -- Workers' entry points.
 CREATE FUNCTION @extschema@._mop_infer_evaluate(task jsonb, partition integer)

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from madlib_mop.api.usage import TEXTS
+from madlib_mop.tools.extension_build import expand_overloads
 
 ROOT = Path(__file__).resolve().parents[1]
 DECLARATION = re.compile(r"CREATE FUNCTION @extschema@\.(?P<name>\w+)\(")
@@ -40,7 +41,7 @@ def _declarations() -> list[tuple[str, list[str], str]]:
     """(function, parameter names, udf body file) of every PL/Python function in sql/."""
     found = []
     for path in sorted((ROOT / "sql").glob("*.sql")):
-        text = path.read_text()
+        text = expand_overloads(path.read_text())  # overloads as the build declares them
         for match in DECLARATION.finditer(text):
             depth, end = 1, match.end()
             while depth:

@@ -107,7 +107,7 @@ def test_the_project_sources_build(tmp_path):
     # file), and every file of udf/ is some function's body.
     sources = "".join(path.read_text() for path in (REPO_ROOT / "sql").glob("*.sql"))
     used = set(re.findall(r'^#(?:plpython|include) "(\w+\.py)"', sources, re.MULTILINE))
-    assert bodies == len(re.findall(r'^#(?:plpython|include) "', sources, re.MULTILINE))
+    assert bodies == len(re.findall(r'^#(?:plpython|include) "|^#overload ', sources, re.MULTILINE))
     assert used == {path.name for path in (REPO_ROOT / "udf").glob("*.py")}
 
 
@@ -125,4 +125,27 @@ def test_a_procedure_is_declared_from_its_function(sources, tmp_path):
     assert "CAN_COMMIT = False" in script[:script.index("CREATE PROCEDURE")]
     _write(sources / "sql" / "10_f.sql", "#procedure p FROM missing\n")
     with pytest.raises(BuildError, match="no function missing"):
+        _build("1.0.0", tmp_path / "out", "/x", sources)
+
+
+def test_an_overload_is_declared_from_the_function_before_it(sources, tmp_path):
+    _write(sources / "sql" / "10_f.sql",
+           "CREATE FUNCTION @extschema@.f(\n    a integer,\n    kind varchar DEFAULT 'x, y',  -- a, b\n"
+           "    extra integer[] DEFAULT ARRAY[1, 2]\n)\nRETURNS void\n#plpython \"f.py\"\n\n"
+           "#overload kind double precision\n#overload kind integer WITHOUT extra\n")
+    _build("1.0.0", tmp_path / "out", "/x", sources)
+    script = (tmp_path / "out" / "madlib_mop--1.0.0.sql").read_text()
+    heads = re.findall(r"CREATE FUNCTION @extschema@\.f\((.*?)\n\)", script, re.DOTALL)
+    assert [" ".join(h.split()) for h in heads[1:]] == [
+        "a integer, kind double precision, extra integer[] DEFAULT ARRAY[1, 2]",
+        "a integer, kind integer"]
+    assert script.count("41 + 1") == 3  # each overload has the body
+    declared = (sources / "sql" / "10_f.sql").read_text()
+    for bad, message in (("#overload nothing integer", "has no parameter nothing"),
+                         ("#overload kind integer WITHOUT nothing", "has no parameter nothing")):
+        _write(sources / "sql" / "10_f.sql", declared + bad + "\n")
+        with pytest.raises(BuildError, match=message):
+            _build("1.0.0", tmp_path / "out", "/x", sources)
+    _write(sources / "sql" / "10_f.sql", "#overload kind integer\n" + declared)
+    with pytest.raises(BuildError, match="no PL/Python function declared before it"):
         _build("1.0.0", tmp_path / "out", "/x", sources)

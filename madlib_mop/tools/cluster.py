@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 from urllib.parse import quote
 
-from madlib_mop.tools.embedded import (DEFAULT_DATABASE, REPO_ROOT, SUPERUSER, ClusterError,
+from madlib_mop.tools.embedded import (DEFAULT_DATABASE, REPO_ROOT, SUPERUSER, ClusterError, command_failed,
                                        EmbeddedCluster)
 
 BASE = Path(os.environ.get("MADLIB_MOP_CLUSTER_DIR") or REPO_ROOT / ".cluster")
@@ -146,9 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             setup(args.coordinator, [tuple(s.split("=", 1)) for s in args.segment])
             print(f"cluster set up: {len(args.segment)} segment servers registered")
     except (ClusterError, subprocess.CalledProcessError) as error:
-        detail = getattr(error, "stderr", "") or ""
-        print(f"madlib_mop.tools.cluster: {error}\n{detail}", file=sys.stderr)
-        return 1
+        return command_failed("madlib_mop.tools.cluster", error)
     return 0
 
 

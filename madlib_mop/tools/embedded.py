@@ -389,10 +389,15 @@ def main(argv: list[str] | None = None) -> int:
             cluster.destroy()
             print(f"embedded PostgreSQL removed ({cluster.base})")
     except (ClusterError, subprocess.CalledProcessError) as error:
-        detail = getattr(error, "stderr", "") or ""
-        print(f"madlib_mop.tools.embedded: {error}\n{detail}", file=sys.stderr)
-        return 1
+        return command_failed("madlib_mop.tools.embedded", error)
     return 0
+
+
+def command_failed(tool: str, error: Exception) -> int:
+    """A tool's command failed: what it said (a server command's stderr too); exit code 1."""
+    detail = getattr(error, "stderr", "") or ""
+    print(f"{tool}: {error}\n{detail}", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":

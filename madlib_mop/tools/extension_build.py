@@ -41,6 +41,11 @@ PLPYTHON_STANZA = ('LANGUAGE plpython3u VOLATILE\nSET jit = off  -- TensorFlow\'
 # `#procedure NAME FROM FUNCTION`: NAME is a procedure with the function's parameters and
 # body, run with CAN_COMMIT = True (it commits as it goes).
 PROCEDURE = re.compile(r"^#procedure (?P<name>\w+) FROM (?P<function>\w+)\s*$", re.MULTILINE)
+# `#overload PARAM TYPE [WITHOUT P1, P2]`: the function declared just before, again with
+# PARAM of another TYPE (no DEFAULT: the call's argument chooses the overload) and without
+# the parameters named after WITHOUT; the same body.
+OVERLOAD = re.compile(r"^#overload (?P<param>\w+) (?P<type>[\w ]+?)(?: WITHOUT (?P<without>[\w, ]+))?[ \t]*$",
+                      re.MULTILINE)
 UPGRADE_NAME = re.compile(rf"^{EXTENSION}--(?P<old>[0-9][0-9.]*)--(?P<new>[0-9][0-9.]*)\.sql$")
 
 CONTROL_FILE = REPO_ROOT / f"{EXTENSION}.control"
@@ -92,8 +97,71 @@ def expand_includes(sql: str, udf_dir: Path, site_packages: str, used: set[str])
         return PREAMBLE.format(site=site_packages, can_commit=bool(match.group("procedure"))) \
             + text.rstrip("\n")
 
-    sql = PLPYTHON.sub(lambda m: PLPYTHON_STANZA.format(name=m.group("name")), sql)
+    sql = PLPYTHON.sub(lambda m: PLPYTHON_STANZA.format(name=m.group("name")), expand_overloads(sql))
     return INCLUDE.sub(body, expand_procedures(sql))
+
+
+def _parameter_list(sql: str, open_paren: int) -> tuple[str, int]:
+    """The text between the parenthesis at `open_paren` and its match, and the index after."""
+    depth, end = 1, open_paren + 1
+    while depth:
+        depth += {"(": 1, ")": -1}.get(sql[end], 0)
+        end += 1
+    return sql[open_paren + 1:end - 1], end
+
+
+def _split_parameters(text: str) -> list[str]:
+    """A parameter list's items (comments dropped), split at the top level's commas (not
+    those of a quoted default or of an ARRAY[...])."""
+    items, depth, item, quoted, k = [], 0, "", False, 0
+    text += ","
+    while k < len(text):
+        char = text[k]
+        if not quoted and text.startswith("--", k):  # a comment, to the end of its line
+            k = text.find("\n", k) if "\n" in text[k:] else len(text) - 1
+            continue
+        if char == "'":
+            quoted = not quoted
+        if char == "," and depth == 0 and not quoted:
+            if item.strip():
+                items.append(" ".join(item.split()))
+            item = ""
+        else:
+            if not quoted:
+                depth += {"(": 1, ")": -1, "[": 1, "]": -1}.get(char, 0)
+            item += char
+        k += 1
+    return items
+
+
+def expand_overloads(sql: str) -> str:
+    """Replace each `#overload` line by the overload it describes (see OVERLOAD)."""
+
+    def overload(match: re.Match) -> str:
+        start = sql.rfind("CREATE FUNCTION @extschema@.", 0, match.start())
+        body = PLPYTHON.search(sql, start)
+        if start < 0 or body is None or body.start() > match.start():
+            raise BuildError(f"{match.group(0)!r}: no PL/Python function declared before it")
+        head = sql.index("(", start)
+        parameters, after = _parameter_list(sql, head)
+        param, kind = match.group("param"), match.group("type").strip()
+        without = {w.strip() for w in (match.group("without") or "").split(",") if w.strip()}
+        items, found = [], False
+        for item in _split_parameters(parameters):
+            name = item.split()[0]
+            if name in without:
+                without.discard(name)
+                continue
+            if name == param:
+                item, found = f"{name} {kind}", True
+            items.append(item)
+        if not found or without:
+            raise BuildError(f"{match.group(0)!r}: {sql[start:head]} has no parameter "
+                             f"{param if not found else ', '.join(sorted(without))}")
+        return (sql[start:head] + "(\n    " + ",\n    ".join(items) + "\n)"
+                + sql[after:body.end()])
+
+    return OVERLOAD.sub(overload, sql)
 
 
 def expand_procedures(sql: str) -> str:
