@@ -150,8 +150,12 @@ class EmbeddedCluster(_ServerFiles):
         return argv
 
     def run_command(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
+        # The server's PL/Python finds the runtime through the extension's own preamble:
+        # a PYTHONPATH of whoever started it (the Makefile sets one for its tools) would put
+        # that checkout's package ahead of the one the installed extension names.
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         return subprocess.run(
-            self._as_server_user(argv), check=check, capture_output=True, text=True
+            self._as_server_user(argv), check=check, capture_output=True, text=True, env=env
         )
 
     def tool(self, name: str) -> str:
