@@ -77,6 +77,10 @@ def main() -> None:
         base = statistics.median(pick(r) for r in runs["baseline"])
         this = statistics.median(pick(r) for r in runs["this"])
         print(f"| {label} | {base:.2f} | {this:.2f} | {this / base:.3f} |")
+    for side in sides:
+        print(f"\n{side}: new session " + ", ".join(f"{r['makespan']:.2f}" for r in runs[side])
+              + "; warm " + ", ".join(f"{r['warm']['makespan']:.2f}" for r in runs[side]), end="")
+    print()
     same = {r["weights_md5"] for r in runs["baseline"] + runs["this"]}
     print(f"\nversions: baseline {versions['baseline']}, this {versions['this']}; "
           f"weights of every run bitwise equal: {'yes' if len(same) == 1 else 'NO'}")
