@@ -111,13 +111,18 @@ def test_the_project_sources_build(tmp_path):
     assert used == {path.name for path in (REPO_ROOT / "udf").glob("*.py")}
 
 
-def test_a_procedure_is_declared_from_its_function(sources, tmp_path):
-    _write(sources / "sql" / "10_f.sql",
-           "CREATE FUNCTION @extschema@.f(a integer, b text DEFAULT 'x(y)')\nRETURNS int\n"
-           "LANGUAGE plpython3u VOLATILE\nAS $python$\n#include \"f.py\"\n$python$;\n\n"
-           "#procedure p FROM f\n")
+def _built(sources, tmp_path, sql: str) -> str:
+    """The install script built from `sql` as the one SQL source."""
+    _write(sources / "sql" / "10_f.sql", sql)
     _build("1.0.0", tmp_path / "out", "/x", sources)
-    script = (tmp_path / "out" / "madlib_mop--1.0.0.sql").read_text()
+    return (tmp_path / "out" / "madlib_mop--1.0.0.sql").read_text()
+
+
+def test_a_procedure_is_declared_from_its_function(sources, tmp_path):
+    script = _built(sources, tmp_path,
+                    "CREATE FUNCTION @extschema@.f(a integer, b text DEFAULT 'x(y)')\nRETURNS int\n"
+                    "LANGUAGE plpython3u VOLATILE\nAS $python$\n#include \"f.py\"\n$python$;\n\n"
+                    "#procedure p FROM f\n")
     procedure = script[script.index("CREATE PROCEDURE"):]
     assert procedure.startswith("CREATE PROCEDURE @extschema@.p(a integer, b text DEFAULT 'x(y)')\n"
                                 "LANGUAGE plpython3u\nAS $python$\n")
@@ -129,12 +134,10 @@ def test_a_procedure_is_declared_from_its_function(sources, tmp_path):
 
 
 def test_an_overload_is_declared_from_the_function_before_it(sources, tmp_path):
-    _write(sources / "sql" / "10_f.sql",
-           "CREATE FUNCTION @extschema@.f(\n    a integer,\n    kind varchar DEFAULT 'x, y',  -- a, b\n"
-           "    extra integer[] DEFAULT ARRAY[1, 2]\n)\nRETURNS void\n#plpython \"f.py\"\n\n"
-           "#overload kind double precision\n#overload kind integer WITHOUT extra\n")
-    _build("1.0.0", tmp_path / "out", "/x", sources)
-    script = (tmp_path / "out" / "madlib_mop--1.0.0.sql").read_text()
+    script = _built(sources, tmp_path,
+                    "CREATE FUNCTION @extschema@.f(\n    a integer,\n    kind varchar DEFAULT 'x, y',  -- a, b\n"
+                    "    extra integer[] DEFAULT ARRAY[1, 2]\n)\nRETURNS void\n#plpython \"f.py\"\n\n"
+                    "#overload kind double precision\n#overload kind integer WITHOUT extra\n")
     heads = re.findall(r"CREATE FUNCTION @extschema@\.f\((.*?)\n\)", script, re.DOTALL)
     assert [" ".join(h.split()) for h in heads[1:]] == [
         "a integer, kind double precision, extra integer[] DEFAULT ARRAY[1, 2]",

@@ -120,6 +120,14 @@ class _ServerFiles:
                 "cron.host": f"'{self.socket_dir}'"}
 
 
+def server_environment() -> dict[str, str]:
+    """The environment the server's commands run in: this one without PYTHONPATH.  The
+    server's PL/Python finds the runtime through the installed extension's preamble; a
+    PYTHONPATH of whoever started it (the Makefile sets one for its tools) would put that
+    checkout's package ahead of the one the extension names."""
+    return {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+
+
 class EmbeddedCluster(_ServerFiles):
     """One initdb cluster: its folder, its port, and how to start and stop it."""
 
@@ -150,13 +158,8 @@ class EmbeddedCluster(_ServerFiles):
         return argv
 
     def run_command(self, argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
-        # The server's PL/Python finds the runtime through the extension's own preamble:
-        # a PYTHONPATH of whoever started it (the Makefile sets one for its tools) would put
-        # that checkout's package ahead of the one the installed extension names.
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        return subprocess.run(
-            self._as_server_user(argv), check=check, capture_output=True, text=True, env=env
-        )
+        return subprocess.run(self._as_server_user(argv), check=check, capture_output=True,
+                              text=True, env=server_environment())
 
     def tool(self, name: str) -> str:
         path = self.bindir / name
