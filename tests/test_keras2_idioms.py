@@ -144,3 +144,16 @@ def test_decay_continues_across_hops(fitted):
     optimizer = program.model.optimizer
     assert int(optimizer.iterations.numpy()) == steps > max(math.ceil(r / 4) for r in rows)
     assert float(optimizer.learning_rate) == pytest.approx(0.01 / (1 + 0.5 * steps), rel=1e-6)
+
+
+def test_an_optimizer_argument_of_none_trains_with_keras_default(fitted):
+    """MADlib's scripts write Keras 2's Adam(epsilon=None): Keras' default epsilon, trained
+    (it failed every retry with "None values not supported" before)."""
+    with connect(fitted[0]) as conn:
+        conn.execute("SELECT madlib_keras_fit('iris_packed', 'kt_none', 'arch', 1, %s, "
+                     "'batch_size=4', 1)",
+                     ("loss='categorical_crossentropy', optimizer='Adam(lr=0.01, epsilon=None)', "
+                      "metrics=['accuracy']",))
+        compile_params, loss = conn.execute(
+            "SELECT s.compile_params, s.training_loss[1] FROM kt_none_summary s").fetchone()
+    assert "epsilon=None" in compile_params and math.isfinite(loss)

@@ -110,6 +110,19 @@ def test_whitelisted_names_exist_in_keras():
 
 # ---- Keras 2 idioms of MADlib's examples ------------------------------------------------------
 
+def test_an_argument_of_none_is_keras_default():
+    """Keras 2's Adam(epsilon=None) meant the default epsilon; Keras 3 refuses None."""
+    import keras
+
+    from madlib_mop.runtime.training import optimizer_arguments
+
+    optimizer = mc.parse_optimizer("Adam(lr=0.01, epsilon=None)")
+    assert str(optimizer) == "Adam(lr=0.01,epsilon=None)"  # kept as written
+    assert optimizer_arguments(optimizer) == {"learning_rate": 0.01}
+    built = keras.optimizers.Adam(**optimizer_arguments(optimizer))
+    assert built.epsilon == keras.optimizers.Adam().epsilon
+
+
 def test_decay_is_kept_as_written_and_becomes_keras2s_schedule():
     import keras
 

@@ -71,8 +71,11 @@ class ModelSpec:
 
 
 def optimizer_arguments(optimizer: model_config.Optimizer) -> dict[str, Any]:
-    """The Keras 3 optimizer's arguments; a Keras 2 decay becomes its learning rate schedule."""
-    arguments = optimizer.written_arguments()
+    """The Keras 3 optimizer's arguments; a Keras 2 decay becomes its learning rate schedule.
+    An argument given as None is Keras' default, as Keras 2 read it (MADlib's scripts write
+    Adam(epsilon=None)); Keras 3 takes None for a number nowhere."""
+    arguments = {key: value for key, value in optimizer.written_arguments().items()
+                 if value is not None}
     decay = arguments.pop(model_config.DECAY, None)
     if decay:
         arguments["learning_rate"] = inverse_time_decay(
