@@ -39,7 +39,7 @@ from __future__ import annotations
 import abc
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from madlib_mop import errors
 from madlib_mop.errors import MadlibMopError
@@ -128,10 +128,11 @@ class Engine(abc.ABC):
         earlier job of this session left open (TensorFlow imported, functions traced)."""
         return [self.worker(s, f"madlib_mop worker segment {s}") for s in range(segments)]
 
-    def prepare_job(self, plpy: Any, job: dict, models: list[dict]) -> None:
+    def prepare_job(self, plpy: Any, job: dict, models: Callable[[], list[dict]]) -> None:
         """Called in the coordinator's thread before the job's first call, and when models
         join: an engine whose workers cannot read the job's row gives them what they need
-        of `job` (its `jobs` row) and `models` (its models table's rows)."""
+        of `job` (its `jobs` row) and `models()` (its models table's rows, read only by an
+        engine that ships them)."""
 
     @abc.abstractmethod
     def inference_workers(self, count: int) -> list[Worker]: ...

@@ -11,7 +11,7 @@ are), then the calls are the same `_mop_train` / `_mop_evaluate` as on one serve
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from psycopg.types.json import Jsonb
 
@@ -105,8 +105,8 @@ class ClusterEngine(Engine):
         self._workers.append(worker)
         return worker
 
-    def prepare_job(self, plpy: Any, job: dict, models: list[dict]) -> None:
-        self.job = job_description(plpy, job, models, self.partitions)
+    def prepare_job(self, plpy: Any, job: dict, models: Callable[[], list[dict]]) -> None:
+        self.job = job_description(plpy, job, models(), self.partitions)
         for worker in self._workers:
             worker.job = self.job
 
@@ -169,5 +169,4 @@ def job_description(plpy: Any, job: dict, models: list[dict], partitions: dict[i
             "use_caching": job["arguments"].get("use_caching") is not False,
             "train": _shipped_data(plpy, job["source_table"], partitions, None),
             "validation": validation,
-            "models": [{key: m[key] for key in ("mst_key", "model_arch", "compile_params", "fit_params")}
-                       for m in models]}
+            "models": models}

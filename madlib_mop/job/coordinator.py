@@ -233,7 +233,7 @@ class Coordinator:
                 self.schedule.hold(model.mst_key)  # its validation, then the decision, come first
         self.search.ask()
         self.progress.report_to(self.store)
-        self.engine.prepare_job(self.plpy, self.job, self.store.model_rows())
+        self.engine.prepare_job(self.plpy, self.job, self.store.model_rows)
         if self.pool is None:
             self.pool = start_pool(self.engine, self.S)
         for index, thread in enumerate(self.pool.threads):

@@ -174,7 +174,7 @@ def plan_job(plpy: Any, source_table: str, model_output_table: str, model_select
     # arguments, as it does for a resumed job.
     search = setup.search_of_job(arguments, {c["mst_key"]: c["compile_params"] for c in configs},
                                  validation is not None)
-    epochs = {c["mst_key"]: training.ModelSpec.of(c).epochs for c in configs}
+    epochs = {c["mst_key"]: model_config.fit_epochs(c["fit_params"]) for c in configs}
     _warn_of_callbacks(plpy, configs, out)
     return Plan(source, validation, mst_name, arch_name, configs, num_iterations, frequency,
                 epochs, out, arguments, frozenset(search.pruner.required_iterations()),

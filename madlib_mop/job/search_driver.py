@@ -91,7 +91,7 @@ class JobSearch:
             self.notice(f"mst_key {key} enters: model_id {config.model_id}, "
                          f"{config.compile_params}, {config.fit_params}")
         if added:
-            self.engine.prepare_job(self.plpy, self.job, self.store.model_rows())  # segment servers learn the new models
+            self.engine.prepare_job(self.plpy, self.job, self.store.model_rows)  # segment servers learn the new models
 
     def _add_model(self, key: int, config: Config) -> ModelRecord:
         """A proposed configuration, checked against the data, with its initial state (drawn

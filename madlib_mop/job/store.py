@@ -120,9 +120,10 @@ class JobStore:
                            epochs * self.job["num_segments"], state=state)
 
     def model_rows(self) -> list[dict]:
-        """The models table's rows (model_arch as JSON text)."""
-        cursor = self.q(sql.SQL("SELECT mst_key, model_id, model_arch::text AS model_arch, "
-                                "compile_params, fit_params, initial_weights FROM {} ORDER BY mst_key")
+        """The models table's configurations (model_arch as JSON text), without their
+        initial weights: what a segment server's workers are shipped."""
+        cursor = self.q(sql.SQL("SELECT mst_key, model_arch::text AS model_arch, "
+                                "compile_params, fit_params FROM {} ORDER BY mst_key")
                         .format(self.tables["models"]))
         return [dict(zip([c.name for c in cursor.description], row)) for row in cursor]
 
