@@ -5,7 +5,7 @@ CREATE TABLE @extschema@.jobs (
     job_id                bigserial PRIMARY KEY,
     owner                 name NOT NULL DEFAULT current_user,
     state                 text NOT NULL DEFAULT 'created'
-                          CHECK (state IN ('created', 'running', 'finished', 'failed', 'interrupted')),
+                          CHECK (state IN ('created', 'queued', 'running', 'finished', 'failed', 'interrupted')),
     model_output_table    text NOT NULL,
     source_table          text NOT NULL,
     validation_table      text,
@@ -31,7 +31,11 @@ CREATE TABLE @extschema@.jobs (
     -- The advisory lock its coordinator holds: random, and visible to the job's owner only
     -- (row-level security), so another role cannot take it first and block the job.
     lock_key              bigint NOT NULL DEFAULT
-                          ('x' || substr(md5(gen_random_uuid()::text), 1, 16))::bit(64)::bigint
+                          ('x' || substr(md5(gen_random_uuid()::text), 1, 16))::bit(64)::bigint,
+    models_failed         integer NOT NULL DEFAULT 0,  -- diverged, or failed on every retry
+    model_failures        jsonb,    -- {mst_key: what happened to it}
+    workers               integer,  -- the worker sessions it trains on now
+    queue_position        integer   -- while queued for worker sessions: 1 is next
 );
 COMMENT ON TABLE @extschema@.jobs IS 'Model selection jobs: one row per fit call; each role sees its own';
 
@@ -47,7 +51,8 @@ GRANT INSERT (model_output_table, source_table, validation_table, model_selectio
               subepochs_total) ON @extschema@.jobs TO PUBLIC;
 GRANT UPDATE (state, subepochs_done, subepochs_total, num_models, models_training,
               models_waiting, models_stopped, models_finished, started_at, updated_at,
-              finished_at, coordinator_pid, last_error) ON @extschema@.jobs TO PUBLIC;
+              finished_at, coordinator_pid, last_error, models_failed, model_failures,
+              workers, queue_position) ON @extschema@.jobs TO PUBLIC;
 GRANT USAGE ON SEQUENCE @extschema@.jobs_job_id_seq TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.jobs', '');
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.jobs_job_id_seq', '');
@@ -57,11 +62,12 @@ SELECT pg_catalog.pg_extension_config_dump('@extschema@.jobs_job_id_seq', '');
 CREATE VIEW @extschema@.job_progress WITH (security_barrier, security_invoker) AS
 SELECT job_id, owner,
        -- A running job whose coordinator's session has ended is waiting for resume().
-       CASE WHEN state = 'running' AND NOT EXISTS (
+       CASE WHEN state IN ('running', 'queued') AND NOT EXISTS (
                 SELECT 1 FROM pg_catalog.pg_stat_activity a WHERE a.pid = coordinator_pid)
             THEN 'interrupted' ELSE state END AS state,
        model_output_table,
        num_models AS models, models_training, models_waiting, models_stopped, models_finished,
+       models_failed,
        num_segments AS segments,
        round(subepochs_done::numeric / (num_segments * num_models), 2) AS epochs_done,
        round(subepochs_total::numeric / (num_segments * num_models), 2) AS epochs_total,
@@ -72,7 +78,10 @@ SELECT job_id, owner,
             THEN updated_at + (updated_at - started_at) * (subepochs_total - subepochs_done)
                               / subepochs_done
        END AS eta,
-       last_error
+       last_error,
+       CASE WHEN state = 'queued' THEN queue_position END AS queue_position,
+       CASE WHEN state = 'running' THEN workers END AS workers,
+       model_failures
 FROM @extschema@.jobs;
 COMMENT ON VIEW @extschema@.job_progress IS 'Progress of your model selection jobs, readable from any session';
 GRANT SELECT ON @extschema@.job_progress TO PUBLIC;

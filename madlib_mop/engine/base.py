@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import abc
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
@@ -57,9 +58,12 @@ class VisitRecord:
     finished_at: float  # epoch seconds
     # setup, read, restore, train, other, save, total; `call` as the coordinator saw it
     seconds: dict[str, float] = field(default_factory=dict)
+    # Why the model diverged in this sub-epoch (its loss, a metric or a weight became NaN
+    # or infinite), else None.  A diverged visit brings no state back and does not count.
+    diverged: str | None = None
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self))
+        return finite_json(asdict(self))
 
     @classmethod
     def from_json(cls, value: Any) -> "VisitRecord":
@@ -136,6 +140,20 @@ class Engine(abc.ABC):
 
     @abc.abstractmethod
     def inference_workers(self, count: int) -> list[Worker]: ...
+
+
+def finite_json(value: Any) -> str:
+    """JSON text of `value` with every NaN or infinite float as null: PostgreSQL's json
+    has no such numbers, and a diverged model's metrics must not break what is stored."""
+    def finite(item: Any) -> Any:
+        if isinstance(item, float):
+            return item if math.isfinite(item) else None
+        if isinstance(item, dict):
+            return {key: finite(v) for key, v in item.items()}
+        if isinstance(item, (list, tuple)):
+            return [finite(v) for v in item]
+        return item
+    return json.dumps(finite(value))
 
 
 def json_value(value: Any) -> Any:

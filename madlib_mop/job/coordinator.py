@@ -14,16 +14,14 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
-import psycopg
-
-from madlib_mop import errors
-from madlib_mop.db import catalog, settings, worker_session
-from madlib_mop.engine.base import Engine, Worker, failure_sqlstate
+from madlib_mop.db import catalog, worker_session
+from madlib_mop.engine.base import Engine, Worker
 from madlib_mop.engine.pool import WorkerPool
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.job import metrics, outputs, schedule
+from madlib_mop.job.failures import DIVERGED, FAILED, ModelFailures, RetryPolicy
 from madlib_mop.job.progress import JobProgress
 from madlib_mop.job.search_driver import JobSearch
 from madlib_mop.job.store import JobStore, ModelRecord
@@ -80,101 +78,6 @@ def commit_call(plpy: Any) -> None:
                  "madlib_keras_fit_multiple_model(...).") from None
 
 
-class RetryPolicy:
-    """A failed call runs again on a fresh session, up to MAX_ATTEMPTS times; errors that
-    a retry cannot fix (the data, the model, privileges, authentication) end the job.
-
-    A lost session (its server stopped, restarted or cut off: no SQLSTATE, class 08 or
-    57P0x) makes the segment wait, retrying with back-off, until its server answers again
-    or `madlib_mop.segment_wait_seconds` have passed; then the job stops with an error
-    naming the server and stays resumable.  A session that could not be opened is no
-    attempt of the call; one lost during the call is (a call that crashes its server is not
-    run for ever)."""
-
-    MAX_ATTEMPTS = 3
-    FINAL_CLASSES = ("22", "42", "0A", "28")
-    LOST_STATES = ("57P01", "57P02", "57P03")
-    WAIT_SETTING = "madlib_mop.segment_wait_seconds"
-    DEFAULT_WAIT_SECONDS = 300
-    MAX_DELAY = 10.0
-
-    @classmethod
-    def for_job(cls, plpy: Any, job_id: int) -> "RetryPolicy":
-        wait = settings.whole_number(plpy, cls.WAIT_SETTING, minimum=0)
-        return cls(job_id, catalog.extension_schema(plpy),
-                   cls.DEFAULT_WAIT_SECONDS if wait is None else wait)
-
-    def __init__(self, job_id: int, schema: str, wait_seconds: float = DEFAULT_WAIT_SECONDS):
-        self.job_id, self.schema, self.wait_seconds = job_id, schema, wait_seconds
-        self.lost_since: dict[int, tuple[float, int]] = {}  # segment -> (first loss, losses)
-
-    @staticmethod
-    def message(error: BaseException) -> str:
-        return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-
-    @classmethod
-    def lost(cls, error: BaseException) -> bool:
-        sqlstate = failure_sqlstate(error)
-        if sqlstate is None:
-            return isinstance(error, psycopg.OperationalError)
-        return sqlstate[:2] == "08" or sqlstate in cls.LOST_STATES
-
-    @classmethod
-    def connecting(cls, error: BaseException) -> bool:
-        """The session could not be opened: the call did not run."""
-        sqlstate = failure_sqlstate(error)
-        return sqlstate == "57P03" or (isinstance(error, MadlibMopError)
-                                      and sqlstate == errors.CONNECTION_FAILURE)
-
-    def answered(self, segment: int) -> None:
-        self.lost_since.pop(segment, None)
-
-    def delay(self, task: Task, where: str, message: str) -> float:
-        """Seconds to wait before the segment's next call; raises once it waited too long."""
-        since, losses = self.lost_since.get(task.segment, (time.monotonic(), 0))
-        self.lost_since[task.segment] = (since, losses + 1)
-        if time.monotonic() - since > self.wait_seconds:
-            raise MadlibMopError(
-                f"job {self.job_id}: {where} has not answered for {self.wait_seconds:g}s "
-                f"(segment {task.segment}): {message}",
-                sqlstate=errors.CONNECTION_FAILURE,
-                hint=f"When it is back, CALL {self.schema}.resume({self.job_id}); finished "
-                     f"sub-epochs are kept. SET {self.WAIT_SETTING} to wait longer.")
-        return 0.0 if losses == 0 else min(self.MAX_DELAY, 0.5 * 2 ** losses)
-
-    def after(self, task: Task, error: BaseException, where: Callable[[], str],
-              notice: Callable[[str], None]) -> tuple[int, float | None]:
-        """After a failed call: the number of its next attempt and, when its session was
-        lost, how long its segment waits first; raises if the job cannot go on."""
-        message = self.message(error)
-        if self.lost(error):
-            attempt = task.attempt
-            if not self.connecting(error):
-                self.check(task, error, message)
-                attempt += 1
-            place = where()
-            delay = self.delay(task, place, message)
-            notice(f"madlib_mop: job {self.job_id}: segment {task.segment}: {place} did not answer "
-                   f"({message}); retrying in {delay:g}s (for up to {self.wait_seconds:g}s)")
-            return attempt, delay
-        self.check(task, error, message)
-        notice(f"madlib_mop: job {self.job_id}: {task.kind} of mst_key {task.mst_key} on "
-               f"segment {task.segment} failed ({message}); running it again")
-        return task.attempt + 1, None
-
-    def check(self, task: Task, error: BaseException, message: str) -> None:
-        """Raises if the job cannot go on."""
-        sqlstate = failure_sqlstate(error)
-        final = sqlstate is not None and sqlstate[:2] in self.FINAL_CLASSES
-        if task.attempt >= self.MAX_ATTEMPTS or final:
-            raise MadlibMopError(
-                f"job {self.job_id}: {task.kind} of mst_key {task.mst_key} on segment "
-                f"{task.segment} failed {task.attempt} times: {message}",
-                sqlstate=sqlstate if final else errors.DATA_EXCEPTION,
-                hint=f"Fix the cause, then CALL {self.schema}.resume({self.job_id}); finished "
-                     "sub-epochs are kept.")
-
-
 class Coordinator:
     """The loop of one job, in the calling session's backend (see the module's docstring):
     workers through the engine's pool, records through the store, decisions through the
@@ -217,8 +120,12 @@ class Coordinator:
         self.started_epoch = self.store.mark_running(os.getpid())
         self.search = JobSearch(self.plpy, self.store, self.engine, self.models, self.schedule,
                                 bool(self.partitions), self._notice)
+        self.failures = ModelFailures(self.store, self._notice)
+        for mst_key in self.failures.lost:  # diverged before the job was resumed
+            self.schedule.stop(mst_key)
+            self.search.lost(mst_key)
         self.progress = JobProgress(self.models, self.schedule, self.S, max(rounds.values()),
-                                    self.search.stopped,
+                                    self.search.stopped, self.failures,
                                     self.search.searcher is not None or self.search.pruning,
                                     self._notice)
         if self.can_commit:
@@ -264,10 +171,15 @@ class Coordinator:
 
     def _handle(self, task: Task, value: Any, error: BaseException | None) -> None:
         del self.running[task.segment]
+        if task.mst_key in self.failures:  # a validation pass of a model that stopped since
+            return
         if error is not None:
             return self._failed(task, error)
         self.retry.answered(task.segment)
         model = self.models[task.mst_key]
+        diverged = value[1].diverged if task.kind == "train" else value.get("diverged")
+        if diverged:
+            return self._lose(task, DIVERGED, diverged)
         boundary = False  # the hop completed one of the model's iterations
         if task.kind == "train":
             new_state, result = value
@@ -307,9 +219,15 @@ class Coordinator:
     def _failed(self, task: Task, error: BaseException) -> None:
         self.store.note_error(f"{task.kind} mst_key {task.mst_key} step {task.step} segment "
                               f"{task.segment} attempt {task.attempt}: {RetryPolicy.message(error)}")
-        attempt, delay = self.retry.after(task, error,
-                                          lambda: self.pool.threads[task.segment].worker.where,
-                                          self.plpy.notice)
+        try:
+            attempt, delay = self.retry.after(task, error,
+                                              lambda: self.pool.threads[task.segment].worker.where,
+                                              self.plpy.notice)
+        except MadlibMopError:
+            if RetryPolicy.touches_every_model(error):
+                raise
+            return self._lose(task, FAILED, f"{RetryPolicy.message(error)} (after {task.attempt} "
+                                            f"attempt{'s' if task.attempt > 1 else ''})")
         if delay is not None:  # the session was lost: the segment waits for its server
             self.paused_until[task.segment] = time.monotonic() + delay
         if task.kind == "train":
@@ -318,6 +236,22 @@ class Coordinator:
         else:
             task.attempt = attempt
             self.pending_evals.append(task)
+
+    def _lose(self, task: Task, status: str, reason: str) -> None:
+        """The model stops for a cause of its own; the job goes on with the others."""
+        model = self.models[task.mst_key]
+        if task.kind == "train":
+            self.schedule.retry(task.mst_key, task.segment)
+        self.schedule.stop(task.mst_key)
+        self.pending_evals = [t for t in self.pending_evals if t.mst_key != task.mst_key]
+        iteration = task.step // model.per_iteration + (task.kind == "train")
+        where = (f"in iteration {iteration} (sub-epoch {task.step + 1}, segment {task.segment})"
+                 if task.kind == "train" else f"in the validation of iteration {iteration}")
+        with self.store.atomic():
+            self.failures.stop(task.mst_key, status, len(model.visits) // model.per_iteration,
+                               where, reason)
+            self.progress.report_to(self.store)
+        self.search.lost(task.mst_key)
 
     def _queue_evals(self, model: ModelRecord, iteration: int, state: bytes | None) -> None:
         if not self.partitions or not metrics.due(iteration, self.args["metrics_compute_frequency"],
@@ -360,6 +294,7 @@ class Coordinator:
     # ---- session, progress ----
     def _finish(self) -> None:
         self.progress.report_to(self.store)
+        self.failures.check_at_end(len(self.models), self.plpy.warning)
         outputs.finish(self.store)
         if self.args.get("automl"):
             self.search.keep_best(self.partitions)

@@ -8,12 +8,11 @@ so the tables are readable (and correct as far as they go) while the job runs.
 
 from __future__ import annotations
 
-import json
-
 import psycopg
 from psycopg import sql
 
 import madlib_mop
+from madlib_mop.engine.base import finite_json
 from madlib_mop.job import metrics
 from madlib_mop.grammar import model_config
 from madlib_mop.runtime import state
@@ -31,12 +30,14 @@ INFO_COLUMNS = [
     ("training_metrics_all", "jsonb"), ("validation_metrics_all", "jsonb"),
     ("training_seconds", "double precision"), ("subepochs_done", "integer"),
     ("stopped_iteration", "integer"), ("stop_reason", "text"),
+    # training, finished, stopped (by a pruner), diverged or failed (for a cause of its own)
+    ("status", "text"),
 ]
 # madlib_keras_automl with Hyperband adds MADlib's bracket and round.
 HYPERBAND_INFO_COLUMNS = [("s", "integer"), ("i", "integer")]
 # madlib_keras_fit: the info columns its summary repeats (all but mst_key and those of pruning).
 SINGLE_SUMMARY_COLUMNS = tuple(name for name, _ in INFO_COLUMNS[1:]
-                               if name not in ("metrics_iters", "stopped_iteration", "stop_reason"))
+                               if name not in ("metrics_iters", "stopped_iteration", "stop_reason", "status"))
 
 
 def create(db: psycopg.Connection, t: dict[str, sql.Identifier], plan, job_id: int,
@@ -65,8 +66,8 @@ def add_model(db: psycopg.Connection, t: dict[str, sql.Identifier], config: dict
     labels = labels or {}
     db.execute(sql.SQL(
         "INSERT INTO {} (mst_key, model_id, compile_params, fit_params, model_type, "
-        "model_size, metrics_type, loss_type, subepochs_done{}) "
-        "VALUES (%s, %s, %s, %s, 'madlib_keras', %s, %s, %s, 0{})").format(
+        "model_size, metrics_type, loss_type, subepochs_done, status{}) "
+        "VALUES (%s, %s, %s, %s, 'madlib_keras', %s, %s, %s, 0, 'training'{})").format(
             t["info"], sql.SQL("").join(sql.SQL(", {}").format(sql.Identifier(n)) for n in labels),
             sql.SQL(", %s" * len(labels))),
         (key, config["model_id"], config["compile_params"], config["fit_params"],
@@ -153,7 +154,9 @@ def publish(store, model, curves: metrics.Curves, partitions: int, single: bool)
             validation_metrics_final = %s, validation_loss_final = %s,
             validation_metrics = %s, validation_loss = %s,
             metrics_iters = %s, training_metrics_all = %s, validation_metrics_all = %s,
-            training_seconds = %s, subepochs_done = %s
+            training_seconds = %s, subepochs_done = %s,
+            status = CASE WHEN status IN ('stopped', 'diverged', 'failed') THEN status
+                          WHEN %s THEN 'finished' ELSE 'training' END
         WHERE mst_key = %s""").format(t["info"]), (
         curves.elapsed,
         curves.final("training", first), curves.final("training", "loss"),
@@ -163,9 +166,11 @@ def publish(store, model, curves: metrics.Curves, partitions: int, single: bool)
         metrics.series(validation, first) if partitions else None,
         metrics.series(validation, "loss") if partitions else None,
         curves.iterations,
-        json.dumps({n: metrics.series(training, n) for n in ["loss"] + names}),
-        json.dumps({n: metrics.series(validation, n) for n in ["loss"] + names}) if partitions else None,
-        training_seconds, len(model.visits), model.mst_key))
+        finite_json({n: metrics.series(training, n) for n in ["loss"] + names}),
+        finite_json({n: metrics.series(validation, n) for n in ["loss"] + names}) if partitions else None,
+        training_seconds, len(model.visits),
+        len(model.visits) >= store.job["arguments"]["num_iterations"] * model.per_iteration,
+        model.mst_key))
     if single:
         columns = sql.SQL(", ").join(sql.Identifier(n) for n in SINGLE_SUMMARY_COLUMNS)
         store.q(sql.SQL("UPDATE {summary} s SET ({c}) = (SELECT {c} FROM {info} i "

@@ -12,13 +12,15 @@ from madlib_mop.job.store import JobStore, ModelRecord
 
 class JobProgress:
     def __init__(self, models: dict[int, ModelRecord], dispatcher: schedule.Dispatcher,
-                 segments: int, epochs: int, stopped: dict, searching: bool,
+                 segments: int, epochs: int, stopped: dict, failed, searching: bool,
                  notice: Callable[[str], None]):
         self.models, self.schedule, self.S, self.epochs = models, dispatcher, segments, epochs
-        self.stopped, self.searching, self.notice = stopped, searching, notice
+        self.stopped, self.failed = stopped, failed  # by the pruner; for a cause of their own
+        self.searching, self.notice = searching, notice
         self.started, self.done_at_start = time.monotonic(), self.done()
-        self.reported = (10 * self.done() // dispatcher.planned_total() if searching
-                         else min(len(m.visits) for m in models.values()) // segments)
+        self.reported = (10 * self.done() // max(dispatcher.planned_total(), 1) if searching
+                         else min((len(m.visits) for m in models.values() if m.mst_key not in failed),
+                                  default=0) // segments)
 
     def done(self) -> int:
         return sum(len(m.visits) for m in self.models.values())
@@ -29,11 +31,13 @@ class JobProgress:
 
     def counts(self) -> dict[str, int]:
         """Models training, waiting (not started, or held for a decision), stopped early,
-        and finished."""
+        finished, and failed (diverged, or failed on every retry)."""
         counts = dict.fromkeys(("models_training", "models_waiting", "models_stopped",
-                                "models_finished"), 0)
+                                "models_finished", "models_failed"), 0)
         for key, progress in self.schedule.progress.items():
-            if key in self.stopped:
+            if key in self.failed:
+                counts["models_failed"] += 1
+            elif key in self.stopped:
                 counts["models_stopped"] += 1
             elif progress.done >= self.schedule.total[key]:
                 counts["models_finished"] += 1
@@ -46,12 +50,13 @@ class JobProgress:
     def after_visit(self) -> None:
         if self.searching:
             return self._tenths()
-        epoch = min(len(m.visits) for m in self.models.values()) // self.S
+        epoch = min((len(m.visits) for m in self.models.values() if m.mst_key not in self.failed),
+                    default=0) // self.S
         if epoch <= self.reported:
             return
         self.reported = epoch
-        losses = [(loss, m.mst_key) for m in self.models.values()
-                  if (loss := metrics.epoch_loss(m.visits, epoch, self.S)) is not None]
+        losses = [(loss, m.mst_key) for m in self.models.values() if m.mst_key not in self.failed
+                  and (loss := metrics.epoch_loss(m.visits, epoch, self.S)) is not None]
         best = min(losses) if losses else (float("nan"), None)
         elapsed = time.monotonic() - self.started
         eta = metrics.eta(elapsed, self.done(), self.done_at_start, self.schedule.planned_total())

@@ -33,12 +33,23 @@ class JobSearch:
         self.also_due = frozenset(self.pruner.required_iterations())
         self.asked = 0  # configurations the searcher proposed in this run
         self.stopped: dict[int, tuple[int, str]] = {}  # mst_key -> (iteration, why)
+        self.gone: set[int] = set()  # diverged or failed
         self.decisions = SearchDecisions(self.searcher, self.pruner, dispatcher, self._decided)
         self.pruning = not isinstance(self.pruner, NoPruner)
 
+    def lost(self, mst_key: int) -> None:
+        """The model stopped for a cause of its own (it diverged, or failed): it reports
+        nothing more.  The searcher counts it as a failed configuration; held decisions
+        that waited for its reports go on when nothing else can come (`release_all`)."""
+        self.gone.add(mst_key)
+        if self.searcher is not None:
+            self.searcher.lost(mst_key)
+
     def keep_best(self, partitions: int) -> None:
-        """madlib_keras_automl's end: the model selection table keeps the best model only."""
-        best = outputs.keep_best(self.store, self.models, self.objective, self.job["num_segments"],
+        """madlib_keras_automl's end: the model selection table keeps the best model only
+        (among those that did not diverge or fail)."""
+        kept = {k: m for k, m in self.models.items() if k not in self.gone}
+        best = outputs.keep_best(self.store, kept, self.objective, self.job["num_segments"],
                                  self.args["metrics_compute_frequency"], self.args["num_iterations"],
                                  partitions, self.also_due)
         self.notice(f"best configuration: mst_key {best} by {self.objective.describe()}; "

@@ -23,7 +23,7 @@ from psycopg import sql
 
 from madlib_mop import errors
 from madlib_mop.db import catalog, worker_session
-from madlib_mop.engine.base import VisitRecord
+from madlib_mop.engine.base import VisitRecord, finite_json
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.job import tables as job_tables
 from madlib_mop.job.tables import identifiers
@@ -161,7 +161,7 @@ class JobStore:
 
     def record_eval(self, mst_key: int, step: int, partition: int, result: dict) -> None:
         self.q(job_tables.EVALS.insert(self.tables["evals"], conflict=True),
-               (mst_key, step, partition, json.dumps(result)))
+               (mst_key, step, partition, finite_json(result)))
 
     def prune_states(self, mst_key: int, keep_from: int) -> None:
         """Delete the states between the initial one (kept for replay) and `keep_from`."""
@@ -183,13 +183,15 @@ class JobStore:
 
     def progress(self, subepochs_done: int, subepochs_total: int, counts: dict[str, int]) -> None:
         """Sub-epochs done and planned (pruners and searchers change the plan), and the
-        models training, waiting, stopped and finished."""
+        models training, waiting, stopped (by a pruner), finished and failed (diverged, or
+        failed on every retry)."""
         self._update_job("subepochs_done = %s, subepochs_total = %s, num_models = %s, "
                          "models_training = %s, models_waiting = %s, models_stopped = %s, "
-                         "models_finished = %s",
+                         "models_finished = %s, models_failed = %s",
                          (subepochs_done, subepochs_total, sum(counts.values()),
                           counts["models_training"], counts["models_waiting"],
-                          counts["models_stopped"], counts["models_finished"]))
+                          counts["models_stopped"], counts["models_finished"],
+                          counts["models_failed"]))
 
     def update_info(self, mst_key: int, columns: dict) -> None:
         """Columns of a model's `_info` row (a pruner's labels, such as Hyperband's s and i)."""
@@ -200,7 +202,29 @@ class JobStore:
 
     def record_stop(self, mst_key: int, iteration: int, reason: str, labels: dict) -> None:
         """A pruner stopped the model after `iteration`: its state and metrics so far stay."""
-        self.update_info(mst_key, {"stopped_iteration": iteration, "stop_reason": reason, **labels})
+        self.update_info(mst_key, {"stopped_iteration": iteration, "stop_reason": reason,
+                                   "status": "stopped", **labels})
+
+    def model_statuses(self) -> list[tuple[int, str | None, str | None]]:
+        """(mst_key, status, stop_reason) of every model in `<out>_info`.  An `_info` made
+        by an earlier version gets its status column here."""
+        self.q(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS status text").format(self.tables["info"]))
+        return self.q(sql.SQL("SELECT mst_key, status, stop_reason FROM {} ORDER BY mst_key")
+                      .format(self.tables["info"])).fetchall()
+
+    def record_lost(self, mst_key: int, status: str | None, completed: int | None,
+                    reason: str | None) -> None:
+        """A model stopped for a cause of its own (status 'diverged' or 'failed', after
+        `completed` iterations), in `<out>_info` and the job's row; status None: it trains
+        again (a failed model, when the job is resumed)."""
+        with self.atomic():
+            self.update_info(mst_key, {"status": status or "training",
+                                       "stopped_iteration": completed, "stop_reason": reason})
+            failures = (sql.SQL("coalesce(model_failures, '{}') || jsonb_build_object(%s::text, %s::text)")
+                        if status else sql.SQL("model_failures - %s::text"))
+            params = (mst_key, reason) if status else (mst_key,)
+            self.q(sql.SQL("UPDATE {}.jobs SET model_failures = {} WHERE job_id = %s").format(
+                self.schema, failures), params + (self.job_id,))
 
     def architecture(self, model_id: int) -> tuple[str, bytes | None]:
         """An architecture of the job's model_arch_table (madlib_keras_automl's): its JSON

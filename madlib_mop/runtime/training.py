@@ -466,6 +466,20 @@ def train_subepoch(program: Program, spec: ModelSpec, buffers: list[Buffer], see
     return outcome
 
 
+def divergence(metrics: dict, model=None) -> str | None:
+    """Why a model diverged, or None: its loss or a metric (the means of a sub-epoch or of
+    a validation pass) is NaN or infinite, or so is one of its weights.  A NaN weight makes
+    every later loss NaN, but the step that made it may still have reported a finite one."""
+    for name, value in metrics.items():
+        if not math.isfinite(value):
+            return f"{name} is {value}"
+    for variable in () if model is None else model.weights:
+        values = np.asarray(variable.numpy())
+        if values.dtype.kind == "f" and not np.isfinite(values).all():
+            return f"weight {variable.path} is not finite"
+    return None
+
+
 def evaluate(program: Program, spec: ModelSpec, buffers: Iterable[Buffer],
              classification: bool) -> Outcome:
     """Loss and metrics of the program's model over the buffers (no training)."""

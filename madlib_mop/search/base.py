@@ -49,6 +49,10 @@ class Searcher(abc.ABC):
     def tell(self, report: Report) -> None:  # searchers that do not learn ignore results
         return None
 
+    def lost(self, mst_key: int) -> None:
+        """The configuration of `mst_key` diverged or failed: it reports nothing more."""
+        return None
+
     @abc.abstractmethod
     def finished(self) -> bool: ...
 

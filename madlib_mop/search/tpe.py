@@ -91,6 +91,9 @@ class OptunaSearcher(Searcher):
         if report.iteration == self.num_iterations:
             self.results[report.mst_key - 1] = self.objective.value(report)
 
+    def lost(self, mst_key: int) -> None:
+        self.results[mst_key - 1] = float("nan")  # a failed trial (see `ask`)
+
     def finished(self) -> bool:
         return len(self.asked) >= self.num_configs
 

@@ -62,10 +62,20 @@ def trained_models(plpy: Any, model_table: str | int, mst_key: int | None, *, al
     # text is data (possibly another role's), never SQL.
     info = catalog.sibling_table(plpy, table, "_info")
     rows = plpy.execute(plpy.prepare(
-        f"SELECT o.mst_key, o.model_arch::text AS model_arch, o.model_weights, i.compile_params "
+        f"SELECT o.mst_key, o.model_arch::text AS model_arch, o.model_weights, i.compile_params, "
+        # (an _info of an earlier version has no status)
+        f"to_jsonb(i)->>'status' AS status, i.stop_reason "
         f"FROM {table.name} o JOIN {info.name} i USING (mst_key) "
         "WHERE $1::int IS NULL OR o.mst_key = $1 ORDER BY o.mst_key", ["integer"]),
         [None if single else mst_key])
+    diverged = [r for r in rows if r["status"] == "diverged"]
+    if diverged and (mst_key is not None or single):
+        raise MadlibMopError(
+            f"mst_key {diverged[0]['mst_key']} diverged while training: {table.name} holds its "
+            "weights from before, which are not a usable model",
+            sqlstate=errors.DATA_EXCEPTION, detail=diverged[0]["stop_reason"],
+            hint=f"Pick another mst_key: SELECT mst_key, status FROM {info.name};")
+    rows = [r for r in rows if r["status"] != "diverged"]  # all of a table's models: the others
     if not rows:
         raise MadlibMopError(f"mst_key {mst_key} is not in {table.name}",
                              sqlstate=errors.INVALID_PARAMETER_VALUE,

@@ -28,7 +28,7 @@ from typing import Any
 
 from madlib_mop import errors
 from madlib_mop.db import catalog, packed, settings
-from madlib_mop.engine.base import VisitRecord
+from madlib_mop.engine.base import VisitRecord, finite_json
 from madlib_mop.job import store
 from madlib_mop.runtime import training
 from madlib_mop.errors import MadlibMopError
@@ -194,13 +194,15 @@ def train(plpy: Any, job_id: int, mst_key: int, step: int, segment: int,
     outcome = training.train_subepoch(program, ctx.specs[mst_key], buffers, ctx.seed, step,
                                       ctx.train.columns.classification, chunk_rows)
     trained = time.perf_counter()
-    new_state = program.capture()
+    diverged = training.divergence(outcome.means(), program.model)
+    # A diverged model's state is not shipped back: it is not kept, the model stops.
+    new_state = b"" if diverged else program.capture()
     saved = time.perf_counter()
     result = VisitRecord(
         outcome.rows, outcome.means(), segment, os.getpid(), chunk_rows is None, time.time(),
         {"setup": setup - started, "read": read - setup, "restore": restored - read,
          "train": outcome.seconds_train, "other": trained - restored - outcome.seconds_train,
-         "save": saved - trained, "total": saved - started}).to_json()
+         "save": saved - trained, "total": saved - started}, diverged).to_json()
     return {"new_state": new_state, "result": result}
 
 
@@ -219,10 +221,9 @@ def evaluate(plpy: Any, job_id: int, mst_key: int, step: int, partition: int,
     program.restore(bytes(model_state))
     outcome = training.evaluate(program, ctx.specs[mst_key], buffers,
                                 ctx.validation.columns.classification)
-    result = json.dumps({"rows": outcome.rows, "metrics": outcome.means(), "pid": os.getpid(),
-                         "finished_at": time.time(),
-                         "seconds": {"total": time.perf_counter() - started}})
-    return result
+    return finite_json({"rows": outcome.rows, "metrics": outcome.means(), "pid": os.getpid(),
+                        "finished_at": time.time(), "diverged": training.divergence(outcome.means()),
+                        "seconds": {"total": time.perf_counter() - started}})
 
 
 def warm_up(plpy: Any, segments: int) -> None:

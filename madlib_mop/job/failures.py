@@ -1,0 +1,171 @@
+"""Models and calls that fail: a call runs again (`RetryPolicy`), a model that diverges
+or fails the same way on every retry stops alone (`ModelFailures`), and the job finishes
+the others.  A job fails as a whole only for causes that touch every model (its tables,
+privileges, a server that does not come back) or when no model is left.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import psycopg
+
+from madlib_mop import errors
+from madlib_mop.db import catalog, settings
+from madlib_mop.engine.base import failure_sqlstate
+from madlib_mop.errors import MadlibMopError
+from madlib_mop.job.store import JobStore
+
+# A model's status in `<out>_info` once it stopped for a cause of its own.
+DIVERGED, FAILED = "diverged", "failed"
+
+
+class RetryPolicy:
+    """A failed call runs again on a fresh session, up to MAX_ATTEMPTS times; an error
+    that a retry cannot fix (the data, the model, privileges, authentication) is final at
+    once.  A final error stops the model alone (`ModelFailures`) unless it touches every
+    model, then the job.
+
+    A lost session (its server stopped, restarted or cut off: no SQLSTATE, class 08 or
+    57P0x) makes the segment wait, retrying with back-off, until its server answers again
+    or `madlib_mop.segment_wait_seconds` have passed; then the job stops with an error
+    naming the server and stays resumable.  A session that could not be opened is no
+    attempt of the call; one lost during the call is (a call that crashes its server is not
+    run for ever)."""
+
+    MAX_ATTEMPTS = 3
+    FINAL_CLASSES = ("22", "42", "0A", "28")
+    # Final errors that end the job rather than the model: missing or changed tables and
+    # privileges (42), authentication (28), the database or schema (3D, 3F).
+    JOB_CLASSES = ("42", "28", "3D", "3F")
+    LOST_STATES = ("57P01", "57P02", "57P03")
+    WAIT_SETTING = "madlib_mop.segment_wait_seconds"
+    DEFAULT_WAIT_SECONDS = 300
+    MAX_DELAY = 10.0
+
+    @classmethod
+    def for_job(cls, plpy: Any, job_id: int) -> "RetryPolicy":
+        wait = settings.whole_number(plpy, cls.WAIT_SETTING, minimum=0)
+        return cls(job_id, catalog.extension_schema(plpy),
+                   cls.DEFAULT_WAIT_SECONDS if wait is None else wait)
+
+    def __init__(self, job_id: int, schema: str, wait_seconds: float = DEFAULT_WAIT_SECONDS):
+        self.job_id, self.schema, self.wait_seconds = job_id, schema, wait_seconds
+        self.lost_since: dict[int, tuple[float, int]] = {}  # segment -> (first loss, losses)
+
+    @staticmethod
+    def message(error: BaseException) -> str:
+        return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+
+    @classmethod
+    def lost(cls, error: BaseException) -> bool:
+        sqlstate = failure_sqlstate(error)
+        if sqlstate is None:
+            return isinstance(error, psycopg.OperationalError)
+        return sqlstate[:2] == "08" or sqlstate in cls.LOST_STATES
+
+    @classmethod
+    def connecting(cls, error: BaseException) -> bool:
+        """The session could not be opened: the call did not run."""
+        sqlstate = failure_sqlstate(error)
+        return sqlstate == "57P03" or (isinstance(error, MadlibMopError)
+                                      and sqlstate == errors.CONNECTION_FAILURE)
+
+    def answered(self, segment: int) -> None:
+        self.lost_since.pop(segment, None)
+
+    def delay(self, task: Any, where: str, message: str) -> float:
+        """Seconds to wait before the segment's next call; raises once it waited too long."""
+        since, losses = self.lost_since.get(task.segment, (time.monotonic(), 0))
+        self.lost_since[task.segment] = (since, losses + 1)
+        if time.monotonic() - since > self.wait_seconds:
+            raise MadlibMopError(
+                f"job {self.job_id}: {where} has not answered for {self.wait_seconds:g}s "
+                f"(segment {task.segment}): {message}",
+                sqlstate=errors.CONNECTION_FAILURE,
+                hint=f"When it is back, CALL {self.schema}.resume({self.job_id}); finished "
+                     f"sub-epochs are kept. SET {self.WAIT_SETTING} to wait longer.")
+        return 0.0 if losses == 0 else min(self.MAX_DELAY, 0.5 * 2 ** losses)
+
+    def after(self, task: Any, error: BaseException, where: Callable[[], str],
+              notice: Callable[[str], None]) -> tuple[int, float | None]:
+        """After a failed call: the number of its next attempt and, when its session was
+        lost, how long its segment waits first; raises if the job cannot go on."""
+        message = self.message(error)
+        if self.lost(error):
+            attempt = task.attempt
+            if not self.connecting(error):
+                self.check(task, error, message)
+                attempt += 1
+            place = where()
+            delay = self.delay(task, place, message)
+            notice(f"madlib_mop: job {self.job_id}: segment {task.segment}: {place} did not answer "
+                   f"({message}); retrying in {delay:g}s (for up to {self.wait_seconds:g}s)")
+            return attempt, delay
+        self.check(task, error, message)
+        notice(f"madlib_mop: job {self.job_id}: {task.kind} of mst_key {task.mst_key} on "
+               f"segment {task.segment} failed ({message}); running it again")
+        return task.attempt + 1, None
+
+    @classmethod
+    def touches_every_model(cls, error: BaseException) -> bool:
+        """A final error that no model can train past: a table, a privilege, the server."""
+        sqlstate = failure_sqlstate(error)
+        return cls.lost(error) or (sqlstate is not None and sqlstate[:2] in cls.JOB_CLASSES)
+
+    def check(self, task: Any, error: BaseException, message: str) -> None:
+        """Raises if the call is not to be run again."""
+        sqlstate = failure_sqlstate(error)
+        final = sqlstate is not None and sqlstate[:2] in self.FINAL_CLASSES
+        if task.attempt >= self.MAX_ATTEMPTS or final:
+            raise MadlibMopError(
+                f"job {self.job_id}: {task.kind} of mst_key {task.mst_key} on segment "
+                f"{task.segment} failed {task.attempt} times: {message}",
+                sqlstate=sqlstate if final else errors.DATA_EXCEPTION,
+                hint=f"Fix the cause, then CALL {self.schema}.resume({self.job_id}); finished "
+                     "sub-epochs are kept.")
+
+
+class ModelFailures:
+    """The job's models that diverged or failed: recorded in `<out>_info` (status,
+    stopped_iteration, stop_reason) and in the job's row (models_failed, model_failures)
+    when they stop, so that a resumed job keeps a diverged model stopped.  A failed model
+    (its calls failed on every retry) trains again when the job is resumed: its cause may
+    have been fixed meanwhile; a diverged one would diverge again, the same bits."""
+
+    def __init__(self, store: JobStore, notice: Callable[[str], None]):
+        self.store, self.notice = store, notice
+        self.lost: dict[int, str] = {}  # mst_key -> what happened, as recorded
+        for mst_key, status, reason in store.model_statuses():
+            if status == DIVERGED:
+                self.lost[mst_key] = reason
+            elif status == FAILED:
+                store.record_lost(mst_key, None, None, None)
+
+    def __contains__(self, mst_key: int) -> bool:
+        return mst_key in self.lost
+
+    def stop(self, mst_key: int, status: str, completed: int, where: str, reason: str) -> str:
+        """The model stops as `status` after `completed` iterations; `where`: the call in
+        which it happened.  Recorded at once (committed)."""
+        text = f"{status} {where}: {reason}"
+        self.lost[mst_key] = text
+        self.store.record_lost(mst_key, status, completed, text)
+        self.notice(f"mst_key {mst_key} {text}")
+        return text
+
+    def check_at_end(self, models: int, warning: Callable[[str], None]) -> None:
+        """At the job's end: an error if no model is left, else a WARNING naming those that
+        stopped for a cause of their own."""
+        if not self.lost:
+            return
+        listed = "; ".join(f"mst_key {k} {why}" for k, why in sorted(self.lost.items()))
+        if len(self.lost) == models:
+            raise MadlibMopError(
+                f"job {self.store.job_id}: every model diverged or failed: {listed}"[:2000],
+                sqlstate=errors.DATA_EXCEPTION,
+                hint="Lower the learning rate, or fix the configurations, and train again; "
+                     "a model whose calls failed trains again on resume.")
+        warning(f"job {self.store.job_id}: {len(self.lost)} of {models} models stopped "
+                f"for a cause of their own: {listed}"[:2000])
