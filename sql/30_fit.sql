@@ -157,3 +157,55 @@ RETURNS void
 CREATE FUNCTION @extschema@._mop_warm_up(segments integer)
 RETURNS void
 #plpython "mop_warm_up.py"
+
+-- The server's pool of worker sessions (madlib_mop/engine/server_pool.py).  A worker
+-- session takes a slot, a session-level advisory lock of class 0x4D4F5057, as its first
+-- statement and holds it while it lives: at most madlib_mop.max_worker_sessions live at once.
+CREATE FUNCTION @extschema@._mop_take_slot(cap integer)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    FOR slot IN 0 .. cap - 1 LOOP
+        IF pg_try_advisory_lock(1297043543, slot) THEN
+            RETURN slot;
+        END IF;
+    END LOOP;
+    RETURN NULL;
+END
+$$;
+
+-- madlib_mop.max_worker_sessions as this session sees it: declared by the extension's
+-- library (only a superuser may set it), which calling this loads.
+CREATE FUNCTION @extschema@._mop_max_worker_sessions()
+RETURNS integer
+AS 'MODULE_PATHNAME', 'madlib_mop_max_worker_sessions'
+LANGUAGE C STABLE;
+
+-- Calls waiting for worker sessions: every role sees the queue (its order is fair between
+-- roles), each adds and removes only its own rows; a row counts while the session that
+-- wrote it (pid) lives.
+CREATE TABLE @extschema@.worker_queue (
+    ticket   bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    role     name NOT NULL DEFAULT current_user,
+    pid      integer NOT NULL DEFAULT pg_backend_pid(),
+    job_id   bigint,
+    since    timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+COMMENT ON TABLE @extschema@.worker_queue IS 'Calls waiting for one of the server''s worker sessions';
+ALTER TABLE @extschema@.worker_queue ENABLE ROW LEVEL SECURITY;
+CREATE POLICY worker_queue_seen_by_all ON @extschema@.worker_queue FOR SELECT USING (true);
+CREATE POLICY worker_queue_own_rows_added ON @extschema@.worker_queue FOR INSERT
+    WITH CHECK (role = current_user AND pid = pg_backend_pid());
+CREATE POLICY worker_queue_own_rows_removed ON @extschema@.worker_queue FOR DELETE
+    USING (role = current_user);
+GRANT SELECT, DELETE ON @extschema@.worker_queue TO PUBLIC;
+GRANT INSERT (job_id) ON @extschema@.worker_queue TO PUBLIC;
+
+-- An idle worker session's wait for its session's next job: it ends the session (and so
+-- gives its slot back) when a call is queued or after `seconds`.
+CREATE FUNCTION @extschema@._mop_idle_worker(seconds integer)
+RETURNS void
+#plpython "mop_idle_worker.py"
+
+#procedure _mop_idle FROM _mop_idle_worker

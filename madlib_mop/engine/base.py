@@ -84,6 +84,11 @@ class Worker(abc.ABC):
     def rename(self, label: str) -> None:
         """How the worker's session shows in pg_stat_activity from its next call on."""
 
+    def serves(self, segment: int) -> bool:
+        """Can it run the calls of `segment` (read its data)?  A worker of this server
+        serves any segment of it; a segment server's, its own segments."""
+        return True
+
     @abc.abstractmethod
     def warm_up(self, segments: int) -> None:
         """Import TensorFlow (sized for `segments` workers) before the first call needs it."""
@@ -131,6 +136,15 @@ class Engine(abc.ABC):
         """A job's workers, worker i for segment i.  An engine may give workers that an
         earlier job of this session left open (TensorFlow imported, functions traced)."""
         return [self.worker(s, f"madlib_mop worker segment {s}") for s in range(segments)]
+
+    def new_workers(self, count: int, first: int) -> list[Worker]:
+        """More workers for a running or waiting job, as many as the server's pool allows
+        now (an engine without a pool gives none: its jobs have one worker per segment)."""
+        return []
+
+    def keep_idle(self, workers: list[Worker], segments: int) -> None:
+        """The job ended with these workers idle: an engine may keep them for the
+        session's next job."""
 
     def prepare_job(self, plpy: Any, job: dict, models: Callable[[], list[dict]]) -> None:
         """Called in the coordinator's thread before the job's first call, and when models

@@ -51,6 +51,9 @@ class ClusterWorker(LocalWorker):
                 self._job_sent = (session, self.job)
         return super()._call(function, *args, columns=columns)
 
+    def serves(self, segment: int) -> bool:
+        return segment == self.segment
+
     def warm_up(self, segments_count: int) -> None:
         self._call("_mop_warm_up", self.local_segments)
 

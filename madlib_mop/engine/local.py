@@ -11,8 +11,11 @@ import psycopg
 from psycopg.types.json import Jsonb
 from psycopg import sql
 
+from madlib_mop import errors
 from madlib_mop.db import catalog, worker_session
+from madlib_mop.engine import server_pool
 from madlib_mop.engine.base import Engine, VisitRecord, Worker, json_value
+from madlib_mop.errors import MadlibMopError
 
 # Worker sessions kept for the calling session's later calls, by connection string (which
 # names the role, the database and the session settings): a kept session never serves
@@ -21,11 +24,52 @@ _inference_pool: dict[str, list["LocalWorker"]] = {}
 _training_pool: dict[tuple[str, int], list["LocalWorker"]] = {}
 
 
+class NoSlot(MadlibMopError):
+    """Every worker slot of the server is taken (`engine.server_pool`)."""
+
+
 class LocalWorker(Worker):
-    def __init__(self, conninfo: str, schema: str, segment: int, label: str):
+    def __init__(self, conninfo: str, schema: str, segment: int, label: str,
+                 cap: int | None = None):
         self.conninfo, self.schema, self.segment, self.label = conninfo, schema, segment, label
+        self.cap = cap  # the server's cap on worker sessions: its session takes a slot
         self._connection: psycopg.Connection | None = None
         self._named: str | None = None
+        self._idling = False
+
+    def open_with_slot(self) -> bool:
+        """Open the session now; False (and nothing open) if no slot is free."""
+        try:
+            self._session()
+            return True
+        except NoSlot:
+            return False
+
+    def idle(self, seconds: int) -> None:
+        """Wait in `_mop_idle` until this session's next job, a queued call or `seconds`
+        (then the session ends and its slot is free): sent, not waited for."""
+        if self._connection is None or self._connection.closed or self._connection.broken:
+            return
+        self._connection.pgconn.send_query(
+            sql.SQL("CALL {}._mop_idle({})").format(sql.Identifier(self.schema), sql.Literal(int(seconds)))
+            .as_bytes(self._connection))
+        self._idling = True
+
+    def wake(self) -> bool:
+        """Back from `idle`: True if the session is still open (and holds its slot)."""
+        if self._idling and self._connection is not None:
+            self._idling = False
+            self._connection.cancel_safe()
+            try:
+                while self._connection.pgconn.get_result() is not None:
+                    pass
+            except psycopg.Error:
+                pass
+            if self._connection.pgconn.status != psycopg.pq.ConnStatus.OK:
+                self._connection.close()
+                self._connection = None
+                return False
+        return self._connection is not None and self.usable
 
     def rename(self, label: str) -> None:
         self.label = label
@@ -41,7 +85,13 @@ class LocalWorker(Worker):
         return self._connection
 
     def _open(self) -> psycopg.Connection:
-        return worker_session.connect(self.conninfo)
+        connection = worker_session.connect(self.conninfo)
+        if self.cap is not None and server_pool.take_slot(connection, self.schema, self.cap) is None:
+            connection.close()
+            raise NoSlot(f"all {self.cap} worker sessions of this server are taken",
+                         sqlstate=errors.CONNECTION_FAILURE,
+                         hint="It waits for one; madlib_mop.max_worker_sessions is the cap.")
+        return connection
 
     def _call(self, function: str, *args: Any, columns: str = "*"):
         query = sql.SQL("SELECT {} FROM {}.{}({})").format(
@@ -94,24 +144,71 @@ class LocalWorker(Worker):
 
 
 class LocalEngine(Engine):
+    """Training workers take slots of the server's pool (`engine.server_pool`): a job gets
+    the sessions it kept warm and the free slots, and waits in the queue for one when it
+    has none."""
+
     def __init__(self, plpy: Any):
+        self.plpy = plpy
         self.conninfo = worker_session.conninfo(plpy)
         self.schema = catalog.extension_schema(plpy)
+        self.schema_name = catalog.extension_schema_name(plpy)
+        self.cap = server_pool.cap(plpy)
+        self.idle_seconds = server_pool.idle_seconds(plpy)
 
     def worker(self, segment: int, label: str) -> LocalWorker:
         return LocalWorker(self.conninfo, self.schema, segment, label)
 
     def training_workers(self, segments: int) -> list[Worker]:
-        """Kept for the session's next job: its workers find TensorFlow imported and the
-        functions of the models they trained before traced."""
-        key = (self.conninfo, segments)
-        kept = _training_pool.get(key, [])
-        workers = [w if w.usable else self.worker(s, f"madlib_mop worker segment {s}")
-                   for s, w in enumerate(kept)]
-        workers += [self.worker(s, f"madlib_mop worker segment {s}")
-                    for s in range(len(workers), segments)]
-        _training_pool[key] = workers
-        return list(workers)
+        """The sessions this session kept warm for a job of this many segments (TensorFlow
+        imported, the programs of the models they trained before traced), then free slots,
+        up to one per segment; none when calls are queued for slots (they go first)."""
+        workers = [w for w in _training_pool.pop((self.conninfo, segments), []) if w.wake()]
+        for key in [k for k in _training_pool if k[0] == self.conninfo]:
+            for other in _training_pool.pop(key):  # kept for another size: their slots go back
+                other.wake()
+                other.close()
+        if not server_pool.waiting_calls(self.plpy):
+            workers += self.new_workers(segments - len(workers), len(workers))
+        if len(workers) < segments and server_pool.idle_holders(self.plpy):
+            workers += self._reclaim(segments - len(workers), len(workers))
+        return workers
+
+    def _reclaim(self, count: int, first: int) -> list[Worker]:
+        """Slots that other sessions' idle workers hold: queued, the job makes them end
+        (`server_pool.idle`), and takes the slots in its turn, for a few seconds at most."""
+        queue = server_pool.Queue(self.conninfo, self.schema_name, None)
+        workers: list[Worker] = []
+        try:
+            while len(workers) < count and time.monotonic() - queue.since < server_pool.RECLAIM_SECONDS:
+                position, free = queue.turn(self.cap)
+                if position <= free:
+                    workers += self.new_workers(min(count - len(workers), free - position + 1),
+                                                first + len(workers))
+                if len(workers) < count and not server_pool.idle_holders(self.plpy):
+                    break
+                self.plpy.execute("SELECT pg_catalog.pg_sleep(0.1)")
+        finally:
+            queue.leave()
+        return workers
+
+    def new_workers(self, count: int, first: int) -> list[Worker]:
+        """Up to `count` new sessions, as many as slots are free."""
+        workers: list[Worker] = []
+        for index in range(first, first + count):
+            worker = LocalWorker(self.conninfo, self.schema, index,
+                                 f"madlib_mop worker {index}", self.cap)
+            if not worker.open_with_slot():
+                break
+            workers.append(worker)
+        return workers
+
+    def keep_idle(self, workers: list[Worker], segments: int) -> None:
+        """The job ended: its sessions wait for this session's next job (`LocalWorker.idle`)."""
+        kept = [w for w in workers if isinstance(w, LocalWorker) and w.usable]
+        for worker in kept:
+            worker.idle(self.idle_seconds)
+        _training_pool[(self.conninfo, segments)] = kept
 
     def inference_workers(self, count: int) -> list[Worker]:
         """Sessions kept for this session's later calls: TensorFlow is imported and the

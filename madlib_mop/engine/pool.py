@@ -63,6 +63,19 @@ class WorkerPool:
     def submit(self, index: int, tag: Any, call: Callable[[Worker], Any], report: bool = True) -> None:
         self.threads[index].submit(tag, call, report)
 
+    def add(self, worker: Worker) -> int:
+        """One more worker (a job that got another session of the server's pool): its index."""
+        thread = WorkerThread(worker, self.results)
+        thread.start()
+        self.threads.append(thread)
+        return len(self.threads) - 1
+
+    def live(self) -> list[int]:
+        return list(range(len(self.threads)))
+
+    def workers(self) -> list[Worker]:
+        return [thread.worker for thread in self.threads]
+
     def next_result(self, timeout: float) -> tuple[Any, Any, BaseException | None] | None:
         try:
             return self.results.get(timeout=timeout)

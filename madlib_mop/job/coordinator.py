@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from madlib_mop.db import catalog, worker_session
-from madlib_mop.engine.base import Engine, Worker
+from madlib_mop.engine.base import Engine
 from madlib_mop.engine.pool import WorkerPool
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.job import metrics, outputs, schedule
+from madlib_mop.job.assignment import Task, WorkAssignment, wait_for_workers
 from madlib_mop.job.failures import DIVERGED, FAILED, ModelFailures, RetryPolicy
 from madlib_mop.job.progress import JobProgress
 from madlib_mop.job.search_driver import JobSearch
@@ -29,29 +29,18 @@ from madlib_mop import plpy_bridge
 from madlib_mop.search.base import Report
 
 
-@dataclass
-class Task:
-    kind: str  # "train" or "evaluate"
-    mst_key: int
-    step: int
-    segment: int  # the worker that runs it
-    partition: int  # the data partition it reads (= segment when training)
-    state: bytes  # the model's state after `step` sub-epochs
-    attempt: int = 1
-
-    def __call__(self, worker: Worker, job_id: int):
-        if self.kind == "train":
-            return worker.train(job_id, self.mst_key, self.step, self.partition, self.state)
-        return worker.evaluate(job_id, self.mst_key, self.step, self.partition, self.state)
-
-
 def start_pool(engine: Engine, segments: int) -> WorkerPool:
-    """One worker per segment, told to import TensorFlow at once (it takes seconds), so that
-    this overlaps with the job's creation (a no-op for workers this session kept warm)."""
-    pool = WorkerPool(engine.training_workers(segments))
-    for index in range(segments):
-        pool.submit(index, None, lambda worker: worker.warm_up(segments), report=False)
+    """Up to one worker per segment (the server's pool may give fewer, or none: the job
+    then waits for one), told to import TensorFlow at once (it takes seconds), so that this
+    overlaps with the job's creation (a no-op for workers this session kept warm)."""
+    pool = WorkerPool([])
+    for worker in engine.training_workers(segments):
+        warm_up(pool, pool.add(worker), segments)
     return pool
+
+
+def warm_up(pool: WorkerPool, index: int, segments: int) -> None:
+    pool.submit(index, None, lambda worker: worker.warm_up(segments), report=False)
 
 
 def interruption_point(plpy: Any, can_commit: bool) -> None:
@@ -91,10 +80,6 @@ class Coordinator:
         self.args, self.S = self.job["arguments"], self.job["num_segments"]
         self.partitions = self.job["validation_partitions"] or 0
         self.retry = RetryPolicy.for_job(plpy, job_id)
-        self.paused_until: dict[int, float] = {}  # segment -> when it may be called again
-        self.attempts: dict[tuple[int, int], int] = {}
-        self.running: dict[int, Task] = {}
-        self.pending_evals: list[Task] = []
 
     def run(self) -> None:
         self._start()
@@ -108,6 +93,7 @@ class Coordinator:
             self.pool.stop()
             raise
         self.pool.release()  # idle now: the sessions stay warm for this session's next job
+        self.engine.keep_idle(self.pool.workers(), self.S)
         self._finish()
 
     # ---- the loop's steps ----
@@ -124,10 +110,12 @@ class Coordinator:
         for mst_key in self.failures.lost:  # diverged before the job was resumed
             self.schedule.stop(mst_key)
             self.search.lost(mst_key)
+        self.work = WorkAssignment(self.schedule, self.S, self.job_id, lambda k: self.models[k].state)
         self.progress = JobProgress(self.models, self.schedule, self.S, max(rounds.values()),
                                     self.search.stopped, self.failures,
                                     self.search.searcher is not None or self.search.pruning,
                                     self._notice)
+        self.failures.progress, self.failures.search = self.progress, self.search
         if self.can_commit:
             commit_call(self.plpy)
         for model in list(self.models.values()):
@@ -143,34 +131,20 @@ class Coordinator:
         self.engine.prepare_job(self.plpy, self.job, self.store.model_rows)
         if self.pool is None:
             self.pool = start_pool(self.engine, self.S)
+        if not self.pool.live():
+            wait_for_workers(self.plpy, self.store, self.engine, self.pool, self.S,
+                             lambda: interruption_point(self.plpy, self.can_commit), self._notice)
+        self.store.running_on(len(self.pool.live()))
         for index, thread in enumerate(self.pool.threads):
-            thread.worker.rename(f"madlib_mop worker job {self.job_id} segment {index}")
+            thread.worker.rename(f"madlib_mop worker job {self.job_id} #{index}")
 
     def _dispatch(self) -> bool:
-        """Give every free segment work; False when nothing runs and nothing is left."""
-        now = time.monotonic()
-        for segment in range(self.S):
-            if segment in self.running:
-                continue
-            if self.paused_until.get(segment, now) > now:
-                continue
-            self.paused_until.pop(segment, None)
-            task = next((t for t in self.pending_evals if t.segment == segment), None)
-            if task is not None:
-                self.pending_evals.remove(task)
-            elif (given := self.schedule.next_visit(segment)) is not None:
-                mst_key, step = given
-                task = Task("train", mst_key, step, segment, segment, self.models[mst_key].state,
-                            self.attempts.get(given, 1))
-            if task is not None:
-                self.running[segment] = task
-                self.pool.submit(segment, task, lambda worker, t=task: t(worker, self.job_id))
-        if not self.running and not self.paused_until and self.search.decisions.release_all():
-            return self._dispatch()  # no report can come: held models go on
-        return bool(self.running) or bool(self.paused_until)
+        """Give every free worker work; False when nothing runs and nothing is left (held
+        models go on when no report can come)."""
+        return self.work.dispatch(self.pool) or (self.search.decisions.release_all() and self._dispatch())
 
     def _handle(self, task: Task, value: Any, error: BaseException | None) -> None:
-        del self.running[task.segment]
+        self.work.ended(task)
         if task.mst_key in self.failures:  # a validation pass of a model that stopped since
             return
         if error is not None:
@@ -179,7 +153,7 @@ class Coordinator:
         model = self.models[task.mst_key]
         diverged = value[1].diverged if task.kind == "train" else value.get("diverged")
         if diverged:
-            return self._lose(task, DIVERGED, diverged)
+            return self.failures.lose(task, model, DIVERGED, diverged, self.schedule, self.work)
         boundary = False  # the hop completed one of the model's iterations
         if task.kind == "train":
             new_state, result = value
@@ -221,37 +195,21 @@ class Coordinator:
                               f"{task.segment} attempt {task.attempt}: {RetryPolicy.message(error)}")
         try:
             attempt, delay = self.retry.after(task, error,
-                                              lambda: self.pool.threads[task.segment].worker.where,
+                                              lambda: self.pool.threads[task.worker].worker.where,
                                               self.plpy.notice)
         except MadlibMopError:
             if RetryPolicy.touches_every_model(error):
                 raise
-            return self._lose(task, FAILED, f"{RetryPolicy.message(error)} (after {task.attempt} "
-                                            f"attempt{'s' if task.attempt > 1 else ''})")
+            why = f"{RetryPolicy.message(error)} (after {task.attempt} attempt{'s' * (task.attempt > 1)})"
+            return self.failures.lose(task, self.models[task.mst_key], FAILED, why, self.schedule, self.work)
         if delay is not None:  # the session was lost: the segment waits for its server
-            self.paused_until[task.segment] = time.monotonic() + delay
+            self.work.paused_until[task.segment] = time.monotonic() + delay
         if task.kind == "train":
             self.schedule.retry(task.mst_key, task.segment)
-            self.attempts[(task.mst_key, task.step)] = attempt
+            self.work.attempts[(task.mst_key, task.step)] = attempt
         else:
             task.attempt = attempt
-            self.pending_evals.append(task)
-
-    def _lose(self, task: Task, status: str, reason: str) -> None:
-        """The model stops for a cause of its own; the job goes on with the others."""
-        model = self.models[task.mst_key]
-        if task.kind == "train":
-            self.schedule.retry(task.mst_key, task.segment)
-        self.schedule.stop(task.mst_key)
-        self.pending_evals = [t for t in self.pending_evals if t.mst_key != task.mst_key]
-        iteration = task.step // model.per_iteration + (task.kind == "train")
-        where = (f"in iteration {iteration} (sub-epoch {task.step + 1}, segment {task.segment})"
-                 if task.kind == "train" else f"in the validation of iteration {iteration}")
-        with self.store.atomic():
-            self.failures.stop(task.mst_key, status, len(model.visits) // model.per_iteration,
-                               where, reason)
-            self.progress.report_to(self.store)
-        self.search.lost(task.mst_key)
+            self.work.pending_evals.append(task)
 
     def _queue_evals(self, model: ModelRecord, iteration: int, state: bytes | None) -> None:
         if not self.partitions or not metrics.due(iteration, self.args["metrics_compute_frequency"],
@@ -261,7 +219,7 @@ class Coordinator:
         missing = [p for p in range(self.partitions) if (step, p) not in model.evals]
         if missing and state is None:
             state = self.store.state_at(model.mst_key, step)
-        self.pending_evals += [Task("evaluate", model.mst_key, step, p % self.S, p, state)
+        self.work.pending_evals += [Task("evaluate", model.mst_key, step, p % self.S, p, state)
                                for p in missing]
 
     # ---- iteration boundaries ----
@@ -280,8 +238,7 @@ class Coordinator:
             outputs.publish_weights(self.store, model.mst_key, blob)
             model.published_step = step
         # Keep the initial state (replay), the latest, and those validation still needs.
-        waiting = [t.step for t in self.pending_evals + list(self.running.values())
-                   if t.kind == "evaluate" and t.mst_key == model.mst_key]
+        waiting = self.work.steps_needed(model.mst_key)
         keep_from = min([step] + waiting)
         if keep_from > model.pruned_below:
             self.store.prune_states(model.mst_key, keep_from)

@@ -136,6 +136,7 @@ class ModelFailures:
 
     def __init__(self, store: JobStore, notice: Callable[[str], None]):
         self.store, self.notice = store, notice
+        self.progress = self.search = None  # the coordinator's, once it has them
         self.lost: dict[int, str] = {}  # mst_key -> what happened, as recorded
         for mst_key, status, reason in store.model_statuses():
             if status == DIVERGED:
@@ -154,6 +155,22 @@ class ModelFailures:
         self.store.record_lost(mst_key, status, completed, text)
         self.notice(f"mst_key {mst_key} {text}")
         return text
+
+    def lose(self, task: Any, model: Any, status: str, reason: str, dispatcher: Any,
+             work: Any) -> None:
+        """The coordinator's model stops: no longer dispatched, its waiting validation
+        passes dropped, recorded with the job's progress, and the search told."""
+        if task.kind == "train":
+            dispatcher.retry(task.mst_key, task.segment)
+        dispatcher.stop(task.mst_key)
+        work.drop_model(task.mst_key)
+        iteration = task.step // model.per_iteration + (task.kind == "train")
+        where = (f"in iteration {iteration} (sub-epoch {task.step + 1}, segment {task.segment})"
+                 if task.kind == "train" else f"in the validation of iteration {iteration}")
+        with self.store.atomic():
+            self.stop(task.mst_key, status, len(model.visits) // model.per_iteration, where, reason)
+            self.progress.report_to(self.store)
+        self.search.lost(task.mst_key)
 
     def check_at_end(self, models: int, warning: Callable[[str], None]) -> None:
         """At the job's end: an error if no model is left, else a WARNING naming those that

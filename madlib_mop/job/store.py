@@ -46,7 +46,69 @@ class ModelRecord:
     pruned_below: int = 1  # states of steps 1 .. pruned_below - 1 are deleted
 
 
-class JobStore:
+class JobRowUpdates:
+    """The job's `jobs` row as its coordinator changes it (a part of `JobStore`): state,
+    progress, workers and queue position, errors."""
+
+    schema: sql.Identifier
+    job_id: int
+    db: psycopg.Connection
+
+    def q(self, statement: sql.Composable | str, params: tuple = ()) -> psycopg.Cursor:
+        return self.db.execute(statement, params)
+
+    def _update_job(self, assignments: str, params: tuple = ()) -> psycopg.Cursor:
+        return self.q(sql.SQL("UPDATE {}.jobs SET " + assignments + ", updated_at = now() "
+                              "WHERE job_id = %s").format(self.schema), params + (self.job_id,))
+
+    def mark_running(self, pid: int) -> float:
+        """State 'running'; returns when the job first started (epoch seconds)."""
+        cursor = self.q(sql.SQL(
+            "UPDATE {}.jobs SET state = 'running', coordinator_pid = %s, "
+            "started_at = coalesce(started_at, now()), last_error = NULL, updated_at = now() "
+            "WHERE job_id = %s RETURNING extract(epoch FROM started_at)::float8").format(self.schema),
+            (pid, self.job_id))
+        return cursor.fetchone()[0]
+
+    def queued(self, position: int) -> None:
+        """Waiting for a worker session: its place in the server's queue (1 is next)."""
+        self._update_job("state = 'queued', queue_position = %s", (position,))
+
+    def running_on(self, workers: int) -> None:
+        self._update_job("state = 'running', queue_position = NULL, workers = %s", (workers,))
+
+    def progress(self, subepochs_done: int, subepochs_total: int, counts: dict[str, int]) -> None:
+        """Sub-epochs done and planned (pruners and searchers change the plan), and the
+        models training, waiting, stopped (by a pruner), finished and failed (diverged, or
+        failed on every retry)."""
+        self._update_job("subepochs_done = %s, subepochs_total = %s, num_models = %s, "
+                         "models_training = %s, models_waiting = %s, models_stopped = %s, "
+                         "models_finished = %s, models_failed = %s",
+                         (subepochs_done, subepochs_total, sum(counts.values()),
+                          counts["models_training"], counts["models_waiting"],
+                          counts["models_stopped"], counts["models_finished"],
+                          counts["models_failed"]))
+
+    def note_error(self, text: str) -> None:
+        self._update_job("last_error = %s", (text,))
+
+    def finish(self) -> None:
+        self._update_job("state = 'finished', finished_at = now(), last_error = NULL")
+
+    def close(self, error: BaseException | None = None) -> None:
+        if error is not None and not self.db.closed:
+            try:
+                self.q(sql.SQL("UPDATE {}.jobs SET state = %s, last_error = coalesce(%s, last_error), "
+                               "updated_at = now() WHERE job_id = %s AND state <> 'finished'")
+                       .format(self.schema),
+                       ("failed" if isinstance(error, MadlibMopError) else "interrupted",
+                        str(error)[:2000], self.job_id))
+            except psycopg.Error:
+                pass
+        self.db.close()
+
+
+class JobStore(JobRowUpdates):
     """Contract: opened for a job of the current role (another role's job is refused) and
     holding the job's advisory lock for as long as it is open (a second coordinator is
     refused); every write is committed when the method returns; `record_visit` writes the
@@ -54,8 +116,8 @@ class JobStore:
     pending validation or replay still needs (the caller says which: `prune_states`)."""
 
     def __init__(self, conninfo: str, schema: str, job_id: int):
-        self.schema = sql.Identifier(schema)
-        self.job_id = job_id
+        self.schema, self.schema_name = sql.Identifier(schema), schema
+        self.conninfo, self.job_id = conninfo, job_id
         self.db = worker_session.connect(conninfo,
                                          application_name=f"madlib_mop coordinator job {job_id}")
         try:
@@ -65,9 +127,6 @@ class JobStore:
         except BaseException:
             self.db.close()
             raise
-
-    def q(self, statement: sql.Composable | str, params: tuple = ()) -> psycopg.Cursor:
-        return self.db.execute(statement, params)
 
     def _job_row(self) -> dict:
         cursor = self.q(sql.SQL("SELECT * FROM {}.jobs WHERE job_id = %s AND owner = current_user")
@@ -168,31 +227,6 @@ class JobStore:
         self.q(sql.SQL("DELETE FROM {} WHERE mst_key = %s AND step > 0 AND step < %s").format(
             self.tables["state"]), (mst_key, keep_from))
 
-    def _update_job(self, assignments: str, params: tuple = ()) -> psycopg.Cursor:
-        return self.q(sql.SQL("UPDATE {}.jobs SET " + assignments + ", updated_at = now() "
-                              "WHERE job_id = %s").format(self.schema), params + (self.job_id,))
-
-    def mark_running(self, pid: int) -> float:
-        """State 'running'; returns when the job first started (epoch seconds)."""
-        cursor = self.q(sql.SQL(
-            "UPDATE {}.jobs SET state = 'running', coordinator_pid = %s, "
-            "started_at = coalesce(started_at, now()), last_error = NULL, updated_at = now() "
-            "WHERE job_id = %s RETURNING extract(epoch FROM started_at)::float8").format(self.schema),
-            (pid, self.job_id))
-        return cursor.fetchone()[0]
-
-    def progress(self, subepochs_done: int, subepochs_total: int, counts: dict[str, int]) -> None:
-        """Sub-epochs done and planned (pruners and searchers change the plan), and the
-        models training, waiting, stopped (by a pruner), finished and failed (diverged, or
-        failed on every retry)."""
-        self._update_job("subepochs_done = %s, subepochs_total = %s, num_models = %s, "
-                         "models_training = %s, models_waiting = %s, models_stopped = %s, "
-                         "models_finished = %s, models_failed = %s",
-                         (subepochs_done, subepochs_total, sum(counts.values()),
-                          counts["models_training"], counts["models_waiting"],
-                          counts["models_stopped"], counts["models_finished"],
-                          counts["models_failed"]))
-
     def update_info(self, mst_key: int, columns: dict) -> None:
         """Columns of a model's `_info` row (a pruner's labels, such as Hyperband's s and i)."""
         self.q(sql.SQL("UPDATE {} SET ({}) = ROW({}) WHERE mst_key = %s").format(
@@ -252,25 +286,6 @@ class JobStore:
             outputs.add_model(self.db, self.tables, entry, blob)
             self.q(sql.SQL("INSERT INTO {} (mst_key, model_id, compile_params, fit_params) "
                            "VALUES (%s, %s, %s, %s)").format(mst), config)
-
-    def note_error(self, text: str) -> None:
-        self._update_job("last_error = %s", (text,))
-
-    def finish(self) -> None:
-        self._update_job("state = 'finished', finished_at = now(), last_error = NULL")
-
-    def close(self, error: BaseException | None = None) -> None:
-        if error is not None and not self.db.closed:
-            try:
-                self.q(sql.SQL("UPDATE {}.jobs SET state = %s, last_error = coalesce(%s, last_error), "
-                               "updated_at = now() WHERE job_id = %s AND state <> 'finished'")
-                       .format(self.schema),
-                       ("failed" if isinstance(error, MadlibMopError) else "interrupted",
-                        str(error)[:2000], self.job_id))
-            except psycopg.Error:
-                pass
-        self.db.close()
-
 
 # ---- the calling session's SQL on `jobs` (PL/Python) ------------------------------------------
 

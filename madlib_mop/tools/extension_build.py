@@ -50,8 +50,8 @@ UPGRADE_NAME = re.compile(rf"^{EXTENSION}--(?P<old>[0-9][0-9.]*)--(?P<new>[0-9][
 
 CONTROL_FILE = REPO_ROOT / f"{EXTENSION}.control"
 ROUTINES_MARK = "-- @routines"
-# `-- @view NAME` in an upgrade script: the install script's statements of that view.
-VIEW_MARK = re.compile(r"^-- @view (?P<name>\w+)[ \t]*$", re.MULTILINE)
+# `-- @object NAME` in an upgrade script: the install script's statements of that table or view.
+OBJECT_MARK = re.compile(r"^-- @object (?P<name>\w+)[ \t]*$", re.MULTILINE)
 # A routine (or its comment) starts a statement; it ends at a line ending in ";" outside
 # dollar quotes.
 _ROUTINE_START = re.compile(
@@ -209,11 +209,12 @@ def routine_statements(script: str) -> list[str]:
     return statements
 
 
-def view_statements(script: str, name: str) -> str:
-    """The statements of a script that create view `name` of the extension's schema, comment
-    on it and grant it: an upgrade that changes the view's columns drops it and puts these
-    (`-- @view NAME`), so that an updated extension has the view of a fresh one."""
-    target = re.compile(rf"^(CREATE VIEW|COMMENT ON VIEW|GRANT \w+ ON) @extschema@\.{re.escape(name)}\b")
+def object_statements(script: str, name: str) -> str:
+    """The statements of a script that create, alter, comment on or grant the table or view
+    `name` of the extension's schema, or create its policies: an upgrade that adds the
+    object, or drops a view to change its columns, puts these (`-- @object NAME`), so that
+    an updated extension has the object of a fresh one."""
+    target = re.compile(rf"^(CREATE|COMMENT|GRANT|ALTER)\b.* @extschema@\.{re.escape(name)}\b")
     statements, current = [], None
     for line in script.splitlines(keepends=True):
         if current is None:
@@ -225,7 +226,7 @@ def view_statements(script: str, name: str) -> str:
             statements.append("".join(current))
             current = None
     if not statements:
-        raise BuildError(f"-- @view {name}: no CREATE VIEW @extschema@.{name} in the install script")
+        raise BuildError(f"-- @object {name}: no statement of @extschema@.{name} in the install script")
     return "".join(statements)
 
 
@@ -282,8 +283,8 @@ def build(version: str, out: Path, site_packages: str,
                 raise BuildError(f"{upgrade.name}: no line {ROUTINES_MARK!r} (where this "
                                  "version's routines go)")
             text = text.replace(ROUTINES_MARK, f"-- this version's routines (generated)\n{routines}")
-            text = VIEW_MARK.sub(lambda m: f"-- view {m.group('name')} (generated)\n"
-                                 + view_statements(body, m.group("name")), text)
+            text = OBJECT_MARK.sub(lambda m: f"-- {m.group('name')} (generated)\n"
+                                   + object_statements(body, m.group("name")), text)
         target = out / upgrade.name
         target.write_text(text, encoding="utf-8")
         written.append(target)

@@ -14,6 +14,9 @@ ALTER TABLE @extschema@.jobs
 GRANT UPDATE (models_failed, model_failures, workers, queue_position) ON @extschema@.jobs TO PUBLIC;
 
 DROP VIEW @extschema@.job_progress;
--- @view job_progress
+-- @object job_progress
+
+-- The queue of the server's pool of worker sessions is new.
+-- @object worker_queue
 
 -- @routines

@@ -1,0 +1,165 @@
+"""The server's worker sessions as one pool: a cap, slots, a fair queue, idle sessions
+given back.
+
+A worker session holds TensorFlow and its programs (about BASE_MB on this machine), so
+the server caps how many live at once, busy and idle together, across every job and role
+of the database:
+
+- **Slots.** A worker session takes one of `cap` slots as its first statement
+  (`_mop_take_slot`: a session-level advisory lock of class SLOT_CLASS), and holds it for
+  as long as it lives; a session that ends for any reason, a crash included, frees it.
+  No table is written to take or give back a slot.
+- **The cap**: `madlib_mop.max_worker_sessions`, which only a superuser may set (declared
+  by the extension's library, `src/worker_pool.c`); 0 (the default) is the machine's:
+  at most two sessions per core (training is CPU-bound: more add memory, not speed), and
+  fewer where memory is short.
+- **The queue.** A job that gets no slot waits in `worker_queue` (one row per waiting
+  call, written by a session of its own so that others see it at once).  The waiting calls
+  are served in order of the slots their role holds, then of arrival: a role's ten jobs
+  do not starve another role's one.  `madlib_mop.queue_timeout_seconds` makes a call give
+  up.
+- **Idle sessions** (kept warm for their session's next job) wait inside
+  `_mop_idle`, which ends the session, freeing its slot, as soon as any call is queued or
+  after `madlib_mop.worker_idle_seconds`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from madlib_mop.db import catalog, settings
+
+SLOT_CLASS = 0x4D4F5057  # the advisory lock class of worker slots ("MOPW")
+# A worker session's memory with TensorFlow and Keras imported and a small job's programs
+# traced (RSS measured on this machine's workers: 0.6 to 0.9 GB).
+BASE_MB = 900
+MEMORY_FRACTION = 0.75  # of the machine's memory, for worker sessions
+IDLE_SETTING, DEFAULT_IDLE_SECONDS = "madlib_mop.worker_idle_seconds", 300
+QUEUE_TIMEOUT_SETTING = "madlib_mop.queue_timeout_seconds"
+IDLE_NAME = "madlib_mop idle worker"  # how an idle worker session shows in pg_stat_activity
+RECLAIM_SECONDS = 5.0  # how long a job waits for idle sessions to give their slots back
+
+# The slots' locks and their sessions (pg_locks and pg_stat_activity: readable by every role).
+SLOT_LOCKS = f"""
+    FROM pg_catalog.pg_locks l JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+    WHERE l.locktype = 'advisory' AND l.classid = {SLOT_CLASS}::oid AND l.objsubid = 2
+      AND l.granted
+      AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())"""
+HOLDERS = f"SELECT a.usename AS role, count(*) AS slots {SLOT_LOCKS} GROUP BY a.usename"
+# The calls waiting, in the order they are served: fewest slots held by their role first.
+WAITING = f"""
+    WITH holders AS ({HOLDERS})
+    SELECT q.ticket, row_number() OVER (ORDER BY coalesce(h.slots, 0), q.ticket) AS position
+    FROM {{schema}}.worker_queue q
+    JOIN pg_catalog.pg_stat_activity a ON a.pid = q.pid
+    LEFT JOIN holders h ON h.role = q.role"""
+
+
+def memory_mb() -> float:
+    """The machine's memory (MB), from /proc/meminfo."""
+    with open("/proc/meminfo", encoding="ascii") as meminfo:
+        for line in meminfo:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) / 1024
+    raise OSError("MemTotal not in /proc/meminfo")
+
+
+def machine_cap() -> int:
+    return max(1, min(2 * (os.cpu_count() or 1), int(memory_mb() * MEMORY_FRACTION // BASE_MB)))
+
+
+def cap(plpy: Any) -> int:
+    """The cap on live worker sessions: the superuser's setting, else the machine's."""
+    schema = catalog.extension_schema(plpy)
+    value = plpy.execute(f"SELECT {schema}._mop_max_worker_sessions() AS v")[0]["v"]
+    return value or machine_cap()
+
+
+def slot_share_mb(cap_value: int) -> float:
+    """The memory one worker session may count on when every slot is taken."""
+    return memory_mb() * MEMORY_FRACTION / cap_value
+
+
+def idle_seconds(plpy: Any) -> int:
+    value = settings.whole_number(plpy, IDLE_SETTING, minimum=0)
+    return DEFAULT_IDLE_SECONDS if value is None else value
+
+
+def queue_timeout(plpy: Any) -> int | None:
+    """Seconds a call waits for a worker session before it gives up (None: no limit)."""
+    return settings.whole_number(plpy, QUEUE_TIMEOUT_SETTING, minimum=0) or None
+
+
+def take_slot(db: psycopg.Connection, schema: str, cap_value: int) -> int | None:
+    """In a new worker session: its slot, or None when all are taken."""
+    return db.execute(sql.SQL("SELECT {}._mop_take_slot(%s)").format(sql.Identifier(schema)),
+                      (cap_value,)).fetchone()[0]
+
+
+def idle_holders(plpy: Any) -> int:
+    """Idle worker sessions holding slots (they end as soon as a call is queued)."""
+    return plpy.execute(f"SELECT count(*) AS n {SLOT_LOCKS} AND a.application_name = '{IDLE_NAME}'")[0]["n"]
+
+
+def waiting_calls(plpy: Any) -> int:
+    """Live calls waiting for a slot."""
+    schema = catalog.extension_schema(plpy)
+    return plpy.execute(f"SELECT count(*) AS n FROM {schema}.worker_queue q "
+                        "JOIN pg_catalog.pg_stat_activity a ON a.pid = q.pid")[0]["n"]
+
+
+class Queue:
+    """A call waiting for worker sessions: its row in `worker_queue`, written over an
+    autocommit session of its own (the waiting call's own transaction is not committed
+    until it ends), and deleted when it leaves; if the call's backend dies, the session
+    dies with it and its row no longer counts."""
+
+    def __init__(self, conninfo: str, schema: str, job_id: int | None):
+        from madlib_mop.db import worker_session
+
+        self.schema = sql.Identifier(schema)
+        self.db = worker_session.connect(conninfo, application_name="madlib_mop queue")
+        self.db.execute(sql.SQL("DELETE FROM {}.worker_queue WHERE role = current_user AND pid NOT IN "
+                                "(SELECT pid FROM pg_catalog.pg_stat_activity)").format(self.schema))
+        self.ticket = self.db.execute(sql.SQL("INSERT INTO {}.worker_queue (job_id) VALUES (%s) "
+                                              "RETURNING ticket").format(self.schema),
+                                      (job_id,)).fetchone()[0]
+        self.since = time.monotonic()
+
+    def turn(self, cap_value: int) -> tuple[int, int]:
+        """(this call's position, 1 = next; slots free now)."""
+        position = self.db.execute(sql.SQL("SELECT position FROM ({}) w WHERE ticket = %s").format(
+            sql.SQL(WAITING.format(schema="{}")).format(self.schema)), (self.ticket,)).fetchone()[0]
+        held = self.db.execute(sql.SQL(f"SELECT coalesce(sum(slots), 0) FROM ({HOLDERS}) h")).fetchone()[0]
+        return position, cap_value - int(held)
+
+    def leave(self) -> None:
+        try:
+            self.db.execute(sql.SQL("DELETE FROM {}.worker_queue WHERE ticket = %s").format(self.schema),
+                            (self.ticket,))
+        finally:
+            self.db.close()
+
+
+def idle(plpy: Any, seconds: float, can_commit: bool = False) -> None:
+    """An idle worker session's wait (`_mop_idle`, in the worker): it ends the session,
+    giving its slot back, as soon as a call waits for one, or after `seconds`.  Its owner
+    cancels the wait to give the session a job again.  A CALL commits between looks, so
+    that the wait holds no snapshot back from VACUUM."""
+    schema = catalog.extension_schema(plpy)
+    plpy.execute(f"SELECT pg_catalog.set_config('application_name', '{IDLE_NAME}', false)")
+    deadline = time.monotonic() + seconds
+    wanted = f"SELECT EXISTS (SELECT 1 FROM {schema}.worker_queue q " \
+             "JOIN pg_catalog.pg_stat_activity a ON a.pid = q.pid) AS w"
+    while time.monotonic() < deadline:
+        if plpy.execute(wanted)[0]["w"]:
+            break
+        plpy.execute("SELECT pg_catalog.pg_sleep(0.2)")
+        if can_commit:
+            plpy.commit()
+    plpy.fatal("madlib_mop: idle worker session ends, giving its slot back")

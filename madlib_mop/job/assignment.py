@@ -1,0 +1,144 @@
+"""Which worker runs what next: a job's calls (sub-epochs and validation passes) given to
+its free worker sessions.
+
+A job may have fewer workers than segments (the server's pool of worker sessions is
+capped, `engine.server_pool`): a free worker then serves any segment whose data it may
+read (on this server, every one), preferring the segment it served last, whose buffers it
+holds decoded.  Which worker runs a call never changes its result (the contract of
+`engine.base.Worker`), so the weights are the same bits on any number of workers.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from madlib_mop import errors
+from madlib_mop.engine import server_pool
+from madlib_mop.engine.base import Engine, Worker
+from madlib_mop.engine.pool import WorkerPool
+from madlib_mop.errors import MadlibMopError
+from madlib_mop.job import schedule
+from madlib_mop.job.store import JobStore
+
+
+@dataclass
+class Task:
+    kind: str  # "train" or "evaluate"
+    mst_key: int
+    step: int
+    segment: int  # where it runs: the segment whose server (and, training, whose data) it needs
+    partition: int  # the data partition it reads (= segment when training)
+    state: bytes  # the model's state after `step` sub-epochs
+    attempt: int = 1
+    worker: int = -1  # the pool's index of the worker running it
+
+    def __call__(self, worker: Worker, job_id: int):
+        if self.kind == "train":
+            return worker.train(job_id, self.mst_key, self.step, self.partition, self.state)
+        return worker.evaluate(job_id, self.mst_key, self.step, self.partition, self.state)
+
+
+class WorkAssignment:
+    """The job's calls in flight (by worker), validation passes waiting for a worker,
+    segments paused after a lost session, and the attempt numbers of retried visits."""
+
+    def __init__(self, dispatcher: schedule.Dispatcher, segments: int, job_id: int,
+                 state_of: Callable[[int], bytes]):
+        self.schedule, self.S, self.job_id, self.state_of = dispatcher, segments, job_id, state_of
+        self.running: dict[int, Task] = {}  # worker index -> its call
+        self.pending_evals: list[Task] = []
+        self.paused_until: dict[int, float] = {}  # segment -> when it may be called again
+        self.attempts: dict[tuple[int, int], int] = {}  # (mst_key, step) -> next attempt
+        self.last_segment: dict[int, int] = {}  # worker index -> the segment it served last
+
+    def dispatch(self, pool: WorkerPool) -> bool:
+        """Give every free worker work; False when nothing runs and nothing is waiting."""
+        now = time.monotonic()
+        busy = {task.segment for task in self.running.values()}
+        for index in pool.live():
+            if index in self.running:
+                continue
+            for segment in self._segments_for(pool, index, busy, now):
+                task = self._task_on(segment)
+                if task is not None:
+                    task.worker = index
+                    self.running[index] = task
+                    self.last_segment[index] = segment
+                    busy.add(segment)
+                    pool.submit(index, task, lambda worker, t=task: t(worker, self.job_id))
+                    break
+        return bool(self.running) or bool(self.paused_until)
+
+    def _segments_for(self, pool: WorkerPool, index: int, busy: set[int], now: float) -> list[int]:
+        worker = pool.threads[index].worker
+        free = []
+        for segment in range(self.S):
+            if segment in busy or not worker.serves(segment):
+                continue
+            if self.paused_until.get(segment, now) > now:
+                continue
+            self.paused_until.pop(segment, None)
+            free.append(segment)
+        last = self.last_segment.get(index, index)
+        return sorted(free, key=lambda s: (s != last, s))
+
+    def _task_on(self, segment: int) -> Task | None:
+        task = next((t for t in self.pending_evals if t.segment == segment), None)
+        if task is not None:
+            self.pending_evals.remove(task)
+            return task
+        given = self.schedule.next_visit(segment)
+        if given is None:
+            return None
+        mst_key, step = given
+        return Task("train", mst_key, step, segment, segment, self.state_of(mst_key),
+                    self.attempts.get(given, 1))
+
+    def ended(self, task: Task) -> None:
+        del self.running[task.worker]
+
+    def drop_model(self, mst_key: int) -> None:
+        self.pending_evals = [t for t in self.pending_evals if t.mst_key != mst_key]
+
+    def steps_needed(self, mst_key: int) -> list[int]:
+        """The steps of the model's states that validation passes still need."""
+        return [t.step for t in self.pending_evals + list(self.running.values())
+                if t.kind == "evaluate" and t.mst_key == mst_key]
+
+
+def wait_for_workers(plpy: Any, store: JobStore, engine: Engine, pool: WorkerPool, segments: int,
+                     interruption: Callable[[], None], notice: Callable[[str], None]) -> None:
+    """The job has no worker: it waits in the server's queue (`engine.server_pool`), shown
+    as 'queued' with its position, until a slot is its own; then it takes the free slots,
+    up to one worker per segment.  Gives up after madlib_mop.queue_timeout_seconds."""
+    cap = server_pool.cap(plpy)
+    timeout = server_pool.queue_timeout(plpy)
+    queue = server_pool.Queue(store.conninfo, store.schema_name, store.job_id)
+    shown = None
+    try:
+        while True:
+            position, free = queue.turn(cap)
+            if position <= free:
+                for worker in engine.new_workers(min(segments, free - position + 1), 0):
+                    pool.submit(pool.add(worker), None, lambda w: w.warm_up(segments), report=False)
+                if pool.live():
+                    return
+            if position != shown:
+                store.queued(position)
+                notice(f"job {store.job_id} is queued for a worker session (position {position}; "
+                       f"all {cap} of this server's are taken)" if shown is None else
+                       f"job {store.job_id}: queue position {position}")
+                shown = position
+            if timeout is not None and time.monotonic() - queue.since > timeout:
+                raise MadlibMopError(
+                    f"job {store.job_id} waited {timeout}s for a worker session",
+                    sqlstate=errors.INSUFFICIENT_RESOURCES,
+                    detail=f"All {cap} worker sessions of this server are taken.",
+                    hint=f"CALL {store.schema_name}.resume({store.job_id}) later, or SET "
+                         f"{server_pool.QUEUE_TIMEOUT_SETTING} higher (or 0: no limit).")
+            interruption()
+            time.sleep(0.25)
+    finally:
+        queue.leave()

@@ -1,0 +1,210 @@
+"""The server's pool of worker sessions: the cap holds, a job runs on fewer workers than
+segments with the same weights, a job waits in the queue (shown as queued), idle sessions
+are taken back for another role's job, a wait can give up, and only a superuser sets
+the cap."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+from tests.conftest import connect, held_job
+
+import keras  # noqa: E402  (a missing Keras fails these tests, it does not skip them)
+
+COMPILE = "loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.01)', metrics=['accuracy']"
+SLOTS = ("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1297043543 "
+         "AND objsubid = 2 AND granted")
+
+
+@pytest.fixture(scope="module")
+def data(extension_dsn, allow_worker_role):
+    from sklearn.datasets import load_iris
+
+    iris = load_iris()
+    analyst = f"pool_analyst_{uuid.uuid4().hex[:6]}"
+    allow_worker_role(analyst)
+    database = conninfo_to_dict(extension_dsn)["dbname"]
+    with psycopg.connect(extension_dsn, autocommit=True) as conn:
+        conn.execute("SET search_path = public, madlib_mop")
+        conn.execute("CREATE TABLE iris (id int, attributes float8[], class_text text)")
+        with conn.cursor().copy("COPY iris FROM STDIN") as copy:
+            for i, (x, y) in enumerate(zip(iris.data, iris.target)):
+                copy.write_row((i, [float(v) for v in x], str(iris.target_names[y])))
+        conn.execute("SELECT training_preprocessor_dl('iris', 'iris_packed', 'class_text', "
+                     "'attributes', distribution_rules => '2')")
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
+                                  keras.layers.Dense(3, activation="softmax")])
+        conn.execute("SELECT load_keras_model('arch', %s::json)", (model.to_json(),))
+        conn.execute("SELECT load_model_selection_table('arch', 'mst', ARRAY[1], ARRAY[%s, %s], "
+                     "ARRAY['batch_size=8, epochs=1'])",
+                     (COMPILE, COMPILE.replace("0.01", "0.05")))
+        conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(analyst)))
+        conn.execute(sql.SQL("GRANT USAGE ON SCHEMA madlib_mop TO {0}; GRANT CREATE ON SCHEMA public TO {0}; "
+                             "GRANT SELECT ON ALL TABLES IN SCHEMA public TO {0}").format(sql.Identifier(analyst)))
+        # Every test's reference: the job on as many workers as segments.
+        conn.execute("SELECT madlib_keras_fit_multiple_model('iris_packed', 'reference', 'mst', 3)")
+    yield extension_dsn, analyst, database
+    with psycopg.connect(extension_dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("ALTER DATABASE {} RESET madlib_mop.max_worker_sessions").format(
+            sql.Identifier(database)))
+        conn.execute("DELETE FROM madlib_mop.jobs WHERE owner = %s", (analyst,))
+        conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(analyst)))
+        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(analyst)))
+
+
+def _cap(dsn, database, value):
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("ALTER DATABASE {} SET madlib_mop.max_worker_sessions = {}").format(
+            sql.Identifier(database), sql.Literal(value)))
+
+
+def _as(dsn, role, notices=None):
+    conn = psycopg.connect(dsn, autocommit=True)
+    conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+    conn.execute("SET search_path = public, madlib_mop")
+    if notices is not None:
+        conn.add_notice_handler(lambda d: notices.append(d.message_primary))
+    return conn
+
+
+def _recorded(errors, function):
+    def run(*args):
+        try:
+            function(*args)
+        except BaseException as error:  # the test asserts there was none
+            errors.append(error)
+    return run
+
+
+def _no_slots_held(conn, timeout=30.0):
+    """Worker sessions whose caller's session ended stop within about a second."""
+    deadline = time.monotonic() + timeout
+    while conn.execute(SLOTS).fetchone()[0]:
+        assert time.monotonic() < deadline, "worker sessions of ended sessions still hold slots"
+        time.sleep(0.1)
+
+
+def _weights(conn, out):
+    return dict(conn.execute(sql.SQL("SELECT mst_key, model_weights FROM {} ORDER BY 1").format(
+        sql.Identifier(out))).fetchall())
+
+
+def _fit(conn, out, iterations=3):
+    conn.execute("SELECT madlib_keras_fit_multiple_model('iris_packed', %s, 'mst', %s)", (out, iterations))
+
+
+def _pids(conn, out):
+    return {r[0] for r in conn.execute(sql.SQL("SELECT DISTINCT (result->>'pid')::int FROM {}").format(
+        sql.Identifier(f"{out}_mop_visits")))}
+
+
+def test_a_job_on_fewer_workers_than_segments_gives_the_same_weights(data):
+    dsn, _, database = data
+    _cap(dsn, database, 1)
+    peak = []
+    with connect(dsn) as conn:
+        _no_slots_held(conn)  # the sessions of the module's set-up have ended
+        done = threading.Event()
+
+        def watch():
+            with connect(dsn) as watcher:
+                while not done.is_set():
+                    peak.append(watcher.execute(SLOTS).fetchone()[0])
+                    time.sleep(0.02)
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        try:
+            _fit(conn, "one_worker")
+        finally:
+            done.set()
+            watcher.join()
+        assert _weights(conn, "one_worker") == _weights(conn, "reference")
+        assert len(_pids(conn, "one_worker")) == 1
+        assert conn.execute("SELECT segments FROM job_progress WHERE model_output_table = "
+                            "'public.one_worker'").fetchone()[0] == 2
+    assert max(peak) <= 1  # the cap held: never more than one worker session
+
+
+def test_a_job_waits_in_the_queue_then_runs(data):
+    dsn, analyst, database = data
+    _cap(dsn, database, 1)
+    notices: list[str] = []
+    errors: list[BaseException] = []
+    with connect(dsn) as first, _as(dsn, analyst, notices) as second:
+        _no_slots_held(first)
+        # The first job holds the one slot: its next hop waits for the test's lock.
+        blocker = threading.Thread(target=_recorded(errors, _fit), args=(first, "holding", 2))
+        with connect(dsn) as watcher:
+            blocker.start()
+            with held_job(watcher, "holding", 1):
+                deadline = time.monotonic() + 60
+                waiter = threading.Thread(target=_recorded(errors, _fit), args=(second, "waiting", 3))
+                waiter.start()
+                row = None
+                while time.monotonic() < deadline:
+                    row = watcher.execute("SELECT state, queue_position FROM madlib_mop.jobs "
+                                          "WHERE model_output_table = 'public.waiting'").fetchone()
+                    if row and row[0] == "queued":
+                        break
+                    time.sleep(0.05)
+                assert row == ("queued", 1)
+                assert watcher.execute(SLOTS).fetchone()[0] == 1
+            blocker.join()
+            waiter.join()
+        assert not errors, errors
+        assert any("queued for a worker session (position 1" in n for n in notices), notices
+        assert second.execute("SELECT state FROM job_progress WHERE model_output_table = "
+                              "'public.waiting'").fetchone()[0] == "finished"
+        assert _weights(second, "waiting") == _weights(first, "reference")
+
+
+def test_idle_workers_are_taken_back_for_another_roles_job(data):
+    dsn, analyst, database = data
+    _cap(dsn, database, 2)
+    with connect(dsn) as owner:
+        _fit(owner, "kept_warm")  # its two sessions stay, idle, for this session's next job
+        kept = _pids(owner, "kept_warm")
+        assert len(kept) == 2
+        with _as(dsn, analyst) as other:
+            _fit(other, "taken_back")
+            assert len(_pids(other, "taken_back")) == 2
+            assert _weights(other, "taken_back") == _weights(owner, "reference")
+        alive = owner.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)",
+                              (list(kept),)).fetchone()[0]
+        assert alive == 0
+
+
+def test_a_wait_gives_up_after_the_timeout(data):
+    dsn, analyst, database = data
+    _cap(dsn, database, 1)
+    with connect(dsn) as first, _as(dsn, analyst) as second, connect(dsn) as watcher:
+        _no_slots_held(first)
+        blocker = threading.Thread(target=_fit, args=(first, "holding_again", 2))
+        blocker.start()
+        with held_job(watcher, "holding_again", 1):
+            second.execute("SET madlib_mop.queue_timeout_seconds = 1")
+            with pytest.raises(psycopg.Error) as caught:
+                _fit(second, "gave_up", 2)
+        blocker.join()
+    assert caught.value.diag.sqlstate == "53000"
+    assert "waited 1s for a worker session" in caught.value.diag.message_primary
+    assert "resume" in caught.value.diag.message_hint
+
+
+def test_only_a_superuser_sets_the_cap(data):
+    dsn, analyst, _ = data
+    with _as(dsn, analyst) as conn:
+        conn.execute("SELECT madlib_mop._mop_max_worker_sessions()")  # the library declares it
+        with pytest.raises(psycopg.Error) as caught:
+            conn.execute("SET madlib_mop.max_worker_sessions = 100")
+        assert caught.value.diag.sqlstate == "42501"
+    with connect(dsn) as conn:
+        conn.execute("SET madlib_mop.max_worker_sessions = 100")
+        assert conn.execute("SELECT madlib_mop._mop_max_worker_sessions()").fetchone()[0] == 100
