@@ -208,3 +208,66 @@ def test_only_a_superuser_sets_the_cap(data):
     with connect(dsn) as conn:
         conn.execute("SET madlib_mop.max_worker_sessions = 100")
         assert conn.execute("SELECT madlib_mop._mop_max_worker_sessions()").fetchone()[0] == 100
+
+
+def test_the_queue_serves_the_role_with_fewer_sessions_first(data):
+    """Role A holds every slot and queues a second job; role B queues one after it: B's
+    job is served first.  When A's first job ends, both waiting jobs get a turn."""
+    dsn, analyst, database = data
+    _cap(dsn, database, 2)
+    errors: list[BaseException] = []
+    with connect(dsn) as a1, connect(dsn) as a2, _as(dsn, analyst) as b, connect(dsn) as watcher:
+        _no_slots_held(watcher)
+        first = threading.Thread(target=_recorded(errors, _fit), args=(a1, "a_first", 3))
+        first.start()
+        with held_job(watcher, "a_first", 1):
+            assert watcher.execute(SLOTS).fetchone()[0] == 2
+            second = threading.Thread(target=_recorded(errors, _fit), args=(a2, "a_second", 3))
+            second.start()
+            _wait_for_state(watcher, "a_second", "queued")
+            other = threading.Thread(target=_recorded(errors, _fit), args=(b, "b_only", 3))
+            other.start()
+            _wait_for_state(watcher, "b_only", "queued")
+            time.sleep(0.6)  # both have looked at their turn since
+            positions = dict(watcher.execute(
+                "SELECT model_output_table, queue_position FROM madlib_mop.jobs "
+                "WHERE model_output_table IN ('public.a_second', 'public.b_only')").fetchall())
+            assert positions == {"public.b_only": 1, "public.a_second": 2}
+        for thread in (first, second, other):
+            thread.join()
+        assert not errors, errors
+        reference = _weights(watcher, "reference")
+        for out in ("a_first", "a_second", "b_only"):
+            assert _weights(watcher, out) == reference
+        assert watcher.execute("SELECT count(*) FROM madlib_mop.jobs WHERE state = 'finished' AND "
+                               "model_output_table IN ('public.a_second', 'public.b_only')").fetchone()[0] == 2
+
+
+def _wait_for_state(conn, out, state, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while conn.execute("SELECT state FROM madlib_mop.jobs WHERE model_output_table = %s",
+                       (f"public.{out}",)).fetchone() != (state,):
+        assert time.monotonic() < deadline, f"{out} is not {state}"
+        time.sleep(0.05)
+
+
+def test_a_job_that_cannot_fit_is_refused_up_front(data):
+    dsn, _, database = data
+    notices: list[str] = []
+    _cap(dsn, database, 2)
+    with connect(dsn, notices) as conn:
+        _fit(conn, "estimated", 1)
+    assert any("each worker session needs about" in n and "MB (TensorFlow" in n for n in notices), notices
+    # So many sessions allowed that each may use less than TensorFlow alone needs.
+    _cap(dsn, database, 5000)
+    with connect(dsn) as conn:
+        with pytest.raises(psycopg.Error) as caught:
+            _fit(conn, "too_big", 1)
+        assert caught.value.diag.sqlstate == "53000"
+        assert "would each need about" in caught.value.diag.message_primary
+        assert "max_worker_sessions" in caught.value.diag.message_hint
+        assert conn.execute("SELECT to_regclass('public.too_big'), to_regclass('public.too_big_info')"
+                            ).fetchone() == (None, None)
+        assert conn.execute("SELECT count(*) FROM madlib_mop.jobs WHERE model_output_table = "
+                            "'public.too_big'").fetchone()[0] == 0
+    _cap(dsn, database, 2)

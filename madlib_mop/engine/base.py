@@ -129,6 +129,9 @@ class Worker(abc.ABC):
 
 
 class Engine(abc.ABC):
+    # Do its training workers come from the server's capped pool (`engine.server_pool`)?
+    pooled = False
+
     @abc.abstractmethod
     def worker(self, segment: int, label: str) -> Worker: ...
 

@@ -148,6 +148,8 @@ class LocalEngine(Engine):
     the sessions it kept warm and the free slots, and waits in the queue for one when it
     has none."""
 
+    pooled = True
+
     def __init__(self, plpy: Any):
         self.plpy = plpy
         self.conninfo = worker_session.conninfo(plpy)
@@ -181,9 +183,9 @@ class LocalEngine(Engine):
         workers: list[Worker] = []
         try:
             while len(workers) < count and time.monotonic() - queue.since < server_pool.RECLAIM_SECONDS:
-                position, free = queue.turn(self.cap)
+                position, free, waiting = queue.turn(self.cap)
                 if position <= free:
-                    workers += self.new_workers(min(count - len(workers), free - position + 1),
+                    workers += self.new_workers(min(count - len(workers), max(1, free - waiting + 1)),
                                                 first + len(workers))
                 if len(workers) < count and not server_pool.idle_holders(self.plpy):
                     break

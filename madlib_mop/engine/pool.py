@@ -56,6 +56,7 @@ class WorkerPool:
     def __init__(self, workers: list[Worker]):
         self.results: queue.Queue = queue.Queue()
         self.ended = False
+        self.retired: set[int] = set()
         self.threads = [WorkerThread(w, self.results) for w in workers]
         for thread in self.threads:
             thread.start()
@@ -70,11 +71,16 @@ class WorkerPool:
         self.threads.append(thread)
         return len(self.threads) - 1
 
+    def retire(self, index: int) -> None:
+        """Close a worker that runs nothing (its slot goes back to the server's pool)."""
+        self.retired.add(index)
+        self.threads[index].stop()
+
     def live(self) -> list[int]:
-        return list(range(len(self.threads)))
+        return [i for i in range(len(self.threads)) if i not in self.retired]
 
     def workers(self) -> list[Worker]:
-        return [thread.worker for thread in self.threads]
+        return [self.threads[i].worker for i in self.live()]
 
     def next_result(self, timeout: float) -> tuple[Any, Any, BaseException | None] | None:
         try:
@@ -87,15 +93,15 @@ class WorkerPool:
         if self.ended:
             return
         self.ended = True
-        for thread in self.threads:
-            thread.stop()
+        for index in self.live():
+            self.threads[index].stop()
 
     def release(self) -> None:
         """Nothing runs any more: end the threads and keep the sessions open (the engine may
         give the workers to this session's next job)."""
         self.ended = True
-        for thread in self.threads:
-            thread.release()
+        for index in self.live():
+            self.threads[index].release()
         for thread in self.threads:
             thread.join(timeout=30)
 

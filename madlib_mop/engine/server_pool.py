@@ -131,12 +131,13 @@ class Queue:
                                       (job_id,)).fetchone()[0]
         self.since = time.monotonic()
 
-    def turn(self, cap_value: int) -> tuple[int, int]:
-        """(this call's position, 1 = next; slots free now)."""
-        position = self.db.execute(sql.SQL("SELECT position FROM ({}) w WHERE ticket = %s").format(
-            sql.SQL(WAITING.format(schema="{}")).format(self.schema)), (self.ticket,)).fetchone()[0]
+    def turn(self, cap_value: int) -> tuple[int, int, int]:
+        """(this call's position, 1 = next; slots free now; calls waiting)."""
+        position, waiting = self.db.execute(sql.SQL(
+            "SELECT max(position) FILTER (WHERE ticket = %s), count(*) FROM ({}) w").format(
+            sql.SQL(WAITING.format(schema="{}")).format(self.schema)), (self.ticket,)).fetchone()
         held = self.db.execute(sql.SQL(f"SELECT coalesce(sum(slots), 0) FROM ({HOLDERS}) h")).fetchone()[0]
-        return position, cap_value - int(held)
+        return position, cap_value - int(held), waiting
 
     def leave(self) -> None:
         try:

@@ -2,7 +2,7 @@
 its free worker sessions.
 
 A job may have fewer workers than segments (the server's pool of worker sessions is
-capped, `engine.server_pool`): a free worker then serves any segment whose data it may
+capped, `engine.server_pool`; `job.worker_supply` gets the job its workers): a free worker then serves any segment whose data it may
 read (on this server, every one), preferring the segment it served last, whose buffers it
 holds decoded.  Which worker runs a call never changes its result (the contract of
 `engine.base.Worker`), so the weights are the same bits on any number of workers.
@@ -12,15 +12,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
-from madlib_mop import errors
-from madlib_mop.engine import server_pool
-from madlib_mop.engine.base import Engine, Worker
+from madlib_mop.engine.base import Worker
 from madlib_mop.engine.pool import WorkerPool
-from madlib_mop.errors import MadlibMopError
 from madlib_mop.job import schedule
-from madlib_mop.job.store import JobStore
 
 
 @dataclass
@@ -107,38 +103,3 @@ class WorkAssignment:
         return [t.step for t in self.pending_evals + list(self.running.values())
                 if t.kind == "evaluate" and t.mst_key == mst_key]
 
-
-def wait_for_workers(plpy: Any, store: JobStore, engine: Engine, pool: WorkerPool, segments: int,
-                     interruption: Callable[[], None], notice: Callable[[str], None]) -> None:
-    """The job has no worker: it waits in the server's queue (`engine.server_pool`), shown
-    as 'queued' with its position, until a slot is its own; then it takes the free slots,
-    up to one worker per segment.  Gives up after madlib_mop.queue_timeout_seconds."""
-    cap = server_pool.cap(plpy)
-    timeout = server_pool.queue_timeout(plpy)
-    queue = server_pool.Queue(store.conninfo, store.schema_name, store.job_id)
-    shown = None
-    try:
-        while True:
-            position, free = queue.turn(cap)
-            if position <= free:
-                for worker in engine.new_workers(min(segments, free - position + 1), 0):
-                    pool.submit(pool.add(worker), None, lambda w: w.warm_up(segments), report=False)
-                if pool.live():
-                    return
-            if position != shown:
-                store.queued(position)
-                notice(f"job {store.job_id} is queued for a worker session (position {position}; "
-                       f"all {cap} of this server's are taken)" if shown is None else
-                       f"job {store.job_id}: queue position {position}")
-                shown = position
-            if timeout is not None and time.monotonic() - queue.since > timeout:
-                raise MadlibMopError(
-                    f"job {store.job_id} waited {timeout}s for a worker session",
-                    sqlstate=errors.INSUFFICIENT_RESOURCES,
-                    detail=f"All {cap} worker sessions of this server are taken.",
-                    hint=f"CALL {store.schema_name}.resume({store.job_id}) later, or SET "
-                         f"{server_pool.QUEUE_TIMEOUT_SETTING} higher (or 0: no limit).")
-            interruption()
-            time.sleep(0.25)
-    finally:
-        queue.leave()

@@ -20,7 +20,8 @@ from madlib_mop.engine.base import Engine
 from madlib_mop.engine.pool import WorkerPool
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.job import metrics, outputs, schedule
-from madlib_mop.job.assignment import Task, WorkAssignment, wait_for_workers
+from madlib_mop.job.assignment import Task, WorkAssignment
+from madlib_mop.job.worker_supply import WorkerSupply, wait_for_workers, warm_up
 from madlib_mop.job.failures import DIVERGED, FAILED, ModelFailures, RetryPolicy
 from madlib_mop.job.progress import JobProgress
 from madlib_mop.job.search_driver import JobSearch
@@ -37,10 +38,6 @@ def start_pool(engine: Engine, segments: int) -> WorkerPool:
     for worker in engine.training_workers(segments):
         warm_up(pool, pool.add(worker), segments)
     return pool
-
-
-def warm_up(pool: WorkerPool, index: int, segments: int) -> None:
-    pool.submit(index, None, lambda worker: worker.warm_up(segments), report=False)
 
 
 def interruption_point(plpy: Any, can_commit: bool) -> None:
@@ -89,6 +86,7 @@ class Coordinator:
                 interruption_point(self.plpy, self.can_commit)
                 if outcome is not None:
                     self._handle(*outcome)
+                self.supply.adjust(self.work.running)
         except BaseException:
             self.pool.stop()
             raise
@@ -135,6 +133,7 @@ class Coordinator:
             wait_for_workers(self.plpy, self.store, self.engine, self.pool, self.S,
                              lambda: interruption_point(self.plpy, self.can_commit), self._notice)
         self.store.running_on(len(self.pool.live()))
+        self.supply = WorkerSupply(self.plpy, self.store, self.engine, self.pool, self.S)
         for index, thread in enumerate(self.pool.threads):
             thread.worker.rename(f"madlib_mop worker job {self.job_id} #{index}")
 

@@ -19,7 +19,7 @@ from madlib_mop.engine.base import Engine
 from madlib_mop.engine.cluster import engine_for
 from madlib_mop.engine.local import LocalEngine
 from madlib_mop.errors import MadlibMopError
-from madlib_mop.job import outputs, store
+from madlib_mop.job import memory, outputs, store
 from madlib_mop.job import tables as job_tables
 from madlib_mop.job.coordinator import Coordinator, start_pool
 from madlib_mop.job.plan import Plan, check_models
@@ -48,9 +48,10 @@ def initial_states(plan: Plan, previous: dict[int, bytes]) -> dict[int, bytes]:
 
 
 def create_job(plpy: Any, plan: Plan, previous_job: dict | None, prepare=None,
-               left_by: dict | None = None) -> int:
+               left_by: dict | None = None) -> tuple[int, memory.WorkerMemory]:
     """The jobs row, the output and per-job tables, and every model's initial state, in one
-    transaction of a session of its own: a failed start leaves nothing.  `prepare(db)`
+    transaction of a session of its own: a failed start leaves nothing.  Refused when its
+    worker sessions would not fit their share of the server's memory (`job.memory`).  `prepare(db)`
     creates more tables in that transaction (madlib_keras_automl's model selection table).
     `left_by`: an earlier job of this output whose output table was dropped; the tables it
     left are dropped in the same transaction."""
@@ -72,6 +73,10 @@ def create_job(plpy: Any, plan: Plan, previous_job: dict | None, prepare=None,
                     hint="Drop it, pass another model_output_table, or warm_start => TRUE to "
                          "continue a finished job.")
         states = initial_states(plan, previous_states)
+        need = memory.estimate(plpy, plan.configs, states, [
+            p["packed_table"] for p in (plan.source, plan.validation) if p],
+            plan.arguments.get("use_caching") is not False)
+        memory.check(need)
         S = plan.source["num_segments"]
         job_id = store.insert_job(db, catalog.extension_schema_name(plpy), {
             "model_output_table": plan.out.quoted, "source_table": plan.source["packed_table"],
@@ -89,7 +94,7 @@ def create_job(plpy: Any, plan: Plan, previous_job: dict | None, prepare=None,
         outputs.create(db, t, plan, job_id, states, plan.out.sibling("_info", plpy).quoted)
         if prepare is not None:
             prepare(db)
-    return job_id
+    return job_id, need
 
 
 def engine_of(plpy: Any, packed_table: str) -> Engine:
@@ -163,12 +168,13 @@ def run_plan(plpy: Any, plan: Plan, warm_start: bool, can_commit: bool, caller: 
     pool = start_pool(engine, plan.source["num_segments"])
     try:
         check_models(plpy, plan)
-        job_id = create_job(plpy, plan, previous, prepare, left_by)
+        job_id, need = create_job(plpy, plan, previous, prepare, left_by)
     except BaseException:
         pool.stop()
         raise
     plpy.notice(f"{caller}: job {job_id}: {len(plan.configs)} "
-                f"models, {plan.source['num_segments']} segments, {plan.num_iterations} iterations")
+                f"models, {plan.source['num_segments']} segments, {plan.num_iterations} iterations; "
+                f"{need.describe()}")
     run_job(plpy, job_id, can_commit, engine, pool)
 
 

@@ -1,8 +1,9 @@
 """Segment workers: what runs in the sessions an engine opens for a job (`_mop_train`,
 `_mop_evaluate`, `_mop_warm_up`).
 
-A worker session lives for the whole job and serves one segment.  It imports TensorFlow
-once (with cores / segments threads), decodes its segment's buffers once and keeps them
+A worker session lives for the whole job (or until the server's pool takes it back).  It
+imports TensorFlow once (with cores / segments threads), decodes its segments' buffers once
+and keeps them
 (unless they exceed the memory budget, then it reads them per sub-epoch), and keeps one
 compiled Keras model with traced training and evaluation loops per program key
 (`training.Program`: the models that differ only in learning rate share one), into which
@@ -10,7 +11,9 @@ each call restores the state it is given.  A call gets the model's state, trains
 sub-epoch (or evaluates) and returns the new state: the caller commits it (see
 `madlib_mop.engine.base` for the contract).
 
-Caches are keyed by (job id, owner): a session serves one job at a time.
+Caches are keyed by (job id, owner): a session serves one job at a time, and any of its
+segments (a job may have fewer workers than segments); its decoded buffers, of all the
+segments it serves, stay within madlib_mop.worker_memory_mb.
 
 On this server a worker looks its job up in the `jobs` table.  A worker on a segment server
 has no job row there: the engine ships the job's description when it opens the session
@@ -172,8 +175,12 @@ def _buffers(plpy: Any, ctx: JobContext, data: PackedData, segment: int) -> list
     the memory budget (worker_memory_mb)."""
     key = (data.table, segment)
     if key not in ctx.buffers:
+        # One budget for all the segments a worker serves (it may serve several: a job
+        # can have fewer workers than segments).
+        held = sum(sum(a.nbytes for a in b.load()) for kept in ctx.buffers.values()
+                   for b in kept if b.in_memory)
         ctx.buffers[key] = scan_partition(plpy, data.partitions.get(segment, data.table),
-                                          data.columns, segment, ctx.budget_bytes)
+                                          data.columns, segment, max(0, ctx.budget_bytes - held))
     return ctx.buffers[key]
 
 

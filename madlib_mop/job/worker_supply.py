@@ -1,0 +1,96 @@
+"""A job's worker sessions from the server's pool (`engine.server_pool`): waiting in the
+queue for a first one, taking free slots up to one worker per segment as they come, and
+giving one back while other calls wait, so that every waiting job gets a turn.
+
+Which workers a job has never changes its results (`job.assignment`), so they may come
+and go at any hop.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from madlib_mop import errors
+from madlib_mop.engine import server_pool
+from madlib_mop.engine.base import Engine
+from madlib_mop.engine.pool import WorkerPool
+from madlib_mop.errors import MadlibMopError
+from madlib_mop.job.store import JobStore
+
+ADJUST_SECONDS = 2.0  # how often a running job looks at the queue
+
+
+def share(position: int, free: int, waiting: int, segments: int) -> int:
+    """Slots a waiting call takes in its turn: none before it is among the first `free`
+    waiting; then those that leave one for each call behind it, at least one, at most one
+    per segment."""
+    if position > free:
+        return 0
+    return min(segments, max(1, free - waiting + 1))
+
+
+def warm_up(pool: WorkerPool, index: int, segments: int) -> None:
+    pool.submit(index, None, lambda worker: worker.warm_up(segments), report=False)
+
+
+def wait_for_workers(plpy: Any, store: JobStore, engine: Engine, pool: WorkerPool, segments: int,
+                     interruption: Callable[[], None], notice: Callable[[str], None]) -> None:
+    """The job has no worker: it waits in the server's queue, shown as 'queued' with its
+    position, until it is its turn.  Gives up after madlib_mop.queue_timeout_seconds."""
+    cap = server_pool.cap(plpy)
+    timeout = server_pool.queue_timeout(plpy)
+    queue = server_pool.Queue(store.conninfo, store.schema_name, store.job_id)
+    shown = None
+    try:
+        while True:
+            position, free, waiting = queue.turn(cap)
+            for worker in engine.new_workers(share(position, free, waiting, segments), 0):
+                warm_up(pool, pool.add(worker), segments)
+            if pool.live():
+                return
+            if position != shown:
+                store.queued(position)
+                notice(f"job {store.job_id} is queued for a worker session (position {position}; "
+                       f"all {cap} of this server's are taken)" if shown is None else
+                       f"job {store.job_id}: queue position {position}")
+                shown = position
+            if timeout is not None and time.monotonic() - queue.since > timeout:
+                raise MadlibMopError(
+                    f"job {store.job_id} waited {timeout}s for a worker session",
+                    sqlstate=errors.INSUFFICIENT_RESOURCES,
+                    detail=f"All {cap} worker sessions of this server are taken.",
+                    hint=f"CALL {store.schema_name}.resume({store.job_id}) later, or SET "
+                         f"{server_pool.QUEUE_TIMEOUT_SETTING} higher (or 0: no limit).")
+            interruption()
+            time.sleep(0.25)
+    finally:
+        queue.leave()
+
+
+class WorkerSupply:
+    """A running job's workers as the queue changes: while other calls wait, a job with
+    more than one worker gives one back (the first that is free); while none waits, a job
+    with fewer workers than segments takes free slots."""
+
+    def __init__(self, plpy: Any, store: JobStore, engine: Engine, pool: WorkerPool, segments: int):
+        self.plpy, self.store, self.engine, self.pool, self.S = plpy, store, engine, pool, segments
+        self.looked = time.monotonic()
+
+    def adjust(self, running: dict) -> None:
+        """`running`: the job's calls in flight, by worker index."""
+        if not self.engine.pooled or time.monotonic() - self.looked < ADJUST_SECONDS:
+            return
+        self.looked = time.monotonic()
+        live = self.pool.live()
+        if server_pool.waiting_calls(self.plpy):
+            idle = [index for index in live if index not in running]
+            if len(live) > 1 and idle:
+                self.pool.retire(idle[-1])
+                self.store.running_on(len(live) - 1)
+        elif len(live) < self.S:
+            added = self.engine.new_workers(self.S - len(live), len(self.pool.threads))
+            for worker in added:
+                warm_up(self.pool, self.pool.add(worker), self.S)
+            if added:
+                self.store.running_on(len(live) + len(added))
