@@ -271,3 +271,40 @@ def test_a_job_that_cannot_fit_is_refused_up_front(data):
         assert conn.execute("SELECT count(*) FROM madlib_mop.jobs WHERE model_output_table = "
                             "'public.too_big'").fetchone()[0] == 0
     _cap(dsn, database, 2)
+
+
+def test_cancelling_a_job_or_killing_a_worker_touches_no_other_job(data):
+    """Two roles train at once: one role's job is cancelled, and a worker of the other's is
+    terminated; the second finishes with the reference's weights, the first is resumable."""
+    dsn, analyst, database = data
+    _cap(dsn, database, 4)
+    errors: list[BaseException] = []
+    with connect(dsn) as mine, _as(dsn, analyst) as theirs, connect(dsn) as watcher, \
+            connect(dsn) as second_watcher:
+        _no_slots_held(watcher)
+        cancelled = threading.Thread(target=_recorded(errors, _fit), args=(mine, "cancelled", 3))
+        cancelled.start()
+        with held_job(watcher, "cancelled", 1):
+            kept = threading.Thread(target=_recorded(errors, _fit), args=(theirs, "kept", 3))
+            kept.start()
+            with held_job(second_watcher, "kept", 1):
+                coordinator = watcher.execute("SELECT coordinator_pid FROM madlib_mop.jobs WHERE "
+                                              "model_output_table = 'public.cancelled'").fetchone()[0]
+                job = watcher.execute("SELECT job_id FROM madlib_mop.jobs WHERE "
+                                      "model_output_table = 'public.kept'").fetchone()[0]
+                worker = watcher.execute("SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+                                         (f"madlib_mop worker job {job} #0",)).fetchone()[0]
+                assert watcher.execute("SELECT pg_cancel_backend(%s), pg_terminate_backend(%s)",
+                                       (coordinator, worker)).fetchone() == (True, True)
+        cancelled.join()
+        kept.join()
+        assert len(errors) == 1 and errors[0].diag.sqlstate == "57014"  # the cancelled call only
+        assert _weights(watcher, "kept") == _weights(watcher, "reference")
+        states = dict(watcher.execute("SELECT model_output_table, state FROM madlib_mop.job_progress "
+                                      "WHERE model_output_table IN ('public.cancelled', 'public.kept')"))
+        assert states == {"public.cancelled": "interrupted", "public.kept": "finished"}
+        # The cancelled job resumes to the same weights.
+        job = watcher.execute("SELECT job_id FROM madlib_mop.jobs WHERE model_output_table = "
+                              "'public.cancelled'").fetchone()[0]
+        mine.execute("CALL resume(%s)", (job,))
+        assert _weights(mine, "cancelled") == _weights(mine, "reference")
