@@ -3,7 +3,7 @@ predict, and a pg_cron schedule), against the same jobs run one after another, i
 
 The mix, on scikit-learn's digits packed into 2 segments (each role writes its own outputs):
   roles 1-4  madlib_keras_fit_multiple_model: 4 MLPs, 3 iterations, validated
-  roles 5-6  madlib_keras_automl: Hyperband (R=3, eta=3) over 2 architectures
+  roles 5-6  madlib_keras_automl: Hyperband (R=3, eta=3) over 8 configurations
   role 7     madlib_keras_predict of a trained model over the 1,797 rows
   role 8     the fit of roles 1-4, scheduled with pg_cron (it starts on the next minute: the
              other roles start then too)
@@ -100,7 +100,7 @@ def statement(index: int, run: str) -> str:
         return (f"SELECT madlib_mop.madlib_keras_automl('{SCHEMA}.packed', '{out}', '{SCHEMA}.arch', "
                 f"'{out}_mst', ARRAY[1, 2], $$ {{'loss': ['categorical_crossentropy'], "
                 f"'optimizer_params_list': [{{'optimizer': ['Adam'], 'lr': [0.001, 0.01]}}], "
-                f"'metrics': ['accuracy']}} $$, $$ {{'batch_size': [32], 'epochs': [1]}} $$, "
+                f"'metrics': ['accuracy']}} $$, $$ {{'batch_size': [32, 64], 'epochs': [1]}} $$, "
                 f"'hyperband', 'R=3, eta=3, skip_last=0', 0, NULL, FALSE, '{SCHEMA}.vpacked', 1)")
     return (f"SELECT madlib_mop.madlib_keras_predict('{SCHEMA}.trained', '{SCHEMA}.digits', 'id', "
             f"'x', '{out}')")
@@ -122,15 +122,16 @@ def run_call(dsn: str, index: int, run: str, results: dict) -> None:
         results[index] = (time.perf_counter() - started, str(error).splitlines()[0])
 
 
-def wait_for_cron_job(dsn: str, out: str, timeout: float) -> tuple[float, str | None]:
-    """pg_cron's run of role 8: from the minute it was due to its job's end."""
+def wait_for_cron_job(dsn: str, out: str, due: float, timeout: float) -> tuple[float, str | None]:
+    """pg_cron's run of role 8: from the minute it was due (epoch seconds) to its job's end."""
     deadline = time.monotonic() + timeout
     with psycopg.connect(dsn, autocommit=True) as conn:
         while time.monotonic() < deadline:
-            row = conn.execute("SELECT state, extract(epoch FROM finished_at - created_at), last_error "
+            row = conn.execute("SELECT state, extract(epoch FROM finished_at), last_error "
                                "FROM madlib_mop.jobs WHERE model_output_table = %s", (out,)).fetchone()
             if row and row[0] in ("finished", "failed"):
-                return float(row[1] or 0.0), row[2] if row[0] == "failed" else None
+                return (float(row[1]) - due if row[1] else time.time() - due,
+                        row[2] if row[0] == "failed" else None)
             time.sleep(0.5)
     return timeout, "the scheduled run did not end in time"
 
@@ -178,14 +179,15 @@ def concurrent(dsn: str, timeout: float) -> tuple[float, dict, Sampler]:
         conn.execute("SELECT cron.schedule('bench_load', %s, %s)",
                      (f"{minute} * * * *", statement(8, "cron")))
     while datetime.now().minute != minute:
-        time.sleep(0.2)
+        time.sleep(0.05)
+    due = datetime.now().replace(second=0, microsecond=0).timestamp()
     sampler = Sampler(dsn)
     sampler.start()
     started = time.perf_counter()
     threads = [threading.Thread(target=run_call, args=(dsn, i, "load", results)) for i in range(1, 8)]
     for thread in threads:
         thread.start()
-    results[8] = wait_for_cron_job(dsn, f"{SCHEMA}.r8_cron", timeout)
+    results[8] = wait_for_cron_job(dsn, f"{SCHEMA}.r8_cron", due, timeout)
     for thread in threads:
         thread.join(timeout)
     makespan = time.perf_counter() - started

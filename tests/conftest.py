@@ -41,6 +41,27 @@ def connect(dsn: str, notices: list | None = None) -> psycopg.Connection:
     return conn
 
 
+def mlp_json(inputs: int, hidden: int, classes: int) -> str:
+    """A Keras MLP's JSON: inputs -> hidden (relu) -> classes (softmax)."""
+    import keras
+
+    return keras.Sequential([keras.Input((inputs,)), keras.layers.Dense(hidden, activation="relu"),
+                             keras.layers.Dense(classes, activation="softmax")]).to_json()
+
+
+def iris_table(conn: psycopg.Connection, table: str = "iris") -> None:
+    """scikit-learn's iris as MADlib's walkthrough has it: (id, attributes float8[],
+    class_text), in table `table` of the connection's first schema."""
+    from sklearn.datasets import load_iris
+
+    iris = load_iris()
+    conn.execute(sql.SQL("CREATE TABLE {} (id int, attributes float8[], class_text text)").format(
+        sql.Identifier(table)))
+    with conn.cursor().copy(sql.SQL("COPY {} FROM STDIN").format(sql.Identifier(table))) as copy:
+        for i, (x, y) in enumerate(zip(iris.data, iris.target)):
+            copy.write_row((i, [float(v) for v in x], str(iris.target_names[y])))
+
+
 def psql_script(dsn: str, script: str) -> subprocess.CompletedProcess:
     """`script` run as an analyst's script file runs: psql -f, autocommit, one statement
     after another with no pause, stopping at the first error (ON_ERROR_STOP)."""

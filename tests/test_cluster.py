@@ -24,7 +24,7 @@ from psycopg.conninfo import make_conninfo
 from madlib_mop.tools import cluster as cluster_tool
 from madlib_mop.tools.embedded import EmbeddedCluster
 
-from tests.conftest import _uses_embedded_cluster, allow_worker_role_on, connect as _connect, held_job
+from tests.conftest import _uses_embedded_cluster, allow_worker_role_on, connect as _connect, held_job, iris_table
 
 pytestmark = pytest.mark.skipif(not _uses_embedded_cluster(),
                                 reason="starts PostgreSQL servers of its own on this machine")
@@ -72,16 +72,10 @@ def cluster(servers):
 
 def _walkthrough_data(dsn, local: bool):
     """MADlib's walkthrough set-up: iris, packed (all_segments), an architecture, configs."""
-    from sklearn.datasets import load_iris
-
-    iris = load_iris()
     with _connect(dsn) as conn:
         if local:
             conn.execute("SET madlib_mop.segments = 2")
-        conn.execute("CREATE TABLE iris_train (id int, attributes float8[], class_text text)")
-        with conn.cursor().copy("COPY iris_train FROM STDIN") as copy:
-            for i, (x, y) in enumerate(zip(iris.data, iris.target)):
-                copy.write_row((i, [float(v) for v in x], str(iris.target_names[y])))
+        iris_table(conn, "iris_train")
         conn.execute("SELECT training_preprocessor_dl('iris_train', 'iris_packed', 'class_text', "
                      "'attributes')")
         conn.execute("SELECT validation_preprocessor_dl('iris_train', 'iris_valid', 'class_text', "

@@ -14,7 +14,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from madlib_mop.tools.replay import replay
-from tests.conftest import connect as _connect, held_job
+from tests.conftest import connect as _connect, held_job, mlp_json
 from madlib_mop.job.schedule import visit_orders
 
 import keras  # noqa: E402  (a missing Keras fails these tests, it does not skip them)
@@ -22,11 +22,6 @@ import keras  # noqa: E402  (a missing Keras fails these tests, it does not skip
 COMPILE_GRID = ("{'loss': ['categorical_crossentropy'], 'optimizer_params_list': ["
                 "{'optimizer': ['Adam'], 'lr': [0.01, 0.05]}], 'metrics': ['accuracy']}")
 FIT_GRID = "{'batch_size': [8, 16], 'epochs': [1]}"
-
-
-def _mlp(inputs, hidden, classes):
-    return keras.Sequential([keras.Input((inputs,)), keras.layers.Dense(hidden, activation="relu"),
-                             keras.layers.Dense(classes, activation="softmax")]).to_json()
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +50,7 @@ def data(extension_dsn):
         conn.execute("SELECT validation_preprocessor_dl('digits_test', 'digits_valid', 'digit', "
                      "'pixels', 'digits_packed')")
         for inputs, hidden, classes in ((4, 8, 3), (64, 32, 10), (5, 8, 3), (4, 8, 2)):
-            conn.execute("SELECT load_keras_model('arch', %s::json)", (_mlp(inputs, hidden, classes),))
+            conn.execute("SELECT load_keras_model('arch', %s::json)", (mlp_json(inputs, hidden, classes),))
         conn.execute("SELECT generate_model_configs('arch', 'mst_iris', ARRAY[1], %s, %s)",
                      (COMPILE_GRID, FIT_GRID))
         conn.execute("SELECT generate_model_configs('arch', 'mst_digits', ARRAY[2], %s, %s)",
@@ -100,7 +95,7 @@ def test_outputs_follow_madlib(data, reference):
             "training_loss_final", "training_metrics", "training_loss", "validation_metrics_final",
             "validation_loss_final", "validation_metrics", "validation_loss"]
         assert columns("ref_summary")[:4] == ["source_table", "validation_table", "model", "model_info"]
-        model = keras.models.model_from_json(_mlp(4, 8, 3))
+        model = keras.models.model_from_json(mlp_json(4, 8, 3))
         assert sorted(weights) == [1, 2, 3, 4]
         assert all(len(w) == 4 * model.count_params() for w in weights.values())
         info = conn.cursor(row_factory=dict_row).execute("SELECT * FROM ref_info ORDER BY mst_key").fetchall()
@@ -311,10 +306,10 @@ def test_initial_weights_from_the_architecture_table(data):
     """Transfer learning: a model starts from the weights stored with its architecture."""
     from madlib_mop.runtime import state
 
-    model = keras.models.model_from_json(_mlp(4, 8, 3))
+    model = keras.models.model_from_json(mlp_json(4, 8, 3))
     start = np.linspace(-0.5, 0.5, model.count_params()).astype(np.float32)
     with _connect(data) as conn:
-        conn.execute("SELECT load_keras_model('arch_pretrained', %s::json, %s)", (_mlp(4, 8, 3), start.tobytes()))
+        conn.execute("SELECT load_keras_model('arch_pretrained', %s::json, %s)", (mlp_json(4, 8, 3), start.tobytes()))
         conn.execute("SELECT load_model_selection_table('arch_pretrained', 'mst_pretrained', ARRAY[1], "
                      "ARRAY[$$loss='categorical_crossentropy',optimizer='SGD(lr=0.0)'$$], ARRAY['batch_size=16'])")
         conn.execute("SELECT madlib_keras_fit_multiple_model('iris_packed', 'pretrained', 'mst_pretrained', 1, FALSE)")

@@ -11,7 +11,7 @@ import pytest
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from tests.conftest import connect
+from tests.conftest import connect, iris_table, mlp_json
 
 import keras  # noqa: E402  (a missing Keras fails these tests, it does not skip them)
 
@@ -22,27 +22,16 @@ DIVERGING = "loss='categorical_crossentropy', optimizer='SGD(learning_rate=1e30)
 FIT = "batch_size=8, epochs=1"
 
 
-def _mlp(inputs, hidden, classes):
-    return keras.Sequential([keras.Input((inputs,)), keras.layers.Dense(hidden, activation="relu"),
-                             keras.layers.Dense(classes, activation="softmax")]).to_json()
-
-
 @pytest.fixture(scope="module")
 def data(extension_dsn):
-    from sklearn.datasets import load_iris
-
-    iris = load_iris()
     with psycopg.connect(extension_dsn, autocommit=True) as conn:
         conn.execute("SET search_path = public, madlib_mop")
-        conn.execute("CREATE TABLE iris (id int, attributes float8[], class_text text)")
-        with conn.cursor().copy("COPY iris FROM STDIN") as copy:
-            for i, (x, y) in enumerate(zip(iris.data, iris.target)):
-                copy.write_row((i, [float(v) for v in x], str(iris.target_names[y])))
+        iris_table(conn)
         conn.execute("SELECT training_preprocessor_dl('iris', 'iris_packed', 'class_text', "
                      "'attributes', distribution_rules => '2')")
         conn.execute("SELECT validation_preprocessor_dl('iris', 'iris_valid', 'class_text', "
                      "'attributes', 'iris_packed')")
-        conn.execute("SELECT load_keras_model('arch', %s::json)", (_mlp(4, 8, 3),))
+        conn.execute("SELECT load_keras_model('arch', %s::json)", (mlp_json(4, 8, 3),))
         # A model that builds, and so passes every check before the job, but whose every
         # sub-epoch fails: an embedding of 2 rows looked up with iris' values up to 7.
         failing = keras.Sequential([keras.Input((4,)), keras.layers.Embedding(2, 2),

@@ -14,9 +14,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from tests.conftest import connect, held_job
-
-import keras  # noqa: E402  (a missing Keras fails these tests, it does not skip them)
+from tests.conftest import connect, held_job, iris_table, mlp_json
 
 COMPILE = "loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.01)', metrics=['accuracy']"
 SLOTS = ("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1297043543 "
@@ -25,23 +23,15 @@ SLOTS = ("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid 
 
 @pytest.fixture(scope="module")
 def data(extension_dsn, allow_worker_role):
-    from sklearn.datasets import load_iris
-
-    iris = load_iris()
     analyst = f"pool_analyst_{uuid.uuid4().hex[:6]}"
     allow_worker_role(analyst)
     database = conninfo_to_dict(extension_dsn)["dbname"]
     with psycopg.connect(extension_dsn, autocommit=True) as conn:
         conn.execute("SET search_path = public, madlib_mop")
-        conn.execute("CREATE TABLE iris (id int, attributes float8[], class_text text)")
-        with conn.cursor().copy("COPY iris FROM STDIN") as copy:
-            for i, (x, y) in enumerate(zip(iris.data, iris.target)):
-                copy.write_row((i, [float(v) for v in x], str(iris.target_names[y])))
+        iris_table(conn)
         conn.execute("SELECT training_preprocessor_dl('iris', 'iris_packed', 'class_text', "
                      "'attributes', distribution_rules => '2')")
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"),
-                                  keras.layers.Dense(3, activation="softmax")])
-        conn.execute("SELECT load_keras_model('arch', %s::json)", (model.to_json(),))
+        conn.execute("SELECT load_keras_model('arch', %s::json)", (mlp_json(4, 8, 3),))
         conn.execute("SELECT load_model_selection_table('arch', 'mst', ARRAY[1], ARRAY[%s, %s], "
                      "ARRAY['batch_size=8, epochs=1'])",
                      (COMPILE, COMPILE.replace("0.01", "0.05")))
@@ -308,3 +298,20 @@ def test_cancelling_a_job_or_killing_a_worker_touches_no_other_job(data):
                               "'public.cancelled'").fetchone()[0]
         mine.execute("CALL resume(%s)", (job,))
         assert _weights(mine, "cancelled") == _weights(mine, "reference")
+
+
+def test_predict_runs_on_the_pool_with_fewer_workers_than_parts(data):
+    dsn, _, database = data
+    predictions = {}
+    for cap, out in ((1, "predicted_on_one"), (4, "predicted_on_two")):
+        _cap(dsn, database, cap)
+        with connect(dsn) as conn:
+            _no_slots_held(conn)
+            conn.execute("SET madlib_mop.segments = 2")
+            conn.execute("SELECT madlib_keras_predict('reference', 'iris', 'id', 'attributes', %s, "
+                         "'prob', FALSE, 1)", (out,))
+            predictions[cap] = conn.execute(sql.SQL("SELECT * FROM {} ORDER BY 1, 2").format(
+                sql.Identifier(out))).fetchall()
+            # Its sessions hold their slots, kept idle for this session's next call.
+            assert conn.execute(SLOTS).fetchone()[0] == min(cap, 2)
+    assert len(predictions[1]) == 150 * 3 and predictions[1] == predictions[4]

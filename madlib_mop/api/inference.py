@@ -35,26 +35,20 @@ from madlib_mop.errors import MadlibMopError
 WORKERS_SETTING = "madlib_mop.segments"
 
 
-# ---- which model --------------------------------------------------------------------------
-
-
-
-
-
-
-
-
 # ---- running on workers -------------------------------------------------------------------
 
 def _run_parallel(plpy: Any, calls: list, engine: Engine | None = None) -> list[Any]:
-    """Each call (worker -> result) on its own inference worker of the engine, concurrently;
-    a cancel of this call cancels them."""
+    """The calls (worker -> result) on the engine's inference workers, concurrently (on
+    this server as many as its pool gives, each taking the next call); a cancel of this
+    call cancels them."""
     engine = engine or LocalEngine(plpy)
     workers = engine.inference_workers(len(calls))
     try:
         return run_all(workers, calls, lambda: plpy.execute("SELECT 1"))
     finally:
-        if not isinstance(engine, LocalEngine):  # only this server's are kept for later calls
+        if isinstance(engine, LocalEngine):  # only this server's are kept for later calls
+            engine.keep_inference(workers)
+        else:
             for worker in workers:
                 worker.close()
 

@@ -170,13 +170,19 @@ class LocalEngine(Engine):
             for other in _training_pool.pop(key):  # kept for another size: their slots go back
                 other.wake()
                 other.close()
+        return workers + self._free_slots(segments - len(workers), len(workers), "madlib_mop worker")
+
+    def _free_slots(self, count: int, first: int, label: str) -> list[Worker]:
+        """New sessions on the slots free now (none while calls are queued: they go first),
+        and on those that other sessions' idle workers give back."""
+        workers: list[Worker] = []
         if not server_pool.waiting_calls(self.plpy):
-            workers += self.new_workers(segments - len(workers), len(workers))
-        if len(workers) < segments and server_pool.idle_holders(self.plpy):
-            workers += self._reclaim(segments - len(workers), len(workers))
+            workers += self.new_workers(count, first, label)
+        if len(workers) < count and server_pool.idle_holders(self.plpy):
+            workers += self._reclaim(count - len(workers), first + len(workers), label)
         return workers
 
-    def _reclaim(self, count: int, first: int) -> list[Worker]:
+    def _reclaim(self, count: int, first: int, label: str) -> list[Worker]:
         """Slots that other sessions' idle workers hold: queued, the job makes them end
         (`server_pool.idle`), and takes the slots in its turn, for a few seconds at most."""
         queue = server_pool.Queue(self.conninfo, self.schema_name, None)
@@ -185,8 +191,8 @@ class LocalEngine(Engine):
             while len(workers) < count and time.monotonic() - queue.since < server_pool.RECLAIM_SECONDS:
                 position, free, waiting = queue.turn(self.cap)
                 if position <= free:
-                    workers += self.new_workers(min(count - len(workers), max(1, free - waiting + 1)),
-                                                first + len(workers))
+                    workers += self.new_workers(server_pool.share(position, free, waiting, count - len(workers)),
+                                                first + len(workers), label)
                 if len(workers) < count and not server_pool.idle_holders(self.plpy):
                     break
                 self.plpy.execute("SELECT pg_catalog.pg_sleep(0.1)")
@@ -194,12 +200,11 @@ class LocalEngine(Engine):
             queue.leave()
         return workers
 
-    def new_workers(self, count: int, first: int) -> list[Worker]:
+    def new_workers(self, count: int, first: int, label: str = "madlib_mop worker") -> list[Worker]:
         """Up to `count` new sessions, as many as slots are free."""
         workers: list[Worker] = []
         for index in range(first, first + count):
-            worker = LocalWorker(self.conninfo, self.schema, index,
-                                 f"madlib_mop worker {index}", self.cap)
+            worker = LocalWorker(self.conninfo, self.schema, index, f"{label} {index}", self.cap)
             if not worker.open_with_slot():
                 break
             workers.append(worker)
@@ -213,10 +218,31 @@ class LocalEngine(Engine):
         _training_pool[(self.conninfo, segments)] = kept
 
     def inference_workers(self, count: int) -> list[Worker]:
-        """Sessions kept for this session's later calls: TensorFlow is imported and the
-        model built once per worker, not once per call."""
-        pool = [w for w in _inference_pool.get(self.conninfo, []) if w.usable]
-        while len(pool) < count:
-            pool.append(self.worker(len(pool), f"madlib_mop inference worker {len(pool)}"))
-        _inference_pool[self.conninfo] = pool
-        return pool[:count]
+        """Up to `count` sessions of the server's pool (evaluate and predict spread their
+        parts over those they get): this session's kept ones first (TensorFlow imported,
+        the model built once per worker, not once per call), then free slots; with none,
+        the call waits in the queue."""
+        label = "madlib_mop inference worker"
+        kept = [w for w in _inference_pool.pop(self.conninfo, []) if w.wake()]
+        for extra in kept[count:]:
+            extra.close()
+        workers = kept[:count]
+        workers += self._free_slots(count - len(workers), len(workers), label)
+        if workers:
+            return workers
+
+        def shown(position: int, cap: int, first: int) -> None:
+            if first:
+                self.plpy.notice(f"madlib_mop: queued for a worker session (position {position}; "
+                                 f"all {cap} of this server's are taken)")
+        return server_pool.wait_in_queue(
+            self.plpy, self.conninfo, self.schema_name, None, count,
+            lambda n: self.new_workers(n, 0, label), shown,
+            lambda: self.plpy.execute("SELECT 1"), hint="Call it again later")
+
+    def keep_inference(self, workers: list[Worker]) -> None:
+        """After an evaluation or prediction: its sessions wait for this session's next."""
+        kept = [w for w in workers if isinstance(w, LocalWorker) and w.usable]
+        for worker in kept:
+            worker.idle(self.idle_seconds)
+        _inference_pool[self.conninfo] = kept

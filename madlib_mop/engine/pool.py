@@ -108,20 +108,37 @@ class WorkerPool:
 
 def run_all(workers: list[Worker], calls: list[Callable[[Worker], Any]],
             poll: Callable[[], None]) -> list[Any]:
-    """Each call on its own worker, concurrently; the results in order.  `poll` runs in
-    the caller's thread while waiting (it lets a cancel of the caller take effect).  The
+    """The calls over the workers, concurrently: call i on worker i, or, with fewer workers
+    than calls (the server's pool is short; the workers are then interchangeable), each
+    worker runs the next call not taken yet; the results in the calls' order.  `poll` runs
+    in the caller's thread while waiting (it lets a cancel of the caller take effect).  The
     first failure is raised, as a MadlibMopError, after every call has ended; workers are
     kept open (an engine may reuse them)."""
     results: list[Any] = [None] * len(calls)
     failures: list[BaseException] = []
+    pending: queue.SimpleQueue = queue.SimpleQueue()
+    for index in range(len(calls)):
+        pending.put(index)
 
-    def work(index: int) -> None:
+    def run(index: int, worker: Worker) -> None:
         try:
-            results[index] = calls[index](workers[index])
+            results[index] = calls[index](worker)
         except BaseException as error:  # raised below, in the caller's thread
             failures.append(error)
 
-    threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(len(calls))]
+    def work(worker: Worker, bound: int | None) -> None:
+        if bound is not None:
+            return run(bound, worker)
+        while not failures:
+            try:
+                index = pending.get_nowait()
+            except queue.Empty:
+                return
+            run(index, worker)
+
+    one_each = len(workers) >= len(calls)
+    threads = [threading.Thread(target=work, args=(w, i if one_each else None), daemon=True)
+               for i, w in enumerate(workers[:len(calls)])]
     for thread in threads:
         thread.start()
     try:

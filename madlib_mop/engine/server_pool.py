@@ -27,12 +27,14 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 
 import psycopg
 from psycopg import sql
 
+from madlib_mop import errors
 from madlib_mop.db import catalog, settings
+from madlib_mop.errors import MadlibMopError
 
 SLOT_CLASS = 0x4D4F5057  # the advisory lock class of worker slots ("MOPW")
 # A worker session's memory with TensorFlow and Keras imported and a small job's programs
@@ -145,6 +147,44 @@ class Queue:
                             (self.ticket,))
         finally:
             self.db.close()
+
+
+def share(position: int, free: int, waiting: int, wanted: int) -> int:
+    """Slots a waiting call takes in its turn: none before it is among the first `free`
+    waiting; then those that leave one for each call behind it, at least one, at most
+    `wanted`."""
+    if position > free:
+        return 0
+    return min(wanted, max(1, free - waiting + 1))
+
+
+def wait_in_queue(plpy: Any, conninfo: str, schema_name: str, job_id: int | None, wanted: int,
+                  take: Callable[[int], list], shown: Callable[[int, int, bool], None],
+                  interruption: Callable[[], None], hint: str) -> list:
+    """Wait in the queue until this call's turn, then `take(n)` (the workers it could open
+    of n: slots may go to another call meanwhile, then it waits on).  `shown(position, cap,
+    first)` when its position changes.  Gives up after madlib_mop.queue_timeout_seconds."""
+    cap_value, timeout = cap(plpy), queue_timeout(plpy)
+    queue = Queue(conninfo, schema_name, job_id)
+    last = None
+    try:
+        while True:
+            position, free, waiting = queue.turn(cap_value)
+            taken = take(share(position, free, waiting, wanted)) if position <= free else []
+            if taken:
+                return taken
+            if position != last:
+                shown(position, cap_value, last is None)
+                last = position
+            if timeout is not None and time.monotonic() - queue.since > timeout:
+                raise MadlibMopError(f"waited {timeout}s for a worker session",
+                                     sqlstate=errors.INSUFFICIENT_RESOURCES,
+                                     detail=f"All {cap_value} worker sessions of this server are taken.",
+                                     hint=f"{hint}, or SET {QUEUE_TIMEOUT_SETTING} higher (0: no limit).")
+            interruption()
+            time.sleep(0.25)
+    finally:
+        queue.leave()
 
 
 def idle(plpy: Any, seconds: float, can_commit: bool = False) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from madlib_mop import errors
 from madlib_mop.engine import server_pool
 from madlib_mop.engine.base import Engine
 from madlib_mop.engine.pool import WorkerPool
@@ -21,15 +20,6 @@ from madlib_mop.job.store import JobStore
 ADJUST_SECONDS = 2.0  # how often a running job looks at the queue
 
 
-def share(position: int, free: int, waiting: int, segments: int) -> int:
-    """Slots a waiting call takes in its turn: none before it is among the first `free`
-    waiting; then those that leave one for each call behind it, at least one, at most one
-    per segment."""
-    if position > free:
-        return 0
-    return min(segments, max(1, free - waiting + 1))
-
-
 def warm_up(pool: WorkerPool, index: int, segments: int) -> None:
     pool.submit(index, None, lambda worker: worker.warm_up(segments), report=False)
 
@@ -37,35 +27,23 @@ def warm_up(pool: WorkerPool, index: int, segments: int) -> None:
 def wait_for_workers(plpy: Any, store: JobStore, engine: Engine, pool: WorkerPool, segments: int,
                      interruption: Callable[[], None], notice: Callable[[str], None]) -> None:
     """The job has no worker: it waits in the server's queue, shown as 'queued' with its
-    position, until it is its turn.  Gives up after madlib_mop.queue_timeout_seconds."""
-    cap = server_pool.cap(plpy)
-    timeout = server_pool.queue_timeout(plpy)
-    queue = server_pool.Queue(store.conninfo, store.schema_name, store.job_id)
-    shown = None
+    position, until it is its turn (`server_pool.wait_in_queue`)."""
+    def shown(position: int, cap: int, first: bool) -> None:
+        store.queued(position)
+        notice(f"job {store.job_id} is queued for a worker session (position {position}; all "
+               f"{cap} of this server's are taken)" if first else
+               f"job {store.job_id}: queue position {position}")
+
     try:
-        while True:
-            position, free, waiting = queue.turn(cap)
-            for worker in engine.new_workers(share(position, free, waiting, segments), 0):
-                warm_up(pool, pool.add(worker), segments)
-            if pool.live():
-                return
-            if position != shown:
-                store.queued(position)
-                notice(f"job {store.job_id} is queued for a worker session (position {position}; "
-                       f"all {cap} of this server's are taken)" if shown is None else
-                       f"job {store.job_id}: queue position {position}")
-                shown = position
-            if timeout is not None and time.monotonic() - queue.since > timeout:
-                raise MadlibMopError(
-                    f"job {store.job_id} waited {timeout}s for a worker session",
-                    sqlstate=errors.INSUFFICIENT_RESOURCES,
-                    detail=f"All {cap} worker sessions of this server are taken.",
-                    hint=f"CALL {store.schema_name}.resume({store.job_id}) later, or SET "
-                         f"{server_pool.QUEUE_TIMEOUT_SETTING} higher (or 0: no limit).")
-            interruption()
-            time.sleep(0.25)
-    finally:
-        queue.leave()
+        workers = server_pool.wait_in_queue(
+            plpy, store.conninfo, store.schema_name, store.job_id, segments,
+            lambda n: engine.new_workers(n, 0), shown, interruption,
+            hint=f"CALL {store.schema_name}.resume({store.job_id}) later")
+    except MadlibMopError as error:
+        error.message = f"job {store.job_id} {error.message}"
+        raise
+    for worker in workers:
+        warm_up(pool, pool.add(worker), segments)
 
 
 class WorkerSupply:
