@@ -310,7 +310,7 @@ def test_predict_runs_on_the_pool_with_fewer_workers_than_parts(data):
             conn.execute("SET madlib_mop.segments = 2")
             conn.execute("SELECT madlib_keras_predict('reference', 'iris', 'id', 'attributes', %s, "
                          "'prob', FALSE, 1)", (out,))
-            predictions[cap] = conn.execute(sql.SQL("SELECT * FROM {} ORDER BY 1, 2").format(
+            predictions[cap] = conn.execute(sql.SQL("SELECT * FROM {} ORDER BY 1, 5").format(
                 sql.Identifier(out))).fetchall()
             # Its sessions hold their slots, kept idle for this session's next call.
             assert conn.execute(SLOTS).fetchone()[0] == min(cap, 2)
