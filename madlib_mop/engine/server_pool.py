@@ -38,7 +38,7 @@ from madlib_mop.errors import MadlibMopError
 
 SLOT_CLASS = 0x4D4F5057  # the advisory lock class of worker slots ("MOPW")
 # A worker session's memory with TensorFlow and Keras imported and a small job's programs
-# traced (RSS measured on this machine's workers: 0.6 to 0.9 GB).
+# traced: 0.67 GB of RSS measured for `make demo`'s workers here, with room for larger ones.
 BASE_MB = 900
 MEMORY_FRACTION = 0.75  # of the machine's memory, for worker sessions
 IDLE_SETTING, DEFAULT_IDLE_SECONDS = "madlib_mop.worker_idle_seconds", 300

@@ -38,7 +38,7 @@ class WorkerMemory:
 
     def describe(self) -> str:
         return (f"each worker session needs about {self.total_mb:.0f} MB (TensorFlow "
-                f"{self.base_mb:.0f}, models {self.models_mb:.1f}, buffers {self.buffers_mb:.1f}) "
+                f"{self.base_mb:.0f}, models {self.models_mb:.2f}, buffers {self.buffers_mb:.2f}) "
                 f"of the {self.share_mb:.0f} MB each of this server's {self.cap} may use")
 
 
@@ -50,8 +50,10 @@ def estimate(plpy: Any, configs: list[dict], states: dict[int, bytes], packed_ta
         largest[key] = max(largest.get(key, 0), len(states[config["mst_key"]]))
     models = STATE_COPIES * sum(largest.values()) / MB
     budget = settings.whole_number(plpy, "madlib_mop.worker_memory_mb", minimum=0, strict=False)
-    data = sum(plpy.execute(plpy.prepare("SELECT pg_catalog.pg_total_relation_size($1::regclass) AS b",
-                                         ["text"]), [t])[0]["b"] for t in packed_tables) / MB
+    # A packed table is partitioned: its rows are in its partitions (foreign ones count 0).
+    size = plpy.prepare("SELECT coalesce(sum(pg_catalog.pg_total_relation_size(relid)), 0) AS b "
+                        "FROM pg_catalog.pg_partition_tree($1::regclass)", ["text"])
+    data = sum(int(plpy.execute(size, [t])[0]["b"]) for t in packed_tables) / MB
     buffers = min(data, DEFAULT_BUDGET_MB if budget is None else budget) if use_caching else 0.0
     cap = server_pool.cap(plpy)
     return WorkerMemory(float(server_pool.BASE_MB), models, buffers, server_pool.slot_share_mb(cap), cap)

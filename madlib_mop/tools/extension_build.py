@@ -190,23 +190,29 @@ def expand_procedures(sql: str) -> str:
     return PROCEDURE.sub(procedure, sql)
 
 
-def routine_statements(script: str) -> list[str]:
-    """The CREATE FUNCTION / PROCEDURE / AGGREGATE statements of a script (and COMMENT ON
-    them, and `DO $routines$` blocks that create routines), in order, as CREATE OR REPLACE."""
+def statements_starting(script: str, start: re.Pattern) -> list[str]:
+    """The statements of a script whose first line matches `start`, in order: each ends at
+    a line ending in ";" outside dollar quotes."""
     statements, current, quote = [], None, None
     for line in script.splitlines(keepends=True):
         if current is None:
-            if not _ROUTINE_START.match(line):
+            if not start.match(line):
                 continue
             current = []
         current.append(line)
         for tag in _DOLLAR_TAG.findall(line):
             quote = None if quote == tag else (quote or tag)
         if quote is None and line.rstrip().endswith(";"):
-            statement = "".join(current)
-            statements.append(re.sub(r"^CREATE ", "CREATE OR REPLACE ", statement))
+            statements.append("".join(current))
             current = None
     return statements
+
+
+def routine_statements(script: str) -> list[str]:
+    """The CREATE FUNCTION / PROCEDURE / AGGREGATE statements of a script (and COMMENT ON
+    them, and `DO $routines$` blocks that create routines), in order, as CREATE OR REPLACE."""
+    return [re.sub(r"^CREATE ", "CREATE OR REPLACE ", statement)
+            for statement in statements_starting(script, _ROUTINE_START)]
 
 
 def object_statements(script: str, name: str) -> str:
@@ -215,16 +221,7 @@ def object_statements(script: str, name: str) -> str:
     object, or drops a view to change its columns, puts these (`-- @object NAME`), so that
     an updated extension has the object of a fresh one."""
     target = re.compile(rf"^(CREATE|COMMENT|GRANT|ALTER)\b.* @extschema@\.{re.escape(name)}\b")
-    statements, current = [], None
-    for line in script.splitlines(keepends=True):
-        if current is None:
-            if not target.match(line):
-                continue
-            current = []
-        current.append(line)
-        if line.rstrip().endswith(";"):
-            statements.append("".join(current))
-            current = None
+    statements = statements_starting(script, target)
     if not statements:
         raise BuildError(f"-- @object {name}: no statement of @extschema@.{name} in the install script")
     return "".join(statements)
