@@ -157,3 +157,30 @@ def test_an_optimizer_argument_of_none_trains_with_keras_default(fitted):
         compile_params, loss = conn.execute(
             "SELECT s.compile_params, s.training_loss[1] FROM kt_none_summary s").fetchone()
     assert "epsilon=None" in compile_params and math.isfinite(loss)
+
+
+def test_sample_weight_mode_none_is_accepted_with_a_notice(fitted):
+    """MADlib's scripts write Keras 2's compile argument sample_weight_mode=None (its
+    default); Keras 3 has none.  Accepted with a NOTICE, it trains as without it; any other
+    value is refused."""
+    written = ("loss='categorical_crossentropy', optimizer='Adam(lr=0.01)', metrics=['accuracy'], "
+               "sample_weight_mode=None")
+    notices: list[str] = []
+    with connect(fitted[0], notices) as conn:
+        conn.execute("SELECT madlib_keras_fit('iris_packed', 'kt_swm', 'arch', 1, %s, 'batch_size=4', 1)",
+                     (written,))
+        conn.execute("SELECT madlib_keras_fit('iris_packed', 'kt_plain', 'arch', 1, %s, 'batch_size=4', 1)",
+                     (written.replace(", sample_weight_mode=None", ""),))
+        weights = conn.execute("SELECT (SELECT model_weights FROM kt_swm), "
+                               "(SELECT model_weights FROM kt_plain)").fetchone()
+        assert weights[0] == weights[1]
+        assert any("sample_weight_mode=None is Keras 2's default" in n for n in notices), notices
+        # A model selection table takes it too (the fit that reads it says so, once).
+        conn.execute("SELECT load_model_selection_table('arch', 'kt_swm_mst', ARRAY[1], ARRAY[%s], "
+                     "ARRAY['batch_size=4'])", (written,))
+        assert sum("sample_weight_mode=None" in n for n in notices) == 1
+        with pytest.raises(psycopg.Error) as caught:
+            conn.execute("SELECT madlib_keras_fit('iris_packed', 'kt_temporal', 'arch', 1, %s, "
+                         "'batch_size=4', 1)", (written.replace("None", "'temporal'"),))
+        assert caught.value.diag.sqlstate == "0A000"
+        assert "remove it" in caught.value.diag.message_hint

@@ -88,7 +88,11 @@ METRICS = frozenset({
 # top_<k>_accuracy: what MADlib's docs load as a custom function (load_top_k_accuracy_function);
 # here Keras' own top-k accuracy with that k, reported under that name.
 TOP_K_ACCURACY = re.compile(r"top_([1-9][0-9]{0,5})_accuracy")
-COMPILE_KEYS = ("optimizer", "loss", "metrics", "loss_weights", "weighted_metrics")
+COMPILE_KEYS = ("optimizer", "loss", "metrics", "loss_weights", "weighted_metrics",
+                "sample_weight_mode")
+# Keras 2 compile arguments that Keras 3 dropped: accepted with their default only (the
+# caller says so in a NOTICE), refused with any other value.
+DROPPED_COMPILE_KEYS = {"sample_weight_mode": None}
 FIT_KEYS = ("batch_size", "epochs", "verbose", "shuffle", "class_weight", "initial_epoch",
             "steps_per_epoch", "callbacks")
 # The callbacks fit_params may name: checked and recorded, never built (see parse_fit_params).
@@ -264,6 +268,7 @@ class CompileParams:
     loss: str
     metrics: tuple[str, ...] = ()
     extra: tuple[tuple[str, Any], ...] = ()  # loss_weights, weighted_metrics
+    ignored: tuple[str, ...] = ()  # Keras 2 arguments given with their default (DROPPED_COMPILE_KEYS)
 
     def __str__(self) -> str:
         parts = [f"optimizer='{self.optimizer}'", f"loss='{self.loss}'"]
@@ -301,6 +306,18 @@ def check_keys(params: dict, allowed: tuple, what: str, text: str) -> None:
 
 def compile_params_from(params: dict, text: str) -> CompileParams:
     check_keys(params, COMPILE_KEYS, "compile_params", text)
+    params = dict(params)
+    ignored = []
+    for key, default in DROPPED_COMPILE_KEYS.items():
+        if key not in params:
+            continue
+        if params[key] is not default:
+            raise MadlibMopError(f"compile_params: {key}={params[key]!r} is not supported",
+                                 sqlstate=errors.FEATURE_NOT_SUPPORTED, detail=f"Got: {text[:300]}",
+                                 hint=f"Keras 3 has no {key}; remove it (or pass {key}={default!r}, "
+                                      "Keras 2's default, which changes nothing).")
+        del params[key]
+        ignored.append(key)
     if "loss" not in params:
         raise MadlibMopError("compile_params needs a loss", sqlstate=errors.INVALID_PARAMETER_VALUE,
                              detail=f"Got: {text[:300]}",
@@ -322,7 +339,7 @@ def compile_params_from(params: dict, text: str) -> CompileParams:
             raise MadlibMopError(f"{key} must be a list or dict",
                                  sqlstate=errors.INVALID_PARAMETER_VALUE,
                                  detail=f"Got: {text[:300]}", hint=f"e.g. {key}=[1.0]")
-    return CompileParams(optimizer, loss, metrics, extra)
+    return CompileParams(optimizer, loss, metrics, extra, tuple(ignored))
 
 
 def parse_compile_params(text: str | None) -> CompileParams:

@@ -176,9 +176,19 @@ def plan_job(plpy: Any, source_table: str, model_output_table: str, model_select
                                  validation is not None)
     epochs = {c["mst_key"]: model_config.fit_epochs(c["fit_params"]) for c in configs}
     _warn_of_callbacks(plpy, configs, out)
+    note_ignored_compile_params(plpy, [c["compile_params"] for c in configs])
     return Plan(source, validation, mst_name, arch_name, configs, num_iterations, frequency,
                 epochs, out, arguments, frozenset(search.pruner.required_iterations()),
                 info_labels or {})
+
+
+def note_ignored_compile_params(plpy: Any, texts: list[str]) -> None:
+    """A NOTICE, once per call, for Keras 2 compile arguments given with their default,
+    which Keras 3 no longer has (MADlib's scripts write sample_weight_mode=None)."""
+    ignored = sorted({key for text in texts for key in model_config.parse_compile_params(text).ignored})
+    if ignored:
+        plpy.notice(f"compile_params: {', '.join(k + '=None' for k in ignored)} is Keras 2's "
+                    "default and Keras 3 has no such argument: ignored")
 
 
 def _warn_of_callbacks(plpy: Any, configs: list[dict], out: catalog.NewTable) -> None:
