@@ -190,10 +190,11 @@ class LocalEngine(Engine):
         try:
             while len(workers) < count and time.monotonic() - queue.since < server_pool.RECLAIM_SECONDS:
                 position, free, waiting = queue.turn(self.cap)
-                if position <= free:
-                    workers += self.new_workers(server_pool.share(position, free, waiting, count - len(workers)),
-                                                first + len(workers), label)
-                if len(workers) < count and not server_pool.idle_holders(self.plpy):
+                taken = self.new_workers(server_pool.share(position, free, waiting, count - len(workers)),
+                                         first + len(workers), label) if position <= free else []
+                workers += taken
+                # Nothing more to come: no idle session left to end, no slot left free.
+                if not server_pool.idle_holders(self.plpy) and free - len(taken) <= 0:
                     break
                 self.plpy.execute("SELECT pg_catalog.pg_sleep(0.1)")
         finally:
