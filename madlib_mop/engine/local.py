@@ -213,10 +213,13 @@ class LocalEngine(Engine):
 
     def keep_idle(self, workers: list[Worker], segments: int) -> None:
         """The job ended: its sessions wait for this session's next job (`LocalWorker.idle`)."""
+        _training_pool[(self.conninfo, segments)] = self._idle(workers)
+
+    def _idle(self, workers: list[Worker]) -> list["LocalWorker"]:
         kept = [w for w in workers if isinstance(w, LocalWorker) and w.usable]
         for worker in kept:
             worker.idle(self.idle_seconds)
-        _training_pool[(self.conninfo, segments)] = kept
+        return kept
 
     def inference_workers(self, count: int) -> list[Worker]:
         """Up to `count` sessions of the server's pool (evaluate and predict spread their
@@ -243,7 +246,4 @@ class LocalEngine(Engine):
 
     def keep_inference(self, workers: list[Worker]) -> None:
         """After an evaluation or prediction: its sessions wait for this session's next."""
-        kept = [w for w in workers if isinstance(w, LocalWorker) and w.usable]
-        for worker in kept:
-            worker.idle(self.idle_seconds)
-        _inference_pool[self.conninfo] = kept
+        _inference_pool[self.conninfo] = self._idle(workers)

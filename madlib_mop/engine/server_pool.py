@@ -33,7 +33,7 @@ import psycopg
 from psycopg import sql
 
 from madlib_mop import errors
-from madlib_mop.db import catalog, settings
+from madlib_mop.db import catalog, settings, worker_session
 from madlib_mop.errors import MadlibMopError
 
 SLOT_CLASS = 0x4D4F5057  # the advisory lock class of worker slots ("MOPW")
@@ -57,7 +57,7 @@ HOLDERS = f"SELECT a.usename AS role, count(*) AS slots {SLOT_LOCKS} GROUP BY a.
 WAITING = f"""
     WITH holders AS ({HOLDERS})
     SELECT q.ticket, row_number() OVER (ORDER BY coalesce(h.slots, 0), q.ticket) AS position
-    FROM {{schema}}.worker_queue q
+    FROM {{}}.worker_queue q
     JOIN pg_catalog.pg_stat_activity a ON a.pid = q.pid
     LEFT JOIN holders h ON h.role = q.role"""
 
@@ -122,8 +122,6 @@ class Queue:
     dies with it and its row no longer counts."""
 
     def __init__(self, conninfo: str, schema: str, job_id: int | None):
-        from madlib_mop.db import worker_session
-
         self.schema = sql.Identifier(schema)
         self.db = worker_session.connect(conninfo, application_name="madlib_mop queue")
         self.db.execute(sql.SQL("DELETE FROM {}.worker_queue WHERE role = current_user AND pid NOT IN "
@@ -137,7 +135,7 @@ class Queue:
         """(this call's position, 1 = next; slots free now; calls waiting)."""
         position, waiting = self.db.execute(sql.SQL(
             "SELECT max(position) FILTER (WHERE ticket = %s), count(*) FROM ({}) w").format(
-            sql.SQL(WAITING.format(schema="{}")).format(self.schema)), (self.ticket,)).fetchone()
+            sql.SQL(WAITING).format(self.schema)), (self.ticket,)).fetchone()
         held = self.db.execute(sql.SQL(f"SELECT coalesce(sum(slots), 0) FROM ({HOLDERS}) h")).fetchone()[0]
         return position, cap_value - int(held), waiting
 
