@@ -139,6 +139,7 @@ bench: install db-start
 	$(PY) bench/bench_automl.py
 	$(PY) bench/bench_worker_auth.py
 	$(PY) bench/bench_caching.py
+	$(PY) bench/bench_hop.py
 
 clean:
 	-@$(PGXS_MAKE) clean

@@ -114,9 +114,10 @@ RETURNS void
 
 #procedure resume FROM resume_job
 
--- Segment workers: called by the coordinator over its worker sessions.  The model's state
--- comes with the call and the new state goes back with the result; the coordinator commits
--- it (madlib_mop.engine.base).
+-- Segment workers: called by the coordinator over its worker sessions.  On the job's own
+-- server model_state is NULL: the worker reads the state from the job's store and writes
+-- the new one there (madlib_mop.job.state_store); a segment server's worker gets the state
+-- with the call and sends the new one back (madlib_mop.engine.base).
 CREATE FUNCTION @extschema@._mop_train(job_id bigint, mst_key integer, step integer,
                                        segment integer, model_state bytea,
                                        OUT new_state bytea, OUT result jsonb)

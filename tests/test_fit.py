@@ -245,6 +245,54 @@ def test_a_killed_coordinator_resumes(data, reference):
         assert _weights(watcher, "killed_coordinator") == weights
 
 
+def _hop_directory(conn, job_id):
+    """Where the job's states between hops are (`job.state_store`)."""
+    from pathlib import Path
+
+    directory, oid = conn.execute("SELECT current_setting('data_directory'), oid FROM pg_database "
+                                  "WHERE datname = current_database()").fetchone()
+    return Path(directory) / "madlib_mop_states" / str(oid) / str(job_id)
+
+
+def test_states_lost_between_hops_are_trained_again_to_the_same_bits(data, reference):
+    """A restarted server (or machine) does not trust the states between hops, which are not
+    fsynced: each model goes back to its last durable state (step 0 or an iteration's end)
+    and trains its lost sub-epochs again.  The weights are the same bits."""
+    import shutil
+
+    weights, _ = reference
+    job = threading.Thread(target=lambda: pytest.raises(psycopg.OperationalError, _fit, data, "lost_hops"))
+    job.start()
+    with _connect(data) as watcher:
+        with held_job(watcher, "lost_hops", 5):
+            job_id, pid = watcher.execute(
+                "SELECT job_id, coordinator_pid FROM jobs WHERE model_output_table = "
+                "'public.lost_hops'").fetchone()
+            watcher.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        job.join()
+        _wait_for(watcher, "SELECT pg_try_advisory_lock(lock_key) FROM jobs WHERE job_id = %s", (job_id,))
+        watcher.execute("SELECT pg_advisory_unlock(lock_key) FROM jobs WHERE job_id = %s", (job_id,))
+        done = dict(watcher.execute("SELECT mst_key, count(*) FROM lost_hops_mop_visits "
+                                    "GROUP BY mst_key").fetchall())
+        # An odd count of visits: a model between two hops of an iteration (2 segments).
+        between = [k for k, n in done.items() if n % 2]
+        assert between, done
+        hops = _hop_directory(watcher, job_id)
+        assert any(hops.rglob(f"{between[0]}-{done[between[0]]}.state"))
+        killed_at = time.time()
+        shutil.rmtree(hops)  # what a restart does to them: they are not read any more
+        watcher.execute("CALL resume(%s)", (job_id,))
+        assert _weights(watcher, "lost_hops") == weights
+        # The lost sub-epoch was trained again (and recorded anew).
+        again = watcher.execute("SELECT (result->>'finished_at')::float8 FROM lost_hops_mop_visits "
+                                "WHERE mst_key = %s AND step = %s", (between[0], done[between[0]] - 1)).fetchone()[0]
+        assert again > killed_at
+        # A finished job keeps no files: its states are in its state table.
+        assert not hops.exists()
+        steps = {r[0] for r in watcher.execute("SELECT DISTINCT step FROM lost_hops_mop_state")}
+        assert steps <= {0, 2, 4, 6}, steps
+
+
 def test_calling_the_fit_again_continues_an_unfinished_job(data, reference):
     weights, _ = reference
     with _connect(data) as conn, _connect(data) as watcher:

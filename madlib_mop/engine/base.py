@@ -8,11 +8,13 @@ Contract of a `Worker`:
 - A call blocks until done and runs in the worker's session, as the role that called the
   SQL function, on the same database name.  `cancel()` may be called from another thread
   and makes the running call fail soon; `close()` ends the session.
-- **State travels with the call.**  `train` gets the model's whole state (the bytes of
+- **The state.**  `train` gets the model's whole state (the bytes of
   `madlib_mop.runtime.state`) and returns the new state with the visit's record; `evaluate`
-  gets the state to evaluate.  A worker never stores a state the job depends on: a
-  sub-epoch counts once the caller has committed the returned state in its store, so a
-  worker that dies loses nothing but the call it was running.
+  gets the state to evaluate.  A worker of an engine that `stores_states` (on the job's
+  own server) is given None instead: it reads the state from the job's store and writes
+  the new one there (`job.state_store`), and returns None.  Either way a sub-epoch counts
+  once the caller has committed the visit's record, so a worker that dies loses nothing
+  but the call it was running.
 - The same call with the same arguments gives the same bytes (seeded; see
   `madlib_mop.runtime.training`), on any worker of the same segment.
 - A worker may cache what it derives from the job (the decoded segment, compiled models)
@@ -131,6 +133,10 @@ class Worker(abc.ABC):
 class Engine(abc.ABC):
     # Do its training workers come from the server's capped pool (`engine.server_pool`)?
     pooled = False
+    # Do its workers read a model's state from the job's store and write the new one there
+    # (`job.state_store`: they run on the coordinator's server), rather than get it with
+    # the call and send it back?
+    stores_states = False
 
     @abc.abstractmethod
     def worker(self, segment: int, label: str) -> Worker: ...

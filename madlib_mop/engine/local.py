@@ -114,7 +114,7 @@ class LocalWorker(Worker):
         record = VisitRecord.from_json(result)
         # The call as the coordinator saw it: the sub-epoch plus the round trip.
         record.seconds["call"] = time.perf_counter() - started
-        return bytes(new_state), record
+        return (None if new_state is None else bytes(new_state)), record
 
     def evaluate(self, job_id, mst_key, step, partition, model_state):
         return json_value(self._call("_mop_evaluate", job_id, mst_key, step, partition, model_state)[0])
@@ -149,6 +149,7 @@ class LocalEngine(Engine):
     has none."""
 
     pooled = True
+    stores_states = True
 
     def __init__(self, plpy: Any):
         self.plpy = plpy

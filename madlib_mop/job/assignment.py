@@ -26,7 +26,7 @@ class Task:
     step: int
     segment: int  # where it runs: the segment whose server (and, training, whose data) it needs
     partition: int  # the data partition it reads (= segment when training)
-    state: bytes  # the model's state after `step` sub-epochs
+    state: bytes | None  # the model's state after `step` sub-epochs (None: in the job's store)
     attempt: int = 1
     worker: int = -1  # the pool's index of the worker running it
 
@@ -41,7 +41,7 @@ class WorkAssignment:
     segments paused after a lost session, and the attempt numbers of retried visits."""
 
     def __init__(self, dispatcher: schedule.Dispatcher, segments: int, job_id: int,
-                 state_of: Callable[[int], bytes]):
+                 state_of: Callable[[int], bytes | None]):
         self.schedule, self.S, self.job_id, self.state_of = dispatcher, segments, job_id, state_of
         self.running: dict[int, Task] = {}  # worker index -> its call
         self.pending_evals: list[Task] = []

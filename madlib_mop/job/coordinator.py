@@ -108,7 +108,8 @@ class Coordinator:
         for mst_key in self.failures.lost:  # diverged before the job was resumed
             self.schedule.stop(mst_key)
             self.search.lost(mst_key)
-        self.work = WorkAssignment(self.schedule, self.S, self.job_id, lambda k: self.models[k].state)
+        self.work = WorkAssignment(self.schedule, self.S, self.job_id,
+                                   lambda k: self._state_for_call(k, len(self.models[k].visits)))
         self.progress = JobProgress(self.models, self.schedule, self.S, max(rounds.values()),
                                     self.search.stopped, self.failures,
                                     self.search.searcher is not None or self.search.pruning,
@@ -119,7 +120,7 @@ class Coordinator:
         for model in list(self.models.values()):
             finished = len(model.visits) // model.per_iteration
             for iteration in range(1, finished + 1):
-                self._queue_evals(model, iteration, None)
+                self._queue_evals(model, iteration)
             self._publish(model)
             iteration, within = divmod(len(model.visits), model.per_iteration)
             if not within and self.search.decided_at(iteration) and not self.search.decisions.has(model.mst_key, iteration):
@@ -156,7 +157,9 @@ class Coordinator:
         boundary = False  # the hop completed one of the model's iterations
         if task.kind == "train":
             new_state, result = value
-            model.visits[task.step], model.state = result.as_dict(), new_state
+            model.visits[task.step] = result.as_dict()
+            if new_state is not None:  # a segment server's worker sent it back
+                self.store.states.hops.write(task.mst_key, task.step + 1, new_state)
             self.schedule.finish(task.mst_key, task.segment, result.seconds["total"])
             completed = task.step + 1
             boundary = completed % model.per_iteration == 0
@@ -179,14 +182,15 @@ class Coordinator:
                 self.store.record_eval(task.mst_key, task.step, task.partition, value)
                 model.evals[(task.step, task.partition)] = value
             else:
-                self.store.record_visit(task.mst_key, task.step, task.segment, new_state, result)
+                self.store.record_visit(task.mst_key, task.step, task.segment, result)
                 if boundary:
-                    self._queue_evals(model, completed // model.per_iteration, new_state)
+                    self._queue_evals(model, completed // model.per_iteration)
             if task.kind == "evaluate" or boundary:
                 self._publish(model)
             self.progress.report_to(self.store)
         self.search.ask()
         if task.kind == "train":
+            self.store.states.visit_recorded(task.mst_key, task.step, model.per_iteration)
             self.progress.after_visit()
 
     def _failed(self, task: Task, error: BaseException) -> None:
@@ -210,14 +214,18 @@ class Coordinator:
             task.attempt = attempt
             self.work.pending_evals.append(task)
 
-    def _queue_evals(self, model: ModelRecord, iteration: int, state: bytes | None) -> None:
+    def _state_for_call(self, mst_key: int, step: int) -> bytes | None:
+        """What a call is given of the model's state: nothing when the engine's workers
+        read the job's store themselves (they run on this server), else its bytes."""
+        return None if self.engine.stores_states else self.store.state_at(mst_key, step)
+
+    def _queue_evals(self, model: ModelRecord, iteration: int) -> None:
         if not self.partitions or not metrics.due(iteration, self.args["metrics_compute_frequency"],
                                                   self.args["num_iterations"], self.search.also_due):
             return
         step = iteration * model.per_iteration
         missing = [p for p in range(self.partitions) if (step, p) not in model.evals]
-        if missing and state is None:
-            state = self.store.state_at(model.mst_key, step)
+        state = self._state_for_call(model.mst_key, step) if missing else None
         self.work.pending_evals += [Task("evaluate", model.mst_key, step, p % self.S, p, state)
                                for p in missing]
 
@@ -231,17 +239,9 @@ class Coordinator:
         finished = len(model.visits) // model.per_iteration
         if not finished:
             return
-        step = finished * model.per_iteration
-        if step != model.published_step:  # once per iteration, not once per hop
-            blob = model.state if len(model.visits) == step else self.store.state_at(model.mst_key, step)
-            outputs.publish_weights(self.store, model.mst_key, blob)
-            model.published_step = step
-        # Keep the initial state (replay), the latest, and those validation still needs.
-        waiting = self.work.steps_needed(model.mst_key)
-        keep_from = min([step] + waiting)
-        if keep_from > model.pruned_below:
-            self.store.prune_states(model.mst_key, keep_from)
-            model.pruned_below = keep_from
+        self.store.states.iteration_done(model, finished * model.per_iteration,
+                                         self.work.steps_needed(model.mst_key),
+                                         self.store.tables["output"].as_string(self.store.db))
         for index, iteration in enumerate(curves.iterations):
             if not self.search.decisions.has(model.mst_key, iteration):
                 self.search.decisions.report(Report(model.mst_key, iteration, curves.training[index],

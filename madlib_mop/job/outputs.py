@@ -46,6 +46,9 @@ def create(db: psycopg.Connection, t: dict[str, sql.Identifier], plan, job_id: i
     `info_name` is the `_info` table's name as the summary shows it."""
     db.execute(sql.SQL("CREATE TABLE {} (mst_key integer PRIMARY KEY, model_weights bytea, "
                        "model_arch json)").format(t["output"]))
+    # Float weights do not compress: not trying saves a pass over them at every iteration.
+    db.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN model_weights SET STORAGE EXTERNAL")
+               .format(t["output"]))
     automl = plan.arguments.get("automl")
     columns = INFO_COLUMNS + (HYPERBAND_INFO_COLUMNS if automl and automl["method"] == "hyperband" else [])
     db.execute(sql.SQL("CREATE TABLE {} ({})").format(t["info"], sql.SQL(", ").join(
@@ -176,11 +179,6 @@ def publish(store, model, curves: metrics.Curves, partitions: int, single: bool)
         store.q(sql.SQL("UPDATE {summary} s SET ({c}) = (SELECT {c} FROM {info} i "
                         "WHERE i.mst_key = %s)").format(summary=t["summary"], info=t["info"],
                                                         c=columns), (model.mst_key,))
-
-
-def publish_weights(store, mst_key: int, blob: bytes) -> None:
-    store.q(sql.SQL("UPDATE {} SET model_weights = %s WHERE mst_key = %s").format(
-        store.tables["output"]), (state.madlib_weights(blob), mst_key))
 
 
 def finish(store) -> None:

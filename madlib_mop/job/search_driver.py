@@ -115,7 +115,7 @@ class JobSearch:
         blob = training.initial_states([training.ModelSpec.of(entry)], self.job["seed"])[key]
         self.store.add_model(entry, blob)
         return self.store.model_record(key, config.model_id, config.compile_params,
-                                       config.fit_params, state=blob)
+                                       config.fit_params)
 
 
 class SearchDecisions:

@@ -3,7 +3,8 @@
 All of a running job's SQL goes through `JobStore`, over the coordinator's own session
 (autocommit: what it writes is committed at once, so other sessions see progress and a
 failure loses nothing recorded).  A sub-epoch counts once `record_visit` has committed the
-new state with the visit's record.
+visit's record; its new state is then in the job's store (`job.state_store`: between hops
+in a file of the server, at each iteration's end also in the state table).
 
 The job's tables are declared in `job.tables`.  The module's functions are the calling
 session's SQL on `jobs` (through PL/Python: finding, creating and abandoning jobs); the
@@ -26,6 +27,7 @@ from madlib_mop.db import catalog, worker_session
 from madlib_mop.engine.base import VisitRecord, finite_json
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.job import tables as job_tables
+from madlib_mop.job.state_store import DurableWriter, HopFiles, StateStore
 from madlib_mop.job.tables import identifiers
 from madlib_mop.grammar import model_config
 
@@ -41,7 +43,6 @@ class ModelRecord:
     per_iteration: int  # sub-epochs per iteration: segments x epochs
     visits: dict = field(default_factory=dict)  # step -> visit result
     evals: dict = field(default_factory=dict)  # (step, partition) -> eval result
-    state: bytes | None = None  # the latest state (after len(visits) sub-epochs)
     published_step: int = 0  # the step whose weights <out> holds
     pruned_below: int = 1  # states of steps 1 .. pruned_below - 1 are deleted
 
@@ -93,7 +94,9 @@ class JobRowUpdates:
         self._update_job("last_error = %s", (text,))
 
     def finish(self) -> None:
+        self.states.writer.drain()
         self._update_job("state = 'finished', finished_at = now(), last_error = NULL")
+        self.states.hops.remove_job()  # every state it still needs is in its state table
 
     def close(self, error: BaseException | None = None) -> None:
         if error is not None and not self.db.closed:
@@ -112,8 +115,9 @@ class JobStore(JobRowUpdates):
     """Contract: opened for a job of the current role (another role's job is refused) and
     holding the job's advisory lock for as long as it is open (a second coordinator is
     refused); every write is committed when the method returns; `record_visit` writes the
-    new state and the visit's record in one transaction; nothing deletes a state that a
-    pending validation or replay still needs (the caller says which: `prune_states`)."""
+    visit's record (and a durable state the coordinator was sent) in one transaction;
+    nothing deletes a state that a pending validation or replay still needs (the caller
+    says which: `StateStore.iteration_done`)."""
 
     def __init__(self, conninfo: str, schema: str, job_id: int):
         self.schema, self.schema_name = sql.Identifier(schema), schema
@@ -124,9 +128,21 @@ class JobStore(JobRowUpdates):
             self.job = self._job_row()
             self.tables = identifiers(self.job["tables"])
             self._lock()
+            table = job_tables.state_table(self.db, self.tables["state"])
+            hops = HopFiles.of(lambda q: self.q(q).fetchone()[0], job_id)
+            hops.remove_other_runs()
+            self.states = StateStore(table, hops, DurableWriter(
+                lambda: worker_session.connect(
+                    conninfo, application_name=f"madlib_mop coordinator job {job_id} states"),
+                table.table, hops))
         except BaseException:
             self.db.close()
             raise
+
+    def close(self, error: BaseException | None = None) -> None:
+        if hasattr(self, "states"):
+            self.states.writer.close()  # what it was given is written first
+        super().close(error)
 
     def _job_row(self) -> dict:
         cursor = self.q(sql.SQL("SELECT * FROM {}.jobs WHERE job_id = %s AND owner = current_user")
@@ -169,14 +185,14 @@ class JobStore(JobRowUpdates):
                 "SELECT mst_key, step, partition, result FROM {}").format(t["evals"])):
             models[mst_key].evals[(step, partition)] = result
         for model in models.values():
-            model.state = self.state_at(model.mst_key, len(model.visits))
+            _back_to_a_kept_state(self, model)
         return models
 
-    def model_record(self, mst_key: int, model_id: int, compile_params: str, fit_params: str,
-                     state: bytes | None = None) -> ModelRecord:
+    def model_record(self, mst_key: int, model_id: int, compile_params: str,
+                     fit_params: str) -> ModelRecord:
         epochs = model_config.fit_epochs(fit_params)
         return ModelRecord(mst_key, model_id, compile_params, fit_params, epochs,
-                           epochs * self.job["num_segments"], state=state)
+                           epochs * self.job["num_segments"])
 
     def model_rows(self) -> list[dict]:
         """The models table's configurations (model_arch as JSON text), without their
@@ -187,13 +203,12 @@ class JobStore(JobRowUpdates):
         return [dict(zip([c.name for c in cursor.description], row)) for row in cursor]
 
     def state_at(self, mst_key: int, step: int) -> bytes:
-        row = self.q(sql.SQL("SELECT state FROM {} WHERE mst_key = %s AND step = %s").format(
-            self.tables["state"]), (mst_key, step)).fetchone()
-        if row is None:
+        blob = self.states.read(mst_key, step)
+        if blob is None:
             raise MadlibMopError(f"job {self.job_id}: no state of model {mst_key} at step {step}",
                                  sqlstate=errors.DATA_EXCEPTION,
                                  hint="The job's state table was changed; start the job again.")
-        return bytes(row[0])
+        return blob
 
     # ---- recording ----
     @contextlib.contextmanager
@@ -208,24 +223,17 @@ class JobStore(JobRowUpdates):
             with self.db.transaction():
                 yield
 
-    def record_visit(self, mst_key: int, step: int, segment: int, new_state: bytes,
-                     result: VisitRecord) -> None:
-        """The new state and the visit's record, in one transaction: a finished sub-epoch
-        is either wholly recorded or not at all."""
+    def record_visit(self, mst_key: int, step: int, segment: int, result: VisitRecord) -> None:
+        """The visit's record: a finished sub-epoch counts from its commit on.  The state
+        it left is in the job's hop files already (written by the worker, or by the
+        coordinator for a segment server's worker)."""
         with self.atomic():
-            self.q(job_tables.STATE.insert(self.tables["state"], conflict=True),
-                   (mst_key, step + 1, new_state))
             self.q(job_tables.VISITS.insert(self.tables["visits"], conflict=True),
                    (mst_key, step, segment, result.to_json()))
 
     def record_eval(self, mst_key: int, step: int, partition: int, result: dict) -> None:
         self.q(job_tables.EVALS.insert(self.tables["evals"], conflict=True),
                (mst_key, step, partition, finite_json(result)))
-
-    def prune_states(self, mst_key: int, keep_from: int) -> None:
-        """Delete the states between the initial one (kept for replay) and `keep_from`."""
-        self.q(sql.SQL("DELETE FROM {} WHERE mst_key = %s AND step > 0 AND step < %s").format(
-            self.tables["state"]), (mst_key, keep_from))
 
     def update_info(self, mst_key: int, columns: dict) -> None:
         """Columns of a model's `_info` row (a pruner's labels, such as Hyperband's s and i)."""
@@ -369,6 +377,27 @@ def existing_tables(plpy: Any, job: dict) -> list[str]:
         [job["tables"]])[0]["names"]
 
 
+def _back_to_a_kept_state(store: JobStore, model: ModelRecord) -> None:
+    """A model whose latest state is lost (it was between hops when the server restarted:
+    `job.state_store`) goes back to its last durable one: the visits and validation passes
+    after it are forgotten, and trained again to the same bits."""
+    step = len(model.visits)
+    if store.states.available(model.mst_key, step):
+        return
+    kept = store.states.table.last_step(model.mst_key, step)
+    if kept is None:
+        raise MadlibMopError(f"job {store.job_id}: no state of model {model.mst_key}",
+                             sqlstate=errors.DATA_EXCEPTION,
+                             hint="The job's state table was changed; start the job again.")
+    with store.atomic():
+        store.q(sql.SQL("DELETE FROM {} WHERE mst_key = %s AND step >= %s").format(
+            store.tables["visits"]), (model.mst_key, kept))
+        store.q(sql.SQL("DELETE FROM {} WHERE mst_key = %s AND step > %s").format(
+            store.tables["evals"]), (model.mst_key, kept))
+    model.visits = {k: v for k, v in model.visits.items() if k < kept}
+    model.evals = {k: v for k, v in model.evals.items() if k[0] <= kept}
+
+
 def abandon(plpy: Any, job_id: int, why: str) -> None:
     """An unfinished job whose tables are gone cannot continue: record why, through a
     session of its own so that it stays recorded whatever the calling one does next."""
@@ -379,11 +408,14 @@ def abandon(plpy: Any, job_id: int, why: str) -> None:
 
 
 def last_states(db: psycopg.Connection, state_table: sql.Identifier) -> dict[int, bytes]:
-    """Every model's latest state in a job's state table (none if the table is gone)."""
+    """Every model's latest durable state in a job's state table (none if the table is
+    gone)."""
     if not db.execute("SELECT to_regclass(%s)", (state_table.as_string(db),)).fetchone()[0]:
         return {}
-    return dict(db.execute(sql.SQL("SELECT DISTINCT ON (mst_key) mst_key, state FROM {} "
-                                   "ORDER BY mst_key, step DESC").format(state_table)).fetchall())
+    table = job_tables.state_table(db, state_table)
+    latest = db.execute(sql.SQL("SELECT mst_key, max(step) FROM {} GROUP BY mst_key ORDER BY mst_key")
+                        .format(state_table)).fetchall()
+    return {mst_key: table.read(mst_key, step) for mst_key, step in latest}
 
 
 def insert_job(db: psycopg.Connection, schema: str, values: dict) -> int:

@@ -3,7 +3,8 @@ the statements that create and fill them.
 
 Per-job tables, next to the output table:
     <out>_mop_models   the configurations as the job started (mst_key, architecture, params)
-    <out>_mop_state    model states (mst_key, step, state): step = sub-epochs completed
+    <out>_mop_state    durable model states (mst_key, step, piece, state): step = sub-epochs
+                       completed; a state in pieces of at most 256 MB (`job.state_store`)
     <out>_mop_visits   every finished sub-epoch: segment, rows, loss/metrics, timings
     <out>_mop_evals    every finished validation pass over one validation partition
 
@@ -18,6 +19,8 @@ from dataclasses import dataclass
 
 import psycopg
 from psycopg import sql
+
+from madlib_mop.job.state_store import StateTable, psycopg_executor
 
 
 @dataclass(frozen=True)
@@ -52,8 +55,9 @@ class JobTable:
 MODELS = JobTable("models", (("mst_key", "integer"), ("model_id", "integer"), ("model_arch", "json"),
                              ("compile_params", "text"), ("fit_params", "text"),
                              ("initial_weights", "bytea")), ("mst_key",))
-STATE = JobTable("state", (("mst_key", "integer"), ("step", "integer"), ("state", "bytea NOT NULL")),
-                 ("mst_key", "step"), external="state")
+STATE = JobTable("state", (("mst_key", "integer"), ("step", "integer"), ("piece", "integer"),
+                           ("state", "bytea NOT NULL")),
+                 ("mst_key", "step", "piece"), external="state")
 VISITS = JobTable("visits", (("mst_key", "integer"), ("step", "integer"), ("segment", "integer"),
                              ("result", "jsonb NOT NULL")), ("mst_key", "step"))
 EVALS = JobTable("evals", (("mst_key", "integer"), ("step", "integer"), ("partition", "integer"),
@@ -92,4 +96,19 @@ def add_model(db: psycopg.Connection, tables: dict[str, sql.Identifier], entry: 
     db.execute(MODELS.insert(tables["models"]),
                (entry["mst_key"], entry["model_id"], entry["model_arch"], entry["compile_params"],
                 entry["fit_params"], entry["weights"]))
-    db.execute(STATE.insert(tables["state"]), (entry["mst_key"], 0, state))
+    state_table(db, tables["state"]).write(entry["mst_key"], 0, state)
+
+
+def state_table(db: psycopg.Connection, table: sql.Identifier) -> StateTable:
+    """The job's durable states.  A state table of a job made by version 0.8.0 or earlier
+    (one piece per state, no piece column) gets its column here."""
+    has_piece = db.execute("SELECT 1 FROM pg_catalog.pg_attribute WHERE attrelid = %s::regclass "
+                           "AND attname = 'piece' AND NOT attisdropped",
+                           (table.as_string(db),)).fetchone()
+    if not has_piece:
+        key = db.execute("SELECT conname FROM pg_catalog.pg_constraint WHERE conrelid = %s::regclass "
+                         "AND contype = 'p'", (table.as_string(db),)).fetchone()[0]
+        db.execute(sql.SQL("ALTER TABLE {} ADD COLUMN piece integer NOT NULL DEFAULT 0, "
+                           "DROP CONSTRAINT {}, ADD PRIMARY KEY (mst_key, step, piece)")
+                   .format(table, sql.Identifier(key)))
+    return StateTable(psycopg_executor(db), table.as_string(db))

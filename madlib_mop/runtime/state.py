@@ -37,16 +37,31 @@ class Entry:
     array: np.ndarray
 
 
-def encode(entries: list[Entry], meta: dict | None = None) -> bytes:
-    layout, payload = [], []
+def encode(entries: list[Entry], meta: dict | None = None) -> bytearray:
+    """The state's bytes, each array copied once, into its place (a state may be GBs)."""
+    layout, arrays = [], []
     for entry in entries:
         if entry.kind not in KINDS:
             raise ValueError(f"unknown kind {entry.kind}")
         array = np.asarray(entry.array)
         little = array.astype(array.dtype.newbyteorder("<"), copy=False)
         layout.append(layout_item(entry.kind, entry.name, little.dtype, array.shape))
-        payload.append(np.ascontiguousarray(little).tobytes())
-    return assemble(layout, b"".join(payload), meta)
+        arrays.append(little)
+    head = _head(layout, meta)
+    blob = bytearray(len(head) + sum(a.nbytes for a in arrays))
+    blob[:len(head)] = head
+    offset = len(head)
+    for array in arrays:
+        np.frombuffer(blob, np.uint8, array.nbytes, offset)[:] = \
+            np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        offset += array.nbytes
+    return blob
+
+
+def _head(layout: list[dict], meta: dict | None) -> bytes:
+    header = json.dumps({"format": FORMAT_VERSION, "layout": layout, "meta": meta or {}},
+                        separators=(",", ":")).encode()
+    return MAGIC + _PREFIX.pack(FORMAT_VERSION, len(header)) + header
 
 
 def layout_item(kind: str, name: str, dtype: np.dtype, shape: tuple) -> dict:
@@ -57,9 +72,7 @@ def layout_item(kind: str, name: str, dtype: np.dtype, shape: tuple) -> dict:
 
 def assemble(layout: list[dict], payload: bytes, meta: dict | None = None) -> bytes:
     """The bytes of a state from its header's layout and its arrays' bytes, in order."""
-    header = json.dumps({"format": FORMAT_VERSION, "layout": layout, "meta": meta or {}},
-                        separators=(",", ":")).encode()
-    return MAGIC + _PREFIX.pack(FORMAT_VERSION, len(header)) + header + payload
+    return _head(layout, meta) + payload
 
 
 def split(blob: bytes) -> tuple[dict, int]:
@@ -81,8 +94,8 @@ def split(blob: bytes) -> tuple[dict, int]:
     return header, start + length
 
 
-def decode(blob: bytes) -> tuple[list[Entry], dict]:
-    blob = bytes(blob)
+def decode(blob: bytes | bytearray) -> tuple[list[Entry], dict]:
+    """The arrays, as views of `blob` (not copied)."""
     header, offset = split(blob)
     entries = []
     for item in header["layout"]:
@@ -111,8 +124,18 @@ def check_layout(found: list[tuple[str, tuple]], expected: list[tuple[str, tuple
         raise StateFormatError("model state does not fit this model: its variables differ")
 
 
-def madlib_weights(blob: bytes) -> bytes:
-    """MADlib's model_weights: the float32 values of get_weights(), concatenated."""
+def madlib_weights(blob: bytes | bytearray | memoryview) -> bytes | memoryview:
+    """MADlib's model_weights: the float32 values of get_weights(), concatenated.  Weights
+    come first in a state: when they are float32 already, this is a view of `blob`'s bytes
+    (a state may be GBs), else a converted copy."""
+    header, offset = split(blob)
+    layout = header["layout"]
+    count = 0
+    while count < len(layout) and layout[count]["kind"] == "weights":
+        count += 1
+    if all(item["dtype"] == "<f4" for item in layout[:count]):
+        size = sum(int(np.prod(item["shape"], dtype=np.int64)) * 4 for item in layout[:count])
+        return memoryview(blob)[offset:offset + size]
     entries, _ = decode(blob)
     weights = [e.array.astype("<f4").ravel() for e in entries if e.kind == "weights"]
     return np.concatenate(weights).tobytes() if weights else b""

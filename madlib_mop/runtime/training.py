@@ -201,7 +201,7 @@ def _state_variables(model) -> list[tuple[str, object]]:
             + [("optimizer", v) for v in model.optimizer.variables])
 
 
-def capture_state(model) -> bytes:
+def capture_state(model) -> bytearray:
     return state.encode([state.Entry(kind, v.path, np.asarray(v.numpy()))
                          for kind, v in _state_variables(model)])
 
@@ -261,6 +261,8 @@ class Program:
         self._header = [state.layout_item(kind, v.path, np.dtype(v.dtype), tuple(v.shape))
                         for kind, v in self._variables]
         self._dtypes = [item["dtype"] for item in self._header]
+        self._state_bytes = sum(int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize
+                                for _, v in self._variables)
         self._raw_path = sys.byteorder == "little" and all(
             np.dtype(v.dtype).name in self._BITCAST for _, v in self._variables)
         self._functions: dict[tuple, object] = {}
@@ -309,20 +311,25 @@ class Program:
             self._functions[kind] = function.get_concrete_function()
         return self._functions[kind]
 
-    def restore(self, blob: bytes) -> None:
+    # Above this size a state goes one variable at a time all the same: the one traced call
+    # would copy the whole state several times more (a string tensor in, its bytes out),
+    # and a variable's copy costs far more than a call into TensorFlow.
+    RAW_PATH_BYTES = 16 * 1024 * 1024
+
+    def restore(self, blob: bytes | bytearray) -> None:
         import tensorflow as tf
 
-        blob = bytes(blob)
         header, offset = state.split(blob)
         state.check_layout(state.header_layout(header), self._layout)
-        if self._raw_path and [item["dtype"] for item in header["layout"]] == self._dtypes:
-            self._state_function("assign")(tf.constant(blob[offset:]))
+        if (self._raw_path and len(blob) <= self.RAW_PATH_BYTES
+                and [item["dtype"] for item in header["layout"]] == self._dtypes):
+            self._state_function("assign")(tf.constant(bytes(blob[offset:])))
             return
         for (_, variable), entry in zip(self._variables, state.decode(blob)[0]):
             variable.assign(entry.array)
 
-    def capture(self) -> bytes:
-        if not self._raw_path:
+    def capture(self) -> bytes | bytearray:
+        if not self._raw_path or self._state_bytes > self.RAW_PATH_BYTES:
             return capture_state(self.model)
         return state.assemble(self._header, self._state_function("read")().numpy().tobytes())
 

@@ -33,6 +33,7 @@ from madlib_mop import errors
 from madlib_mop.db import catalog, packed, settings
 from madlib_mop.engine.base import VisitRecord, finite_json
 from madlib_mop.job import store
+from madlib_mop.job import state_store
 from madlib_mop.runtime import training
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.runtime.buffers import Buffer, PackedColumns, scan_partition
@@ -53,6 +54,7 @@ class JobContext:
     budget_bytes: int
     specs: dict[int, training.ModelSpec] = field(default_factory=dict)
     buffers: dict[tuple[str, int], list[Buffer]] = field(default_factory=dict)
+    states: state_store.StateStore | None = None  # on the job's server: its state store
 
 
 _contexts: dict[tuple[int, str], JobContext] = {}  # (job_id, owner)
@@ -142,6 +144,9 @@ def context(plpy: Any, job_id: int) -> JobContext:
                      budget)
     for row in store.job_models(plpy, tables["models"]):
         ctx.specs[row["mst_key"]] = training.ModelSpec.of(row)
+    ctx.states = state_store.StateStore(
+        state_store.StateTable(state_store.plpy_executor(plpy), tables["state"]),
+        state_store.HopFiles.of(lambda q: plpy.execute(q)[0].popitem()[1], job_id))
     _adopt(ctx)  # a backend serves one job at a time: drop another job's caches
     _shipped.clear()
     _contexts[(job_id, job["owner"])] = ctx
@@ -184,17 +189,34 @@ def _buffers(plpy: Any, ctx: JobContext, data: PackedData, segment: int) -> list
     return ctx.buffers[key]
 
 
+def _state(ctx: JobContext, mst_key: int, step: int, model_state: bytes | None) -> bytes:
+    """The state a call restores: the one it was given, else the job's stored one."""
+    if model_state is not None:
+        return bytes(model_state)
+    blob = ctx.states.read(mst_key, step) if ctx.states is not None else None
+    if blob is None:
+        raise MadlibMopError(f"job {ctx.job_id}: no state of model {mst_key} at step {step}",
+                             sqlstate=errors.DATA_EXCEPTION,
+                             hint="The job's state table was changed; start the job again.")
+    return blob
+
+
 def train(plpy: Any, job_id: int, mst_key: int, step: int, segment: int,
-          model_state: bytes) -> dict:
+          model_state: bytes | None) -> dict:
     """One sub-epoch of model `mst_key` on `segment` from `model_state` (its state after
-    `step` sub-epochs): {new_state, result}."""
+    `step` sub-epochs): {new_state, result}.  Without `model_state` (a worker of the job's
+    own server) the state is read from the job's store and the new one written there
+    (`job.state_store`): new_state is then NULL."""
     started = time.perf_counter()
     ctx = context(plpy, job_id)
     setup = time.perf_counter()  # TensorFlow's import and the job's context: once per worker
     buffers = _buffers(plpy, ctx, ctx.train, segment)
     read = time.perf_counter()
     program = _program(plpy, ctx, mst_key)
-    program.restore(bytes(model_state))
+    blob = _state(ctx, mst_key, step, model_state)
+    loaded = time.perf_counter()
+    program.restore(blob)
+    del blob
     restored = time.perf_counter()
     # In memory: the whole segment in one fit call; streamed: a buffer's worth at a time.
     chunk_rows = None if all(b.in_memory for b in buffers) else max(b.rows for b in buffers)
@@ -204,17 +226,26 @@ def train(plpy: Any, job_id: int, mst_key: int, step: int, segment: int,
     diverged = training.divergence(outcome.means(), program.model)
     # A diverged model's state is not shipped back: it is not kept, the model stops.
     new_state = b"" if diverged else program.capture()
+    captured = time.perf_counter()
+    if model_state is None and not diverged:
+        ctx.states.hops.write(mst_key, step + 1, new_state)
+        new_state = None
     saved = time.perf_counter()
+    if new_state is not None:
+        new_state = bytes(new_state)  # PL/Python returns bytes as bytea
+    # load/keep: the state from and to the job's store (its hop file, else the state
+    # table); restore/save: into and out of the model.
     result = VisitRecord(
         outcome.rows, outcome.means(), segment, os.getpid(), chunk_rows is None, time.time(),
-        {"setup": setup - started, "read": read - setup, "restore": restored - read,
-         "train": outcome.seconds_train, "other": trained - restored - outcome.seconds_train,
-         "save": saved - trained, "total": saved - started}, diverged).to_json()
+        {"setup": setup - started, "read": read - setup, "load": loaded - read,
+         "restore": restored - loaded, "train": outcome.seconds_train,
+         "other": trained - restored - outcome.seconds_train, "save": captured - trained,
+         "keep": saved - captured, "total": saved - started}, diverged).to_json()
     return {"new_state": new_state, "result": result}
 
 
 def evaluate(plpy: Any, job_id: int, mst_key: int, step: int, partition: int,
-             model_state: bytes) -> str:
+             model_state: bytes | None) -> str:
     """Validation loss and metrics of `model_state` (model `mst_key` after `step`
     sub-epochs) on one validation partition."""
     started = time.perf_counter()
@@ -225,7 +256,7 @@ def evaluate(plpy: Any, job_id: int, mst_key: int, step: int, partition: int,
                              hint="Only the jobs of a fit given a validation_table evaluate.")
     buffers = _buffers(plpy, ctx, ctx.validation, partition)
     program = _program(plpy, ctx, mst_key)
-    program.restore(bytes(model_state))
+    program.restore(_state(ctx, mst_key, step, model_state))
     outcome = training.evaluate(program, ctx.specs[mst_key], buffers,
                                 ctx.validation.columns.classification)
     return finite_json({"rows": outcome.rows, "metrics": outcome.means(), "pid": os.getpid(),

@@ -20,6 +20,7 @@ from psycopg.rows import dict_row
 from psycopg.sql import SQL
 
 from madlib_mop.db import packed
+from madlib_mop.job import tables as job_tables
 from madlib_mop.job.store import identifiers
 from madlib_mop.runtime import training
 from madlib_mop.runtime.buffers import Buffer, PackedColumns, in_memory
@@ -73,8 +74,7 @@ def replay(conn: psycopg.Connection, model_output_table: str, mst_key: int) -> n
         (job["source_table"],)).fetchone()["s"]
     summary = conn.execute(f"SELECT * FROM {summary_name}").fetchone()  # quoted by format()
     summary["packed_table"] = job["source_table"]
-    initial = conn.execute(SQL("SELECT state FROM {} WHERE mst_key = %s AND step = 0").format(
-        tables["state"]), (mst_key,)).fetchone()["state"]
+    initial = job_tables.state_table(conn, tables["state"]).read(mst_key, 0)
     visits = conn.execute(SQL("SELECT step, segment FROM {} WHERE mst_key = %s ORDER BY step")
                           .format(tables["visits"]), (mst_key,)).fetchall()
     classification = summary.get("label_kind", "classification") == "classification"

@@ -1,0 +1,341 @@
+"""Where a job's model states live: durable ones in the job's state table, in pieces; the
+ones between two hops in files of the server's data directory.
+
+A state moves from segment to segment after every sub-epoch.  Writing each one durably
+into the database (write-ahead log, TOAST, and the coordinator's session in between) cost
+several times the sub-epoch for big models.  So:
+
+- **Between hops** the worker that trained a sub-epoch writes the new state to a file of
+  the server (`HopFiles`: written and renamed into place, not fsynced: it costs about one
+  copy into the page cache) and the worker of the next hop reads it from there.  The
+  state never passes through the coordinator, nor through one SQL value (so it may be
+  larger than PostgreSQL's 1 GB).
+- **Once per iteration** (the state after a model's last sub-epoch of an iteration) and at
+  step 0 the state is also written into the job's state table, in pieces of at most
+  `PIECE_BYTES` (`StateTable`), by the coordinator's `DurableWriter`, beside the hops:
+  that is the copy a resume can count on after any failure, and the one backups and
+  replicas carry.
+- A resume uses a hop file only when it was written since the server last started (the
+  run directory is named by `pg_postmaster_start_time()`): a killed coordinator or worker
+  loses nothing, since the page cache outlives them.  After a restart (or a machine
+  crash, which restarts the server) a model goes back to its last durable state, and its
+  lost sub-epochs are trained again: the visit order is drawn from the seed, each
+  sub-epoch is deterministic, so the weights are the same bits.
+
+Which files a session reads or writes is named by the job id, the mst_key and the step
+alone, never by a path a user gives, and the callers (`segment.worker`, `job.coordinator`)
+have checked that the job is the current role's.  Files are removed as the steps they hold
+are recorded (an iteration's end once a later one is durable), with the job's directory
+when the job finishes, and with a run's directory when the job resumes after a restart.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import queue
+import shutil
+import threading
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from madlib_mop.runtime import state
+
+PIECE_BYTES = 256 * 1024 * 1024  # well under PostgreSQL's 1 GB for one value or message
+DIRECTORY = "madlib_mop_states"  # in the server's data directory
+
+
+def data_directory() -> Path:
+    """The server's data directory: every backend runs in it (PostgreSQL changes to it at
+    start), so a session needs no superuser setting to find it."""
+    here = Path(os.getcwd())
+    if not (here / "PG_VERSION").exists():
+        raise RuntimeError(f"{here} is not a PostgreSQL data directory")
+    return here
+
+
+class HopFiles:
+    """The states between hops of one job, for the server's current run."""
+
+    def __init__(self, database_oid: int, job_id: int, run: str, root: Path | None = None):
+        self.job_directory = (root or data_directory()) / DIRECTORY / str(database_oid) / str(job_id)
+        self.run_directory = self.job_directory / run
+
+    @classmethod
+    def of(cls, query: Callable[[str], Any], job_id: int) -> "HopFiles":
+        """`query(sql)`: the first row's first column of a query in the session."""
+        oid = query("SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database()")
+        run = query("SELECT to_char(pg_catalog.pg_postmaster_start_time() AT TIME ZONE 'UTC', "
+                    "'YYYYMMDD\"T\"HH24MISSUS')")
+        return cls(int(oid), job_id, str(run))
+
+    def path(self, mst_key: int, step: int) -> Path:
+        return self.run_directory / f"{int(mst_key)}-{int(step)}.state"
+
+    def write(self, mst_key: int, step: int, blob: bytes) -> None:
+        """Written whole or not at all: to a file of this process, then renamed."""
+        target = self.path(mst_key, step)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
+        with open(partial, "wb") as handle:
+            handle.write(blob)
+        os.replace(partial, target)
+
+    def read(self, mst_key: int, step: int) -> bytes | None:
+        try:
+            with open(self.path(mst_key, step), "rb") as handle:
+                return handle.read()
+        except FileNotFoundError:
+            return None
+
+    def holds(self, mst_key: int, step: int) -> bool:
+        return self.path(mst_key, step).exists()
+
+    def remove(self, mst_key: int, step: int) -> None:
+        self.path(mst_key, step).unlink(missing_ok=True)
+
+    def remove_other_runs(self) -> None:
+        """Files of an earlier run of the server: not trusted (never fsynced)."""
+        if self.job_directory.is_dir():
+            for run in self.job_directory.iterdir():
+                if run != self.run_directory:
+                    shutil.rmtree(run, ignore_errors=True)
+
+    def remove_job(self) -> None:
+        shutil.rmtree(self.job_directory, ignore_errors=True)
+
+
+def pieces(blob: bytes | memoryview) -> Iterable[tuple[int, bytes]]:
+    """(piece number, bytes) of a state, each at most PIECE_BYTES."""
+    view = memoryview(blob)
+    for number, start in enumerate(range(0, max(1, len(view)), PIECE_BYTES)):
+        yield number, bytes(view[start:start + PIECE_BYTES])
+
+
+def iteration_end(step: int, per_iteration: int) -> bool:
+    """Is the state after `step` sub-epochs one that is kept durably (step 0, and each
+    iteration's last)?"""
+    return step % per_iteration == 0
+
+
+class StateTable:
+    """The durable states of a job's state table (mst_key, step, piece, state), through any
+    session: `execute(sql, params)` runs a statement with %s-style placeholders and
+    returns its rows as tuples."""
+
+    def __init__(self, execute: Callable[[str, tuple], list], table: str):
+        self.execute, self.table = execute, table  # table: qualified and quoted
+
+    def write(self, mst_key: int, step: int, blob: bytes) -> None:
+        """A state's pieces (a state written again, by a retried call, is the same bits:
+        kept once)."""
+        for number, piece in pieces(blob):
+            self.execute(f"INSERT INTO {self.table} (mst_key, step, piece, state) "
+                         "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                         (mst_key, step, number, piece))
+
+    def read(self, mst_key: int, step: int) -> bytes | None:
+        rows = self.execute(f"SELECT state FROM {self.table} WHERE mst_key = %s AND step = %s "
+                            "ORDER BY piece", (mst_key, step))
+        if not rows:
+            return None
+        return b"".join(bytes(row[0]) for row in rows) if len(rows) > 1 else bytes(rows[0][0])
+
+    def last_step(self, mst_key: int, at_most: int) -> int | None:
+        rows = self.execute(f"SELECT max(step) FROM {self.table} WHERE mst_key = %s AND step <= %s",
+                            (mst_key, at_most))
+        return rows[0][0] if rows else None
+
+    def prune(self, mst_key: int, below: int) -> None:
+        """Delete the states between the initial one (kept for replay) and `below`."""
+        self.execute(f"DELETE FROM {self.table} WHERE mst_key = %s AND step > 0 AND step < %s",
+                     (mst_key, below))
+
+
+class DurableWriter:
+    """Copies iteration-end states from their hop files into the state table, and their
+    weights into `<out>.model_weights`, in a session and a thread of its own, beside the
+    hops rather than in their way: a hop waits for one copy into the page cache, not for
+    the write-ahead log.  Until a state is written, the model's previous durable state is
+    kept (`durable_step` bounds what may be pruned), so a restart in between only retrains
+    a little more.  Work is done in the order it is given: a model's weights of an
+    iteration are published before its state of that iteration is durable.  A state or
+    weights already superseded by a later one of the same model is skipped: when writes
+    fall behind (big states, a busy disk) only the latest of each model are made."""
+
+    def __init__(self, connect: Callable[[], Any], table: str, hops: HopFiles):
+        self._connect, self._table, self._hops = connect, table, hops
+        self._queue: queue.Queue = queue.Queue()
+        self._done: dict[int, int] = {}
+        self._latest: dict[tuple[str, int], int] = {}  # (kind, mst_key) -> latest step given
+        self._lock = threading.Lock()
+        self.error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+
+    def submit(self, mst_key: int, step: int) -> None:
+        """Write the model's state after `step` sub-epochs into the state table."""
+        self._put(("state", mst_key, step))
+
+    def publish_weights(self, mst_key: int, step: int, output: str) -> None:
+        """Set the model's `<out>.model_weights` (`output`: the qualified, quoted table) to
+        those of its state after `step` sub-epochs."""
+        self._put(("weights", mst_key, step, output))
+
+    def _put(self, item: tuple) -> None:
+        with self._lock:
+            self._latest[item[:2]] = max(item[2], self._latest.get(item[:2], 0))
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="madlib_mop durable states",
+                                            daemon=True)
+            self._thread.start()
+        self._queue.put(item)
+
+    def durable_step(self, mst_key: int) -> int:
+        """The model's latest state written by this writer (0: none yet)."""
+        with self._lock:
+            return self._done.get(mst_key, 0)
+
+    def _run(self) -> None:
+        try:
+            db = self._connect()
+        except BaseException as error:  # every later submit is then reported by drain
+            self.error = error
+            db = None
+        table = StateTable(psycopg_executor(db), self._table) if db is not None else None
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    break
+                if table is None or self.error is not None:
+                    continue
+                kind, mst_key, step, *output = item
+                with self._lock:
+                    if step < self._latest[(kind, mst_key)]:
+                        continue
+                store = StateStore(table, self._hops)
+                if kind == "weights":
+                    weights = store.madlib_weights(mst_key, step)
+                    if weights is not None:
+                        db.execute(f"UPDATE {output[0]} SET model_weights = %s WHERE mst_key = %s",
+                                   (weights, mst_key))
+                    continue
+                blob = self._hops.read(mst_key, step)
+                if blob is not None:
+                    with db.transaction():
+                        table.write(mst_key, step, blob)
+                    with self._lock:
+                        self._done[mst_key] = max(step, self._done.get(mst_key, 0))
+            except BaseException as error:
+                self.error = error
+            finally:
+                self._queue.task_done()
+        if db is not None:
+            db.close()
+
+    def check(self) -> None:
+        """Raise what failed (the job stops, resumably), at the coordinator's next iteration
+        boundary: where it would write the job's outputs itself."""
+        if self.error is not None:
+            raise self.error
+
+    def drain(self) -> None:
+        """Wait until everything given is written; raise what failed."""
+        if self._thread is not None:
+            self._queue.join()
+        self.check()
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=60)
+            self._thread = None
+
+
+class StateStore:
+    """A job's states: read from the hop files, else the table (the hop files are written by
+    the workers, or by the coordinator for a segment server's; the table by the writer)."""
+
+    def __init__(self, table: StateTable, hops: HopFiles, writer: DurableWriter | None = None):
+        self.table, self.hops, self.writer = table, hops, writer
+
+    def read(self, mst_key: int, step: int) -> bytes | None:
+        blob = self.hops.read(mst_key, step)
+        return blob if blob is not None else self.table.read(mst_key, step)
+
+    def madlib_weights(self, mst_key: int, step: int) -> bytes | None:
+        """The state's weights as MADlib's model_weights, reading no more of a hop file than
+        them (mapped, not read whole: a state may be GBs)."""
+        try:
+            handle = open(self.hops.path(mst_key, step), "rb")
+        except FileNotFoundError:
+            blob = self.table.read(mst_key, step)
+            return None if blob is None else bytes(state.madlib_weights(blob))
+        with handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+            view = state.madlib_weights(mapped)
+            try:
+                return bytes(view)
+            finally:
+                if isinstance(view, memoryview):
+                    view.release()
+
+    def visit_recorded(self, mst_key: int, step: int, per_iteration: int) -> None:
+        """The visit from `step` is recorded: an iteration's end goes to the state table, and
+        the state the visit started from is needed no more between hops (an iteration's end
+        stays until a later one is durable: `iteration_done`)."""
+        if (step + 1) % per_iteration == 0:
+            self.writer.submit(mst_key, step + 1)
+        if step % per_iteration:
+            self.hops.remove(mst_key, step)
+
+    def iteration_done(self, model: Any, step: int, needed: list[int], output: str) -> None:
+        """The model's state after `step` sub-epochs ends its latest iteration: its weights
+        go to `output`'s model_weights (once per iteration), and the states before the
+        latest durable one are deleted but step 0 (replay) and those `needed` (by pending
+        validation).  `model`: the coordinator's `store.ModelRecord`."""
+        self.writer.check()  # what failed of the earlier iterations' writes
+        if step != model.published_step:
+            self.writer.publish_weights(model.mst_key, step, output)
+            model.published_step = step
+        keep_from = min([step, max(model.pruned_below, self.writer.durable_step(model.mst_key))] + needed)
+        if keep_from > model.pruned_below:
+            self.table.prune(model.mst_key, keep_from)
+            for earlier in range(model.pruned_below, keep_from):
+                if earlier % model.per_iteration == 0:
+                    self.hops.remove(model.mst_key, earlier)
+            model.pruned_below = keep_from
+
+    def available(self, mst_key: int, step: int) -> bool:
+        """Can `read(mst_key, step)` find the state?"""
+        return self.hops.holds(mst_key, step) or self.table.last_step(mst_key, step) == step
+
+
+def plpy_executor(plpy: Any) -> Callable[[str, tuple], list]:
+    """`StateTable`'s `execute` over PL/Python's SPI (plans prepared once per statement)."""
+    plans: dict[tuple, Any] = {}
+    types = {int: "bigint", bytes: "bytea", str: "text"}
+
+    def execute(statement: str, params: tuple) -> list:
+        key = (statement,) + tuple(type(p) for p in params)
+        if key not in plans:
+            numbered = statement
+            for number in range(1, len(params) + 1):
+                numbered = numbered.replace("%s", f"${number}", 1)
+            plans[key] = plpy.prepare(numbered, [types[type(p)] for p in params])
+        result = plpy.execute(plans[key], list(params))
+        if not statement.startswith("SELECT") or result.nrows() == 0:
+            return []
+        names = result.colnames()
+        return [tuple(row[name] for name in names) for row in result]
+    return execute
+
+
+def psycopg_executor(db: Any) -> Callable[[str, tuple], list]:
+    """`StateTable`'s `execute` over a psycopg connection."""
+    from psycopg.rows import tuple_row
+
+    def execute(statement: str, params: tuple) -> list:
+        cursor = db.cursor(row_factory=tuple_row, binary=True)
+        cursor.execute(statement, params)
+        return cursor.fetchall() if cursor.description else []
+    return execute
