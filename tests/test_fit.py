@@ -251,7 +251,7 @@ def _hop_directory(conn, job_id):
 
     directory, oid = conn.execute("SELECT current_setting('data_directory'), oid FROM pg_database "
                                   "WHERE datname = current_database()").fetchone()
-    return Path(directory) / "madlib_mop_states" / str(oid) / str(job_id)
+    return Path(directory) / "pgsql_tmp_madlib_mop_states" / str(oid) / str(job_id)
 
 
 def test_states_lost_between_hops_are_trained_again_to_the_same_bits(data, reference):
@@ -291,6 +291,31 @@ def test_states_lost_between_hops_are_trained_again_to_the_same_bits(data, refer
         assert not hops.exists()
         steps = {r[0] for r in watcher.execute("SELECT DISTINCT step FROM lost_hops_mop_state")}
         assert steps <= {0, 2, 4, 6}, steps
+
+
+def test_a_resume_makes_the_copies_a_killed_coordinator_did_not(data, reference):
+    """The state table's copy of an iteration's end is made beside the hops; a coordinator
+    killed before it was made leaves it to the resume, even for a model that trains no
+    further: a warm start reads the final states from that table."""
+    weights, _ = reference
+    job = threading.Thread(target=lambda: pytest.raises(psycopg.OperationalError, _fit, data, "late_copies"))
+    job.start()
+    with _connect(data) as watcher:
+        with held_job(watcher, "late_copies", 23):  # so 3 models at least have all 6 visits
+            job_id, pid = watcher.execute(
+                "SELECT job_id, coordinator_pid FROM jobs WHERE model_output_table = "
+                "'public.late_copies'").fetchone()
+            watcher.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        job.join()
+        _wait_for(watcher, "SELECT pg_try_advisory_lock(lock_key) FROM jobs WHERE job_id = %s", (job_id,))
+        watcher.execute("SELECT pg_advisory_unlock(lock_key) FROM jobs WHERE job_id = %s", (job_id,))
+        # As if none of its copies had been made: only the initial states are in the table.
+        watcher.execute("DELETE FROM late_copies_mop_state WHERE step > 0")
+        watcher.execute("CALL resume(%s)", (job_id,))
+        assert _weights(watcher, "late_copies") == weights
+        final = dict(watcher.execute("SELECT mst_key, max(step) FROM late_copies_mop_state "
+                                     "GROUP BY mst_key").fetchall())
+        assert final == {key: 6 for key in weights}, final
 
 
 def test_calling_the_fit_again_continues_an_unfinished_job(data, reference):

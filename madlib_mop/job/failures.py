@@ -35,10 +35,12 @@ class RetryPolicy:
     run for ever)."""
 
     MAX_ATTEMPTS = 3
-    FINAL_CLASSES = ("22", "42", "0A", "28")
+    FINAL_CLASSES = ("22", "42", "0A", "28", "58")
     # Final errors that end the job rather than the model: missing or changed tables and
-    # privileges (42), authentication (28), the database or schema (3D, 3F).
-    JOB_CLASSES = ("42", "28", "3D", "3F")
+    # privileges (42), authentication (28), the database or schema (3D, 3F), the server's
+    # files (58: a job's state files, `job.state_store`) and a full disk.
+    JOB_CLASSES = ("42", "28", "3D", "3F", "58")
+    JOB_STATES = (errors.DISK_FULL,)
     LOST_STATES = ("57P01", "57P02", "57P03")
     WAIT_SETTING = "madlib_mop.segment_wait_seconds"
     DEFAULT_WAIT_SECONDS = 300
@@ -112,12 +114,13 @@ class RetryPolicy:
     def touches_every_model(cls, error: BaseException) -> bool:
         """A final error that no model can train past: a table, a privilege, the server."""
         sqlstate = failure_sqlstate(error)
-        return cls.lost(error) or (sqlstate is not None and sqlstate[:2] in cls.JOB_CLASSES)
+        return cls.lost(error) or (sqlstate is not None and (sqlstate[:2] in cls.JOB_CLASSES
+                                                             or sqlstate in cls.JOB_STATES))
 
     def check(self, task: Any, error: BaseException, message: str) -> None:
         """Raises if the call is not to be run again."""
         sqlstate = failure_sqlstate(error)
-        final = sqlstate is not None and sqlstate[:2] in self.FINAL_CLASSES
+        final = sqlstate is not None and (sqlstate[:2] in self.FINAL_CLASSES or sqlstate in self.JOB_STATES)
         if task.attempt >= self.MAX_ATTEMPTS or final:
             raise MadlibMopError(
                 f"job {self.job_id}: {task.kind} of mst_key {task.mst_key} on segment "

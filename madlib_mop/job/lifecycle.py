@@ -23,6 +23,7 @@ from madlib_mop.job import memory, outputs, store
 from madlib_mop.job import tables as job_tables
 from madlib_mop.job.coordinator import Coordinator, start_pool
 from madlib_mop.job.plan import Plan, check_models
+from madlib_mop.job.state_store import HopFiles
 from madlib_mop.job.tables import identifiers
 from madlib_mop.runtime import training
 
@@ -66,6 +67,7 @@ def create_job(plpy: Any, plan: Plan, previous_job: dict | None, prepare=None,
             job_tables.drop(db, old.values())
         if left_by is not None:
             job_tables.drop(db, identifiers(json.loads(left_by["tables"])).values())
+            HopFiles.of(lambda q: db.execute(q).fetchone()[0], left_by["job_id"]).remove_job()
         for key, table in t.items():
             if db.execute("SELECT to_regclass(%s)", (table.as_string(db),)).fetchone()[0]:
                 raise MadlibMopError(

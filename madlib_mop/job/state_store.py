@@ -31,6 +31,7 @@ when the job finishes, and with a run's directory when the job resumes after a r
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import queue
@@ -39,10 +40,15 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from madlib_mop import errors
+from madlib_mop.errors import MadlibMopError
 from madlib_mop.runtime import state
 
 PIECE_BYTES = 256 * 1024 * 1024  # well under PostgreSQL's 1 GB for one value or message
-DIRECTORY = "madlib_mop_states"  # in the server's data directory
+# In the server's data directory.  Its name starts with pgsql_tmp, as PostgreSQL's own
+# temporary files do, so that base backups and pg_rewind leave it out: a restored or
+# rewound server starts a new run, whose jobs never read an earlier run's files.
+DIRECTORY = "pgsql_tmp_madlib_mop_states"
 
 
 def data_directory() -> Path:
@@ -72,14 +78,27 @@ class HopFiles:
     def path(self, mst_key: int, step: int) -> Path:
         return self.run_directory / f"{int(mst_key)}-{int(step)}.state"
 
+    def create(self) -> None:
+        """The run's directory, made by the job's coordinator when it starts (a worker does
+        not make it: a late one of a finished job then leaves nothing behind)."""
+        self.run_directory.mkdir(parents=True, exist_ok=True)
+
     def write(self, mst_key: int, step: int, blob: bytes) -> None:
         """Written whole or not at all: to a file of this process, then renamed."""
         target = self.path(mst_key, step)
-        target.parent.mkdir(parents=True, exist_ok=True)
         partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
-        with open(partial, "wb") as handle:
-            handle.write(blob)
-        os.replace(partial, target)
+        try:
+            with open(partial, "wb") as handle:
+                handle.write(blob)
+            os.replace(partial, target)
+        except OSError as error:
+            partial.unlink(missing_ok=True)
+            raise MadlibMopError(
+                f"the state of model {mst_key} after step {step} could not be written: {error}",
+                sqlstate=errors.DISK_FULL if error.errno == errno.ENOSPC else errors.IO_ERROR,
+                detail=f"in {self.run_directory}",
+                hint="Free space on the server's data directory, then resume the job "
+                     "(CALL resume(job_id)); finished sub-epochs are kept.") from None
 
     def read(self, mst_key: int, step: int) -> bytes | None:
         try:
@@ -95,14 +114,29 @@ class HopFiles:
         self.path(mst_key, step).unlink(missing_ok=True)
 
     def remove_other_runs(self) -> None:
-        """Files of an earlier run of the server: not trusted (never fsynced)."""
-        if self.job_directory.is_dir():
-            for run in self.job_directory.iterdir():
-                if run != self.run_directory:
+        """Files of earlier runs of the server, of every job of this database: never read
+        again (not fsynced, so not trusted), whether or not their job is resumed."""
+        database = self.job_directory.parent
+        if not database.is_dir():
+            return
+        for job in database.iterdir():
+            for run in job.iterdir() if job.is_dir() else ():
+                if run.name != self.run_directory.name:
                     shutil.rmtree(run, ignore_errors=True)
+            if job.is_dir() and not any(job.iterdir()):
+                shutil.rmtree(job, ignore_errors=True)
 
     def remove_job(self) -> None:
         shutil.rmtree(self.job_directory, ignore_errors=True)
+
+
+def found(blob: Any, mst_key: int, step: int) -> Any:
+    if blob is None:
+        raise MadlibMopError(f"no state of model {mst_key} after step {step} in the job's store",
+                             sqlstate=errors.UNDEFINED_FILE,
+                             hint="Resume the job (CALL resume(job_id)): a model whose state "
+                                  "is lost goes back to its last kept one.")
+    return blob
 
 
 def pieces(blob: bytes | memoryview) -> Iterable[tuple[int, bytes]]:
@@ -171,6 +205,8 @@ class DurableWriter:
         self._lock = threading.Lock()
         self.error: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self._db: Any = None
+        self._abandoned = False
 
     def submit(self, mst_key: int, step: int) -> None:
         """Write the model's state after `step` sub-epochs into the state table."""
@@ -197,7 +233,7 @@ class DurableWriter:
 
     def _run(self) -> None:
         try:
-            db = self._connect()
+            db = self._db = self._connect()
         except BaseException as error:  # every later submit is then reported by drain
             self.error = error
             db = None
@@ -207,7 +243,7 @@ class DurableWriter:
             try:
                 if item is None:
                     break
-                if table is None or self.error is not None:
+                if table is None or self.error is not None or self._abandoned:
                     continue
                 kind, mst_key, step, *output = item
                 with self._lock:
@@ -215,17 +251,15 @@ class DurableWriter:
                         continue
                 store = StateStore(table, self._hops)
                 if kind == "weights":
-                    weights = store.madlib_weights(mst_key, step)
-                    if weights is not None:
-                        db.execute(f"UPDATE {output[0]} SET model_weights = %s WHERE mst_key = %s",
-                                   (weights, mst_key))
+                    weights = found(store.madlib_weights(mst_key, step), mst_key, step)
+                    db.execute(f"UPDATE {output[0]} SET model_weights = %s WHERE mst_key = %s",
+                               (weights, mst_key))
                     continue
-                blob = self._hops.read(mst_key, step)
-                if blob is not None:
-                    with db.transaction():
-                        table.write(mst_key, step, blob)
-                    with self._lock:
-                        self._done[mst_key] = max(step, self._done.get(mst_key, 0))
+                blob = found(self._hops.read(mst_key, step), mst_key, step)
+                with db.transaction():
+                    table.write(mst_key, step, blob)
+                with self._lock:
+                    self._done[mst_key] = max(step, self._done.get(mst_key, 0))
             except BaseException as error:
                 self.error = error
             finally:
@@ -245,11 +279,19 @@ class DurableWriter:
             self._queue.join()
         self.check()
 
-    def close(self) -> None:
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join(timeout=60)
-            self._thread = None
+    def close(self, abandon: bool = False) -> None:
+        """Stop the thread: after writing what it was given, or (`abandon`: the job failed
+        or was cancelled) at once, cancelling the write under way.  What is not written
+        then is queued again when the job resumes (`store.JobStore.load_models`)."""
+        if self._thread is None:
+            return
+        if abandon:
+            self._abandoned = True
+            if self._db is not None:
+                self._db.cancel_safe()
+        self._queue.put(None)
+        self._thread.join(timeout=60)
+        self._thread = None
 
 
 class StateStore:

@@ -131,6 +131,7 @@ class JobStore(JobRowUpdates):
             table = job_tables.state_table(self.db, self.tables["state"])
             hops = HopFiles.of(lambda q: self.q(q).fetchone()[0], job_id)
             hops.remove_other_runs()
+            hops.create()
             self.states = StateStore(table, hops, DurableWriter(
                 lambda: worker_session.connect(
                     conninfo, application_name=f"madlib_mop coordinator job {job_id} states"),
@@ -141,7 +142,7 @@ class JobStore(JobRowUpdates):
 
     def close(self, error: BaseException | None = None) -> None:
         if hasattr(self, "states"):
-            self.states.writer.close()  # what it was given is written first
+            self.states.writer.close(abandon=error is not None)
         super().close(error)
 
     def _job_row(self) -> dict:
@@ -186,6 +187,7 @@ class JobStore(JobRowUpdates):
             models[mst_key].evals[(step, partition)] = result
         for model in models.values():
             _back_to_a_kept_state(self, model)
+            _make_latest_durable(self, model)
         return models
 
     def model_record(self, mst_key: int, model_id: int, compile_params: str,
@@ -398,6 +400,15 @@ def _back_to_a_kept_state(store: JobStore, model: ModelRecord) -> None:
     model.evals = {k: v for k, v in model.evals.items() if k[0] <= kept}
 
 
+def _make_latest_durable(store: JobStore, model: ModelRecord) -> None:
+    """A model's latest iteration end whose copy into the state table was not made (the
+    coordinator stopped first) is queued again."""
+    end = len(model.visits) // model.per_iteration * model.per_iteration
+    if end and store.states.hops.holds(model.mst_key, end) and \
+            store.states.table.last_step(model.mst_key, end) != end:
+        store.states.writer.submit(model.mst_key, end)
+
+
 def abandon(plpy: Any, job_id: int, why: str) -> None:
     """An unfinished job whose tables are gone cannot continue: record why, through a
     session of its own so that it stays recorded whatever the calling one does next."""
@@ -405,6 +416,7 @@ def abandon(plpy: Any, job_id: int, why: str) -> None:
     with worker_session.connect(worker_session.conninfo(plpy)) as db:
         db.execute(sql.SQL("UPDATE {}.jobs SET state = 'failed', last_error = %s, updated_at = now() "
                            "WHERE job_id = %s").format(schema), (f"abandoned: {why}", job_id))
+        HopFiles.of(lambda q: db.execute(q).fetchone()[0], job_id).remove_job()
 
 
 def last_states(db: psycopg.Connection, state_table: sql.Identifier) -> dict[int, bytes]:

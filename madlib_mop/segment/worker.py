@@ -193,12 +193,11 @@ def _state(ctx: JobContext, mst_key: int, step: int, model_state: bytes | None) 
     """The state a call restores: the one it was given, else the job's stored one."""
     if model_state is not None:
         return bytes(model_state)
-    blob = ctx.states.read(mst_key, step) if ctx.states is not None else None
-    if blob is None:
-        raise MadlibMopError(f"job {ctx.job_id}: no state of model {mst_key} at step {step}",
-                             sqlstate=errors.DATA_EXCEPTION,
-                             hint="The job's state table was changed; start the job again.")
-    return blob
+    if ctx.states is None:  # a segment server's session: states come with the call
+        raise MadlibMopError(f"job {ctx.job_id}: no state given for model {mst_key}",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint="A segment server's worker is given the state with the call.")
+    return state_store.found(ctx.states.read(mst_key, step), mst_key, step)
 
 
 def train(plpy: Any, job_id: int, mst_key: int, step: int, segment: int,
