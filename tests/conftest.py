@@ -14,10 +14,11 @@ import os
 import re
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import psycopg
 import pytest
@@ -91,6 +92,36 @@ def held_job(conn: psycopg.Connection, out: str, done: int, timeout: float = 120
                     return
         time.sleep(0.005)
     raise AssertionError(f"job of {out} did not reach {done} sub-epochs in {timeout:g}s")
+
+
+def coordinator_killed_mid_job(watcher: psycopg.Connection, out: str, done: int,
+                               fit: Callable[[], None], timeout: float = 120.0) -> int:
+    """Run `fit` (the fit writing public.<out>) in a thread, terminate its coordinator's
+    session once the job has `done` sub-epochs, and return the job's id once nobody holds
+    the job any more (resumable)."""
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fit()
+        except psycopg.OperationalError as error:
+            failures.append(error)
+
+    job = threading.Thread(target=run)
+    job.start()
+    with held_job(watcher, out, done, timeout):
+        job_id, pid = watcher.execute("SELECT job_id, coordinator_pid FROM jobs WHERE "
+                                      "model_output_table = %s", (f"public.{out}",)).fetchone()
+        watcher.execute("SELECT pg_terminate_backend(%s)", (pid,))
+    job.join()
+    assert failures, "the coordinator's session should have been terminated"
+    deadline = time.monotonic() + 60
+    while not watcher.execute("SELECT pg_try_advisory_lock(lock_key) FROM jobs WHERE job_id = %s",
+                              (job_id,)).fetchone()[0]:
+        assert time.monotonic() < deadline, f"job {job_id} is still held"
+        time.sleep(0.05)
+    watcher.execute("SELECT pg_advisory_unlock(lock_key) FROM jobs WHERE job_id = %s", (job_id,))
+    return job_id
 
 
 def _docker_engine_reachable() -> bool:

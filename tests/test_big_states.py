@@ -8,12 +8,9 @@ whose features cast to the row numbers 0-7.  With Adam's two moments its state i
 
 from __future__ import annotations
 
-import threading
-
-import psycopg
 import pytest
 
-from tests.conftest import connect, held_job, iris_table
+from tests.conftest import connect, coordinator_killed_mid_job, iris_table
 
 ROWS = 23_000_000
 STATE_BYTES_MORE_THAN = 1 << 30
@@ -46,23 +43,10 @@ def _fit(dsn: str, out: str) -> None:
 
 def test_a_state_over_1_gb_trains_resumes_evaluates_and_predicts(data):
     _fit(data, "big")
-    failure: list[Exception] = []
-
-    def fit_until_killed():
-        try:
-            _fit(data, "big_resumed")
-        except psycopg.OperationalError as error:
-            failure.append(error)
-
-    job = threading.Thread(target=fit_until_killed)
-    job.start()
     with connect(data) as conn:
-        with held_job(conn, "big_resumed", 1, timeout=600):
-            job_id, pid = conn.execute("SELECT job_id, coordinator_pid FROM jobs WHERE "
-                                       "model_output_table = 'public.big_resumed'").fetchone()
-            conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
-        job.join()
-        assert failure
+        # Killed between its 2 hops: the resume starts from the state in the hop file.
+        job_id = coordinator_killed_mid_job(conn, "big_resumed", 1, lambda: _fit(data, "big_resumed"),
+                                            timeout=600)
         conn.execute("CALL resume(%s)", (job_id,))
         state_bytes = conn.execute("SELECT sum(octet_length(state)) FROM big_mop_state "
                                    "WHERE step = 2").fetchone()[0]

@@ -14,7 +14,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from madlib_mop.tools.replay import replay
-from tests.conftest import connect as _connect, held_job, mlp_json
+from tests.conftest import connect as _connect, coordinator_killed_mid_job, held_job, mlp_json
 from madlib_mop.job.schedule import visit_orders
 
 import keras  # noqa: E402  (a missing Keras fails these tests, it does not skip them)
@@ -261,17 +261,8 @@ def test_states_lost_between_hops_are_trained_again_to_the_same_bits(data, refer
     import shutil
 
     weights, _ = reference
-    job = threading.Thread(target=lambda: pytest.raises(psycopg.OperationalError, _fit, data, "lost_hops"))
-    job.start()
     with _connect(data) as watcher:
-        with held_job(watcher, "lost_hops", 5):
-            job_id, pid = watcher.execute(
-                "SELECT job_id, coordinator_pid FROM jobs WHERE model_output_table = "
-                "'public.lost_hops'").fetchone()
-            watcher.execute("SELECT pg_terminate_backend(%s)", (pid,))
-        job.join()
-        _wait_for(watcher, "SELECT pg_try_advisory_lock(lock_key) FROM jobs WHERE job_id = %s", (job_id,))
-        watcher.execute("SELECT pg_advisory_unlock(lock_key) FROM jobs WHERE job_id = %s", (job_id,))
+        job_id = coordinator_killed_mid_job(watcher, "lost_hops", 5, lambda: _fit(data, "lost_hops"))
         done = dict(watcher.execute("SELECT mst_key, count(*) FROM lost_hops_mop_visits "
                                     "GROUP BY mst_key").fetchall())
         # An odd count of visits: a model between two hops of an iteration (2 segments).
@@ -298,17 +289,9 @@ def test_a_resume_makes_the_copies_a_killed_coordinator_did_not(data, reference)
     killed before it was made leaves it to the resume, even for a model that trains no
     further: a warm start reads the final states from that table."""
     weights, _ = reference
-    job = threading.Thread(target=lambda: pytest.raises(psycopg.OperationalError, _fit, data, "late_copies"))
-    job.start()
     with _connect(data) as watcher:
-        with held_job(watcher, "late_copies", 23):  # so 3 models at least have all 6 visits
-            job_id, pid = watcher.execute(
-                "SELECT job_id, coordinator_pid FROM jobs WHERE model_output_table = "
-                "'public.late_copies'").fetchone()
-            watcher.execute("SELECT pg_terminate_backend(%s)", (pid,))
-        job.join()
-        _wait_for(watcher, "SELECT pg_try_advisory_lock(lock_key) FROM jobs WHERE job_id = %s", (job_id,))
-        watcher.execute("SELECT pg_advisory_unlock(lock_key) FROM jobs WHERE job_id = %s", (job_id,))
+        # At 23 sub-epochs of 24, 3 models at least have all their 6 visits.
+        job_id = coordinator_killed_mid_job(watcher, "late_copies", 23, lambda: _fit(data, "late_copies"))
         # As if none of its copies had been made: only the initial states are in the table.
         watcher.execute("DELETE FROM late_copies_mop_state WHERE step > 0")
         watcher.execute("CALL resume(%s)", (job_id,))
