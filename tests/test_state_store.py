@@ -46,12 +46,16 @@ def test_files_of_an_earlier_server_run_are_removed_for_every_job(tmp_path):
                                 (other_job_now, 3, b"z"), (other_database, 1, b"w")):
         hops.create()
         hops.write(mst_key, 1, blob)
+    dropped_database = HopFiles(77, 1, "run-b", root=tmp_path)
+    dropped_database.create()
+    dropped_database.write(1, 1, b"v")
     current = HopFiles(16384, 7, "run-b", root=tmp_path)
-    current.remove_other_runs()
+    current.remove_other_runs({16384, 99})
     assert old_run.read(1, 1) is None and other_job_old.read(2, 1) is None
     assert not other_job_old.job_directory.exists()  # nothing left of job 8
     assert other_job_now.read(3, 1) == b"z"  # this run's files stay
     assert other_database.read(1, 1) == b"w"  # another database's are its own
+    assert not dropped_database.job_directory.parent.exists()  # a dropped database's go
 
 
 def test_madlib_weights_of_a_state_are_a_view_when_they_are_float32():

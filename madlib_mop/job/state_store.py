@@ -113,10 +113,15 @@ class HopFiles:
     def remove(self, mst_key: int, step: int) -> None:
         self.path(mst_key, step).unlink(missing_ok=True)
 
-    def remove_other_runs(self) -> None:
+    def remove_other_runs(self, databases: set[int] | None = None) -> None:
         """Files of earlier runs of the server, of every job of this database: never read
-        again (not fsynced, so not trusted), whether or not their job is resumed."""
+        again (not fsynced, so not trusted), whether or not their job is resumed; and the
+        folders of databases that no longer exist (`databases`: the oids of those that do)."""
         database = self.job_directory.parent
+        if databases is not None and database.parent.is_dir():
+            for other in database.parent.iterdir():
+                if other.name.isdigit() and int(other.name) not in databases:
+                    shutil.rmtree(other, ignore_errors=True)
         if not database.is_dir():
             return
         for job in database.iterdir():

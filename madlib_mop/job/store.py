@@ -130,7 +130,7 @@ class JobStore(JobRowUpdates):
             self._lock()
             table = job_tables.state_table(self.db, self.tables["state"])
             hops = HopFiles.of(lambda q: self.q(q).fetchone()[0], job_id)
-            hops.remove_other_runs()
+            hops.remove_other_runs({oid for (oid,) in self.q("SELECT oid FROM pg_catalog.pg_database")})
             hops.create()
             self.states = StateStore(table, hops, DurableWriter(
                 lambda: worker_session.connect(
