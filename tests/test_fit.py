@@ -13,6 +13,7 @@ import pytest
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from madlib_mop.job import state_store
 from madlib_mop.tools.replay import replay
 from tests.conftest import connect as _connect, coordinator_killed_mid_job, held_job, mlp_json
 from madlib_mop.job.schedule import visit_orders
@@ -251,7 +252,7 @@ def _hop_directory(conn, job_id):
 
     directory, oid = conn.execute("SELECT current_setting('data_directory'), oid FROM pg_database "
                                   "WHERE datname = current_database()").fetchone()
-    return Path(directory) / "pgsql_tmp_madlib_mop_states" / str(oid) / str(job_id)
+    return Path(directory) / state_store.DIRECTORY / str(oid) / str(job_id)
 
 
 def test_states_lost_between_hops_are_trained_again_to_the_same_bits(data, reference):

@@ -151,12 +151,6 @@ def pieces(blob: bytes | memoryview) -> Iterable[tuple[int, bytes]]:
         yield number, bytes(view[start:start + PIECE_BYTES])
 
 
-def iteration_end(step: int, per_iteration: int) -> bool:
-    """Is the state after `step` sub-epochs one that is kept durably (step 0, and each
-    iteration's last)?"""
-    return step % per_iteration == 0
-
-
 class StateTable:
     """The durable states of a job's state table (mst_key, step, piece, state), through any
     session: `execute(sql, params)` runs a statement with %s-style placeholders and
@@ -243,6 +237,7 @@ class DurableWriter:
             self.error = error
             db = None
         table = StateTable(psycopg_executor(db), self._table) if db is not None else None
+        store = StateStore(table, self._hops) if table is not None else None
         while True:
             item = self._queue.get()
             try:
@@ -254,7 +249,6 @@ class DurableWriter:
                 with self._lock:
                     if step < self._latest[(kind, mst_key)]:
                         continue
-                store = StateStore(table, self._hops)
                 if kind == "weights":
                     weights = found(store.madlib_weights(mst_key, step), mst_key, step)
                     db.execute(f"UPDATE {output[0]} SET model_weights = %s WHERE mst_key = %s",

@@ -27,7 +27,7 @@ from madlib_mop.db import catalog, worker_session
 from madlib_mop.engine.base import VisitRecord, finite_json
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.job import tables as job_tables
-from madlib_mop.job.state_store import DurableWriter, HopFiles, StateStore
+from madlib_mop.job.state_store import DurableWriter, HopFiles, StateStore, found
 from madlib_mop.job.tables import identifiers
 from madlib_mop.grammar import model_config
 
@@ -205,12 +205,7 @@ class JobStore(JobRowUpdates):
         return [dict(zip([c.name for c in cursor.description], row)) for row in cursor]
 
     def state_at(self, mst_key: int, step: int) -> bytes:
-        blob = self.states.read(mst_key, step)
-        if blob is None:
-            raise MadlibMopError(f"job {self.job_id}: no state of model {mst_key} at step {step}",
-                                 sqlstate=errors.DATA_EXCEPTION,
-                                 hint="The job's state table was changed; start the job again.")
-        return blob
+        return found(self.states.read(mst_key, step), mst_key, step)
 
     # ---- recording ----
     @contextlib.contextmanager

@@ -96,7 +96,8 @@ def add_model(db: psycopg.Connection, tables: dict[str, sql.Identifier], entry: 
     db.execute(MODELS.insert(tables["models"]),
                (entry["mst_key"], entry["model_id"], entry["model_arch"], entry["compile_params"],
                 entry["fit_params"], entry["weights"]))
-    state_table(db, tables["state"]).write(entry["mst_key"], 0, state)
+    # A new job's table, or one its coordinator brought up to date (`state_table`).
+    StateTable(psycopg_executor(db), tables["state"].as_string(db)).write(entry["mst_key"], 0, state)
 
 
 def state_table(db: psycopg.Connection, table: sql.Identifier) -> StateTable:
