@@ -126,7 +126,9 @@ CASES = [
     Case("gen: negative epochs", f"{GEN}('arch', 'g1', ARRAY[1], {GRID}, "
          "$${'batch_size': [8], 'epochs': [-1]}$$)", "22023"),
     Case("gen: unknown fit key", f"{GEN}('arch', 'g1', ARRAY[1], {GRID}, "
-         "$${'batch_size': [8], 'callbacks': ['x']}$$)", "22023"),
+         "$${'batch_size': [8], 'callback': ['x']}$$)", "22023"),
+    Case("gen: a callback that is no call", f"{GEN}('arch', 'g1', ARRAY[1], {GRID}, "
+         "$${'batch_size': [8], 'callbacks': ['x']}$$)", "42601"),
     Case("gen: unknown search type", f"{GEN}('arch', 'g1', ARRAY[1], {GRID}, {FIT_GRID}, 'magic')", "22023"),
     Case("gen: random without num_configs", f"{GEN}('arch', 'g1', ARRAY[1], {GRID}, {FIT_GRID}, 'random')", "22023"),
     Case("gen: negative num_configs", f"{GEN}('arch', 'g1', ARRAY[1], {GRID}, {FIT_GRID}, 'random', -3)", "22023"),

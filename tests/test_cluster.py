@@ -188,6 +188,29 @@ def test_registration(cluster, servers, walkthrough):
         conn.execute("DROP SERVER elsewhere")
 
 
+def test_distribution_rules_naming_segment_servers(cluster, walkthrough):
+    """MADlib's distribution_rules table: with segment servers, the servers its server_name
+    (or hostname) column names get the segments, the others none."""
+    with _connect(cluster) as conn:
+        conn.execute("CREATE TABLE use_seg1 AS SELECT 'seg1'::text AS server_name")
+        conn.execute("SELECT training_preprocessor_dl('iris_train', 'iris_seg1', 'class_text', "
+                     "'attributes', NULL, 1.0, NULL, 'use_seg1')")
+        placed = conn.execute(
+            "SELECT DISTINCT s.srvname FROM pg_inherits i "
+            "JOIN pg_foreign_table f ON f.ftrelid = i.inhrelid "
+            "JOIN pg_foreign_server s ON s.oid = f.ftserver "
+            "WHERE i.inhparent = 'iris_seg1'::regclass").fetchall()
+        assert placed == [("seg1",)]
+        assert conn.execute("SELECT num_segments, num_rows FROM iris_seg1_summary").fetchone() == (1, 150)
+        conn.execute("SELECT madlib_keras_fit_multiple_model('iris_seg1', 'seg1_model', 'mst', 1)")
+        assert conn.execute("SELECT count(*) FROM seg1_model").fetchone()[0] == 2
+        conn.execute("CREATE TABLE use_dbids AS SELECT 2 AS dbid")
+        with pytest.raises(psycopg.Error) as raised:
+            conn.execute("SELECT training_preprocessor_dl('iris_train', 'iris_dbids', 'class_text', "
+                         "'attributes', NULL, 1.0, NULL, 'use_dbids')")
+        assert raised.value.sqlstate == "22023" and "server_name" in raised.value.diag.message_hint
+
+
 def test_segment_tables_left_by_a_dropped_packed_table_are_replaced(cluster, servers, walkthrough):
     """A packed table dropped here leaves its segments' tables there: packing into the same
     name replaces them; a table of that name the packing did not make is left alone."""

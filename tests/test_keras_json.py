@@ -109,3 +109,38 @@ def test_weights_are_checked_and_loaded():
     with pytest.raises(MadlibMopError, match="has 8 bytes, the architecture needs 332") as raised:
         keras_json.check_weights(model, b"\0" * 8)
     assert raised.value.sqlstate == "22023"
+
+
+def _legacy(class_name, name, inbound, **config):
+    """A layer of a functional model as tf.keras 2.x wrote it (no module keys)."""
+    return {"class_name": class_name, "name": name, "config": {"name": name, **config},
+            "inbound_nodes": [[[inbound, 0, 0, {}]]] if inbound else []}
+
+
+def test_keras2_functional_cnn_with_initializer_dtypes_and_batchnorm_axis():
+    """What tf.keras 2.2.4-tf wrote for a small CNN: initializers with a dtype (Keras 3's take
+    none), BatchNormalization's axis as a list, InputLayer with batch_input_shape."""
+    init = {"class_name": "GlorotUniform", "config": {"seed": None, "dtype": "float32"}}
+    zeros = {"class_name": "Zeros", "config": {"dtype": "float32"}}
+    ones = {"class_name": "Ones", "config": {"dtype": "float32"}}
+    layers = [
+        _legacy("InputLayer", "input_1", None, batch_input_shape=[None, 8, 8, 1], dtype="float32",
+                sparse=False),
+        _legacy("Conv2D", "conv2d", "input_1", filters=4, kernel_size=[3, 3], strides=[1, 1],
+                padding="valid", activation="relu", kernel_initializer=init, bias_initializer=zeros),
+        _legacy("BatchNormalization", "batch_normalization", "conv2d", axis=[3], momentum=0.99,
+                epsilon=0.001, beta_initializer=zeros, gamma_initializer=ones,
+                moving_mean_initializer=zeros, moving_variance_initializer=ones),
+        _legacy("MaxPooling2D", "max_pooling2d", "batch_normalization", pool_size=[2, 2]),
+        _legacy("Dropout", "dropout", "max_pooling2d", rate=0.2),
+        _legacy("Flatten", "flatten", "dropout"),
+        _legacy("Dense", "dense", "flatten", units=10, activation="softmax",
+                kernel_initializer=init, bias_initializer=zeros)]
+    config = {"class_name": "Model", "keras_version": "2.2.4-tf", "backend": "tensorflow",
+              "config": {"name": "model", "layers": layers, "input_layers": [["input_1", 0, 0]],
+                         "output_layers": [["dense", 0, 0]]}}
+    model = _build(config)
+    assert keras_json.input_shape(model) == [8, 8, 1]
+    # conv 3*3*1*4+4, batchnorm 4*4 (moving statistics included), dense 36*10+10
+    assert model.count_params() == 40 + 16 + 370
+    assert [w.shape for w in model.get_weights()][2:6] == [(4,)] * 4

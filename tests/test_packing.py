@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 
 from madlib_mop.runtime import packing
-from madlib_mop.errors import MadlibMopError
 
 
 def _float4_pack(rows: np.ndarray) -> bytes:
@@ -51,10 +50,20 @@ def test_buffers_cover_every_row_evenly(rows, buffer_size, segments):
     assert [b.buffer_id for b in layout] == list(range(len(layout)))
 
 
-def test_fewer_rows_than_segments_is_an_error():
-    with pytest.raises(MadlibMopError, match="fewer than the 4 segments") as raised:
-        packing.buffer_layout(3, 10, 4)
-    assert raised.value.sqlstate == "22023"
+def test_fewer_rows_than_segments_leave_segments_empty():
+    layout = packing.buffer_layout(3, 10, 4)
+    assert [(b.rows, b.segment) for b in layout] == [(1, 0), (1, 1), (1, 2)]
+
+
+@pytest.mark.parametrize(("rows", "size", "segments", "sizes"),
+                         [(17, 5, 1, [5, 5, 5, 2]), (17, 5, 2, [5, 5, 5, 2]), (10, 5, 1, [5, 5]),
+                          (3, 10, 2, [3])])
+def test_a_given_buffer_size_fills_buffers_as_madlib_does(rows, size, segments, sizes):
+    layout = packing.buffer_layout(rows, size, segments, full=True)
+    assert [b.rows for b in layout] == sizes
+    assert [b.segment for b in layout] == [b % segments for b in range(len(sizes))]
+    assert layout[0].start == 0 and layout[-1].stop == rows
+    assert all(a.stop == b.start for a, b in zip(layout, layout[1:]))
 
 
 def test_default_buffer_size():

@@ -23,7 +23,7 @@ from madlib_mop import errors
 from madlib_mop.api.model_catalog import SELECTION_TABLES, arch_table_with_ids, no_object_table
 from madlib_mop.db import catalog
 from madlib_mop.errors import MadlibMopError
-from madlib_mop.job import lifecycle, store
+from madlib_mop.job import lifecycle, store, temporary
 from madlib_mop.job.plan import plan_job
 from madlib_mop.grammar import model_config
 from madlib_mop.search import grid, hyperband, setup
@@ -103,9 +103,16 @@ def madlib_keras_automl(plpy: Any, source_table: str, model_output_table: str, m
                              hint="Pass automl_method => 'hyperband' or 'hyperopt'.")
     params = _params(method, automl_params)
     no_object_table(object_table)
+    for argument, table in (("model_output_table", model_output_table),
+                            ("model_selection_table", model_selection_table)):
+        if temporary.is_temporary(plpy, table, argument):
+            raise MadlibMopError(f"madlib_keras_automl does not write its {argument} into pg_temp",
+                                 sqlstate=errors.FEATURE_NOT_SUPPORTED,
+                                 hint="Name an ordinary table; fit, evaluate and predict may "
+                                      "write into pg_temp.")
     arch, ids = arch_table_with_ids(plpy, model_arch_table, model_id_list)
     compile_grid = model_config.parse_grid(compile_params_grid, "compile_params_grid")
-    fit_grid = model_config.parse_grid(fit_params_grid, "fit_params_grid")
+    fit_grid = model_config.parse_fit_grid(fit_params_grid)
     seed = 0 if random_state is None else int(random_state)
     objective = setup.objective_from(params.get("metric"), params.get("direction"),
                                      validation_table is not None, _metric_choices(compile_grid),

@@ -7,7 +7,7 @@ from typing import Any
 
 from madlib_mop import errors
 from madlib_mop.errors import MadlibMopError
-from madlib_mop.job import lifecycle
+from madlib_mop.job import lifecycle, temporary
 from madlib_mop.job.plan import plan_job
 
 
@@ -22,11 +22,19 @@ def fit_multiple_model(plpy: Any, source_table: str, model_output_table: str,
     extra = {"single": True} if single else {}
     if pruner is not None and pruner.strip():
         extra["pruner"] = pruner.strip()
-    plan = plan_job(plpy, source_table, model_output_table, model_selection_table, num_iterations,
-                    use_gpus, validation_table, metrics_compute_frequency, warm_start, name,
-                    description, use_caching, seed, extra=extra,
-                    policy=_output_policy(if_output_exists, warm_start))
-    lifecycle.run_plan(plpy, plan, warm_start, can_commit, "madlib_keras_fit_multiple_model")
+    policy = _output_policy(if_output_exists, warm_start)
+    if (warm_start or policy != "error") and \
+            temporary.is_temporary(plpy, model_output_table, "model_output_table"):
+        raise MadlibMopError("a temporary model_output_table is not continued or versioned",
+                             sqlstate=errors.FEATURE_NOT_SUPPORTED,
+                             hint="Train into an ordinary table to use warm_start or "
+                                  "if_output_exists => 'new_version'.")
+    with temporary.output(plpy, model_output_table, "model_output_table",
+                          ("", "_summary", "_info"), job_output=True) as output:
+        plan = plan_job(plpy, source_table, output, model_selection_table, num_iterations,
+                        use_gpus, validation_table, metrics_compute_frequency, warm_start, name,
+                        description, use_caching, seed, extra=extra, policy=policy)
+        lifecycle.run_plan(plpy, plan, warm_start, can_commit, "madlib_keras_fit_multiple_model")
 
 
 OUTPUT_POLICIES = ("error", "new_version")

@@ -28,6 +28,7 @@ from madlib_mop.engine.local import LocalEngine
 from madlib_mop.engine.pool import run_all
 from madlib_mop.preprocess.source import feature_columns
 from madlib_mop.grammar import model_config
+from madlib_mop.job import temporary
 from madlib_mop.runtime import keras_json
 from madlib_mop.segment.models import ModelRef, build, trained_models
 from madlib_mop.errors import MadlibMopError
@@ -82,9 +83,13 @@ def _evaluate(plpy, model_table, test_table, output_table, use_gpus, mst_key, al
     _no_gpus(use_gpus)
     refs = trained_models(plpy, model_table, mst_key, all_models=all_models)
     test = packed.read_summary(plpy, test_table, argument="test_table")
-    catalog.committed(plpy, {"model_table": catalog.resolve_table(plpy, refs[0].model_oid),
-                             "test_table": catalog.resolve_table(plpy, test["packed_oid"])},
-                      packed=("model_table", "test_table"))
+    # A temporary model table (a script's pg_temp.model) is read here; its weights go with
+    # the calls, as they go to segment servers.
+    ship_weights = catalog.is_temporary(plpy, refs[0].model_oid)
+    inputs = {"test_table": catalog.resolve_table(plpy, test["packed_oid"])}
+    if not ship_weights:
+        inputs["model_table"] = catalog.resolve_table(plpy, refs[0].model_oid)
+    catalog.committed(plpy, inputs, packed=tuple(inputs))
     out = catalog.new_table(plpy, output_table, argument="output_table")
     out.must_not_exist(plpy)
     model = build(refs[0], compile_model=True)
@@ -106,14 +111,18 @@ def _evaluate(plpy, model_table, test_table, output_table, use_gpus, mst_key, al
                              hint="Pack the test data with validation_preprocessor_dl() against "
                                   "the model's training table.")
     engine = engine_for(plpy, test["packed_oid"], lambda: LocalEngine(plpy))
-    if isinstance(engine, ClusterEngine):
+    if isinstance(engine, ClusterEngine) or ship_weights:
         # A segment server has neither the model table nor the summary: they come with the call.
         x_col, y_col = packed.packed_columns(test)
+        partitions = ({str(k): part.name for k, part in engine.partitions.items()}
+                      if isinstance(engine, ClusterEngine) else
+                      {str(k): catalog.name_parts(plpy, test["packed_oid"])
+                       for k in range(test["num_segments"])})
         task = {"models": [{"mst_key": r.mst_key, "model_arch": r.model_arch,
                             "compile_params": r.compile_params} for r in refs],
-                "columns": [x_col, y_col, test["label_kind"] == "classification"],
-                "partitions": {str(k): part.name for k, part in engine.partitions.items()},
-                "weights": [r.weights for r in refs]}
+                "columns": [x_col, y_col, test["label_kind"] == "classification",
+                            packed.partition_modulus(test)],
+                "partitions": partitions, "weights": [r.weights for r in refs]}
     else:
         task = {"model_table": refs[0].model_oid, "mst_keys": [r.mst_key for r in refs],
                 "test_table": test["packed_oid"], "modulus": packed.partition_modulus(test)}
@@ -228,6 +237,14 @@ def predict_byom(plpy: Any, model_arch_table: str, model_id: int, test_table: st
 
 
 def _predict(plpy, ref: ModelRef, test_table, id_col, independent_varname, output_table, pred_type):
+    # Workers insert the predictions: into an ordinary table first when the output is
+    # temporary (`job.temporary`).
+    with temporary.output(plpy, output_table, "output_table") as output:
+        _predict_into(plpy, ref, test_table, id_col, independent_varname, output, pred_type)
+
+
+def _predict_into(plpy, ref: ModelRef, test_table, id_col, independent_varname, output_table,
+                  pred_type):
     kind = _pred_type(pred_type)
     source = catalog.resolve_table(plpy, test_table, argument="test_table")
     catalog.committed(plpy, {"test_table": source})

@@ -124,8 +124,8 @@ SELECTION_TABLES = (
 
 
 def _create_mst_tables(plpy: Any, out: catalog.NewTable, summary: catalog.NewTable,
-                       arch_table: catalog.Table) -> None:
-    for statement in SELECTION_TABLES:
+                       arch_table: catalog.Table, summary_only: bool = False) -> None:
+    for statement in SELECTION_TABLES[1:] if summary_only else SELECTION_TABLES:
         plpy.execute(statement.format(out.quoted, summary.quoted, plpy.quote_literal(arch_table.name)))
 
 
@@ -149,7 +149,7 @@ def generate_model_configs(plpy: Any, model_arch_table: str, model_selection_tab
     no_object_table(object_table)
     arch, ids = arch_table_with_ids(plpy, model_arch_table, model_id_list)
     compile_grid = model_config.parse_grid(compile_params_grid, "compile_params_grid")
-    fit_grid = model_config.parse_grid(fit_params_grid, "fit_params_grid")
+    fit_grid = model_config.parse_fit_grid(fit_params_grid)
     kind = (search_type or "").strip().lower()
     if kind and "grid".startswith(kind):
         if num_configs is not None or random_state is not None:
@@ -183,6 +183,8 @@ def generate_model_configs(plpy: Any, model_arch_table: str, model_selection_tab
                 sqlstate=errors.INVALID_PARAMETER_VALUE,
                 hint=f"Use model_arch_table => '{recorded[0]['model_arch_table']}', or a new "
                      "model_selection_table.")
+        if not summary.exists(plpy):  # dropped: made again, as MADlib does
+            _create_mst_tables(plpy, out, summary, arch, summary_only=True)
         quoted = table.name
     else:
         summary.must_not_exist(plpy)
@@ -204,11 +206,10 @@ def load_model_selection_table(plpy: Any, model_arch_table: str, model_selection
             raise MadlibMopError(f"{argument} must be a non-empty array without NULLs",
                                  sqlstate=errors.INVALID_PARAMETER_VALUE,
                                  hint="e.g. ARRAY['batch_size=32,epochs=1'].")
-    # Validate every string; keep the user's text, one per distinct meaning (MADlib keeps
-    # the last of equivalent strings).
-    compiles = {str(model_config.parse_compile_params(t)): t.strip() for t in compile_params_list}
-    fits = {model_config.fit_params_text(model_config.parse_fit_params(t)): t.strip()
-            for t in fit_params_list}
+    # Validate every string; keep the user's text as given, one per distinct meaning
+    # whatever the order of its keys (MADlib keeps the last of equivalent strings).
+    compiles = {str(model_config.parse_compile_params(t)): t for t in compile_params_list}
+    fits = {model_config.fit_params_meaning(t): t for t in fit_params_list}
     out = catalog.new_table(plpy, model_selection_table, argument="model_selection_table")
     summary = out.sibling("_summary", plpy)
     out.must_not_exist(plpy)

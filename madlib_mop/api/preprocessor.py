@@ -133,6 +133,7 @@ def _pack(plpy: Any, table, out, features, label, homes, lying, encoding: Encodi
     summary (`summarize(packed, buffer_size)`); on failure, the tables made on segment
     servers go.  `seed` None: rows in scan order (validation)."""
     output = None  # the segments' tables on segment servers, dropped if this fails
+    full = buffer_size is not None  # a size the user gave: buffers filled as MADlib fills them
     try:
         if lying is None:
             reader = SourceReader(plpy, table, features, label)
@@ -146,7 +147,7 @@ def _pack(plpy: Any, table, out, features, label, homes, lying, encoding: Encodi
                                                               segment_total)
                 output = PackedOutput(plpy, out, features, label, homes)
                 insert = output.create(segment_total)
-                return (packing.buffer_layout(rows, buffer_size, segment_total),
+                return (packing.buffer_layout(rows, buffer_size, segment_total, full=full),
                         lambda params: plpy.execute(insert, params), buffer_size)
 
             packed = write_buffers(plpy, reader, table.name, rows, positions, encoding, begin)
@@ -155,7 +156,7 @@ def _pack(plpy: Any, table, out, features, label, homes, lying, encoding: Encodi
             output = PackedOutput(plpy, out, features, label, homes)
             output.create(segment_total)
             buffer_size = buffer_size or _default_buffer_size(plpy, table, features, rows, segment_total)
-            packed = _pack_where_it_lies(plpy, lying, homes, output, encoding, buffer_size,
+            packed = _pack_where_it_lies(plpy, lying, homes, output, encoding, buffer_size, full,
                                          dependent_varname, independent_varname, seed, rows, table)
         summarize(packed, buffer_size)
     except BaseException:
@@ -239,7 +240,7 @@ def _default_buffer_size(plpy: Any, table: catalog.Table, features: Features, ro
 
 
 def _pack_where_it_lies(plpy: Any, lying: dict, homes: list, output: "PackedOutput",
-                        encoding: "Encoding", buffer_size: int, dependent_varname: str,
+                        encoding: "Encoding", buffer_size: int, full: bool, dependent_varname: str,
                         independent_varname: str, seed: int | None, rows: int,
                         table: catalog.Table) -> "Packed":
     """Each segment server packs its rows into its segments (`_mop_pack_segment`), all at
@@ -251,7 +252,7 @@ def _pack_where_it_lies(plpy: Any, lying: dict, homes: list, output: "PackedOutp
         tasks.append((part.server, {
             "source": part.tables, "dependent_varname": dependent_varname,
             "independent_varname": independent_varname, "encoding": encoding.as_json(),
-            "buffer_size": buffer_size, "seed": seed, "segments": local,
+            "buffer_size": buffer_size, "full": full, "seed": seed, "segments": local,
             "tables": {str(k): output.partition_names[k] for k in local}}))
 
     def pack_there(session, server, task) -> dict:

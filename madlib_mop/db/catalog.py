@@ -66,7 +66,7 @@ def resolve_table(plpy: Any, name: str | int | None, *, argument: str = "source_
         return _described(plpy, name, str(name), argument)
     if name is None or not name.strip():
         raise MadlibMopError(
-            f"{argument} must name a table",
+            f"{argument} must name a table: NULL/empty input table name",
             sqlstate=errors.INVALID_PARAMETER_VALUE,
             hint=f"Pass the table's name as {argument}, e.g. 'iris' or 'myschema.iris'.",
         )
@@ -128,6 +128,19 @@ def resolve_name(plpy: Any, name: str) -> int | None:
     except plpy.SPIError:  # a name that is not a name, e.g. 'a.b.c.d'
         return None
     return None if row["r"] is None else int(row["r"])
+
+
+def is_temporary(plpy: Any, oid: int) -> bool:
+    return plpy.execute(plpy.prepare("SELECT relpersistence = 't' AS t FROM pg_catalog.pg_class "
+                                     "WHERE oid = $1", ["oid"]), [oid])[0]["t"]
+
+
+def name_parts(plpy: Any, oid: int) -> list[str]:
+    """[schema, table] of a relation (how a task names a table; the receiver quotes it)."""
+    row = plpy.execute(plpy.prepare(
+        "SELECT n.nspname AS s, c.relname AS t FROM pg_catalog.pg_class c "
+        "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1", ["oid"]), [oid])[0]
+    return [row["s"], row["t"]]
 
 
 def columns(plpy: Any, table: Table) -> dict[str, Column]:
@@ -238,7 +251,8 @@ class NewTable:
 def new_table(plpy: Any, name: str | None, *, argument: str) -> NewTable:
     """Parse a user-given table name ('t' or 'schema.t') for a table to create."""
     if name is None or not name.strip():
-        raise MadlibMopError(f"{argument} must name a table",
+        # MADlib's phrase for the same mistake ends the message: scripts look for it.
+        raise MadlibMopError(f"{argument} must name a table: NULL/empty output table name",
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
                              hint=f"Pass the new table's name as {argument}.")
     try:
@@ -295,7 +309,21 @@ def extension_schema_name(plpy: Any) -> str:
 def committed(plpy: Any, tables: dict[str, Table], packed: tuple[str, ...] = ()) -> None:
     """Refuse inputs this transaction wrote and has not committed: worker sessions, which read
     them, see committed data only (the table would be missing, or empty, for them).  The
-    summaries of the `packed` arguments' tables are inputs too."""
+    summaries of the `packed` arguments' tables are inputs too.  Temporary tables are refused
+    for the same reason: no other session sees them."""
+    temporary = plpy.execute(plpy.prepare(
+        "SELECT t.argument FROM unnest($1::oid[], $2::text[]) AS t(relid, argument) "
+        "JOIN pg_class c ON c.oid = t.relid WHERE c.relpersistence = 't' LIMIT 1",
+        ["oid[]", "text[]"]), [[table.oid for table in tables.values()], list(tables)])
+    if temporary:
+        argument = temporary[0]["argument"]
+        raise MadlibMopError(
+            f"{argument} {tables[argument].name} is a temporary table, which worker sessions "
+            "cannot read", sqlstate=errors.FEATURE_NOT_SUPPORTED,
+            detail="Training, evaluation and prediction read their inputs in worker sessions of "
+                   "their own; a temporary table is seen by the session that made it alone.",
+            hint=f"Make it an ordinary table: CREATE TABLE ... AS SELECT * FROM {tables[argument].name}. "
+                 "Outputs may be temporary (pg_temp.name).")
     if plpy.execute("SELECT pg_catalog.pg_current_xact_id_if_assigned() IS NULL AS none")[0]["none"]:
         return  # this transaction has written nothing
     # written_in_transaction (C) is exact: pg_stat_xact_all_tables would also count this

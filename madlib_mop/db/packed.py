@@ -39,12 +39,28 @@ def read_summary(plpy: Any, packed_table: str | int, *, argument: str) -> dict:
     values = list(summary.get(class_column) or [])
     while values and values[-1] is None:  # padding up to num_classes
         values.pop()
+    if summary["label_kind"] == "classification" and not summary.get("num_classes"):
+        # One-hot label arrays (NULL class values and num_classes, as MADlib writes them):
+        # the classes are the arrays' positions.
+        width = _label_width(plpy, table, summary["dependent_varname"][0])
+        summary["num_classes"], summary["class_values"] = [width], list(range(width))
     summary["class_values"] = values or summary.get("class_values") or []
     return summary
 
 
-# What every MADlib version's training_preprocessor_dl writes in the summary.
-MADLIB_SUMMARY = {"dependent_varname", "independent_varname", "normalizing_const", "num_classes"}
+def _label_width(plpy: Any, table: catalog.Table, label: str) -> int:
+    """The one-hot width of a packed table's labels, from its first buffer's shape."""
+    rows = plpy.execute(f"SELECT {plpy.quote_ident(label + '_shape')}[2] AS w FROM {table.name} LIMIT 1")
+    if not rows or rows[0]["w"] is None:
+        raise MadlibMopError(f"{table.name} is empty", sqlstate=errors.DATA_EXCEPTION,
+                             hint="Pack a table with rows.")
+    return int(rows[0]["w"])
+
+
+# What a summary of MADlib's needs at least, as MADlib's readers take it: the label and
+# feature columns.  Older versions wrote no num_classes (it is the one-hot width) and one
+# class_values column; a normalizing_const left out is 1.
+MADLIB_SUMMARY = {"dependent_varname", "independent_varname"}
 
 
 def _packed_by_madlib(plpy: Any, table: catalog.Table, summary: dict) -> dict:
@@ -80,6 +96,8 @@ def _packed_by_madlib(plpy: Any, table: catalog.Table, summary: dict) -> dict:
                           int(shapes[0]["buffers"])))
     width = int(shapes[0]["y"])
     classes = list(summary.get("num_classes") or [width])
+    if summary.get("class_values") is not None:  # MADlib 1.x: one class_values column
+        summary.setdefault(f"{y_names[0]}_class_values", summary["class_values"])
     vartype = summary.get("dependent_vartype")
     summary.update({
         "dependent_varname": y_names, "independent_varname": x_names,
@@ -89,7 +107,7 @@ def _packed_by_madlib(plpy: Any, table: catalog.Table, summary: dict) -> dict:
         "partition_modulus": segments,
         # one-hot labels packed as they were: classes are their positions
         "class_values": list(range(width)),
-        "normalizing_const": float(summary["normalizing_const"] or 1.0)})
+        "normalizing_const": float(summary.get("normalizing_const") or 1.0)})
     return summary
 
 

@@ -118,13 +118,6 @@ def check_server(plpy: Any, name: str, found: bool, owner: str | None, trusted: 
             hint=f"A superuser runs ALTER SERVER {plpy.quote_ident(name)} OWNER TO CURRENT_USER;")
 
 
-def server_of(servers: list[SegmentServer], segment: int) -> SegmentServer:
-    for server in servers:
-        if server.first_segment <= segment < server.first_segment + server.segments:
-            return server
-    raise IndexError(segment)
-
-
 _PARTITIONS = """
     SELECT pg_catalog.pg_get_expr(c.relpartbound, c.oid) AS bound, c.relkind AS kind,
            n.nspname AS schema, c.relname AS name, s.srvname AS server, ft.ftoptions AS options

@@ -120,6 +120,10 @@ class LocalWorker(Worker):
         return json_value(self._call("_mop_evaluate", job_id, mst_key, step, partition, model_state)[0])
 
     def evaluate_models(self, task, partition):
+        if "weights" in task:  # the models come with the call (a temporary model table)
+            shipped = {k: v for k, v in task.items() if k != "weights"}
+            return json_value(self._call("_mop_segment_evaluate", Jsonb(shipped), partition,
+                                         task["weights"])[0])
         return json_value(self._call("_mop_infer_evaluate", Jsonb(task), partition)[0])
 
     def predict_blocks(self, task, first_block, last_block, weights):

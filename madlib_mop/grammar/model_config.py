@@ -406,6 +406,12 @@ def fit_callbacks(text: str | None) -> list[Callback]:
     return fit_params_from(parse_keyword_text(text, "fit_params"), text or "").get("callbacks", [])
 
 
+def fit_params_meaning(text: str | None) -> str:
+    """What fit_params say, whatever the order of their keys: equal for equivalent texts."""
+    params = fit_params_from(parse_keyword_text(text, "fit_params"), text or "")
+    return fit_params_text(dict(sorted(params.items())))
+
+
 def fit_params_text(params: dict[str, Any]) -> str:
     return ",".join(f"{key}={_render(value)}" for key, value in params.items())
 
@@ -416,6 +422,25 @@ def _without_addresses(message: str) -> str:
     """Python names an AST node by its address ("<ast.Call object at 0x7f...>"): say which
     kind of node it is instead, so the message is the same every time."""
     return re.sub(r"<ast[.](\w+) object at 0x[0-9a-f]+>", r"a \1", message)
+
+
+def parse_fit_grid(text: str | None) -> dict[str, list]:
+    """A fit_params_grid.  MADlib writes a grid's callbacks as the text of the list,
+    'callbacks': ['[TensorBoard(log_dir="/tmp/logs")]'] (or a list of such calls' texts):
+    read here as the list of callbacks it names."""
+    grid = parse_grid(text, "fit_params_grid")
+    if "callbacks" in grid:
+        grid["callbacks"] = [_grid_callbacks(value) for value in grid["callbacks"]]
+    return grid
+
+
+def _grid_callbacks(value: Any) -> Any:
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        value = "[" + ", ".join(value) + "]"
+    if not isinstance(value, str):
+        return value
+    listed = value if value.strip().startswith("[") else f"[{value}]"
+    return parse_keyword_text(f"callbacks={listed}", "fit_params_grid")["callbacks"]
 
 
 def parse_grid(text: str | None, argument: str) -> dict[str, list]:

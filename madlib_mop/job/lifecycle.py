@@ -9,6 +9,7 @@ arguments continues that job instead of failing.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -25,7 +26,7 @@ from madlib_mop.job.coordinator import Coordinator, start_pool
 from madlib_mop.job.plan import Plan, check_models
 from madlib_mop.job.state_store import HopFiles
 from madlib_mop.job.tables import identifiers
-from madlib_mop.runtime import training
+from madlib_mop.runtime import state, training
 
 
 def refuse_if_running(plpy: Any, job: dict, out: catalog.NewTable) -> None:
@@ -39,13 +40,58 @@ def refuse_if_running(plpy: Any, job: dict, out: catalog.NewTable) -> None:
                  f"cancel it: SELECT pg_cancel_backend({job['coordinator_pid']}).")
 
 
-def initial_states(plan: Plan, previous: dict[int, bytes]) -> dict[int, bytes]:
+def initial_states(plpy: Any, plan: Plan, previous: dict[int, bytes]) -> dict[int, bytes]:
     """Step 0 of every model: the previous job's last state (warm start), else a fresh
-    model initialised from the seed or the architecture's weights."""
+    model initialised from the seed or the architecture's weights.  A previous state whose
+    variables differ from the model's (another optimizer, layers frozen: transfer learning)
+    gives its weights alone, as MADlib's warm start does, when their shapes match; the
+    optimizer then starts afresh.  Weights of other shapes are refused here, before the
+    job exists."""
+    specs = [training.ModelSpec.of(c) for c in plan.configs]
+    seed = plan.arguments["seed"]
+    expected = _layouts(specs, seed) if previous else {}
+    kept, reweighted = {}, []
+    for spec in specs:
+        old = previous.get(spec.mst_key)
+        if old is None:
+            continue
+        found = state.header_layout(state.split(old)[0])
+        if found == expected[spec.program_key]:
+            kept[spec.mst_key] = old
+            continue
+        stored, wanted = _weight_shapes(found), _weight_shapes(expected[spec.program_key])
+        if stored != wanted:
+            raise MadlibMopError(
+                f"warm_start: the weights of model {spec.mst_key} in {plan.out.quoted} do not "
+                "fit its architecture", sqlstate=errors.INVALID_PARAMETER_VALUE,
+                detail=f"The stored model has weights of shapes {stored}; the architecture's "
+                       f"are {wanted}.",
+                hint="Warm start a model whose layers have the same shapes, or pass "
+                     "warm_start => FALSE.")
+        reweighted.append(dataclasses.replace(
+            spec, initial_weights=bytes(state.madlib_weights(old))))
+    if reweighted:
+        plpy.notice("warm_start: model(s) " + ", ".join(str(s.mst_key) for s in reweighted)
+                    + " continue from their stored weights with a new optimizer state: their "
+                      "architecture or optimizer differs from the stored model's")
     fresh = training.initial_states(
-        [training.ModelSpec.of(c) for c in plan.configs if c["mst_key"] not in previous],
-        plan.arguments["seed"])
-    return {c["mst_key"]: previous.get(c["mst_key"], fresh.get(c["mst_key"])) for c in plan.configs}
+        [s for s in specs if s.mst_key not in previous] + reweighted, seed)
+    return {s.mst_key: kept.get(s.mst_key, fresh.get(s.mst_key)) for s in specs}
+
+
+def _layouts(specs: list[training.ModelSpec], seed: int) -> dict[tuple, list]:
+    """The variables' layout of a fresh state, per program key (it depends on the
+    architecture and the optimizer alone)."""
+    layouts = {}
+    for spec in specs:
+        if spec.program_key not in layouts:
+            fresh = training.initial_states([spec], seed)[spec.mst_key]
+            layouts[spec.program_key] = state.header_layout(state.split(fresh)[0])
+    return layouts
+
+
+def _weight_shapes(layout: list) -> list[list[int]]:
+    return [list(shape) for kind, shape in layout if kind == "weights"]
 
 
 def create_job(plpy: Any, plan: Plan, previous_job: dict | None, prepare=None,
@@ -74,7 +120,7 @@ def create_job(plpy: Any, plan: Plan, previous_job: dict | None, prepare=None,
                     f"{'.'.join(names[key])} already exists", sqlstate=errors.DUPLICATE_TABLE,
                     hint="Drop it, pass another model_output_table, or warm_start => TRUE to "
                          "continue a finished job.")
-        states = initial_states(plan, previous_states)
+        states = initial_states(plpy, plan, previous_states)
         need = memory.estimate(plpy, plan.configs, states, [
             p["packed_table"] for p in (plan.source, plan.validation) if p],
             plan.arguments.get("use_caching") is not False)

@@ -25,7 +25,11 @@ def due_iterations(finished: int, frequency: int, iterations: int,
 
 
 def weighted(results: Sequence[Mapping]) -> dict:
-    """Row-weighted means of the loss and metrics of several visits or evaluations."""
+    """Row-weighted means of the loss and metrics of several visits or evaluations.  A
+    segment without rows (a table with fewer rows than segments) has none to weigh."""
+    results = [r for r in results if r["rows"]]
+    if not results:
+        return {}
     rows = sum(r["rows"] for r in results)
     names = results[0]["metrics"].keys()
     return {n: sum(r["metrics"][n] * r["rows"] for r in results) / rows for n in names}

@@ -92,9 +92,11 @@ def _create_summary(db, table: sql.Identifier, plan, info_name: str, job_id: int
     label = source["dependent_varname"][0]
     class_type = "text[]"
     if source["label_kind"] == "classification":
+        # (MADlib 1.x named the column class_values)
         found = db.execute(
             "SELECT format_type(atttypid, NULL) FROM pg_attribute WHERE attrelid = "
-            "(%s || '_summary')::regclass AND attname = %s",
+            "(%s || '_summary')::regclass AND attname IN (%s, 'class_values') "
+            "ORDER BY attname = 'class_values' LIMIT 1",
             (source["packed_table"], f"{label}_class_values")).fetchone()
         class_type = found[0] if found else "integer[]"  # none: one-hot positions
     class_column = sql.Identifier(f"{label}_class_values")
@@ -127,6 +129,7 @@ def _create_summary(db, table: sql.Identifier, plan, info_name: str, job_id: int
         automl = arguments["automl"]
         for name in ("automl_method", "automl_params", "random_state"):
             db.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} text").format(table, sql.Identifier(name)))
+        db.execute(sql.SQL("ALTER TABLE {} ADD COLUMN use_gpus boolean DEFAULT false").format(table))
         db.execute(sql.SQL("UPDATE {} SET automl_method = %s, automl_params = %s, random_state = %s")
                    .format(table), (automl["method"], automl["params_text"],
                                     None if automl["random_state"] is None else str(automl["random_state"])))
@@ -163,10 +166,11 @@ def publish(store, model, curves: metrics.Curves, partitions: int, single: bool)
         WHERE mst_key = %s""").format(t["info"]), (
         curves.elapsed,
         curves.final("training", first), curves.final("training", "loss"),
-        metrics.series(training, first), metrics.series(training, "loss"),
+        # No metrics compiled: NULL, as MADlib writes it, not an array of NULLs.
+        metrics.series(training, first) if first else None, metrics.series(training, "loss"),
         curves.final("validation", first) if partitions else None,
         curves.final("validation", "loss") if partitions else None,
-        metrics.series(validation, first) if partitions else None,
+        metrics.series(validation, first) if partitions and first else None,
         metrics.series(validation, "loss") if partitions else None,
         curves.iterations,
         finite_json({n: metrics.series(training, n) for n in ["loss"] + names}),

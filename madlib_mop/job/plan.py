@@ -146,6 +146,8 @@ def plan_job(plpy: Any, source_table: str, model_output_table: str, model_select
     catalog.committed(plpy, inputs, packed=tuple(inputs))
     if validation is not None:
         for key in ("label_kind", "feature_shape", "normalizing_const", "class_values", "num_classes"):
+            if key == "class_values" and _one_hot_of_same_classes(plpy, source, validation):
+                continue
             if validation[key] != source[key]:
                 raise MadlibMopError(
                     f"validation_table {validation['packed_table']} does not match "
@@ -180,6 +182,21 @@ def plan_job(plpy: Any, source_table: str, model_output_table: str, model_select
     return Plan(source, validation, mst_name, arch_name, configs, num_iterations, frequency,
                 epochs, out, arguments, frozenset(search.pruner.required_iterations()),
                 info_labels or {})
+
+
+def _one_hot_of_same_classes(plpy: Any, source: dict, validation: dict) -> bool:
+    """Validation labels given as one-hot arrays, training labels as classes (or the other
+    way round), of as many classes: position i is the training data's i-th class, as
+    MADlib reads them."""
+    one_hot = [str(s["dependent_vartype"][0]).endswith("[]") for s in (source, validation)]
+    if one_hot[0] == one_hot[1] or source["num_classes"] != validation["num_classes"]:
+        return False
+    plpy.notice(f"validation_table {validation['packed_table']}: "
+                + (f"the positions of its one-hot labels are the classes of {source['packed_table']}"
+                   if one_hot[1] else
+                   f"its classes are the positions of {source['packed_table']}'s one-hot labels")
+                + ", in order")
+    return True
 
 
 def note_ignored_compile_params(plpy: Any, texts: list[str]) -> None:

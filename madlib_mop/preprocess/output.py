@@ -5,6 +5,7 @@ stored on segment servers, made there in a session of the calling role)."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -21,17 +22,24 @@ SEGMENTS_SETTING = "madlib_mop.segments"
 
 def segment_count(plpy: Any, distribution_rules: str | None) -> int:
     """S from distribution_rules: NULL/'all_segments' -> the setting madlib_mop.segments,
-    else the server's CPU count; or a positive number of segments."""
+    else the server's CPU count; a positive number of segments; or (MADlib's form) a table
+    listing the segments to use, one row each."""
     rules = (distribution_rules or "all_segments").strip().lower()
     # A job opens a session per segment: a quarter of the server's connections at most, so
     # that one role's job cannot take every connection slot of the server.
     limit = settings.worker_session_limit(plpy)
+    listed = segments_table(plpy, distribution_rules)
     if rules == "all_segments":
         wanted = settings.whole_number(plpy, SEGMENTS_SETTING)
         if wanted is None:
             return min(os.cpu_count() or 1, limit)
     elif rules.isdigit() and int(rules) >= 1:
         wanted = int(rules)
+    elif listed is not None:
+        wanted = len(listed.rows)
+        plpy.notice(f"madlib_mop: distribution_rules {listed.table.name} lists {wanted} "
+                    f"segment(s); on one PostgreSQL server that is {wanted} segment(s) of this "
+                    "server, each served by a worker session")
     else:
         wanted = None
     if wanted is not None:
@@ -50,22 +58,81 @@ def segment_count(plpy: Any, distribution_rules: str | None) -> int:
     raise MadlibMopError(f"distribution_rules '{distribution_rules}' is not understood",
                          sqlstate=errors.INVALID_PARAMETER_VALUE,
                          hint="Use NULL or 'all_segments' (one segment per CPU, or the setting "
-                              f"{SEGMENTS_SETTING}), or a number of segments such as '4'.")
+                              f"{SEGMENTS_SETTING}), a number of segments such as '4', or the "
+                              "name of a table listing the segments to use, one row each.")
+
+
+@dataclass
+class SegmentsTable:
+    """A table that distribution_rules names: the segments to use, a row each.  MADlib's
+    has a dbid column (from gp_segment_configuration); on several servers a row names its
+    segment server by a server_name or hostname column."""
+    table: catalog.Table
+    rows: list[dict]
+
+    def servers(self, registered: list[segments.SegmentServer]) -> list[segments.SegmentServer]:
+        """The registered segment servers the rows name, in registration order."""
+        names = {str(row["server_name"]) for row in self.rows if row.get("server_name")}
+        hosts = {str(row["hostname"]) for row in self.rows if row.get("hostname")}
+        if not names and not hosts:
+            raise MadlibMopError(
+                f"distribution_rules {self.table.name} does not say which segment servers to use",
+                sqlstate=errors.INVALID_PARAMETER_VALUE,
+                detail="With segment servers, a row names its server by a server_name or "
+                       "hostname column; dbid numbers Greenplum's segments, which are not these.",
+                hint="Add a server_name column with names from check_segment_servers().")
+        chosen = [server for server in registered if server.name in names
+                  or server.options.get("host") in hosts or server.options.get("hostaddr") in hosts]
+        if not chosen:
+            raise MadlibMopError(
+                f"distribution_rules {self.table.name} names no registered segment server",
+                sqlstate=errors.INVALID_PARAMETER_VALUE,
+                detail="Registered: " + ", ".join(server.label for server in registered) + ".",
+                hint="Name servers as check_segment_servers() lists them.")
+        return chosen
+
+
+def segments_table(plpy: Any, distribution_rules: str | None) -> SegmentsTable | None:
+    """The table distribution_rules names, read; None when it is a keyword or a number."""
+    rules = (distribution_rules or "all_segments").strip()
+    if rules.lower() in ("all_segments", "gpu_segments") or rules.isdigit():
+        return None
+    oid = catalog.resolve_name(plpy, rules)
+    if oid is None:
+        return None
+    table = catalog.resolve_table(plpy, oid, argument="distribution_rules")
+    wanted = [name for name in ("dbid", "server_name", "hostname") if name in catalog.columns(plpy, table)]
+    if not wanted:
+        raise MadlibMopError(
+            f"distribution_rules {table.name} has none of the columns dbid, server_name, hostname",
+            sqlstate=errors.INVALID_PARAMETER_VALUE,
+            hint="Give it MADlib's dbid column (a row per segment), or server_name.")
+    rows = [dict(row) for row in plpy.execute(
+        f"SELECT DISTINCT {', '.join(plpy.quote_ident(n) for n in wanted)} FROM {table.name}")]
+    if not rows:
+        raise MadlibMopError(f"distribution_rules {table.name} lists no segments",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint="Insert a row per segment to use, or pass 'all_segments'.")
+    return SegmentsTable(table, rows)
 
 
 def segment_homes(plpy: Any, distribution_rules: str | None, training: dict | None
                   ) -> list[segments.SegmentServer] | None:
     """The segment server of each segment of a new packed table, or None (this server).
-    Training data: 'all_segments' spreads it over every registered segment server.
+    Training data: 'all_segments' spreads it over every registered segment server, a table
+    of segments over the servers it names.
     Validation data: partition p goes where the training data's segment p % S is, so that
     the worker of that segment evaluates it where it lies."""
     if training is None:
-        if (distribution_rules or "all_segments").strip().lower() != "all_segments":
+        listed = segments_table(plpy, distribution_rules)
+        if listed is None and (distribution_rules or "all_segments").strip().lower() != "all_segments":
             return None
         servers = segments.registered(plpy)
         if not servers:
             return None
-        return [segments.server_of(servers, k) for k in range(sum(s.segments for s in servers))]
+        if listed is not None:
+            servers = listed.servers(servers)
+        return [server for server in servers for _ in range(server.segments)]
     placed = segments.placement(plpy, catalog.resolve_table(plpy, training["packed_oid"]))
     if placed is None:
         return None
@@ -224,8 +291,10 @@ def write_summary(plpy, summary_table, source_table, output_table, label, featur
                   else "text[]")
     rows_per_segment = [packed.rows_per_segment.get(k, 0) for k in range(segments)]
     buffers_per_segment = [packed.buffers_per_segment.get(k, 0) for k in range(segments)]
+    # One-hot label arrays: no class values and no num_classes, as MADlib writes them (the
+    # readers take the classes from the arrays' width, `db.packed.read_summary`).
     class_values = (list(label.class_values) + [None] * (classes - len(label.class_values))
-                    if label.classification else None)
+                    if label.classification and not label.one_hot else None)
     plpy.execute(f"""
         CREATE TABLE {summary_table.quoted} (
             source_table text, output_table text,
@@ -244,7 +313,7 @@ def write_summary(plpy, summary_table, source_table, output_table, label, featur
     plpy.execute(plan, [
         source_table, output_table, [label.name], features.names, [label.base_type], class_values,
         int(packed.max_buffer_rows), float(normalizing_const),
-        [classes] if classes is not None else None,
+        [classes] if classes is not None and not label.one_hot else None,
         (distribution_rules or "all_segments"), segments, rows, rows_per_segment,
         buffers_per_segment, list(packed.feature_shape),
         "classification" if label.classification else "regression", seed])

@@ -52,7 +52,7 @@ def parse_model_json(text: Any) -> dict:
             hint=_NOT_A_MODEL_HINT,
         )
     _refuse_code(config)
-    if "module" not in config:
+    if "module" not in config or str(config.get("keras_version", "")).startswith("2."):
         config = upgrade_legacy_json(config)
     body = config.get("config")
     if isinstance(body, dict) and isinstance(body.get("name"), str):
@@ -97,6 +97,7 @@ def upgrade_legacy_json(config: dict) -> dict:
     """Rewrite a tf.keras / Keras 2 model config into the layout Keras 3 reads."""
     config = copy.deepcopy(config)
     config["module"] = "keras"
+    _upgrade_legacy_arguments(config["config"])
     if config["class_name"] == "Functional":
         # Keras 3 reads a legacy functional model under its public name.
         config["class_name"] = "Model"
@@ -124,6 +125,27 @@ def upgrade_legacy_json(config: dict) -> dict:
     body["layers"] = layers
     config["config"] = body
     return config
+
+
+def _upgrade_legacy_arguments(node: Any) -> None:
+    """Keras 2 arguments that Keras 3 spells otherwise, rewritten in place wherever they
+    are: an initializer's `dtype` (Keras 2 wrote one; Keras 3's initializers take none and
+    use the variable's), and BatchNormalization's `axis` as a one-element list (Keras 3
+    takes the int)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key.endswith("_initializer") and isinstance(value, dict) \
+                    and isinstance(value.get("config"), dict):
+                value["config"].pop("dtype", None)
+        if node.get("class_name") == "BatchNormalization" and isinstance(node.get("config"), dict):
+            axis = node["config"].get("axis")
+            if isinstance(axis, list) and len(axis) == 1:
+                node["config"]["axis"] = axis[0]
+        for value in node.values():
+            _upgrade_legacy_arguments(value)
+    elif isinstance(node, list):
+        for value in node:
+            _upgrade_legacy_arguments(value)
 
 
 def build_model(config: dict):

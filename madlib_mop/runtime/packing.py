@@ -18,8 +18,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from madlib_mop import errors
-from madlib_mop.errors import MadlibMopError
 
 # A buffer of about this many bytes of features when the user gives no buffer_size.
 DEFAULT_BUFFER_BYTES = 4 * 1024 * 1024
@@ -64,20 +62,20 @@ class Buffer:
         return self.stop - self.start
 
 
-def buffer_layout(rows: int, buffer_size: int, segments: int) -> list[Buffer]:
-    """Cut `rows` shuffled rows into buffers of sizes differing by at most one.
+def buffer_layout(rows: int, buffer_size: int, segments: int, *, full: bool = False) -> list[Buffer]:
+    """Cut `rows` shuffled rows into buffers; buffer b goes to segment b mod segments.
 
-    The number of buffers is ceil(rows / buffer_size), raised to `segments` so that every
-    segment gets one; rows are spread evenly (like numpy.array_split) so no buffer is a
-    small remainder.  Buffer b goes to segment b mod segments.
+    `full` (a buffer_size the user gave): as MADlib fills them, every buffer holds
+    buffer_size rows but the last, which holds the rest (17 rows of size 5: 5, 5, 5, 2).
+    Else (the default size): ceil(rows / buffer_size) buffers, raised to one per segment
+    where there are rows enough, with rows spread evenly (like numpy.array_split), so no
+    buffer is a small remainder.  With fewer buffers than segments, the last segments are
+    empty.
     """
-    if rows < segments:
-        raise MadlibMopError(
-            f"the source has {rows} rows, fewer than the {segments} segments",
-            sqlstate=errors.INVALID_PARAMETER_VALUE,
-            hint="Use fewer segments (distribution_rules => '1') or more rows.",
-        )
-    count = max(segments, math.ceil(rows / buffer_size))
+    if full:
+        return [Buffer(b, start, min(start + buffer_size, rows), b % segments)
+                for b, start in enumerate(range(0, rows, buffer_size))]
+    count = max(min(segments, rows), math.ceil(rows / buffer_size))
     base, extra = divmod(rows, count)
     layout, start = [], 0
     for buffer_id in range(count):

@@ -55,7 +55,7 @@ def search_of_job(arguments: dict, compile_params: Mapping[int, str], has_valida
                                             eta, skip_last, iterations), objective)
     space = SearchSpace(automl["model_id_list"],
                         model_config.parse_grid(automl["compile_params_grid"], "compile_params_grid"),
-                        model_config.parse_grid(automl["fit_params_grid"], "fit_params_grid"))
+                        model_config.parse_fit_grid(automl["fit_params_grid"]))
     searcher = OptunaSearcher(space, objective, params["num_configs"], iterations, params["algorithm"],
                               automl["random_state"] or 0, params["parallelism"], params["startup_configs"])
     return Search(searcher, NoPruner(), objective)

@@ -62,7 +62,8 @@ def pack_segment(plpy: Any, task: str) -> str:
 
     def begin(feature_shape):
         layout = [dataclasses.replace(b, segment=local[b.segment])
-                  for b in packing.buffer_layout(rows, task["buffer_size"], len(local))]
+                  for b in packing.buffer_layout(rows, task["buffer_size"], len(local),
+                                                 full=task.get("full", False))]
         return layout, lambda params: plpy.execute(plans[params[5]], params), task["buffer_size"]
 
     packed = write_buffers(plpy, reader, table.name, rows, positions, encoding, begin)
