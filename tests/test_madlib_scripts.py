@@ -113,6 +113,16 @@ def test_warm_start_from_another_architecture_of_the_same_shapes(dsn):
         assert np.array_equal(before[:40], after[:40]) and not np.array_equal(before[40:], after[40:])
         assert conn.execute("SELECT state FROM jobs WHERE model_output_table = 'public.w_model' "
                             "ORDER BY job_id DESC LIMIT 1").fetchone()[0] == "finished"
+        # The same architecture and compile_params: the whole state goes on (optimizer too);
+        # another learning rate: the weights alone, again with a NOTICE.
+        notices.clear()
+        conn.execute(f"SELECT madlib_keras_fit('w_packed', 'w_model', 'arch', 2, $${COMPILE}$$, "
+                     "'batch_size=10', 1, warm_start => TRUE)")
+        assert not any("warm_start" in n for n in notices)
+        conn.execute("SELECT madlib_keras_fit('w_packed', 'w_model', 'arch', 2, %s, "
+                     "'batch_size=10', 1, warm_start => TRUE)", (COMPILE.replace("0.05", "0.01"),))
+        assert any("warm_start: model(s) 1 continue" in n for n in notices)
+        after = _weights(conn, "w_model")
         other = json.loads(keras2_functional())
         other["config"]["layers"][1]["config"]["units"] = 5
         conn.execute("SELECT load_keras_model('arch', %s::json)", (json.dumps(other),))
@@ -206,6 +216,17 @@ def test_outputs_in_pg_temp(dsn):
         """)
     assert done.returncode != 0 and "temporary table, which worker sessions cannot read" in done.stderr
     assert "CREATE TABLE ... AS SELECT" in done.stderr
+    # A call that fails mid-job (cancelled here) leaves no ordinary table behind either.
+    done = psql_script(dsn, f"""
+        SET statement_timeout = '4s';
+        SELECT madlib_keras_fit('t_packed', 'pg_temp.slow_model', 'arch', 1, $${COMPILE}$$,
+                                'batch_size=1', 2000);
+        """)
+    assert done.returncode != 0 and "statement timeout" in done.stderr
+    with connect(dsn) as conn:
+        assert conn.execute("SELECT count(*) FROM pg_tables WHERE tablename LIKE '_mop_tmp%'").fetchone()[0] == 0
+        assert conn.execute("SELECT state, last_error FROM jobs WHERE model_output_table LIKE "
+                            "'%slow_model'").fetchone() == ("failed", "abandoned: its output was temporary")
 
 
 def test_summaries_hold_what_madlib_writes(dsn):
@@ -286,12 +307,31 @@ def test_one_hot_validation_labels_for_text_training_labels(dsn):
     assert any("positions of its one-hot labels are the classes of" in n for n in notices)
 
 
-@pytest.mark.parametrize(("statement", "phrase"), [
-    ("SELECT training_preprocessor_dl(NULL, 'x', 'class_text', 'attributes')", "NULL/empty input table name"),
-    ("SELECT training_preprocessor_dl('', 'x', 'class_text', 'attributes')", "NULL/empty input table name"),
-    ("SELECT training_preprocessor_dl('iris', '', 'class_text', 'attributes')", "NULL/empty output table name"),
-    ("SELECT training_preprocessor_dl('iris', NULL, 'class_text', 'attributes')", "NULL/empty output table name"),
+@pytest.mark.parametrize(("statement", "sqlstate", "phrase"), [
+    ("SELECT training_preprocessor_dl(NULL, 'x', 'class_text', 'attributes')", "22023",
+     "NULL/empty input table name"),
+    ("SELECT training_preprocessor_dl('', 'x', 'class_text', 'attributes')", "22023",
+     "NULL/empty input table name"),
+    ("SELECT training_preprocessor_dl('iris', '', 'class_text', 'attributes')", "22023",
+     "NULL/empty output table name"),
+    ("SELECT training_preprocessor_dl('iris', NULL, 'class_text', 'attributes')", "22023",
+     "NULL/empty output table name"),
+    ("SELECT training_preprocessor_dl('iris', 'x', 'class_text', 'no_column')", "42703",
+     "Column 'no_column' does not exist in table 'public.iris'"),
+    ("SELECT training_preprocessor_dl('iris', 'x', 'class_text', 'attributes', 0)", "22023",
+     "The buffer size has to be a positive integer or NULL"),
+    ("SELECT training_preprocessor_dl('iris', 'x', 'class_text', 'attributes', NULL, -1)", "22023",
+     "The normalizing constant has to be a positive integer or NULL"),
+    ("SELECT training_preprocessor_dl('iris', 'x', 'class_text', 'attributes', NULL, 1, ARRAY[2])",
+     "22023", "Invalid num_classes value specified"),
+    ("SELECT load_model_selection_table('arch', 'x', ARRAY[9], ARRAY[$$loss='mse', optimizer='SGD'$$], "
+     "ARRAY['batch_size=1'])", "22023", "One or more model_id of [9] not found in table public.arch"),
+    ("SELECT delete_keras_model('arch', 9)", "22023", "Model id 9 not found"),
+    ("SELECT madlib_keras_fit('iris', 'x', 'arch', 1, '', '', 1)", "22023",
+     "Compile parameters cannot be empty or NULL"),
 ])
-def test_madlib_error_phrases(dsn, statement, phrase):
+def test_madlib_error_phrases(dsn, statement, sqlstate, phrase):
+    """Our message, with MADlib's words for the same mistake in it."""
     error = _refused(dsn, statement)
-    assert error.diag.sqlstate == "22023" and phrase in error.diag.message_primary
+    assert error.diag.sqlstate == sqlstate and phrase in error.diag.message_primary
+    assert error.diag.message_hint

@@ -78,7 +78,8 @@ def fit_single_model(plpy: Any, source_table: str, model: str, model_arch_table:
     from madlib_mop.api.model_catalog import load_model_selection_table
 
     if compile_params is None or not compile_params.strip():
-        raise MadlibMopError("compile_params is empty", sqlstate=errors.INVALID_PARAMETER_VALUE,
+        raise MadlibMopError("compile_params is empty: Compile parameters cannot be empty or NULL",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
                              hint="e.g. $$loss='categorical_crossentropy', optimizer='Adam(lr=0.01)', "
                                   "metrics=['accuracy']$$")
     for table in (SINGLE_FIT_CONFIGS, SINGLE_FIT_CONFIGS + "_summary"):

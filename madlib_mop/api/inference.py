@@ -175,7 +175,7 @@ def _pred_type(value: str | int | float | None) -> Any:
     if number is not None and 0.0 <= number < 1.0:
         return number
     raise MadlibMopError(
-        f"pred_type '{value}' is not valid",
+        f"pred_type '{value}' is not valid: Invalid value for pred_type param ({value})",
         sqlstate=errors.INVALID_PARAMETER_VALUE,
         hint="Pass 'response', 'prob', an integer k > 0 (top k classes) or a probability "
              "threshold in [0, 1).")

@@ -72,7 +72,7 @@ def delete_keras_model(plpy: Any, keras_model_arch_table: str, model_id: int | N
     deleted = plpy.execute(plpy.prepare(
         f"DELETE FROM {table.name} WHERE model_id = $1 RETURNING model_id", ["integer"]), [model_id])
     if not deleted:
-        raise MadlibMopError(f"model_id {model_id} is not in {table.name}",
+        raise MadlibMopError(f"model_id {model_id} is not in {table.name}: Model id {model_id} not found",
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
                              hint=f"SELECT model_id, name FROM {table.name}; lists the models.")
     plpy.notice(f"delete_keras_model: deleted model_id {model_id} from {table.name}")
@@ -96,7 +96,8 @@ def arch_table_with_ids(plpy: Any, model_arch_table: str, model_id_list: list | 
     missing = [m for m in ids if m not in found]
     if missing:
         raise MadlibMopError(
-            f"model_id {', '.join(map(str, missing))} not found in {table.name}",
+            f"model_id {', '.join(map(str, missing))} not found in {table.name}: One or more "
+            f"model_id of {ids} not found in table {table.name}",
             sqlstate=errors.INVALID_PARAMETER_VALUE,
             hint=f"SELECT model_id, name FROM {table.name}; lists the models.")
     return table, ids

@@ -154,7 +154,8 @@ def column(plpy: Any, table: Table, name: str | None, *, argument: str) -> Colum
     available = columns(plpy, table)
     if name not in available:
         raise MadlibMopError(
-            f'{argument} "{name}" is not a column of {table.name}',
+            f'{argument} "{name}" is not a column of {table.name}: '
+            f"Column '{name}' does not exist in table '{table.name}'",
             sqlstate=errors.UNDEFINED_COLUMN,
             detail=f"{table.name} has columns: {', '.join(available)}.",
             hint=f"Pass one of these column names as {argument} (names are case-sensitive).",

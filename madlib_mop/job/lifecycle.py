@@ -40,13 +40,15 @@ def refuse_if_running(plpy: Any, job: dict, out: catalog.NewTable) -> None:
                  f"cancel it: SELECT pg_cancel_backend({job['coordinator_pid']}).")
 
 
-def initial_states(plpy: Any, plan: Plan, previous: dict[int, bytes]) -> dict[int, bytes]:
+def initial_states(plpy: Any, plan: Plan, previous: dict[int, bytes],
+                   previous_compile: dict[int, str] | None = None) -> dict[int, bytes]:
     """Step 0 of every model: the previous job's last state (warm start), else a fresh
     model initialised from the seed or the architecture's weights.  A previous state whose
     variables differ from the model's (another optimizer, layers frozen: transfer learning)
     gives its weights alone, as MADlib's warm start does, when their shapes match; the
-    optimizer then starts afresh.  Weights of other shapes are refused here, before the
-    job exists."""
+    optimizer then starts afresh.  So does one whose compile_params changed (another
+    learning rate or optimizer: `previous_compile`, the previous job's).  Weights of other
+    shapes are refused here, before the job exists."""
     specs = [training.ModelSpec.of(c) for c in plan.configs]
     seed = plan.arguments["seed"]
     expected = _layouts(specs, seed) if previous else {}
@@ -56,7 +58,9 @@ def initial_states(plpy: Any, plan: Plan, previous: dict[int, bytes]) -> dict[in
         if old is None:
             continue
         found = state.header_layout(state.split(old)[0])
-        if found == expected[spec.program_key]:
+        compiled_as = (previous_compile or {}).get(spec.mst_key, spec.compile_params)
+        same_compile = compiled_as == spec.compile_params
+        if found == expected[spec.program_key] and same_compile:
             kept[spec.mst_key] = old
             continue
         stored, wanted = _weight_shapes(found), _weight_shapes(expected[spec.program_key])
@@ -73,7 +77,7 @@ def initial_states(plpy: Any, plan: Plan, previous: dict[int, bytes]) -> dict[in
     if reweighted:
         plpy.notice("warm_start: model(s) " + ", ".join(str(s.mst_key) for s in reweighted)
                     + " continue from their stored weights with a new optimizer state: their "
-                      "architecture or optimizer differs from the stored model's")
+                      "architecture or compile_params differ from the stored model's")
     fresh = training.initial_states(
         [s for s in specs if s.mst_key not in previous] + reweighted, seed)
     return {s.mst_key: kept.get(s.mst_key, fresh.get(s.mst_key)) for s in specs}
@@ -105,11 +109,13 @@ def create_job(plpy: Any, plan: Plan, previous_job: dict | None, prepare=None,
     names = job_tables.names(plan.out.schema, plan.out.name)
     t = identifiers(names)
     previous_states: dict[int, bytes] = {}
+    previous_compile: dict[int, str] = {}
     with worker_session.connect(worker_session.conninfo(plpy), autocommit=False,
                                 application_name="madlib_mop coordinator") as db:
         if previous_job is not None:  # warm start: continue from the last states
             old = identifiers(json.loads(previous_job["tables"]))
             previous_states = store.last_states(db, old["state"])
+            previous_compile = store.compile_params_of(db, old["models"])
             job_tables.drop(db, old.values())
         if left_by is not None:
             job_tables.drop(db, identifiers(json.loads(left_by["tables"])).values())
@@ -120,7 +126,7 @@ def create_job(plpy: Any, plan: Plan, previous_job: dict | None, prepare=None,
                     f"{'.'.join(names[key])} already exists", sqlstate=errors.DUPLICATE_TABLE,
                     hint="Drop it, pass another model_output_table, or warm_start => TRUE to "
                          "continue a finished job.")
-        states = initial_states(plpy, plan, previous_states)
+        states = initial_states(plpy, plan, previous_states, previous_compile)
         need = memory.estimate(plpy, plan.configs, states, [
             p["packed_table"] for p in (plan.source, plan.validation) if p],
             plan.arguments.get("use_caching") is not False)

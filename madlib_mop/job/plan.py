@@ -107,7 +107,8 @@ def _configs(plpy: Any, model_selection_table: str) -> tuple[str, str, list[dict
                              hint="Fill it with generate_model_configs().")
     for config in configs:
         if config["model_arch"] is None:
-            raise MadlibMopError(f"model_id {config['model_id']} is not in {arch.name}",
+            raise MadlibMopError(f"model_id {config['model_id']} is not in {arch.name}: no model "
+                                 f"arch found in table {arch.name} with id {config['model_id']}",
                                  sqlstate=errors.INVALID_PARAMETER_VALUE,
                                  hint="Load the architecture with load_keras_model().")
     return mst.name, arch.name, configs
@@ -128,13 +129,15 @@ def plan_job(plpy: Any, source_table: str, model_output_table: str, model_select
                              sqlstate=errors.FEATURE_NOT_SUPPORTED,
                              hint="Pass use_gpus => FALSE.")
     if num_iterations is None or num_iterations < 1:
-        raise MadlibMopError(f"num_iterations must be at least 1, not {num_iterations}",
+        raise MadlibMopError(f"num_iterations must be at least 1, not {num_iterations}: "
+                             "Number of iterations cannot be < 1",
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
                              hint="Pass the number of passes over the data, e.g. 10.")
     frequency = num_iterations if metrics_compute_frequency is None else metrics_compute_frequency
     if not 1 <= frequency <= num_iterations:
         raise MadlibMopError(
-            f"metrics_compute_frequency must be between 1 and num_iterations ({num_iterations})",
+            f"metrics_compute_frequency must be between 1 and num_iterations ({num_iterations}): "
+            f"metrics_compute_frequency must be in the range (1 - {num_iterations})",
             sqlstate=errors.INVALID_PARAMETER_VALUE,
             hint="Pass NULL (metrics after the last iteration) or a number in that range.")
     source = packed.read_summary(plpy, source_table, argument="source_table")
@@ -188,7 +191,7 @@ def _one_hot_of_same_classes(plpy: Any, source: dict, validation: dict) -> bool:
     """Validation labels given as one-hot arrays, training labels as classes (or the other
     way round), of as many classes: position i is the training data's i-th class, as
     MADlib reads them."""
-    one_hot = [str(s["dependent_vartype"][0]).endswith("[]") for s in (source, validation)]
+    one_hot = [str((s.get("dependent_vartype") or [""])[0]).endswith("[]") for s in (source, validation)]
     if one_hot[0] == one_hot[1] or source["num_classes"] != validation["num_classes"]:
         return False
     plpy.notice(f"validation_table {validation['packed_table']}: "

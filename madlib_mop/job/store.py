@@ -425,6 +425,13 @@ def last_states(db: psycopg.Connection, state_table: sql.Identifier) -> dict[int
     return {mst_key: table.read(mst_key, step) for mst_key, step in latest}
 
 
+def compile_params_of(db: psycopg.Connection, models_table: sql.Identifier) -> dict[int, str]:
+    """Each model's compile_params in a job's models table (none if the table is gone)."""
+    if not db.execute("SELECT to_regclass(%s)", (models_table.as_string(db),)).fetchone()[0]:
+        return {}
+    return dict(db.execute(sql.SQL("SELECT mst_key, compile_params FROM {}").format(models_table)).fetchall())
+
+
 def insert_job(db: psycopg.Connection, schema: str, values: dict) -> int:
     """A new `jobs` row (in the creating transaction of `db`); its job_id."""
     return db.execute(sql.SQL("INSERT INTO {}.jobs ({}) VALUES ({}) RETURNING job_id").format(

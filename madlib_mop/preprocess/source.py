@@ -117,11 +117,18 @@ def label_of(plpy: Any, table: catalog.Table, dependent_varname: str, regression
     )
 
 
+# MADlib's words for the same mistakes, at the end of ours: scripts look for them.
+_MADLIB_PHRASES = {"buffer_size": ": The buffer size has to be a positive integer or NULL",
+                   "normalizing_const": ": The normalizing constant has to be a positive "
+                                        "integer or NULL"}
+
+
 def check_positive(value: Any, argument: str, allow_null: bool = True) -> None:
     if value is None and allow_null:
         return
     if value is None or not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-        raise MadlibMopError(f"{argument} must be a positive number, not {value}",
+        raise MadlibMopError(f"{argument} must be a positive number, not {value}"
+                             + _MADLIB_PHRASES.get(argument, ""),
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
                              hint=f"Pass a positive {argument}" + (" or NULL." if allow_null else "."))
 
@@ -283,7 +290,8 @@ def class_count(class_values: list, num_classes: list | None, training: dict | N
                              hint="Models with several outputs are not supported.")
     if num_classes[0] < len(class_values):
         raise MadlibMopError(
-            f"num_classes {num_classes[0]} is less than the {len(class_values)} classes found",
+            f"num_classes {num_classes[0]} is less than the {len(class_values)} classes found: "
+            "Invalid num_classes value specified",
             sqlstate=errors.INVALID_PARAMETER_VALUE,
             hint=f"Pass NULL or ARRAY[n] with n >= {len(class_values)}.")
     return int(num_classes[0])

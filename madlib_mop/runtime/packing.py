@@ -72,6 +72,8 @@ def buffer_layout(rows: int, buffer_size: int, segments: int, *, full: bool = Fa
     buffer is a small remainder.  With fewer buffers than segments, the last segments are
     empty.
     """
+    if rows == 0:
+        return []
     if full:
         return [Buffer(b, start, min(start + buffer_size, rows), b % segments)
                 for b, start in enumerate(range(0, rows, buffer_size))]
