@@ -267,6 +267,38 @@ def test_a_job_that_cannot_fit_is_refused_up_front(data):
     _cap(dsn, database, 2)
 
 
+def test_a_model_too_big_for_worker_memory_mb_is_refused_up_front(data):
+    """madlib_mop.worker_memory_mb bounds what a worker holds beyond TensorFlow: a model of
+    800,003 parameters (Adam: 9.6 MB of state, held about 3 times) does not fit 16 MB and
+    is refused before a job exists; with the setting its HINT names, it trains, and its
+    buffers get what the model leaves."""
+    dsn, _, database = data
+    _cap(dsn, database, 2)
+    notices: list[str] = []
+    with connect(dsn, notices) as conn:
+        conn.execute("SELECT load_keras_model('arch', %s::json)", (mlp_json(4, 100_000, 3),))
+        big = conn.execute("SELECT max(model_id) FROM arch").fetchone()[0]
+        conn.execute("SELECT load_model_selection_table('arch', 'mst_big', ARRAY[%s], ARRAY[%s], "
+                     "ARRAY['batch_size=50, epochs=1'])", (big, COMPILE))
+        conn.execute("SET madlib_mop.worker_memory_mb = 16")
+        with pytest.raises(psycopg.Error) as caught:
+            conn.execute("SELECT madlib_keras_fit_multiple_model('iris_packed', 'big_model', 'mst_big', 1)")
+        diag = caught.value.diag
+        assert diag.sqlstate == "53000" and "more than madlib_mop.worker_memory_mb (16 MB)" in diag.message_primary
+        assert conn.execute("SELECT count(*) FROM madlib_mop.jobs WHERE model_output_table = "
+                            "'public.big_model'").fetchone()[0] == 0
+        wanted = int(re.search(r"SET madlib_mop.worker_memory_mb = (\d+);", diag.message_hint).group(1))
+        models = float(re.search(r"need about (\d+) MB", diag.message_primary).group(1))
+        assert 27 <= models <= 30 and wanted > models
+        conn.execute(f"SET madlib_mop.worker_memory_mb = {wanted}")
+        conn.execute("SELECT madlib_keras_fit_multiple_model('iris_packed', 'big_model', 'mst_big', 1)")
+        conn.execute("RESET madlib_mop.worker_memory_mb")
+    estimate = next(n for n in notices if "each worker session needs about" in n)
+    shown = re.search(r"models ([0-9.]+), buffers ([0-9.]+)\)", estimate)
+    assert float(shown.group(1)) + float(shown.group(2)) <= wanted
+    _cap(dsn, database, 2)
+
+
 def test_cancelling_a_job_or_killing_a_worker_touches_no_other_job(data):
     """Two roles train at once: one role's job is cancelled, and a worker of the other's is
     terminated; the second finishes with the reference's weights, the first is resumable."""

@@ -2,14 +2,17 @@
 
 A worker holds TensorFlow and Keras (`server_pool.BASE_MB`), one compiled program per
 program key with its variables, and for each call the state it restores and the state it
-captures: about three copies of the largest state of each key.  It caches decoded buffers
-up to madlib_mop.worker_memory_mb (the rest are read per sub-epoch).  The server's memory
-for worker sessions (`server_pool.MEMORY_FRACTION` of the machine's) is shared by the cap:
-a job whose workers would need more than that share is refused before it is created.
+captures: about three copies of the largest state of each key.  madlib_mop.worker_memory_mb
+is what a worker may hold beyond TensorFlow: its models first, and decoded buffers in what
+the models leave (the rest are read per sub-epoch; 0 keeps none).  A job whose models alone
+need more is refused before it is created, as is one whose workers would need more than their share of
+the server's memory for worker sessions (`server_pool.MEMORY_FRACTION` of the machine's,
+shared by the cap).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +24,8 @@ from madlib_mop.runtime import training
 
 MB = 1024 * 1024
 STATE_COPIES = 3  # the program's variables, the state restored, the state captured
-DEFAULT_BUDGET_MB = 4096  # madlib_mop.worker_memory_mb's default (segment.worker)
+BUDGET_SETTING = "madlib_mop.worker_memory_mb"
+DEFAULT_BUDGET_MB = 4096  # its default
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,7 @@ class WorkerMemory:
     buffers_mb: float  # decoded buffers kept
     share_mb: float  # what one worker session may count on: the machine's, divided by the cap
     cap: int
+    budget_mb: float = float(DEFAULT_BUDGET_MB)  # madlib_mop.worker_memory_mb
 
     @property
     def total_mb(self) -> float:
@@ -42,25 +47,53 @@ class WorkerMemory:
                 f"of the {self.share_mb:.0f} MB each of this server's {self.cap} may use")
 
 
+def models_bytes(specs: list[training.ModelSpec], state_bytes: dict[int, int]) -> int:
+    """What a worker holds for a job's models: STATE_COPIES of the largest state of each
+    program key (`state_bytes`: mst_key -> a state's size)."""
+    largest: dict[tuple, int] = {}
+    for spec in specs:
+        if spec.mst_key in state_bytes:
+            largest[spec.program_key] = max(largest.get(spec.program_key, 0), state_bytes[spec.mst_key])
+    return STATE_COPIES * sum(largest.values())
+
+
+def budget_mb(plpy: Any) -> int:
+    """madlib_mop.worker_memory_mb, or its default."""
+    budget = settings.whole_number(plpy, BUDGET_SETTING, minimum=0, strict=False)
+    return DEFAULT_BUDGET_MB if budget is None else budget
+
+
 def estimate(plpy: Any, configs: list[dict], states: dict[int, bytes], packed_tables: list[str],
              use_caching: bool) -> WorkerMemory:
-    largest: dict[tuple, int] = {}
-    for config in configs:
-        key = training.ModelSpec.of(config).program_key
-        largest[key] = max(largest.get(key, 0), len(states[config["mst_key"]]))
-    models = STATE_COPIES * sum(largest.values()) / MB
-    budget = settings.whole_number(plpy, "madlib_mop.worker_memory_mb", minimum=0, strict=False)
+    models = models_bytes([training.ModelSpec.of(c) for c in configs],
+                          {c["mst_key"]: len(states[c["mst_key"]]) for c in configs}) / MB
+    budget = budget_mb(plpy)
     # A packed table is partitioned: its rows are in its partitions (foreign ones count 0).
     size = plpy.prepare("SELECT coalesce(sum(pg_catalog.pg_total_relation_size(relid)), 0) AS b "
                         "FROM pg_catalog.pg_partition_tree($1::regclass)", ["text"])
     data = sum(int(plpy.execute(size, [t])[0]["b"]) for t in packed_tables) / MB
-    buffers = min(data, DEFAULT_BUDGET_MB if budget is None else budget) if use_caching else 0.0
+    buffers = min(data, max(0.0, budget - models)) if use_caching else 0.0
     cap = server_pool.cap(plpy)
-    return WorkerMemory(float(server_pool.BASE_MB), models, buffers, server_pool.slot_share_mb(cap), cap)
+    return WorkerMemory(float(server_pool.BASE_MB), models, buffers, server_pool.slot_share_mb(cap),
+                        cap, float(budget))
 
 
 def check(need: WorkerMemory) -> None:
-    """Refuse a job whose worker sessions cannot fit their share of the server's memory."""
+    """Refuse a job whose models do not fit madlib_mop.worker_memory_mb, or whose worker
+    sessions cannot fit their share of the server's memory."""
+    # 0 is the knob that keeps no buffers (they are read per sub-epoch), not a bound.
+    if need.budget_mb > 0 and need.models_mb > need.budget_mb:
+        wanted = math.ceil(need.models_mb / 64) * 64 + 64  # the models, and room for buffers
+        raise MadlibMopError(
+            f"this job's models need about {need.models_mb:.0f} MB in each worker session, more "
+            f"than {BUDGET_SETTING} ({need.budget_mb:.0f} MB)",
+            sqlstate=errors.INSUFFICIENT_RESOURCES,
+            detail=f"A worker holds about {STATE_COPIES} copies of the largest model state of "
+                   "each program (architecture and optimizer): its variables, the state it "
+                   "restores and the state it saves. " + need.describe() + ".",
+            hint=f"SET {BUDGET_SETTING} = {wanted}; (each worker session may use "
+                 f"{need.share_mb:.0f} MB in all, TensorFlow's {need.base_mb:.0f} included), or "
+                 "train smaller models.")
     if need.total_mb <= need.share_mb:
         return
     raise MadlibMopError(

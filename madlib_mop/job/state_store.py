@@ -179,6 +179,13 @@ class StateTable:
                             (mst_key, at_most))
         return rows[0][0] if rows else None
 
+    def sizes(self) -> dict[int, int]:
+        """Each model's state size in bytes, from its initial state (kept for replay; a
+        model's states are all of one size).  octet_length reads no stored value."""
+        return {int(k): int(n) for k, n in self.execute(
+            f"SELECT mst_key, sum(octet_length(state)) FROM {self.table} WHERE step = 0 "
+            "GROUP BY mst_key", ())}
+
     def prune(self, mst_key: int, below: int) -> None:
         """Delete the states between the initial one (kept for replay) and `below`."""
         self.execute(f"DELETE FROM {self.table} WHERE mst_key = %s AND step > 0 AND step < %s",

@@ -30,17 +30,15 @@ from typing import Any
 
 
 from madlib_mop import errors
-from madlib_mop.db import catalog, packed, settings
+from madlib_mop.db import catalog, packed
 from madlib_mop.engine.base import VisitRecord, finite_json
-from madlib_mop.job import store
+from madlib_mop.job import memory, store
 from madlib_mop.job import state_store
 from madlib_mop.runtime import training
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.runtime.buffers import Buffer, PackedColumns, scan_partition
 from madlib_mop.runtime.tf_runtime import import_tensorflow
 
-MEMORY_SETTING = "madlib_mop.worker_memory_mb"
-DEFAULT_MEMORY_MB = 4096
 
 
 @dataclass
@@ -90,11 +88,12 @@ def _packed(plpy: Any, table: str, partitions: int) -> PackedData:
                       PackedColumns(x, y, summary["label_kind"] == "classification", modulus))
 
 
-def _budget_bytes(plpy: Any, use_caching: bool) -> int:
-    budget = settings.whole_number(plpy, MEMORY_SETTING, minimum=0, strict=False)
-    budget = DEFAULT_MEMORY_MB if budget is None else budget
-    # use_caching => FALSE: read the buffers for every sub-epoch
-    return budget * 1024 * 1024 if use_caching else 0
+def _budget_bytes(plpy: Any, use_caching: bool, models_bytes: int = 0) -> int:
+    """What decoded buffers may take: madlib_mop.worker_memory_mb less the job's models
+    (`job.memory`).  use_caching => FALSE: none, buffers are read for every sub-epoch."""
+    if not use_caching:
+        return 0
+    return max(0, memory.budget_mb(plpy) * 1024 * 1024 - models_bytes)
 
 
 def ship(plpy: Any, description: dict) -> None:
@@ -135,18 +134,19 @@ def context(plpy: Any, job_id: int) -> JobContext:
         return _contexts[(job_id, job["owner"])]
     tables = {key: catalog.qualified_name(plpy, parts)
               for key, parts in json.loads(job["tables"]).items()}
-    budget = _budget_bytes(plpy, json.loads(job["arguments"]).get("use_caching") is not False)
     import_tensorflow(threads=max(1, (os.cpu_count() or 1) // job["num_segments"]))
     ctx = JobContext(job_id, job["seed"], job["num_segments"], tables,
                      _packed(plpy, job["source_table"], job["num_segments"]),
                      _packed(plpy, job["validation_table"], job["validation_partitions"])
                      if job["validation_table"] else None,
-                     budget)
+                     0)
     for row in store.job_models(plpy, tables["models"]):
         ctx.specs[row["mst_key"]] = training.ModelSpec.of(row)
+    durable = state_store.StateTable(state_store.plpy_executor(plpy), tables["state"])
     ctx.states = state_store.StateStore(
-        state_store.StateTable(state_store.plpy_executor(plpy), tables["state"]),
-        state_store.HopFiles.of(lambda q: plpy.execute(q)[0].popitem()[1], job_id))
+        durable, state_store.HopFiles.of(lambda q: plpy.execute(q)[0].popitem()[1], job_id))
+    ctx.budget_bytes = _budget_bytes(plpy, json.loads(job["arguments"]).get("use_caching") is not False,
+                                     memory.models_bytes(list(ctx.specs.values()), durable.sizes()))
     _adopt(ctx)  # a backend serves one job at a time: drop another job's caches
     _shipped.clear()
     _contexts[(job_id, job["owner"])] = ctx
