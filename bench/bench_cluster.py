@@ -110,9 +110,9 @@ def copy_into_foreign_table(conn: psycopg.Connection, segment_dsn: str, batch_si
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=bench_mop.WORKLOADS["W1"]["rows"])
+    parser.add_argument("--rows", type=int, default=bench_mop.WORKLOADS["W1"]["data"])
     args = parser.parse_args()
-    workload = dict(bench_mop.WORKLOADS["W1"], rows=args.rows)
+    workload = dict(bench_mop.WORKLOADS["W1"], data=args.rows)  # generated rows
     cluster_dsn = cluster_tool.start()
     servers = cluster_tool.servers()
     seg0 = make_conninfo(cluster_tool._dsn_with_password(servers["seg0"]))
@@ -136,7 +136,7 @@ def main() -> None:
     print("| | one server | cluster | ratio |\n|---|---:|---:|---:|")
     print(f"| makespan (s) | {one['makespan']:.1f} | {many['makespan']:.1f} | "
           f"{many['makespan'] / one['makespan']:.3f} |")
-    for part in ("read", "restore", "train", "save", "total"):
+    for part in ("load", "restore", "train", "save", "keep", "total"):
         print(f"| sub-epoch {part} (ms, mean) | {1000 * one['subepoch'][part]:.1f} | "
               f"{1000 * many['subepoch'][part]:.1f} | |")
     print(f"| gap between a segment's visits (ms, median) | {one['gap_ms']:.1f} | {many['gap_ms']:.1f} | |")
