@@ -51,7 +51,10 @@ def initial_states(plpy: Any, plan: Plan, previous: dict[int, bytes],
     shapes are refused here, before the job exists."""
     specs = [training.ModelSpec.of(c) for c in plan.configs]
     seed = plan.arguments["seed"]
-    expected = _layouts(specs, seed) if previous else {}
+    expected: dict[tuple, list] = {}  # per program key: it depends on architecture and optimizer
+    for spec in specs:
+        if spec.mst_key in previous and spec.program_key not in expected:
+            expected[spec.program_key] = training.state_layout(spec)
     kept, reweighted = {}, []
     for spec in specs:
         old = previous.get(spec.mst_key)
@@ -81,17 +84,6 @@ def initial_states(plpy: Any, plan: Plan, previous: dict[int, bytes],
     fresh = training.initial_states(
         [s for s in specs if s.mst_key not in previous] + reweighted, seed)
     return {s.mst_key: kept.get(s.mst_key, fresh.get(s.mst_key)) for s in specs}
-
-
-def _layouts(specs: list[training.ModelSpec], seed: int) -> dict[tuple, list]:
-    """The variables' layout of a fresh state, per program key (it depends on the
-    architecture and the optimizer alone)."""
-    layouts = {}
-    for spec in specs:
-        if spec.program_key not in layouts:
-            fresh = training.initial_states([spec], seed)[spec.mst_key]
-            layouts[spec.program_key] = state.header_layout(state.split(fresh)[0])
-    return layouts
 
 
 def _weight_shapes(layout: list) -> list[list[int]]:

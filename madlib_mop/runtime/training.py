@@ -201,6 +201,12 @@ def _state_variables(model) -> list[tuple[str, object]]:
             + [("optimizer", v) for v in model.optimizer.variables])
 
 
+def state_layout(spec: ModelSpec) -> list[tuple[str, tuple]]:
+    """The kinds and shapes a state of `spec` holds (`state.layout_of`), from the built
+    model, without capturing one."""
+    return [(kind, tuple(v.shape)) for kind, v in _state_variables(build_model(spec, None))]
+
+
 def capture_state(model) -> bytearray:
     return state.encode([state.Entry(kind, v.path, np.asarray(v.numpy()))
                          for kind, v in _state_variables(model)])
