@@ -5,6 +5,9 @@
 #   make dsn      print the connection string in use:  psql "$(make -s dsn)"
 #   make cluster  a coordinator and two segment servers on this machine (.cluster/):
 #                 psql "$(make -s cluster-dsn)"; make cluster-stop; make cluster-kill-segment
+#   make images   the Docker images (base from Debian's packages, then docker/Dockerfile)
+#   make compose-up   the same topology as containers: psql "$(make -s compose-dsn)"
+#   make test-containers   the tests on the compose cluster and on a testcontainers server
 #
 # Every step is a stamp or an idempotent command, so a second `make demo` reinstalls nothing.
 
@@ -29,10 +32,11 @@ PYTEST_ARGS   ?=
 PIP_EXTRAS    ?= test,bench,client
 
 .PHONY: help deps venv build install installcheck demo test bench bench-cluster db-start db-stop db-status db-destroy dsn \
-        cluster cluster-dsn cluster-stop cluster-status cluster-kill-segment cluster-destroy clean
+        cluster cluster-dsn cluster-stop cluster-status cluster-kill-segment cluster-destroy clean \
+        docker-engine images compose-up compose-dsn compose-kill-segment compose-down test-containers
 
 help:
-	@echo "make demo | make test | make installcheck | make bench | make dsn | make install | make db-start | make db-stop | make db-status | make db-destroy | make cluster | make cluster-dsn | make cluster-stop | make cluster-status | make cluster-kill-segment | make cluster-destroy | make clean"
+	@echo "make demo | make test | make installcheck | make bench | make dsn | make install | make db-start | make db-stop | make db-status | make db-destroy | make cluster | make cluster-dsn | make cluster-stop | make cluster-status | make cluster-kill-segment | make cluster-destroy | make images | make compose-up | make compose-dsn | make compose-kill-segment | make compose-down | make test-containers | make clean"
 
 # ---- Debian packages (as root) ------------------------------------------------
 deps: $(STAMPS)/apt
@@ -119,6 +123,44 @@ cluster-kill-segment:
 
 cluster-destroy:
 	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.cluster destroy
+
+# ---- Docker: the engine, the images, the compose cluster (madlib_mop.tools.containers) ----
+# Debian's engine and compose, and debootstrap for a base image made without a registry.
+DOCKER_PACKAGES := docker.io docker-compose debootstrap
+CONTAINERS      := PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.containers
+
+docker-engine:
+	@missing=$$(for p in $(DOCKER_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" -ne 0 ]; then echo "missing Debian packages: $$missing; run 'sudo make docker-engine'" >&2; exit 1; fi; \
+	  echo "installing Debian packages: $$missing"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
+	fi
+	@$(CONTAINERS) engine
+
+images: docker-engine
+	@$(CONTAINERS) images
+
+compose-up: images
+	@$(CONTAINERS) compose-up
+
+compose-dsn:
+	@$(CONTAINERS) compose-dsn
+
+compose-kill-segment:
+	@$(CONTAINERS) compose-kill-segment
+
+compose-down:
+	@$(CONTAINERS) compose-down
+
+# The container tests: the compose cluster's tests, then the suite's server-side tests
+# (security, upgrade, several servers, scheduled jobs, the walkthroughs) against a
+# testcontainers container of the project's image.  Not part of `make test`.
+CONTAINER_TESTS ?= tests/test_security.py tests/test_upgrade.py tests/test_scheduled.py \
+                   tests/test_walkthrough.py tests/test_cluster.py
+test-containers: $(STAMPS)/venv install images
+	$(PY) -m pytest tests/test_compose.py $(PYTEST_ARGS)
+	MADLIB_MOP_TEST_SERVER=container $(PY) -m pytest $(CONTAINER_TESTS) $(PYTEST_ARGS)
 
 # ---- the two commands -------------------------------------------------------------
 demo: $(STAMPS)/venv install db-start

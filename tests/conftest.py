@@ -3,8 +3,14 @@
 The server, in this order:
 1. MADLIB_MOP_DSN, when set: the user's server (it must have the extension files
    installed, e.g. by `make install` on its host, and allow CREATE DATABASE);
-2. a testcontainers PostgreSQL container built from docker/, when a Docker engine answers;
+2. MADLIB_MOP_TEST_SERVER=container: a testcontainers container of the project's image
+   (docker/Dockerfile, built by `make images` when absent), on the host's network;
 3. the project's embedded cluster (`make db-start`; started here if it is not running).
+   This is the default, whether or not a Docker engine answers.
+
+The embedded server and the container are the tests' own: tests that change a server's
+files (pg_ident.conf lines for analyst roles, the extension folder) change theirs, through
+`server_host`.  A server named by MADLIB_MOP_DSN is the DBA's: those tests skip.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import secrets
+import socket
 import subprocess
 import tempfile
 import threading
@@ -25,7 +33,8 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from madlib_mop.tools import server_auth
+from madlib_mop.tools import containers, server_auth
+from madlib_mop.tools.containers import ContainerServer
 from madlib_mop.tools.embedded import DSN_VARIABLE, EmbeddedCluster
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -124,56 +133,92 @@ def coordinator_killed_mid_job(watcher: psycopg.Connection, out: str, done: int,
     return job_id
 
 
-def _docker_engine_reachable() -> bool:
-    try:
-        import docker
+TEST_SERVER_VARIABLE = "MADLIB_MOP_TEST_SERVER"
+TEST_SERVERS = ("embedded", "container")
 
-        client = docker.from_env(timeout=3)
-        return bool(client.ping())
-    except Exception:  # no engine, no socket, no permission: all mean "not reachable"
-        return False
+
+def _server_kind() -> str:
+    """dsn (MADLIB_MOP_DSN), container or embedded (MADLIB_MOP_TEST_SERVER, default embedded)."""
+    if os.environ.get(DSN_VARIABLE):
+        return "dsn"
+    kind = os.environ.get(TEST_SERVER_VARIABLE) or "embedded"
+    if kind not in TEST_SERVERS:
+        raise pytest.UsageError(f"{TEST_SERVER_VARIABLE}={kind!r}: expected one of {', '.join(TEST_SERVERS)}")
+    return kind
 
 
 def _uses_embedded_cluster() -> bool:
-    return not os.environ.get(DSN_VARIABLE) and not _docker_engine_reachable()
+    return _server_kind() == "embedded"
+
+
+def _uses_containers() -> bool:
+    return _server_kind() == "container"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
-def allow_worker_role():
-    """Let the server open worker sessions as a role: the DBA's pg_ident.conf line of the
-    README, written into the embedded cluster (other servers: the DBA's own set-up)."""
-    def allow(role: str) -> None:
-        if not _uses_embedded_cluster():
-            pytest.skip(f"needs the madlib_mop user name map for role {role} on the server")
-        allow_worker_role_on(EmbeddedCluster(), role)
-    return allow
+def test_server() -> Iterator[tuple[str, EmbeddedCluster | ContainerServer | None]]:
+    """The session's server: a superuser DSN (database `postgres`), and the server itself
+    when it is the tests' own (embedded, or a container), for what is done to its files."""
+    kind = _server_kind()
+    if kind == "dsn":
+        yield os.environ[DSN_VARIABLE], None
+    elif kind == "container":
+        # Ryuk (testcontainers' reaper) is an image from a registry: off; the container is
+        # removed by the context manager, volumes included.
+        os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
+        from testcontainers.core.container import DockerContainer
+        from testcontainers.core.wait_strategies import HealthcheckWaitStrategy
 
-
-def allow_worker_role_on(server: EmbeddedCluster, role: str) -> None:
-    """The DBA's step for a role that runs jobs: let `server` open worker sessions as
-    `role` (its pg_ident.conf line), and reload."""
-    if server_auth.allow(server.data / "pg_ident.conf", server.server_os_user, role) and server.is_running():
-        server.run_command([server.tool("pg_ctl"), "reload", "-D", str(server.data)])
-
-
-@pytest.fixture(scope="session")
-def server_dsn() -> Iterator[str]:
-    """A superuser connection string to the session's server (database `postgres`)."""
-    if os.environ.get(DSN_VARIABLE):
-        yield os.environ[DSN_VARIABLE]
-    elif _docker_engine_reachable():
-        from testcontainers.community.postgres import PostgresContainer
-        from testcontainers.core.image import DockerImage
-
-        with DockerImage(path=str(REPO_ROOT), dockerfile_path="docker/Dockerfile",
-                         tag="madlib_mop:test") as image:
-            with PostgresContainer(str(image), username="postgres", password="postgres",
-                                   dbname="postgres", driver=None) as container:
-                yield container.get_connection_url()
+        port, password = _free_port(), secrets.token_urlsafe(16)
+        container = (DockerContainer(containers.build_images())
+                     .with_kwargs(network_mode="host", shm_size="1g")
+                     .with_envs(POSTGRES_PASSWORD=password, MADLIB_MOP_PGPORT=str(port))
+                     .waiting_for(HealthcheckWaitStrategy().with_startup_timeout(300)))
+        with container:
+            server = ContainerServer(container.get_wrapped_container().name, port, password)
+            yield server.dsn("postgres"), server
     else:
         cluster = EmbeddedCluster()
         cluster.start()
-        yield cluster.dsn("postgres")
+        yield cluster.dsn("postgres"), cluster
+
+
+@pytest.fixture(scope="session")
+def server_dsn(test_server) -> str:
+    """A superuser connection string to the session's server (database `postgres`)."""
+    return test_server[0]
+
+
+@pytest.fixture(scope="session")
+def server_host(test_server) -> EmbeddedCluster | ContainerServer:
+    """The session's server, where the tests may change its files; skips on a DBA's server."""
+    if test_server[1] is None:
+        pytest.skip("changes the server's files: needs the embedded server or a container")
+    return test_server[1]
+
+
+@pytest.fixture(scope="session")
+def allow_worker_role(server_host):
+    """Let the server open worker sessions as a role: the DBA's pg_ident.conf line of the
+    README, written into the session's server."""
+    def allow(role: str) -> None:
+        allow_worker_role_on(server_host, role)
+    return allow
+
+
+def allow_worker_role_on(server: EmbeddedCluster | ContainerServer, role: str) -> None:
+    """The DBA's step for a role that runs jobs: let `server` open worker sessions as
+    `role` (its pg_ident.conf line), and reload."""
+    if isinstance(server, ContainerServer):
+        server.allow_role(role)
+    elif server_auth.allow(server.data / "pg_ident.conf", server.server_os_user, role) and server.is_running():
+        server.run_command([server.tool("pg_ctl"), "reload", "-D", str(server.data)])
 
 
 def _database_name(module_name: str) -> str:

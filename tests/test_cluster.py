@@ -1,5 +1,7 @@
 """Several servers: a coordinator and two segment servers on this machine (the servers of
-`make cluster`, madlib_mop.tools.cluster), a fresh database on each for this module.
+`make cluster`, madlib_mop.tools.cluster; with MADLIB_MOP_TEST_SERVER=container, the
+containers of docker/docker-compose.yml, `make compose-up`), a fresh database on each for
+this module.
 
 The MADlib walkthrough on the cluster gives the weights of the same job on one server with
 the same number of segments; segment servers stopped hard, or not coming back, and the
@@ -21,12 +23,14 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from madlib_mop.tools import cluster as cluster_tool
+from madlib_mop.tools import cluster as cluster_tool, containers
+from madlib_mop.tools.containers import ContainerServer
 from madlib_mop.tools.embedded import EmbeddedCluster
 
-from tests.conftest import _uses_embedded_cluster, allow_worker_role_on, connect as _connect, held_job, iris_table
+from tests.conftest import (_server_kind, _uses_containers, allow_worker_role_on, connect as _connect, held_job,
+                            iris_table)
 
-pytestmark = pytest.mark.skipif(not _uses_embedded_cluster(),
+pytestmark = pytest.mark.skipif(_server_kind() == "dsn",
                                 reason="starts PostgreSQL servers of its own on this machine")
 
 COMPILE = ("{'loss': ['categorical_crossentropy'], 'optimizer_params_list': [{'optimizer': "
@@ -35,13 +39,37 @@ FIT = "{'batch_size': [8], 'epochs': [1]}"  # 2 models
 
 
 def _server_dsn(server, dbname):
+    """A DSN with the superuser's password: the form user mappings need."""
+    if isinstance(server, ContainerServer):
+        return server.dsn(dbname)
     host = getattr(server, "address", "127.0.0.1")
     return make_conninfo(cluster_tool._dsn_with_password(server), host=host, dbname=dbname)
 
 
+def _password(server):
+    return server.password if isinstance(server, ContainerServer) else cluster_tool._password(server)
+
+
+def _crash(server):
+    """The server stopped as a crash would stop it (no shutdown checkpoint)."""
+    if isinstance(server, ContainerServer):
+        server.crash()  # docker kill
+    else:
+        server.run_command([server.tool("pg_ctl"), "stop", "-m", "immediate", "-w", "-D", str(server.data)])
+
+
 @pytest.fixture(scope="module")
 def servers():
-    """The servers of `make cluster`; those this module starts, it stops afterwards."""
+    """The servers of `make cluster`, or the compose cluster's containers; those this module
+    starts, it stops afterwards."""
+    if _uses_containers():
+        found = containers.compose_servers()
+        started = not found["coordinator"].is_running()
+        containers.compose_up()
+        yield found
+        if started:
+            containers.compose_down()
+        return
     found = cluster_tool.servers()
     started = [server for server in found.values() if not server.is_running()]
     for server in found.values():
@@ -252,7 +280,7 @@ def test_a_mapping_naming_another_role_is_refused(cluster, servers, walkthrough)
         conn.execute("GRANT USAGE ON FOREIGN SERVER seg0, seg1 TO analyst_c")
         # The coordinator's own bookkeeping session as the role (the DBA's pg_ident.conf line).
         allow_worker_role_on(servers["coordinator"], "analyst_c")
-        seg_password = cluster_tool._password(servers["seg0"])
+        seg_password = _password(servers["seg0"])
         conn.execute(sql.SQL("CREATE USER MAPPING FOR analyst_c SERVER seg0 OPTIONS "
                              "(user 'postgres', password {})").format(sql.Literal(seg_password)))
         conn.execute("CREATE USER MAPPING FOR analyst_c SERVER seg1 OPTIONS "
@@ -304,7 +332,7 @@ def test_a_segment_server_stopped_hard_then_the_coordinators_server(cluster, ser
     job = _run_in_thread(cluster, "killed_servers", notices, errors)
     with _connect(cluster) as watcher:
         with held_job(watcher, "killed_servers", 2):
-            cluster_tool.kill_segment("seg0")
+            _crash(servers["seg0"])
             time.sleep(3)
             servers["seg0"].start()
         # The job cannot end without seg0: its next call there finds the session lost.
@@ -316,8 +344,7 @@ def test_a_segment_server_stopped_hard_then_the_coordinators_server(cluster, ser
         coordinator = servers["coordinator"]
         with pytest.raises(psycopg.OperationalError):  # the watcher's session dies with it
             with held_job(watcher, "killed_servers", 2):  # seg0's new session is starting
-                coordinator.run_command([coordinator.tool("pg_ctl"), "stop", "-m", "immediate", "-w",
-                                  "-D", str(coordinator.data)])
+                _crash(coordinator)
     job.join(timeout=120)
     assert not job.is_alive() and errors  # its session died with the server
     coordinator.start()
@@ -336,7 +363,7 @@ def test_a_segment_server_that_does_not_come_back_stops_the_job_resumably(cluste
     job = _run_in_thread(cluster, "lost_segment", notices, errors,
                          settings=["SET madlib_mop.segment_wait_seconds = 4"])
     with _connect(cluster) as watcher, held_job(watcher, "lost_segment", 1):
-        cluster_tool.kill_segment("seg0")  # most of seg0's sub-epochs are still to come
+        _crash(servers["seg0"])  # most of seg0's sub-epochs are still to come
     job.join(timeout=120)
     assert not job.is_alive() and len(errors) == 1
     error = errors[0]
@@ -393,6 +420,8 @@ class NamespacedServer(EmbeddedCluster):
 
 @pytest.fixture(scope="module")
 def namespaced_segment():
+    if _uses_containers():
+        pytest.skip("the network cut is to a server of this machine's own, in a namespace")
     if os.geteuid() != 0 or shutil.which("ip") is None:
         pytest.skip("network namespaces need root and iproute2")
     _ip("netns", "del", NAMESPACE, check=False)

@@ -218,7 +218,7 @@ def test_outputs_in_pg_temp(dsn):
     assert "CREATE TABLE ... AS SELECT" in done.stderr
     # A call that fails mid-job (cancelled here) leaves no ordinary table behind either.
     done = psql_script(dsn, f"""
-        SET statement_timeout = '4s';
+        SET statement_timeout = '8s';
         SELECT madlib_keras_fit('t_packed', 'pg_temp.slow_model', 'arch', 1, $${COMPILE}$$,
                                 'batch_size=1', 2000);
         """)

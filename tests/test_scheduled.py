@@ -17,7 +17,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from madlib_mop.tools.demo import load_iris
-from tests.conftest import _uses_embedded_cluster, connect as _connect, held_job
+from tests.conftest import _server_kind, connect as _connect, held_job
 
 ARCH = """{"class_name": "Sequential", "config": {"name": "mlp", "layers": [
   {"class_name": "Dense", "config": {"units": 8, "activation": "relu", "batch_input_shape": [null, 4]}},
@@ -160,7 +160,7 @@ def test_pg_cron_runs_a_nightly_fit_continues_it_after_an_interruption_and_repor
         data, server_dsn):
     cron_dsn = _cron_dsn(server_dsn)
     if cron_dsn is None:
-        assert not _uses_embedded_cluster(), "the embedded server must load pg_cron"
+        assert _server_kind() == "dsn", "the embedded server and the image's must load pg_cron"
         pytest.skip("this server does not load pg_cron")
     database = conninfo_to_dict(data)["dbname"]
     with psycopg.connect(cron_dsn, autocommit=True) as cron, _connect(data) as conn:

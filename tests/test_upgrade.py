@@ -14,7 +14,8 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 import madlib_mop
-from tests.conftest import REPO_ROOT, _uses_embedded_cluster
+from madlib_mop.tools.containers import ContainerServer
+from tests.conftest import REPO_ROOT
 
 OLD = "0.1.0"
 FROZEN = REPO_ROOT / "tests" / "upgrade" / f"madlib_mop--{OLD}.sql"
@@ -57,20 +58,25 @@ ARCH = ('{"class_name": "Sequential", "config": {"name": "tiny", "layers": [{"cl
 
 
 @pytest.fixture(scope="module")
-def old_version_available():
+def old_version_available(server_host):
     """Version 0.1.0's install script in the server's extension folder while the module
     runs (it is no part of an install: the runtime it names is this version's)."""
-    if not _uses_embedded_cluster():
-        pytest.skip("needs write access to the server's extension folder")
-    sharedir = subprocess.run(["/usr/lib/postgresql/15/bin/pg_config", "--sharedir"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-    target = Path(sharedir) / "extension" / FROZEN.name
-    site = sysconfig.get_paths()["purelib"]
-    target.write_text(FROZEN.read_text().replace("@site_packages@", site))
+    if isinstance(server_host, ContainerServer):
+        sharedir = "/usr/share/postgresql/15"
+        site = server_host.output([server_host.python, "-c",
+                                   "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
+        write, remove = server_host.write_file, server_host.remove_file
+    else:
+        sharedir = subprocess.run(["/usr/lib/postgresql/15/bin/pg_config", "--sharedir"],
+                                  capture_output=True, text=True, check=True).stdout.strip()
+        site = sysconfig.get_paths()["purelib"]
+        write, remove = (lambda path, text: Path(path).write_text(text)), (lambda path: Path(path).unlink())
+    target = f"{sharedir}/extension/{FROZEN.name}"
+    write(target, FROZEN.read_text().replace("@site_packages@", site))
     try:
         yield
     finally:
-        target.unlink()
+        remove(target)
 
 
 @pytest.fixture(scope="module")

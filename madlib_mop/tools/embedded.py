@@ -93,7 +93,7 @@ class _ServerFiles:
         if self.passfile.exists() and not any("trust" in rule for rule in rules):
             return
         password = secrets.token_urlsafe(24)
-        self._psql(f"ALTER ROLE {SUPERUSER} PASSWORD " + _sql_literal(password))
+        self.psql(f"ALTER ROLE {SUPERUSER} PASSWORD " + _sql_literal(password))
         self._write_passfile(password)
         hba.write_text(DEBIAN_SUPERUSER_LINE + DEBIAN_HBA, encoding="utf-8")
         self._configure_workers()
@@ -201,11 +201,12 @@ class EmbeddedCluster(_ServerFiles):
                     "parent folders."
                 )
 
-    def initialize(self) -> None:
+    def initialize(self, password: str | None = None, listen_addresses: str = "127.0.0.1") -> None:
+        """initdb as Debian sets a server up; the superuser's password (or a generated one)."""
         self._prepare_folders()
         if self.is_initialized():
             return
-        password = secrets.token_urlsafe(24)
+        password = password or secrets.token_urlsafe(24)
         pwfile = self.base / "initdb-password"
         pwfile.write_text(password + "\n", encoding="utf-8")
         os.chmod(pwfile, 0o600)
@@ -233,7 +234,7 @@ class EmbeddedCluster(_ServerFiles):
         hba.write_text(DEBIAN_SUPERUSER_LINE + hba.read_text(encoding="utf-8"), encoding="utf-8")
         settings = {
             "port": str(self.port),
-            "listen_addresses": "'127.0.0.1'",
+            "listen_addresses": _sql_literal(listen_addresses),
             "unix_socket_directories": f"'{self.socket_dir}'",
             "max_connections": "100",
             "shared_buffers": "256MB",
@@ -279,7 +280,7 @@ class EmbeddedCluster(_ServerFiles):
         if self._configure_workers():
             self.run_command([self.tool("pg_ctl"), "reload", "-D", str(self.data)])
         self.create_database(DEFAULT_DATABASE)
-        self._psql("CREATE EXTENSION IF NOT EXISTS pg_cron", dbname=DEFAULT_DATABASE)
+        self.psql("CREATE EXTENSION IF NOT EXISTS pg_cron", dbname=DEFAULT_DATABASE)
         self.create_database(database)
         return self.dsn(database)
 
@@ -296,7 +297,8 @@ class EmbeddedCluster(_ServerFiles):
                 raise ClusterError(f"the embedded PostgreSQL is not ready after {timeout}s")
             time.sleep(0.2)
 
-    def _psql(self, sql: str, dbname: str = "postgres") -> str:
+    def psql(self, sql: str, dbname: str = "postgres") -> str:
+        """Run `sql` as the superuser over the Unix socket; what it printed."""
         result = self.run_command(
             [
                 self.tool("psql"), "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1",
@@ -307,7 +309,7 @@ class EmbeddedCluster(_ServerFiles):
         return result.stdout.strip()
 
     def create_database(self, database: str) -> None:
-        exists = self._psql(
+        exists = self.psql(
             "SELECT 1 FROM pg_database WHERE datname = " + _sql_literal(database)
         )
         if not exists:

@@ -1,0 +1,95 @@
+"""The Docker image's entrypoint: one PostgreSQL server, set up as `make db-start` sets up the
+embedded one (`madlib_mop.tools.embedded`), then run in the foreground as the container's
+main process.
+
+On every start: initdb on the first (Debian's authentication: peer on the Unix socket with
+the madlib_mop map for worker sessions, scram-sha-256 on TCP; JIT off; pg_cron), the
+extension created or updated in the database POSTGRES_DB names, then `postgres` itself
+(execve as the postgres OS user, so `docker stop` and `docker kill` reach the postmaster).
+
+    python -m madlib_mop.tools.container_server serve|ready
+
+Environment: POSTGRES_PASSWORD (the superuser's password, required on the first start),
+POSTGRES_DB (default madlib_mop), MADLIB_MOP_PGPORT (default 5432),
+MADLIB_MOP_LISTEN_ADDRESSES (default 127.0.0.1: with host networking the server is on the
+host's loopback only), MADLIB_MOP_EMBEDDED_DIR (the data volume).
+
+Standard library only, as `madlib_mop.tools.embedded`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pwd
+import subprocess
+import sys
+
+from madlib_mop.tools.embedded import (SERVER_OS_USER, SUPERUSER, ClusterError, EmbeddedCluster,
+                                       command_failed, server_environment)
+
+# Written once the set-up is done and `postgres` is about to start: what `ready` (the image's
+# HEALTHCHECK) waits for, so the set-up's own short-lived server never counts as ready.
+READY_MARK = "ready"
+
+
+# The extension in its default schema, at the image's version.
+EXTENSION_SQL = ("CREATE SCHEMA IF NOT EXISTS madlib_mop; "
+                 "CREATE EXTENSION IF NOT EXISTS madlib_mop SCHEMA madlib_mop CASCADE; "
+                 "ALTER EXTENSION madlib_mop UPDATE")
+
+
+def serve() -> None:
+    server = EmbeddedCluster()
+    mark = server.base / READY_MARK
+    mark.unlink(missing_ok=True)
+    password = os.environ.get("POSTGRES_PASSWORD")
+    if not server.is_initialized() and not password:
+        raise ClusterError("POSTGRES_PASSWORD is not set: the superuser needs a password "
+                           "(docker run -e POSTGRES_PASSWORD=...)")
+    database = os.environ.get("POSTGRES_DB") or "madlib_mop"
+    server.initialize(password=password,
+                      listen_addresses=os.environ.get("MADLIB_MOP_LISTEN_ADDRESSES") or "127.0.0.1")
+    server.start(database)
+    server.psql(EXTENSION_SQL, dbname=database)
+    server.stop()
+    mark.touch()
+    owner = pwd.getpwnam(SERVER_OS_USER)
+    if os.geteuid() == 0:
+        os.initgroups(SERVER_OS_USER, owner.pw_gid)
+        os.setgid(owner.pw_gid)
+        os.setuid(owner.pw_uid)
+    environment = {**server_environment(), "HOME": owner.pw_dir, "USER": SERVER_OS_USER}
+    print(f"madlib_mop: PostgreSQL starting on port {server.port}, database {database}",
+          file=sys.stderr, flush=True)
+    postgres = server.tool("postgres")
+    os.execve(postgres, [postgres, "-D", str(server.data), "-p", str(server.port)], environment)
+
+
+def ready() -> bool:
+    """The set-up is done and the server accepts connections (the HEALTHCHECK)."""
+    server = EmbeddedCluster()
+    if not (server.base / READY_MARK).exists():
+        return False
+    # As the server's OS user: peer authentication lets it in, so no failed login is logged.
+    probe = server.run_command([server.tool("pg_isready"), "-q", "-h", str(server.socket_dir),
+                                "-p", str(server.port), "-U", SUPERUSER], check=False)
+    return probe.returncode == 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m madlib_mop.tools.container_server",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=["serve", "ready"])
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "ready":
+            return 0 if ready() else 1
+        serve()
+    except (ClusterError, subprocess.CalledProcessError) as error:
+        return command_failed("madlib_mop.tools.container_server", error)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
