@@ -17,7 +17,7 @@ SHELL := /bin/bash
 PG_MAJOR      := 15
 PG_BINDIR     := /usr/lib/postgresql/$(PG_MAJOR)/bin
 PG_CONFIG     ?= $(PG_BINDIR)/pg_config
-# Debian packages the server needs; docker/Dockerfile installs the same list.
+# Debian packages the server needs (docker/Dockerfile's build stage installs them with `make install`).
 APT_PACKAGES  := postgresql-$(PG_MAJOR) postgresql-plpython3-$(PG_MAJOR) postgresql-contrib postgresql-$(PG_MAJOR)-cron \
                  postgresql-server-dev-$(PG_MAJOR) gcc python3-venv make
 # PL/Python embeds Debian's Python (3.11); the in-database runtime must be built for it.
@@ -125,17 +125,13 @@ cluster-destroy:
 	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.cluster destroy
 
 # ---- Docker: the engine, the images, the compose cluster (madlib_mop.tools.containers) ----
-# Debian's engine and compose, and debootstrap for a base image made without a registry.
-DOCKER_PACKAGES := docker.io docker-compose debootstrap
+# Debian's engine (docker.io, started as root when none answers), compose (Debian's
+# docker-compose where Docker's plugin is missing) and debootstrap for the base image: each
+# installed only when missing and needed.
 CONTAINERS      := PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.containers
+SEGMENT         ?= seg0
 
 docker-engine:
-	@missing=$$(for p in $(DOCKER_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" -ne 0 ]; then echo "missing Debian packages: $$missing; run 'sudo make docker-engine'" >&2; exit 1; fi; \
-	  echo "installing Debian packages: $$missing"; \
-	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
-	fi
 	@$(CONTAINERS) engine
 
 images: docker-engine
@@ -148,18 +144,17 @@ compose-dsn:
 	@$(CONTAINERS) compose-dsn
 
 compose-kill-segment:
-	@$(CONTAINERS) compose-kill-segment
+	@$(CONTAINERS) compose-kill-segment $(SEGMENT)
 
 compose-down:
 	@$(CONTAINERS) compose-down
 
-# The container tests: the compose cluster's tests, then the suite's server-side tests
-# (security, upgrade, several servers, scheduled jobs, the walkthroughs) against a
-# testcontainers container of the project's image.  Not part of `make test`.
-CONTAINER_TESTS ?= tests/test_security.py tests/test_upgrade.py tests/test_scheduled.py \
-                   tests/test_walkthrough.py tests/test_cluster.py
+# The container tests (README: Docker): the several-servers tests on the compose cluster,
+# then the server-side tests (security, upgrade, pg_cron, worker pool, MADlib's walkthroughs)
+# on a testcontainers container of the project's image.  Not part of `make test`.
+CONTAINER_TESTS ?= tests/test_cluster.py tests/test_security.py tests/test_upgrade.py tests/test_scheduled.py \
+                   tests/test_worker_pool.py tests/test_madlib_examples.py
 test-containers: $(STAMPS)/venv install images
-	$(PY) -m pytest tests/test_compose.py $(PYTEST_ARGS)
 	MADLIB_MOP_TEST_SERVER=container $(PY) -m pytest $(CONTAINER_TESTS) $(PYTEST_ARGS)
 
 # ---- the two commands -------------------------------------------------------------
@@ -182,6 +177,7 @@ bench: install db-start
 	$(PY) bench/bench_worker_auth.py
 	$(PY) bench/bench_caching.py
 	$(PY) bench/bench_hop.py
+	$(PY) bench/bench_coordinator.py
 
 clean:
 	-@$(PGXS_MAKE) clean

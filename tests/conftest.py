@@ -147,10 +147,6 @@ def _server_kind() -> str:
     return kind
 
 
-def _uses_embedded_cluster() -> bool:
-    return _server_kind() == "embedded"
-
-
 def _uses_containers() -> bool:
     return _server_kind() == "container"
 

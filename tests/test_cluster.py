@@ -65,10 +65,12 @@ def servers():
     if _uses_containers():
         found = containers.compose_servers()
         started = not found["coordinator"].is_running()
-        containers.compose_up()
-        yield found
-        if started:
-            containers.compose_down()
+        try:
+            containers.compose_up()
+            yield found
+        finally:
+            if started:
+                containers.compose_down()
         return
     found = cluster_tool.servers()
     started = [server for server in found.values() if not server.is_running()]

@@ -9,10 +9,14 @@ extension created or updated in the database POSTGRES_DB names, then `postgres` 
 
     python -m madlib_mop.tools.container_server serve|ready
 
-Environment: POSTGRES_PASSWORD (the superuser's password, required on the first start),
-POSTGRES_DB (default madlib_mop), MADLIB_MOP_PGPORT (default 5432),
-MADLIB_MOP_LISTEN_ADDRESSES (default 127.0.0.1: with host networking the server is on the
-host's loopback only), MADLIB_MOP_EMBEDDED_DIR (the data volume).
+The server listens on 127.0.0.1 only (with host networking: the host's loopback), and the
+set-up's own short-lived server on its Unix socket only, so no client reaches a server that
+is not set up yet.
+
+Environment: POSTGRES_PASSWORD (the superuser's password, read on the first start, when
+the data volume is made; it is not passed on to the server's processes), POSTGRES_DB
+(default madlib_mop), MADLIB_MOP_PGPORT (default 5432), MADLIB_MOP_EMBEDDED_DIR (the data
+volume).
 
 Standard library only, as `madlib_mop.tools.embedded`.
 """
@@ -48,9 +52,8 @@ def serve() -> None:
         raise ClusterError("POSTGRES_PASSWORD is not set: the superuser needs a password "
                            "(docker run -e POSTGRES_PASSWORD=...)")
     database = os.environ.get("POSTGRES_DB") or "madlib_mop"
-    server.initialize(password=password,
-                      listen_addresses=os.environ.get("MADLIB_MOP_LISTEN_ADDRESSES") or "127.0.0.1")
-    server.start(database)
+    server.initialize(password=password)
+    server.start(database, options="-c listen_addresses=''")
     server.psql(EXTENSION_SQL, dbname=database)
     server.stop()
     mark.touch()
@@ -59,7 +62,9 @@ def serve() -> None:
         os.initgroups(SERVER_OS_USER, owner.pw_gid)
         os.setgid(owner.pw_gid)
         os.setuid(owner.pw_uid)
-    environment = {**server_environment(), "HOME": owner.pw_dir, "USER": SERVER_OS_USER}
+    # Analysts' PL/Python code runs in these processes: no superuser password in their environment.
+    environment = {key: value for key, value in server_environment().items() if key != "POSTGRES_PASSWORD"}
+    environment.update(HOME=owner.pw_dir, USER=SERVER_OS_USER)
     print(f"madlib_mop: PostgreSQL starting on port {server.port}, database {database}",
           file=sys.stderr, flush=True)
     postgres = server.tool("postgres")

@@ -1,6 +1,6 @@
 """Docker: the engine, the images, and the compose cluster of docker/docker-compose.yml.
 
-    python -m madlib_mop.tools.containers engine          a Docker engine that answers
+    python -m madlib_mop.tools.containers engine          a Docker engine that answers, and compose
     python -m madlib_mop.tools.containers images          the base and project images, when absent
     python -m madlib_mop.tools.containers compose-up      the cluster (coordinator, seg0, seg1), set up
     python -m madlib_mop.tools.containers compose-dsn     the coordinator's libpq string
@@ -19,9 +19,11 @@ Standard library only: the Makefile runs it with the server's Python.
 from __future__ import annotations
 
 import argparse
+import ast
 import configparser
 import hashlib
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -32,7 +34,8 @@ from urllib.parse import quote
 
 from madlib_mop.tools.embedded import REPO_ROOT, ClusterError, command_failed
 
-BASE_IMAGE = os.environ.get("MADLIB_MOP_BASE_IMAGE") or "madlib_mop/debian:bookworm"
+OWN_BASE_IMAGE = "madlib_mop/debian:bookworm"
+BASE_IMAGE = os.environ.get("MADLIB_MOP_BASE_IMAGE") or OWN_BASE_IMAGE
 DEBIAN_MIRROR = os.environ.get("MADLIB_MOP_DEBIAN_MIRROR") or "http://deb.debian.org/debian"
 COMPOSE_FILE = REPO_ROOT / "docker" / "docker-compose.yml"
 COMPOSE_PROJECT = "madlib_mop"
@@ -44,6 +47,10 @@ SOURCE_LABEL = "org.madlib-mop.source-digest"
 IMAGE_SOURCES = ("pyproject.toml", "Makefile", "extension.mk", "madlib_mop.control", "docker/Dockerfile",
                  "madlib_mop", "sql", "udf", "src")
 HOST_FOLDER = REPO_ROOT / "docker" / "host"
+COMPOSE_PASSWORD_FILE = REPO_ROOT / ".compose" / "password"
+# Debian's packages: the engine, compose (where Docker's plugin is missing), and debootstrap
+# for the base image.
+ENGINE_PACKAGE, COMPOSE_PACKAGE, DEBOOTSTRAP_PACKAGE = "docker.io", "docker-compose", "debootstrap"
 DEBIAN_SOURCES = f"""Types: deb
 URIs: {DEBIAN_MIRROR}
 Suites: bookworm bookworm-updates
@@ -78,6 +85,19 @@ def _docker(*argv: str, check: bool = True, capture: bool = True, input: str | N
     return _run(["docker", *argv], check=check, capture_output=capture, env=environment, input=input)
 
 
+def install_packages(*packages: str) -> None:
+    """Debian packages, as root, when missing (`make images` installs what it needs)."""
+    missing = [p for p in packages if "install ok installed" not in _run(
+        ["dpkg-query", "-W", "-f=${Status}", p], check=False, capture_output=True).stdout]
+    if not missing:
+        return
+    if os.geteuid() != 0:
+        raise ClusterError(f"missing Debian packages: {' '.join(missing)}; run 'sudo make images'")
+    print(f"installing Debian packages: {' '.join(missing)}", flush=True)
+    _run(["apt-get", "update", "-q"], capture_output=True)
+    _run(["apt-get", "install", "-y", "-q", *missing], env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+
+
 def engine_answers() -> bool:
     if shutil.which("docker") is None:
         return False
@@ -93,7 +113,7 @@ def start_engine(timeout: float = 60.0) -> None:
     if engine_answers():
         return
     if shutil.which("dockerd") is None:
-        raise ClusterError("no Docker engine: install Debian's docker.io (make docker-engine, as root)")
+        install_packages(ENGINE_PACKAGE)
     if os.geteuid() != 0:
         raise ClusterError("no Docker engine answers: start it (sudo systemctl start docker)")
     log = Path(tempfile.gettempdir()) / "madlib_mop-dockerd.log"
@@ -109,8 +129,8 @@ def start_engine(timeout: float = 60.0) -> None:
                 return
             time.sleep(0.5)
         if daemon.poll() is None:
-            daemon.terminate()
-            daemon.wait(timeout=30)
+            daemon.kill()
+            daemon.wait()
     raise ClusterError(f"dockerd did not start: see {log}")
 
 
@@ -121,11 +141,14 @@ def _image_label(image: str, label: str) -> str | None:
 
 
 def build_base_image() -> None:
-    """Debian bookworm from Debian's packages, imported as BASE_IMAGE (when absent)."""
+    """Debian bookworm from Debian's packages, imported as BASE_IMAGE (when absent); another
+    base named by MADLIB_MOP_BASE_IMAGE is pulled from its registry."""
     if _image_label(BASE_IMAGE, SOURCE_LABEL) is not None:
         return
-    if shutil.which("debootstrap") is None:
-        raise ClusterError("debootstrap is missing: make docker-engine installs it (as root)")
+    if BASE_IMAGE != OWN_BASE_IMAGE:
+        _docker("pull", BASE_IMAGE, capture=False)
+        return
+    install_packages(DEBOOTSTRAP_PACKAGE)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="madlib_mop-base-") as folder:
         root = Path(folder) / "rootfs"
@@ -133,6 +156,8 @@ def build_base_image() -> None:
              capture_output=True)
         (root / "etc/apt/sources.list").unlink(missing_ok=True)
         (root / "etc/apt/sources.list.d/debian.sources").write_text(DEBIAN_SOURCES, encoding="utf-8")
+        for name in ("etc/resolv.conf", "etc/hostname"):  # the build machine's, not the image's
+            (root / name).write_text("", encoding="utf-8")
         shutil.rmtree(root / "var/cache/apt/archives", ignore_errors=True)
         (root / "var/cache/apt/archives/partial").mkdir(parents=True)
         tar = subprocess.Popen(["tar", "-C", str(root), "-c", "."], stdout=subprocess.PIPE)
@@ -149,8 +174,9 @@ def source_digest() -> str:
     files = []
     for name in IMAGE_SOURCES:
         path = REPO_ROOT / name
-        files += sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts) \
-            if path.is_dir() else [path]
+        # What the build context holds (.dockerignore leaves build output out).
+        files += sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                        and p.suffix not in (".o", ".bc", ".so", ".pyc")) if path.is_dir() else [path]
     for path in files:
         digest.update(str(path.relative_to(REPO_ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
@@ -170,7 +196,10 @@ def pip_index_settings(config_lines: list[str]) -> dict[str, str]:
         option = key.rpartition(".")[2]
         if option not in PIP_INDEX_OPTIONS:
             continue
-        values = value.strip().strip("'\"").split()
+        try:  # pip prints each value as a Python literal
+            values = str(ast.literal_eval(value.strip())).split()
+        except (ValueError, SyntaxError):
+            values = value.strip().split()
         if option.endswith("index-url"):
             values = [v for v in values if v.startswith(("http://", "https://"))]
         if values:
@@ -181,13 +210,16 @@ def pip_index_settings(config_lines: list[str]) -> dict[str, str]:
 def write_host_settings() -> None:
     """docker/host/: the build machine's trusted CAs and pip's index settings."""
     HOST_FOLDER.mkdir(exist_ok=True)
+    for name in ("ca-certificates.crt", "pip.conf"):  # index URLs may hold credentials
+        (HOST_FOLDER / name).touch(mode=0o600)
+        os.chmod(HOST_FOLDER / name, 0o600)
     bundle = next((Path(p) for p in (os.environ.get("PIP_CERT"), os.environ.get("SSL_CERT_FILE"),
                                     os.environ.get("REQUESTS_CA_BUNDLE"),
                                     "/etc/ssl/certs/ca-certificates.crt") if p and Path(p).is_file()), None)
     (HOST_FOLDER / "ca-certificates.crt").write_bytes(bundle.read_bytes() if bundle else b"")
     pip_command = shutil.which("pip3") or shutil.which("pip")
     listed = _run([pip_command, "config", "list"], check=False, capture_output=True) if pip_command else None
-    pip = configparser.ConfigParser()
+    pip = configparser.RawConfigParser()
     pip["global"] = pip_index_settings(listed.stdout.splitlines() if listed and listed.returncode == 0 else [])
     with open(HOST_FOLDER / "pip.conf", "w", encoding="utf-8") as out:
         pip.write(out)
@@ -206,8 +238,9 @@ def build_images(force: bool = False) -> str:
     proxies = [arg for name in ("http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY",
                                 "NO_PROXY") if os.environ.get(name)
                for arg in ("--build-arg", f"{name}={os.environ[name]}")]
-    _docker("build", "--network", "host", "-f", "docker/Dockerfile", "--build-arg", f"BASE_IMAGE={BASE_IMAGE}",
-            *proxies, "--label", f"{SOURCE_LABEL}={digest}", "-t", image, str(REPO_ROOT), capture=False)
+    _docker("build", "--network", "host", "-f", str(REPO_ROOT / "docker" / "Dockerfile"),
+            "--build-arg", f"BASE_IMAGE={BASE_IMAGE}", *proxies, "--label", f"{SOURCE_LABEL}={digest}",
+            "-t", image, "-t", "madlib_mop:latest", str(REPO_ROOT), capture=False)
     print(f"image {image}: built in {time.monotonic() - started:.0f}s")
     return image
 
@@ -216,18 +249,27 @@ def compose_command() -> list[str]:
     """`docker compose` (the plugin) where it exists, else Debian's docker-compose."""
     if _docker("compose", "version", check=False).returncode == 0:
         return ["docker", "compose"]
-    if shutil.which("docker-compose"):
-        return ["docker-compose"]
-    raise ClusterError("no docker compose: make docker-engine installs Debian's docker-compose (as root)")
+    install_packages(COMPOSE_PACKAGE)
+    return ["docker-compose"]
 
 
 def compose_password() -> str:
-    return os.environ.get("MADLIB_MOP_COMPOSE_PASSWORD") or "madlib"
+    """The compose cluster's superuser password: MADLIB_MOP_COMPOSE_PASSWORD, else one
+    generated on the first `make compose-up` and kept in .compose/password (mode 600).  The
+    servers read it when their volumes are made."""
+    if os.environ.get("MADLIB_MOP_COMPOSE_PASSWORD"):
+        return os.environ["MADLIB_MOP_COMPOSE_PASSWORD"]
+    if not COMPOSE_PASSWORD_FILE.exists():
+        COMPOSE_PASSWORD_FILE.parent.mkdir(exist_ok=True)
+        COMPOSE_PASSWORD_FILE.touch(mode=0o600)
+        COMPOSE_PASSWORD_FILE.write_text(secrets.token_urlsafe(24), encoding="utf-8")
+    return COMPOSE_PASSWORD_FILE.read_text(encoding="utf-8").strip()
 
 
 def compose(*argv: str, check: bool = True, capture: bool = False) -> subprocess.CompletedProcess:
-    environment = {**os.environ, "MADLIB_MOP_IMAGE": project_image(),
-                   "MADLIB_MOP_COMPOSE_PASSWORD": compose_password()}
+    password = compose_password()
+    environment = {**os.environ, "MADLIB_MOP_IMAGE": project_image(), "MADLIB_MOP_COMPOSE_PASSWORD": password,
+                   "MADLIB_MOP_COMPOSE_PASSWORD_URL": quote(password, safe="")}
     return _run([*compose_command(), "-p", COMPOSE_PROJECT, "-f", str(COMPOSE_FILE), *argv],
                 check=check, capture_output=capture, env=environment)
 
@@ -236,14 +278,14 @@ def server_dsn(name: str = "coordinator", dbname: str = COMPOSE_DATABASE) -> str
     return compose_servers()[name].dsn(dbname)
 
 
-def wait_healthy(container: str, timeout: float = 180.0) -> None:
+def wait_healthy(container: str, timeout: float = 300.0) -> None:
     deadline = time.monotonic() + timeout
     while True:
         state = _docker("inspect", "--format", "{{.State.Status}} {{.State.Health.Status}}", container,
                         check=False).stdout.split()
         if state == ["running", "healthy"]:
             return
-        if time.monotonic() > deadline or (state and state[0] in ("exited", "dead")):
+        if time.monotonic() > deadline or (state and state[0] in ("exited", "dead")) or state[1:] == ["unhealthy"]:
             logs = _docker("logs", "--tail", "30", container, check=False)
             raise ClusterError(f"container {container} is {' '.join(state) or 'missing'}:\n"
                                f"{logs.stdout}{logs.stderr}")
@@ -258,7 +300,7 @@ def compose_up() -> str:
         wait_healthy(f"mop-{name}")
     compose("rm", "-f", "-s", "setup", capture=True)
     compose("up", "-d", "setup")
-    status = _docker("wait", "mop-setup").stdout.strip()
+    status = _run(["docker", "wait", "mop-setup"], capture_output=True, timeout=600).stdout.strip()
     if status != "0":
         logs = _docker("logs", "mop-setup", check=False)
         raise ClusterError(f"the cluster's set-up failed ({status}):\n{logs.stdout}{logs.stderr}")
@@ -301,12 +343,13 @@ class ContainerServer:
         wait_healthy(self.container)
 
     def stop(self) -> None:
-        _docker("stop", self.container)
+        _docker("stop", "-t", "60", self.container)
 
     def crash(self) -> None:
         """Killed as a crash would kill it: SIGKILL to the postmaster, the container's main
         process (no shutdown checkpoint; the next start recovers from the WAL)."""
         _docker("kill", self.container)
+        _run(["docker", "wait", self.container], capture_output=True, timeout=60)
 
     def allow_role(self, role: str) -> None:
         """The DBA's step for a role that runs jobs (its pg_ident.conf line), and a reload."""
@@ -332,7 +375,10 @@ def compose_servers() -> dict[str, ContainerServer]:
 
 def kill_segment(name: str = "seg0") -> None:
     """A segment server's container killed as a crash would (SIGKILL to the postmaster)."""
-    compose_servers()[name].crash()
+    servers = compose_servers()
+    if name == "coordinator" or name not in servers:
+        raise ClusterError(f"{name!r} is no segment server of the compose cluster: seg0 or seg1")
+    servers[name].crash()
 
 
 def compose_down() -> None:
@@ -350,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "engine":
             start_engine()
+            compose_command()
         elif args.command == "images":
             print(build_images(force=args.force))
         elif args.command == "compose-up":

@@ -133,9 +133,7 @@ class EmbeddedCluster(_ServerFiles):
 
     def __init__(self, base: Path | None = None, port: int | None = None,
                  worker_auth: bool = True):
-        self.base = Path(
-            base or os.environ.get("MADLIB_MOP_EMBEDDED_DIR") or REPO_ROOT / ".pg"
-        ).resolve()
+        self.base = Path(base or os.environ.get("MADLIB_MOP_EMBEDDED_DIR") or REPO_ROOT / ".pg").resolve()
         self.port = int(port or os.environ.get("MADLIB_MOP_PGPORT") or DEFAULT_PORT)
         self.data = self.base / "data"
         self.socket_dir = self.base / "run"
@@ -201,7 +199,7 @@ class EmbeddedCluster(_ServerFiles):
                     "parent folders."
                 )
 
-    def initialize(self, password: str | None = None, listen_addresses: str = "127.0.0.1") -> None:
+    def initialize(self, password: str | None = None) -> None:
         """initdb as Debian sets a server up; the superuser's password (or a generated one)."""
         self._prepare_folders()
         if self.is_initialized():
@@ -234,7 +232,7 @@ class EmbeddedCluster(_ServerFiles):
         hba.write_text(DEBIAN_SUPERUSER_LINE + hba.read_text(encoding="utf-8"), encoding="utf-8")
         settings = {
             "port": str(self.port),
-            "listen_addresses": _sql_literal(listen_addresses),
+            "listen_addresses": "'127.0.0.1'",
             "unix_socket_directories": f"'{self.socket_dir}'",
             "max_connections": "100",
             "shared_buffers": "256MB",
@@ -249,8 +247,9 @@ class EmbeddedCluster(_ServerFiles):
             for key, value in settings.items():
                 conf.write(f"{key} = {value}\n")
 
-    def start(self, database: str = DEFAULT_DATABASE) -> str:
-        """Start the cluster if it is not running, make sure `database` exists; return its DSN."""
+    def start(self, database: str = DEFAULT_DATABASE, options: str = "") -> str:
+        """Start the cluster if it is not running (with postgres `options`), make sure
+        `database` exists; return its DSN."""
         self.initialize()
         self._ensure_setting("jit", "off")
         added = [self._ensure_setting(name, value) for name, value in self.cron_settings().items()]
@@ -264,7 +263,7 @@ class EmbeddedCluster(_ServerFiles):
                     self.tool("pg_ctl"), "start", "-w", "-t", "60",
                     "-D", str(self.data),
                     "-l", str(self.log),
-                    "-o", f"-p {self.port}",
+                    "-o", f"-p {self.port} {options}",
                 ],
                 check=False,
             )
