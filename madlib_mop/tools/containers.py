@@ -241,6 +241,9 @@ def build_images(force: bool = False) -> str:
     _docker("build", "--network", "host", "-f", str(REPO_ROOT / "docker" / "Dockerfile"),
             "--build-arg", f"BASE_IMAGE={BASE_IMAGE}", *proxies, "--label", f"{SOURCE_LABEL}={digest}",
             "-t", image, "-t", "madlib_mop:latest", str(REPO_ROOT), capture=False)
+    # Earlier builds of the image, and their build stages, untagged now: their space back.
+    for label in (SOURCE_LABEL, "org.madlib-mop.stage"):
+        _docker("image", "prune", "-f", "--filter", f"label={label}", check=False)
     print(f"image {image}: built in {time.monotonic() - started:.0f}s")
     return image
 
