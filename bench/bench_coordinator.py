@@ -15,10 +15,11 @@ for 8, 64 and 256 segments with 10x as many models, simulated.
    on every hop.  As the real loop does, every free segment is offered to the Dispatcher
    after each hop.  Beside it, Cerebro's randomized scheduler (VLDB 2020): a free segment
    gets an idle model, drawn at random, that has not visited it in its current epoch.
-   The Dispatcher's own CPU per hop is measured in the simulation: it grows with the
-   models; at 256 segments an indexed twin (`IndexedDispatch`, the same decisions, checked
-   against the Dispatcher at 8 and 64 segments) runs the whole epoch, and the Dispatcher
-   itself only its first hops.
+   The dispatch's own CPU per hop is measured in the simulation, for the Dispatcher of
+   this version (an index of the models due on each segment) and for the scan of every
+   model it replaces (`ScanningDispatcher`, as until 0.8.0): the two make the same
+   decisions (checked at 8 and 64 segments); at 256 segments the scan runs only its
+   first hops, its whole run being too slow here.
 
     .venv/bin/python bench/bench_coordinator.py [--sizes 8,64,256] [--epochs 1]
 """
@@ -129,39 +130,24 @@ def record_subepoch_times(conn: psycopg.Connection) -> list[list[float]]:
 
 # ---- 3. the scheduler, simulated ---------------------------------------------------------
 
-class IndexedDispatch:
-    """The Dispatcher's decisions (the same candidates and the same order: priority, then
-    the most work left, then sub-epochs done, then the model's key), with the idle models
-    indexed by the segment each is due on, so a free segment looks only at its own."""
-
-    def __init__(self, orders: dict[int, list[list[int]]], segments: int):
-        self.orders, self.S = orders, segments
-        self.total = {m: len(o) * segments for m, o in orders.items()}
-        self.done = {m: 0 for m in orders}
-        self.seconds: dict[int, float] = {}
-        self.waiting: dict[int, set[int]] = {s: set() for s in range(segments)}
-        for model in orders:
-            self.waiting[self._due(model)].add(model)
-
-    def _due(self, model: int) -> int:
-        epoch, position = divmod(self.done[model], self.S)
-        return self.orders[model][epoch][position]
+class ScanningDispatcher(schedule.Dispatcher):
+    """The Dispatcher as it was until 0.8.0: for a free segment, a scan of every model for
+    those due on it (the same rule and the same decisions as the index of due models)."""
 
     def next_visit(self, segment: int) -> tuple[int, int] | None:
-        if not self.waiting[segment]:
+        known = [p.seconds for p in self.progress.values() if p.seconds is not None]
+        default = sum(known) / len(known) if known else 1.0
+        candidates = [(-p.priority, -(self.total[m] - p.done) * (p.seconds or default), p.done, m)
+                      for m, p in self.progress.items()
+                      if not p.busy and not p.held and p.done < self.total[m]
+                      and self.planned(m, p.done)[2] == segment]
+        if not candidates:
             return None
-        default = sum(self.seconds.values()) / len(self.seconds) if self.seconds else 1.0
-        model = min(self.waiting[segment], key=lambda m: (
-            -(self.total[m] - self.done[m]) * self.seconds.get(m, default), self.done[m], m))
-        self.waiting[segment].discard(model)
-        return model, self.done[model]
-
-    def finish(self, model: int, segment: int, seconds: float) -> None:
-        self.done[model] += 1
-        previous = self.seconds.get(model)
-        self.seconds[model] = seconds if previous is None else 0.5 * previous + 0.5 * seconds
-        if self.done[model] < self.total[model]:
-            self.waiting[self._due(model)].add(model)
+        model = min(candidates)[-1]
+        self.progress[model].busy = True
+        self._unindex(model)
+        self.busy_segments.add(segment)
+        return model, self.progress[model].done
 
 
 class CerebroRandom:
@@ -269,30 +255,27 @@ def durations_from(recorded: list[list[float]], seed: int):
 def run_size(segments: int, epochs: int, recorded: list[list[float]], hop_cost: float) -> dict:
     models = list(range(1, 10 * segments + 1))
     orders = schedule.visit_orders(models, segments, epochs, seed=1)
-    whole = segments <= 64
-    real = Timed(schedule.Dispatcher({m: [list(o) for o in orders[m]] for m in models}, segments))
-    real_run = simulate(real, segments, durations_from(recorded, 3), hop_cost,
-                        max_hops=None if whole else SAMPLED_HOPS)
-    dispatch_cpu = real.cpu / real_run["hops"]
-    mop = simulate(IndexedDispatch({m: [list(o) for o in orders[m]] for m in models}, segments), segments,
-                   durations_from(recorded, 3), hop_cost + dispatch_cpu)
-    indexed = Timed(IndexedDispatch({m: [list(o) for o in orders[m]] for m in models}, segments))
-    indexed_run = simulate(indexed, segments, durations_from(recorded, 3), hop_cost)
-    indexed_cpu = indexed.cpu / indexed_run["hops"]
-    with_index = simulate(IndexedDispatch({m: [list(o) for o in orders[m]] for m in models}, segments), segments,
-                          durations_from(recorded, 3), hop_cost + indexed_cpu)
+
+    def fresh(kind=schedule.Dispatcher):
+        return kind({m: [list(o) for o in orders[m]] for m in models}, segments)
+
+    def timed_run(kind, max_hops=None):
+        timed = Timed(fresh(kind))
+        run = simulate(timed, segments, durations_from(recorded, 3), hop_cost, max_hops=max_hops)
+        return run, timed.cpu / run["hops"]
+
+    whole = segments <= 64  # the scan's whole run at 256 segments takes too long here
+    scan_run, scan_cpu = timed_run(ScanningDispatcher, None if whole else SAMPLED_HOPS)
+    index_run, index_cpu = timed_run(schedule.Dispatcher)
     if whole:
-        same = simulate(IndexedDispatch({m: [list(o) for o in orders[m]] for m in models}, segments),
-                        segments, durations_from(recorded, 3), hop_cost)
-        assert same["decisions"] == real_run["decisions"], "the indexed twin decides otherwise"
-    cerebro = simulate(CerebroRandom(models, segments, epochs, seed=5), segments, durations_from(recorded, 3),
-                       hop_cost)
-    return {"segments": segments, "models": len(models), "dispatch_cpu": dispatch_cpu,
-            "indexed_cpu": indexed_cpu, "with_index": _summary(with_index),
-            "dispatcher_hops": real_run["hops"], "mop": _summary(mop), "mop_no_coordinator": _summary(
-                simulate(IndexedDispatch({m: [list(o) for o in orders[m]] for m in models}, segments),
-                         segments, durations_from(recorded, 3), 0.0)),
-            "cerebro": _summary(cerebro)}
+        assert scan_run["decisions"] == index_run["decisions"], "the index decides otherwise than the scan"
+    return {"segments": segments, "models": len(models), "scan_cpu": scan_cpu, "scan_hops": scan_run["hops"],
+            "index_cpu": index_cpu,
+            "scan": _summary(simulate(fresh(), segments, durations_from(recorded, 3), hop_cost + scan_cpu)),
+            "index": _summary(simulate(fresh(), segments, durations_from(recorded, 3), hop_cost + index_cpu)),
+            "no_coordinator": _summary(simulate(fresh(), segments, durations_from(recorded, 3), 0.0)),
+            "cerebro": _summary(simulate(CerebroRandom(models, segments, epochs, seed=5), segments,
+                                         durations_from(recorded, 3), hop_cost))}
 
 
 def _summary(run: dict) -> dict:
@@ -330,22 +313,23 @@ def main() -> None:
           f"| {cost['worker'] * 1e3:.1f} ms |")
     print(f"\nSimulated: {args.epochs} epochs, 10 models per segment, recorded visits of 8 digits models "
           f"(mean {mean_visit * 1e3:.0f} ms), the coordinator spending {hop_cost * 1e3:.1f} ms per hop "
-          "plus the Dispatcher's own CPU:\n")
-    print("| segments | models | hops | Dispatcher CPU per hop | makespan | coordinator load "
-          "| indexed: CPU per hop | makespan | load | no coordinator cost | lower bound "
+          "plus the dispatch's own CPU, by a scan of every model (until 0.8.0) and by the index of "
+          "due models (this version):\n")
+    print("| segments | models | hops | scan: CPU per hop | makespan | coordinator load "
+          "| index: CPU per hop | makespan | coordinator load | no coordinator cost | lower bound "
           "| Cerebro random | its load |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for size in sizes:
-        mop, free, cerebro = size["mop"], size["mop_no_coordinator"], size["cerebro"]
-        print(f"| {size['segments']} | {size['models']} | {mop['hops']} | {size['dispatch_cpu'] * 1e3:.2f} ms"
-              f"{'' if size['dispatcher_hops'] == mop['hops'] else ' (first ' + str(size['dispatcher_hops']) + ')'}"
-              f" | {mop['makespan']:.1f} s | {mop['coordinator_load']:.0%} | {size['indexed_cpu'] * 1e3:.3f} ms "
-              f"| {size['with_index']['makespan']:.1f} s | {size['with_index']['coordinator_load']:.0%} "
+        scan, index, free, cerebro = size["scan"], size["index"], size["no_coordinator"], size["cerebro"]
+        sampled = "" if size["scan_hops"] == index["hops"] else f" (first {size['scan_hops']})"
+        print(f"| {size['segments']} | {size['models']} | {index['hops']} | {size['scan_cpu'] * 1e3:.2f} ms{sampled}"
+              f" | {scan['makespan']:.1f} s | {scan['coordinator_load']:.0%} | {size['index_cpu'] * 1e3:.3f} ms "
+              f"| {index['makespan']:.1f} s | {index['coordinator_load']:.0%} "
               f"| {free['makespan']:.1f} s | {free['lower_bound']:.1f} s "
               f"| {cerebro['makespan']:.1f} s | {cerebro['coordinator_load']:.0%} |")
-    limit = 1 / (hop_cost + sizes[-1]["dispatch_cpu"])
+    limit = 1 / (hop_cost + sizes[-1]["index_cpu"])
     print(f"\nOne coordinator handles at most {1 / hop_cost:.0f} hops/s at its measured cost "
-          f"({limit:.0f} hops/s with the Dispatcher's CPU at {sizes[-1]['segments']} segments). "
+          f"({limit:.0f} hops/s with the dispatch's CPU at {sizes[-1]['segments']} segments). "
           f"Its disk writes {disk / 1e6:.0f} MB/s durably (100 MB, fsync): one durable copy of each "
           "model's state per iteration, that is state bytes / segments per hop.")
 

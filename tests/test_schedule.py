@@ -172,3 +172,56 @@ def test_a_held_model_is_not_dispatched_until_released():
     assert dispatcher.next_visit(0) is None
     dispatcher.hold(2, False)
     assert dispatcher.next_visit(0) == (2, 0)
+
+
+def _scanned_choice(dispatcher, segment):
+    """The dispatch rule by a scan of every model (what the index of due models serves)."""
+    known = [p.seconds for p in dispatcher.progress.values() if p.seconds is not None]
+    default = sum(known) / len(known) if known else 1.0
+    candidates = [(-p.priority, -(dispatcher.total[m] - p.done) * (p.seconds or default), p.done, m)
+                  for m, p in dispatcher.progress.items()
+                  if not p.busy and not p.held and p.done < dispatcher.total[m]
+                  and dispatcher.planned(m, p.done)[2] == segment]
+    return min(candidates)[-1] if candidates else None
+
+
+def test_the_index_of_due_models_chooses_as_a_scan_of_every_model_would():
+    """Through retries, holds, stops, priorities and added models, every free segment gets
+    the model a scan of all models picks."""
+    rng = np.random.default_rng(11)
+    models, segments = list(range(1, 25)), 5
+    dispatcher = Dispatcher(visit_orders(models, segments, 3, seed=4), segments)
+    events, free, clock, added, checked = [], set(range(segments)), 0.0, 100, 0
+    while not dispatcher.finished():
+        for segment in sorted(free):
+            expected = _scanned_choice(dispatcher, segment)
+            given = dispatcher.next_visit(segment)
+            assert (given[0] if given else None) == expected
+            checked += given is not None
+            if given:
+                free.discard(segment)
+                heapq.heappush(events, (clock + float(rng.uniform(0.1, 2.0)), given[0], segment))
+        if not events:  # only held models are left
+            for model in models:
+                dispatcher.hold(model, False)
+            continue
+        clock, model, segment = heapq.heappop(events)
+        free.add(segment)
+        if rng.random() < 0.05:
+            dispatcher.retry(model, segment)
+        else:
+            dispatcher.finish(model, segment, float(rng.uniform(0.1, 2.0)))
+        other, action = int(rng.choice(models)), rng.random()
+        if action < 0.04:
+            dispatcher.hold(other)
+        elif action < 0.10:
+            dispatcher.hold(other, False)
+        elif action < 0.12:
+            dispatcher.stop(other)
+        elif action < 0.16:
+            dispatcher.prefer(other, int(rng.integers(0, 3)))
+        elif action < 0.18:
+            dispatcher.add(added, added_model_orders(added, segments, 2, seed=4))
+            models.append(added)
+            added += 1
+    assert checked > 300
