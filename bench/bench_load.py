@@ -31,7 +31,6 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from madlib_mop.tools import server_auth
 from madlib_mop.tools.demo import ensure_extension
 from madlib_mop.tools.embedded import EmbeddedCluster, configured_dsn
 
@@ -65,8 +64,7 @@ def prepare(dsn: str) -> None:
                 conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
             else:
                 conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
-            if server_auth.allow(cluster.data / "pg_ident.conf", cluster.server_os_user, role):
-                cluster.run_command([cluster.tool("pg_ctl"), "reload", "-D", str(cluster.data)])
+            cluster.allow_role(role)
         conn.execute(f"CREATE SCHEMA {SCHEMA}")
         conn.execute(f"SET search_path = {SCHEMA}, madlib_mop")
         conn.execute("CREATE TABLE digits (id int, x real[], y int)")

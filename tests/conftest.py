@@ -33,7 +33,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from madlib_mop.tools import containers, server_auth
+from madlib_mop.tools import containers
 from madlib_mop.tools.containers import ContainerServer
 from madlib_mop.tools.embedded import DSN_VARIABLE, EmbeddedCluster
 
@@ -203,18 +203,7 @@ def server_host(test_server) -> EmbeddedCluster | ContainerServer:
 def allow_worker_role(server_host):
     """Let the server open worker sessions as a role: the DBA's pg_ident.conf line of the
     README, written into the session's server."""
-    def allow(role: str) -> None:
-        allow_worker_role_on(server_host, role)
-    return allow
-
-
-def allow_worker_role_on(server: EmbeddedCluster | ContainerServer, role: str) -> None:
-    """The DBA's step for a role that runs jobs: let `server` open worker sessions as
-    `role` (its pg_ident.conf line), and reload."""
-    if isinstance(server, ContainerServer):
-        server.allow_role(role)
-    elif server_auth.allow(server.data / "pg_ident.conf", server.server_os_user, role) and server.is_running():
-        server.run_command([server.tool("pg_ctl"), "reload", "-D", str(server.data)])
+    return server_host.allow_role
 
 
 def _database_name(module_name: str) -> str:

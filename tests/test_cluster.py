@@ -27,8 +27,7 @@ from madlib_mop.tools import cluster as cluster_tool, containers
 from madlib_mop.tools.containers import ContainerServer
 from madlib_mop.tools.embedded import EmbeddedCluster
 
-from tests.conftest import (_server_kind, _uses_containers, allow_worker_role_on, connect as _connect, held_job,
-                            iris_table)
+from tests.conftest import _server_kind, _uses_containers, connect as _connect, held_job, iris_table
 
 pytestmark = pytest.mark.skipif(_server_kind() == "dsn",
                                 reason="starts PostgreSQL servers of its own on this machine")
@@ -44,18 +43,6 @@ def _server_dsn(server, dbname):
         return server.dsn(dbname)
     host = getattr(server, "address", "127.0.0.1")
     return make_conninfo(cluster_tool._dsn_with_password(server), host=host, dbname=dbname)
-
-
-def _password(server):
-    return server.password if isinstance(server, ContainerServer) else cluster_tool._password(server)
-
-
-def _crash(server):
-    """The server stopped as a crash would stop it (no shutdown checkpoint)."""
-    if isinstance(server, ContainerServer):
-        server.crash()  # docker kill
-    else:
-        server.run_command([server.tool("pg_ctl"), "stop", "-m", "immediate", "-w", "-D", str(server.data)])
 
 
 @pytest.fixture(scope="module")
@@ -281,8 +268,8 @@ def test_a_mapping_naming_another_role_is_refused(cluster, servers, walkthrough)
         conn.execute("GRANT SELECT ON iris_train, arch, mst, mst_summary TO analyst_c")
         conn.execute("GRANT USAGE ON FOREIGN SERVER seg0, seg1 TO analyst_c")
         # The coordinator's own bookkeeping session as the role (the DBA's pg_ident.conf line).
-        allow_worker_role_on(servers["coordinator"], "analyst_c")
-        seg_password = _password(servers["seg0"])
+        servers["coordinator"].allow_role("analyst_c")
+        seg_password = servers["seg0"].password
         conn.execute(sql.SQL("CREATE USER MAPPING FOR analyst_c SERVER seg0 OPTIONS "
                              "(user 'postgres', password {})").format(sql.Literal(seg_password)))
         conn.execute("CREATE USER MAPPING FOR analyst_c SERVER seg1 OPTIONS "
@@ -334,7 +321,7 @@ def test_a_segment_server_stopped_hard_then_the_coordinators_server(cluster, ser
     job = _run_in_thread(cluster, "killed_servers", notices, errors)
     with _connect(cluster) as watcher:
         with held_job(watcher, "killed_servers", 2):
-            _crash(servers["seg0"])
+            servers["seg0"].crash()  # pg_ctl stop -m immediate, or docker kill
             time.sleep(3)
             servers["seg0"].start()
         # The job cannot end without seg0: its next call there finds the session lost.
@@ -346,7 +333,7 @@ def test_a_segment_server_stopped_hard_then_the_coordinators_server(cluster, ser
         coordinator = servers["coordinator"]
         with pytest.raises(psycopg.OperationalError):  # the watcher's session dies with it
             with held_job(watcher, "killed_servers", 2):  # seg0's new session is starting
-                _crash(coordinator)
+                coordinator.crash()
     job.join(timeout=120)
     assert not job.is_alive() and errors  # its session died with the server
     coordinator.start()
@@ -365,7 +352,7 @@ def test_a_segment_server_that_does_not_come_back_stops_the_job_resumably(cluste
     job = _run_in_thread(cluster, "lost_segment", notices, errors,
                          settings=["SET madlib_mop.segment_wait_seconds = 4"])
     with _connect(cluster) as watcher, held_job(watcher, "lost_segment", 1):
-        _crash(servers["seg0"])  # most of seg0's sub-epochs are still to come
+        servers["seg0"].crash()  # most of seg0's sub-epochs are still to come
     job.join(timeout=120)
     assert not job.is_alive() and len(errors) == 1
     error = errors[0]

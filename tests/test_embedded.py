@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import socket
 import subprocess
 import uuid
 
@@ -29,11 +30,23 @@ def test_make_dsn_prints_the_connection_string():
     assert printed.startswith("postgresql://")
 
 
+def _free_port() -> int:
+    """A port of 54400-54899 nothing listens on or connects from (a random one may be a
+    client connection's own port at that moment)."""
+    for port in sorted(range(54400, 54900), key=lambda _: uuid.uuid4().int):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
+    raise AssertionError("no free port in 54400-54899")
+
+
 @pytest.fixture
 def second_cluster():
     # Under the repository's git-ignored .pg folder: the server's OS user can reach it.
-    cluster = EmbeddedCluster(base=REPO_ROOT / ".pg" / f"test-{uuid.uuid4().hex[:8]}",
-                              port=54400 + uuid.uuid4().int % 500)
+    cluster = EmbeddedCluster(base=REPO_ROOT / ".pg" / f"test-{uuid.uuid4().hex[:8]}", port=_free_port())
     yield cluster
     cluster.stop()
     shutil.rmtree(cluster.base, ignore_errors=True)

@@ -36,13 +36,8 @@ def servers() -> dict[str, EmbeddedCluster]:
     return {name: EmbeddedCluster(BASE / name, FIRST_PORT + i) for i, name in enumerate(names)}
 
 
-def _password(server: EmbeddedCluster) -> str:
-    """The superuser's password, from the server's libpq password file."""
-    return server.passfile.read_text(encoding="utf-8").strip().rsplit(":", 1)[1]
-
-
 def _dsn_with_password(server: EmbeddedCluster) -> str:
-    return (f"postgresql://{SUPERUSER}:{quote(_password(server), safe='')}@127.0.0.1:"
+    return (f"postgresql://{SUPERUSER}:{quote(server.password, safe='')}@127.0.0.1:"
             f"{server.port}/{DEFAULT_DATABASE}")
 
 
@@ -102,9 +97,7 @@ def start() -> str:
 
 def kill_segment(name: str = "seg0") -> None:
     """Stop a segment server as a crash would (`pg_ctl stop -m immediate`)."""
-    server = servers()[name]
-    if server.is_running():
-        server.run_command([server.tool("pg_ctl"), "stop", "-m", "immediate", "-w", "-D", str(server.data)])
+    servers()[name].crash()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -55,7 +55,9 @@ def _pg_bindir() -> Path:
 class _ServerFiles:
     """The embedded server's configuration files: settings, and authentication (the
     superuser by password (passfile), worker sessions by peer with the madlib_mop map, as
-    the README's DBA set-up does)."""
+    the README's DBA set-up does); and what is done to a running server beside its start
+    and stop (a role's line, a crash), as `tools/containers.ContainerServer` does them to a
+    container."""
 
     base: Path
     port: int
@@ -67,6 +69,21 @@ class _ServerFiles:
     def server_os_user(self) -> str:
         """The OS user the server runs as: the one its worker sessions come from."""
         return SERVER_OS_USER if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
+
+    @property
+    def password(self) -> str:
+        """The superuser's password, from the server's libpq password file."""
+        return self.passfile.read_text(encoding="utf-8").strip().rsplit(":", 1)[1]
+
+    def allow_role(self, role: str) -> None:
+        """The DBA's step for a role that runs jobs: its pg_ident.conf line, and a reload."""
+        if server_auth.allow(self.data / "pg_ident.conf", self.server_os_user, role) and self.is_running():
+            self.run_command([self.tool("pg_ctl"), "reload", "-D", str(self.data)])
+
+    def crash(self) -> None:
+        """Stopped as a crash would stop it (`pg_ctl stop -m immediate`: no shutdown checkpoint)."""
+        if self.is_running():
+            self.run_command([self.tool("pg_ctl"), "stop", "-m", "immediate", "-w", "-D", str(self.data)])
 
     def _write_passfile(self, password: str) -> None:
         """The superuser's password, for clients of the invoking OS user (libpq's format)."""
