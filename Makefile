@@ -82,10 +82,14 @@ install: build
 	done
 
 # pg_regress tests of the SQL surface (tests/regress), on the embedded server or the one
-# MADLIB_MOP_DSN names, in a database of their own (contrib_regression).
+# MADLIB_MOP_DSN names, in a database of their own (contrib_regression).  pg_regress drops
+# that database first: the idle worker sessions an earlier run left in it (kept for their
+# role) are ended, as DROP DATABASE ... WITH (FORCE) would.
 installcheck: install db-start
 	@mkdir -p build/regress
 	@eval "$$(PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.embedded env)" && \
+	  $(PG_BINDIR)/psql -X -q -d postgres -o /dev/null -c "SELECT pg_terminate_backend(pid) \
+	    FROM pg_stat_activity WHERE datname = 'contrib_regression'" && \
 	  $(PGXS_MAKE) installcheck || { cat build/regress/regression.diffs 2>/dev/null | head -100; exit 1; }
 
 # ---- the embedded PostgreSQL (skipped when MADLIB_MOP_DSN names a server) --------

@@ -116,6 +116,54 @@ def test_workers_are_the_calling_role(extension_dsn, roles):
     assert {user for user, _, _ in seen} == {alice}
 
 
+# Speaks to an idle worker session's socket as the extension's own code does (a superuser's
+# function in an untrusted language, granted to the analysts for this test only).
+PROBE = """
+CREATE FUNCTION public.idle_worker_probe(pid integer) RETURNS text LANGUAGE plpython3u AS $$
+from madlib_mop.engine import idle_workers
+adopted = idle_workers._adopt_one(pid, None, {}, "idle worker probe")
+if adopted is None:
+    return "refused"
+adopted.release(60)
+return "adopted"
+$$"""
+
+
+def test_an_idle_worker_serves_only_its_role(extension_dsn, roles):
+    """Idle worker sessions are kept for their role: another role's backend that reaches
+    one's socket is refused (the session checks who its peer is), and that role's own
+    backend is served; another role's job never gets them."""
+    alice, bob = roles["alice"], roles["bob"]
+    with _as(extension_dsn, alice) as conn:
+        names = _prepare(conn, alice, "idle_a")
+        conn.execute(*_fit_sql(names))
+    with psycopg.connect(extension_dsn, autocommit=True) as admin:
+        idle = [pid for pid, in admin.execute(
+            "SELECT pid FROM pg_stat_activity WHERE usename = %s AND application_name = "
+            "'madlib_mop idle worker'", (alice,))]
+        assert len(idle) == 2
+        admin.execute(PROBE)
+        admin.execute(sql.SQL("GRANT EXECUTE ON FUNCTION public.idle_worker_probe(integer) TO {}, {}")
+                      .format(sql.Identifier(alice), sql.Identifier(bob)))
+        try:
+            answers = {}
+            for role in (bob, alice):
+                with _as(extension_dsn, role) as conn:
+                    conn.execute("SELECT madlib_mop.version()")  # the runtime on the path
+                    answers[role] = conn.execute("SELECT public.idle_worker_probe(%s)",
+                                                 (idle[0],)).fetchone()[0]
+        finally:
+            admin.execute("DROP FUNCTION public.idle_worker_probe(integer)")
+        assert answers == {bob: "refused", alice: "adopted"}
+        with _as(extension_dsn, bob) as conn:
+            theirs = _prepare(conn, bob, "idle_b")
+            conn.execute(*_fit_sql(theirs))
+            used = {pid for pid, in conn.execute(sql.SQL(
+                "SELECT DISTINCT (result->>'pid')::int FROM {}").format(
+                sql.Identifier(theirs["out"] + "_mop_visits")))}
+        assert used and not used & set(idle)
+
+
 @pytest.mark.parametrize("setting", [
     "user=postgres", "dbname=postgres", "options='-c role=postgres'",
     "options='-c search_path=evil,pg_catalog'", "host=127.0.0.1", "hostaddr=127.0.0.1",

@@ -75,10 +75,14 @@ def _recorded(errors, function):
 
 
 def _no_slots_held(conn, timeout=30.0):
-    """Worker sessions whose caller's session ended stop within about a second."""
+    """Idle worker sessions outlive the sessions that opened them (kept for their role):
+    ended here, so that a test starts with every slot free."""
     deadline = time.monotonic() + timeout
     while conn.execute(SLOTS).fetchone()[0]:
-        assert time.monotonic() < deadline, "worker sessions of ended sessions still hold slots"
+        # (again: a session handed over a moment ago may not show as idle yet)
+        conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                     "WHERE application_name = 'madlib_mop idle worker'")
+        assert time.monotonic() < deadline, "worker sessions still hold slots"
         time.sleep(0.1)
 
 
@@ -170,6 +174,31 @@ def test_idle_workers_are_taken_back_for_another_roles_job(data):
         alive = owner.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)",
                               (list(kept),)).fetchone()[0]
         assert alive == 0
+
+
+def test_a_roles_next_job_starts_warm_from_another_session(data):
+    """Idle worker sessions are kept for their role, not for the session that opened them:
+    they outlive it, and the role's next job, from a new session, runs on them (TensorFlow
+    imported, programs traced), with the same weights."""
+    dsn, analyst, database = data
+    _cap(dsn, database, 4)
+    with connect(dsn) as admin:
+        _no_slots_held(admin)
+        with _as(dsn, analyst) as first:
+            _fit(first, "warm_first")
+            opened = _pids(first, "warm_first")
+        assert len(opened) == 2
+        idle = {pid for pid, in admin.execute(
+            "SELECT pid FROM pg_stat_activity WHERE usename = %s AND application_name = "
+            "'madlib_mop idle worker'", (analyst,))}
+        assert idle == opened  # the session that opened them has ended; they have not
+        with _as(dsn, analyst) as second:
+            _fit(second, "warm_second")
+            assert _pids(second, "warm_second") == opened
+            assert _weights(second, "warm_second") == _weights(admin, "reference")
+        # A job of another role gets sessions of its own, not this role's idle ones.
+        _fit(admin, "other_role")
+        assert not _pids(admin, "other_role") & opened
 
 
 def test_a_wait_gives_up_after_the_timeout(data):

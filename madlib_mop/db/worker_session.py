@@ -79,17 +79,24 @@ def session_settings(plpy: Any) -> tuple[dict[str, str], str]:
     options = ["-c statement_timeout=0", "-c idle_in_transaction_session_timeout=0",
                "-c jit=off", "-c client_connection_check_interval=1000",
                "-c search_path=" + SAFE_SEARCH_PATH.replace(" ", "")]
+    options += [f"-c {name}={value}" for name, value in forwarded_settings(plpy).items() if value]
     setting = plpy.prepare("SELECT pg_catalog.current_setting($1, true) AS v", ["text"])
-    for name in FORWARDED_SETTINGS:
-        value = plpy.execute(setting, [name])[0]["v"]
-        if value:
-            if not value.isdigit():
-                raise MadlibMopError(f"setting {name} = '{value}' is not a whole number",
-                                     sqlstate=errors.INVALID_PARAMETER_VALUE,
-                                     hint=f"SET {name} = 1024, or RESET {name}.")
-            options.append(f"-c {name}={value}")
     extra = _extra_parameters(plpy.execute(setting, [CONNINFO_SETTING])[0]["v"])
     return extra, " ".join(options)
+
+
+def forwarded_settings(plpy: Any) -> dict[str, str | None]:
+    """The caller's values of FORWARDED_SETTINGS (None: not set), checked."""
+    setting = plpy.prepare("SELECT pg_catalog.current_setting($1, true) AS v", ["text"])
+    values: dict[str, str | None] = {}
+    for name in FORWARDED_SETTINGS:
+        value = plpy.execute(setting, [name])[0]["v"] or None
+        if value is not None and not value.isdigit():
+            raise MadlibMopError(f"setting {name} = '{value}' is not a whole number",
+                                 sqlstate=errors.INVALID_PARAMETER_VALUE,
+                                 hint=f"SET {name} = 1024, or RESET {name}.")
+        values[name] = value
+    return values
 
 
 def conninfo(plpy: Any) -> str:

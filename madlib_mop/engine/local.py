@@ -4,6 +4,7 @@ worker a session of that same server, opened by the caller's backend as the call
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -13,29 +14,29 @@ from psycopg import sql
 
 from madlib_mop import errors
 from madlib_mop.db import catalog, worker_session
-from madlib_mop.engine import server_pool
+from madlib_mop.engine import idle_workers, server_pool
+from madlib_mop.engine.idle_workers import Adopted
 from madlib_mop.engine.base import Engine, VisitRecord, Worker, json_value
 from madlib_mop.errors import MadlibMopError
-
-# Worker sessions kept for the calling session's later calls, by connection string (which
-# names the role, the database and the session settings): a kept session never serves
-# another role.  Training workers also by segment count (it sized their thread pools).
-_inference_pool: dict[str, list["LocalWorker"]] = {}
-_training_pool: dict[tuple[str, int], list["LocalWorker"]] = {}
-
+from madlib_mop.runtime.tf_runtime import worker_threads
 
 class NoSlot(MadlibMopError):
     """Every worker slot of the server is taken (`engine.server_pool`)."""
 
 
 class LocalWorker(Worker):
+    """A worker session of this server: one this call opened (a libpq connection), or an
+    idle one of its role that it adopted (`engine.idle_workers`: its calls go over the
+    idle session's socket).  An adopted session that is lost is replaced, at the next
+    call, by a new one on a slot of the pool."""
+
     def __init__(self, conninfo: str, schema: str, segment: int, label: str,
-                 cap: int | None = None):
+                 cap: int | None = None, adopted: Adopted | None = None):
         self.conninfo, self.schema, self.segment, self.label = conninfo, schema, segment, label
         self.cap = cap  # the server's cap on worker sessions: its session takes a slot
         self._connection: psycopg.Connection | None = None
-        self._named: str | None = None
-        self._idling = False
+        self._adopted = adopted
+        self._named: str | None = label if adopted is not None else None
 
     def open_with_slot(self) -> bool:
         """Open the session now; False (and nothing open) if no slot is free."""
@@ -46,30 +47,21 @@ class LocalWorker(Worker):
             return False
 
     def idle(self, seconds: int) -> None:
-        """Wait in `_mop_idle` until this session's next job, a queued call or `seconds`
-        (then the session ends and its slot is free): sent, not waited for."""
+        """Keep the session for this role's next call, from any session: it waits in
+        `_mop_idle` (the CALL is sent, and the connection let go: the session outlives it)
+        until adopted, a queued call or `seconds` (then it ends and its slot is free)."""
+        if self._adopted is not None:
+            if self._adopted.usable:
+                self._adopted.release(seconds)
+            self._adopted = None
+            return
         if self._connection is None or self._connection.closed or self._connection.broken:
             return
         self._connection.pgconn.send_query(
             sql.SQL("CALL {}._mop_idle({})").format(sql.Identifier(self.schema), sql.Literal(int(seconds)))
             .as_bytes(self._connection))
-        self._idling = True
-
-    def wake(self) -> bool:
-        """Back from `idle`: True if the session is still open (and holds its slot)."""
-        if self._idling and self._connection is not None:
-            self._idling = False
-            self._connection.cancel_safe()
-            try:
-                while self._connection.pgconn.get_result() is not None:
-                    pass
-            except psycopg.Error:
-                pass
-            if self._connection.pgconn.status != psycopg.pq.ConnStatus.OK:
-                self._connection.close()
-                self._connection = None
-                return False
-        return self._connection is not None and self.usable
+        self._connection.close()
+        self._connection = None
 
     def rename(self, label: str) -> None:
         self.label = label
@@ -94,6 +86,8 @@ class LocalWorker(Worker):
         return connection
 
     def _call(self, function: str, *args: Any, columns: str = "*"):
+        if self._adopted is not None:
+            return self._adopted_call(function, args)
         query = sql.SQL("SELECT {} FROM {}.{}({})").format(
             sql.SQL(columns), sql.Identifier(self.schema), sql.Identifier(function),
             sql.SQL(", ").join(sql.Placeholder() * len(args)))
@@ -104,6 +98,17 @@ class LocalWorker(Worker):
             if self._connection is not None and (self._connection.closed or self._connection.broken):
                 self._connection = None
             raise
+
+    def _adopted_call(self, function: str, args: tuple):
+        adopted = self._adopted
+        if self._named != self.label:
+            adopted.rename(self.label)
+            self._named = self.label
+        try:
+            return adopted.call(function, tuple(json.dumps(a.obj) if isinstance(a, Jsonb) else a for a in args))
+        finally:
+            if not adopted.usable:  # lost: the next call opens a session of its own
+                self._adopted, self._named = None, None
 
     def warm_up(self, segments: int) -> None:
         self._call("_mop_warm_up", segments)
@@ -131,19 +136,26 @@ class LocalWorker(Worker):
                                 first_block, last_block, weights)[0])
 
     def cancel(self) -> None:
-        if self._connection is not None and not self._connection.closed:
+        if self._adopted is not None:
+            self._adopted.cancel()
+        elif self._connection is not None and not self._connection.closed:
             try:
                 self._connection.cancel_safe()
             except Exception:
                 pass
 
     def close(self) -> None:
+        if self._adopted is not None:
+            self._adopted.end()
+            self._adopted = None
         if self._connection is not None:
             self._connection.close()
             self._connection = None
 
     @property
     def usable(self) -> bool:
+        if self._adopted is not None:
+            return self._adopted.usable
         return self._connection is None or not (self._connection.closed or self._connection.broken)
 
 
@@ -162,20 +174,24 @@ class LocalEngine(Engine):
         self.schema_name = catalog.extension_schema_name(plpy)
         self.cap = server_pool.cap(plpy)
         self.idle_seconds = server_pool.idle_seconds(plpy)
+        self.settings = worker_session.forwarded_settings(plpy)
 
     def worker(self, segment: int, label: str) -> LocalWorker:
         return LocalWorker(self.conninfo, self.schema, segment, label)
 
     def training_workers(self, segments: int) -> list[Worker]:
-        """The sessions this session kept warm for a job of this many segments (TensorFlow
-        imported, the programs of the models they trained before traced), then free slots,
-        up to one per segment; none when calls are queued for slots (they go first)."""
-        workers = [w for w in _training_pool.pop((self.conninfo, segments), []) if w.wake()]
-        for key in [k for k in _training_pool if k[0] == self.conninfo]:
-            for other in _training_pool.pop(key):  # kept for another size: their slots go back
-                other.wake()
-                other.close()
+        """Idle sessions of this role whose TensorFlow is sized for a job of this many
+        segments (TensorFlow imported, the programs of the models they trained before
+        traced), then free slots, up to one per segment; none when calls are queued for
+        slots (they go first)."""
+        workers = self._adopted(segments, worker_threads(segments), "madlib_mop worker")
         return workers + self._free_slots(segments - len(workers), len(workers), "madlib_mop worker")
+
+    def _adopted(self, count: int, threads: int | None, label: str) -> list[Worker]:
+        labels = [f"{label} {index}" for index in range(count)]
+        return [LocalWorker(self.conninfo, self.schema, index, labels[index], self.cap, adopted)
+                for index, adopted in enumerate(
+                    idle_workers.adopt(self.plpy, count, threads, self.settings, labels))]
 
     def _free_slots(self, count: int, first: int, label: str) -> list[Worker]:
         """New sessions on the slots free now (none while calls are queued: they go first),
@@ -217,25 +233,21 @@ class LocalEngine(Engine):
         return workers
 
     def keep_idle(self, workers: list[Worker], segments: int) -> None:
-        """The job ended: its sessions wait for this session's next job (`LocalWorker.idle`)."""
-        _training_pool[(self.conninfo, segments)] = self._idle(workers)
+        """The job ended: its sessions wait for this role's next call (`LocalWorker.idle`)."""
+        self._idle(workers)
 
-    def _idle(self, workers: list[Worker]) -> list["LocalWorker"]:
-        kept = [w for w in workers if isinstance(w, LocalWorker) and w.usable]
-        for worker in kept:
-            worker.idle(self.idle_seconds)
-        return kept
+    def _idle(self, workers: list[Worker]) -> None:
+        for worker in workers:
+            if isinstance(worker, LocalWorker) and worker.usable:
+                worker.idle(self.idle_seconds)
 
     def inference_workers(self, count: int) -> list[Worker]:
         """Up to `count` sessions of the server's pool (evaluate and predict spread their
-        parts over those they get): this session's kept ones first (TensorFlow imported,
-        the model built once per worker, not once per call), then free slots; with none,
-        the call waits in the queue."""
+        parts over those they get): this role's idle ones first (TensorFlow imported),
+        then free slots; with none, the call waits in the queue."""
         label = "madlib_mop inference worker"
-        kept = [w for w in _inference_pool.pop(self.conninfo, []) if w.wake()]
-        for extra in kept[count:]:
-            extra.close()
-        workers = kept[:count]
+        # Any idle session: evaluate and predict size their threads as they can.
+        workers = self._adopted(count, None, label)
         workers += self._free_slots(count - len(workers), len(workers), label)
         if workers:
             return workers
@@ -250,5 +262,5 @@ class LocalEngine(Engine):
             lambda: self.plpy.execute("SELECT 1"), hint="Call it again later")
 
     def keep_inference(self, workers: list[Worker]) -> None:
-        """After an evaluation or prediction: its sessions wait for this session's next."""
-        _inference_pool[self.conninfo] = self._idle(workers)
+        """After an evaluation or prediction: its sessions wait for this role's next call."""
+        self._idle(workers)

@@ -18,9 +18,9 @@ of the database:
   are served in order of the slots their role holds, then of arrival: a role's ten jobs
   do not starve another role's one.  `madlib_mop.queue_timeout_seconds` makes a call give
   up.
-- **Idle sessions** (kept warm for their session's next job) wait inside
-  `_mop_idle`, which ends the session, freeing its slot, as soon as any call is queued or
-  after `madlib_mop.worker_idle_seconds`.
+- **Idle sessions** (kept warm for their role's next call, from any session:
+  `engine.idle_workers`) wait inside `_mop_idle`, which ends the session, freeing its
+  slot, as soon as any call is queued or after `madlib_mop.worker_idle_seconds`.
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ from psycopg import sql
 
 from madlib_mop import errors
 from madlib_mop.db import catalog, settings, worker_session
+from madlib_mop.engine import idle_workers
+from madlib_mop.engine.idle_workers import IDLE_NAME
 from madlib_mop.errors import MadlibMopError
 
 SLOT_CLASS = 0x4D4F5057  # the advisory lock class of worker slots ("MOPW")
@@ -43,7 +45,6 @@ BASE_MB = 900
 MEMORY_FRACTION = 0.75  # of the machine's memory, for worker sessions
 IDLE_SETTING, DEFAULT_IDLE_SECONDS = "madlib_mop.worker_idle_seconds", 300
 QUEUE_TIMEOUT_SETTING = "madlib_mop.queue_timeout_seconds"
-IDLE_NAME = "madlib_mop idle worker"  # how an idle worker session shows in pg_stat_activity
 RECLAIM_SECONDS = 5.0  # how long a job waits for idle sessions to give their slots back
 
 # The slots' locks and their sessions (pg_locks and pg_stat_activity: readable by every role).
@@ -186,19 +187,7 @@ def wait_in_queue(plpy: Any, conninfo: str, schema_name: str, job_id: int | None
 
 
 def idle(plpy: Any, seconds: float, can_commit: bool = False) -> None:
-    """An idle worker session's wait (`_mop_idle`, in the worker): it ends the session,
-    giving its slot back, as soon as a call waits for one, or after `seconds`.  Its owner
-    cancels the wait to give the session a job again.  A CALL commits between looks, so
-    that the wait holds no snapshot back from VACUUM."""
-    schema = catalog.extension_schema(plpy)
-    plpy.execute(f"SELECT pg_catalog.set_config('application_name', '{IDLE_NAME}', false)")
-    deadline = time.monotonic() + seconds
-    wanted = f"SELECT EXISTS (SELECT 1 FROM {schema}.worker_queue q " \
-             "JOIN pg_catalog.pg_stat_activity a ON a.pid = q.pid) AS w"
-    while time.monotonic() < deadline:
-        if plpy.execute(wanted)[0]["w"]:
-            break
-        plpy.execute("SELECT pg_catalog.pg_sleep(0.2)")
-        if can_commit:
-            plpy.commit()
-    plpy.fatal("madlib_mop: idle worker session ends, giving its slot back")
+    """An idle worker session's wait (`_mop_idle`, in the worker): kept for its role, it
+    serves the role's calls that adopt it, and ends, giving its slot back, as soon as a
+    call waits for a slot, or after `seconds` idle (`engine.idle_workers`)."""
+    idle_workers.wait(plpy, seconds, can_commit)

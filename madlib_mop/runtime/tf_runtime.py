@@ -34,6 +34,16 @@ def _without(names: tuple[str, ...]):
                 del sys.modules[name]
 
 
+def configured_threads() -> int | None:
+    """The intra-op threads TensorFlow runs in this process (None: not imported yet)."""
+    return _configured_threads
+
+
+def worker_threads(segments: int) -> int:
+    """A worker's threads when `segments` workers share the machine (1: all cores)."""
+    return max(1, (os.cpu_count() or 1) // max(1, segments))
+
+
 def import_tensorflow(threads: int | None = None) -> ModuleType:
     """Import TensorFlow with `threads` intra-op threads (default: all cores).
 

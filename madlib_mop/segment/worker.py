@@ -37,7 +37,7 @@ from madlib_mop.job import state_store
 from madlib_mop.runtime import training
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.runtime.buffers import Buffer, PackedColumns, scan_partition
-from madlib_mop.runtime.tf_runtime import import_tensorflow
+from madlib_mop.runtime.tf_runtime import import_tensorflow, worker_threads
 
 
 
@@ -100,7 +100,7 @@ def ship(plpy: Any, description: dict) -> None:
     """A segment server's session gets its job (see `engine.cluster.job_description`):
     kept for the current role only, replacing any other job of this session."""
     role = plpy.execute("SELECT current_user AS r")[0]["r"]
-    import_tensorflow(threads=max(1, (os.cpu_count() or 1) // description["local_segments"]))
+    import_tensorflow(threads=worker_threads(description["local_segments"]))
 
     def data(part: dict | None) -> PackedData | None:
         if part is None:
@@ -134,7 +134,7 @@ def context(plpy: Any, job_id: int) -> JobContext:
         return _contexts[(job_id, job["owner"])]
     tables = {key: catalog.qualified_name(plpy, parts)
               for key, parts in json.loads(job["tables"]).items()}
-    import_tensorflow(threads=max(1, (os.cpu_count() or 1) // job["num_segments"]))
+    import_tensorflow(threads=worker_threads(job["num_segments"]))
     ctx = JobContext(job_id, job["seed"], job["num_segments"], tables,
                      _packed(plpy, job["source_table"], job["num_segments"]),
                      _packed(plpy, job["validation_table"], job["validation_partitions"])
@@ -265,5 +265,5 @@ def evaluate(plpy: Any, job_id: int, mst_key: int, step: int, partition: int,
 
 def warm_up(plpy: Any, segments: int) -> None:
     """Import TensorFlow (with cores / segments threads) before the job's first sub-epoch."""
-    import_tensorflow(threads=max(1, (os.cpu_count() or 1) // max(1, segments)))
+    import_tensorflow(threads=worker_threads(segments))
     import keras  # noqa: F401  (Keras' own import is part of the wait)
