@@ -22,8 +22,9 @@ Compared in one run, on the same data and configurations:
       madlib_mop's loop instead of fit: what hopping costs against the same loop and threads;
       the configurations are split over the processes by estimated cost;
   (c) madlib_mop: madlib_keras_fit_multiple_model over S segments (packing timed apart), in
-      a new session (its workers import TensorFlow), and (c warm) the same job again in that
-      session, whose workers have trained before;
+      a new session (its workers import TensorFlow), (c warm) the same job again in that
+      session, whose workers have trained before, and (c role) the same job in another new
+      session of the role, which adopts the sessions the first one left idle;
   (d) for W1 and W3, the lower bound max(sum of single-thread times / S, longest one).
 
     .venv/bin/python bench/bench_mop.py [--segments 2] [--workloads IRIS,W1,W2,W3]
@@ -227,12 +228,23 @@ def run_mop(dsn: str, name: str, workload: dict, segments: int) -> dict:
         conn.execute(f"SELECT validation_preprocessor_dl('{name}_valid', '{name}_vpacked', 'y', 'x', "
                      f"'{name}_packed')")
     with _session(dsn) as conn:
+        _end_idle_workers(conn)  # (c) starts cold: no idle session of this role to adopt
         result = _run_fit(conn, dsn, name, "fit", workload, segments)
         warm = _run_fit(conn, dsn, name, "fit2", workload, segments)
-    result["warm"] = {k: warm[k] for k in ("makespan", "first_visit_after", "breakdown",
-                                           "hop_gap_ms")}
-    result["warm"]["same_weights"] = warm["weights_md5"] == result["weights_md5"]
+    with _session(dsn) as conn:  # the role's idle sessions, adopted by another session
+        role = _run_fit(conn, dsn, name, "fit3", workload, segments)
+    for key, run in (("warm", warm), ("role", role)):
+        result[key] = {k: run[k] for k in ("makespan", "first_visit_after", "breakdown", "hop_gap_ms")}
+        result[key]["same_weights"] = run["weights_md5"] == result["weights_md5"]
     return result
+
+
+def _end_idle_workers(conn) -> None:
+    """End this role's idle worker sessions (kept for its next call) and wait until gone."""
+    idle = "FROM pg_stat_activity WHERE usename = current_user AND application_name = 'madlib_mop idle worker'"
+    conn.execute(f"SELECT pg_terminate_backend(pid) {idle}")
+    while conn.execute(f"SELECT count(*) {idle}").fetchone()[0]:
+        time.sleep(0.1)
 
 
 def _session(dsn: str):
@@ -498,14 +510,19 @@ def print_workload(name: str, workload: dict, r: dict, S: int) -> None:
         f"{r['c']['state_bytes_moved']:,}")
     row("(c warm) the same job again in that session", warm, r["c"]["peak_rss_mb"] or 0, "0",
         f"{r['c']['state_bytes_moved']:,}")
+    if "role" in r["c"]:
+        row("(c role) again, in another new session of the role", r["c"]["role"]["makespan"],
+            r["c"]["peak_rss_mb"] or 0, "0", f"{r['c']['state_bytes_moved']:,}")
     if d is not None:
         row("(d) lower bound", d, 0, "")
     print(f"\nimport TensorFlow in (a): {r['a']['import_seconds']:.1f} s; its training alone "
           f"{r['a']['train_seconds']:.1f} s, (a') {r['a2']['train_seconds']:.1f} s. "
           f"(c): first sub-epoch {r['c']['first_visit_after']:.2f} s after the call "
-          f"(warm: {r['c']['warm']['first_visit_after']:.2f} s); median gap between two visits of "
+          f"(warm: {r['c']['warm']['first_visit_after']:.2f} s, role: "
+          f"{r['c'].get('role', {}).get('first_visit_after', float('nan')):.2f} s); median gap between two visits of "
           f"a segment {r['c']['hop_gap_ms']:.1f} ms (warm {r['c']['warm']['hop_gap_ms']:.1f} ms); "
-          f"warm job's weights {'bitwise equal' if r['c']['warm']['same_weights'] else 'DIFFERENT'}.")
+          f"warm job's weights {'bitwise equal' if r['c']['warm']['same_weights'] else 'DIFFERENT'}"
+          f"{'' if 'role' not in r['c'] else ', role job' + chr(39) + 's ' + ('bitwise equal' if r['c']['role']['same_weights'] else 'DIFFERENT')}.")
     print("\nvalidation accuracy per configuration:\n")
     print("| config | hidden | lr | batch | (a) | (a') | (b) | (c) madlib_mop |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|")

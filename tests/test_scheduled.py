@@ -184,6 +184,16 @@ def test_pg_cron_runs_a_nightly_fit_continues_it_after_an_interruption_and_repor
             cron.execute("SELECT cron.unschedule(%s)", (jobs["broken"],))
             first = _wait_for_runs(cron, jobs["fit"], 1)
             assert first[0][0] == "failed"
+            # Paused, while this session trains a job of the same role: its worker sessions
+            # stay idle, kept for the role, and the next firing runs on them.
+            cron.execute("SELECT cron.alter_job(%s, active => false)", (jobs["fit"],))
+            conn.execute("SELECT madlib_mop.madlib_keras_fit_multiple_model('iris_packed', "
+                         "'cron_warm', 'mst', 1)")
+            idle = {pid for pid, in conn.execute(
+                "SELECT pid FROM pg_stat_activity WHERE usename = current_user "
+                "AND application_name = 'madlib_mop idle worker'")}
+            resumed_at = time.time()
+            cron.execute("SELECT cron.alter_job(%s, active => true)", (jobs["fit"],))
             # The next firing continues the same job: no second version is made.  No third
             # firing: moved to January once the second has started (unscheduling would
             # cancel the run under way).
@@ -195,6 +205,10 @@ def test_pg_cron_runs_a_nightly_fit_continues_it_after_an_interruption_and_repor
                 if cron.execute("SELECT 1 FROM cron.job WHERE jobid = %s", (jobid,)).fetchone():
                     cron.execute("SELECT cron.unschedule(%s)", (jobid,))
         assert runs[1] == ("succeeded", "CALL"), runs
+        warm = {pid for pid, in conn.execute(
+            "SELECT DISTINCT (result->>'pid')::int FROM cron_models_mop_visits "
+            "WHERE (result->>'finished_at')::float > %s", (resumed_at,))}
+        assert warm and warm <= idle, (warm, idle)
         assert [r[1:] for r in _jobs_of(conn, "cron_models")] == [("public.cron_models", "finished")]
         assert conn.execute("SELECT count(*) FROM cron_models_info WHERE "
                             "array_length(validation_loss, 1) = 6").fetchone()[0] == 1

@@ -164,10 +164,11 @@ class Adopted:
             except OSError:
                 pass
 
-    def release(self, seconds: int) -> None:
-        """Back to idleness, for `seconds`, kept for the role."""
+    def release(self, seconds: int) -> int:
+        """Back to idleness, for `seconds`, kept for the role: its process id."""
         self._control({"kind": "idle", "seconds": int(seconds)})
         self.channel.close()
+        return self.pid
 
     def end(self) -> None:
         self._control({"kind": "end"})
@@ -216,6 +217,26 @@ def _adopt_one(pid: int, threads: int | None, settings: dict, label: str) -> Ado
         channel.close()
         return None
     return Adopted(pid, channel)
+
+
+def wait_listening(pids: list[int], timeout: float = 2.0) -> None:
+    """Wait until the sessions just handed over listen (they named themselves idle first),
+    or have ended (a call was queued), so that the role's next call, even this session's
+    very next one, finds them."""
+    deadline = time.monotonic() + timeout
+    waiting = [pid for pid in pids if pid]
+    while waiting and time.monotonic() < deadline:
+        waiting = [pid for pid in waiting if not os.path.exists(socket_path(pid)) and _alive(pid)]
+        if waiting:
+            time.sleep(0.005)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
 
 
 # ---- the idle session's side (`_mop_idle`, in the worker's backend) ----

@@ -46,22 +46,23 @@ class LocalWorker(Worker):
         except NoSlot:
             return False
 
-    def idle(self, seconds: int) -> None:
+    def idle(self, seconds: int) -> int | None:
         """Keep the session for this role's next call, from any session: it waits in
         `_mop_idle` (the CALL is sent, and the connection let go: the session outlives it)
-        until adopted, a queued call or `seconds` (then it ends and its slot is free)."""
-        if self._adopted is not None:
-            if self._adopted.usable:
-                self._adopted.release(seconds)
-            self._adopted = None
-            return
+        until adopted, a queued call or `seconds` (then it ends and its slot is free).
+        Its process id, None if there is no session to keep."""
+        adopted, self._adopted = self._adopted, None
+        if adopted is not None:
+            return adopted.release(seconds) if adopted.usable else None
         if self._connection is None or self._connection.closed or self._connection.broken:
-            return
+            return None
+        pid = self._connection.info.backend_pid
         self._connection.pgconn.send_query(
             sql.SQL("CALL {}._mop_idle({})").format(sql.Identifier(self.schema), sql.Literal(int(seconds)))
             .as_bytes(self._connection))
         self._connection.close()
         self._connection = None
+        return pid
 
     def rename(self, label: str) -> None:
         self.label = label
@@ -237,9 +238,12 @@ class LocalEngine(Engine):
         self._idle(workers)
 
     def _idle(self, workers: list[Worker]) -> None:
-        for worker in workers:
-            if isinstance(worker, LocalWorker) and worker.usable:
-                worker.idle(self.idle_seconds)
+        if not self.idle_seconds:  # madlib_mop.worker_idle_seconds = 0: none is kept
+            for worker in workers:
+                worker.close()
+            return
+        idle_workers.wait_listening([worker.idle(self.idle_seconds) for worker in workers
+                                     if isinstance(worker, LocalWorker) and worker.usable])
 
     def inference_workers(self, count: int) -> list[Worker]:
         """Up to `count` sessions of the server's pool (evaluate and predict spread their
