@@ -8,6 +8,10 @@ Workloads (fixed seeds):
   W2  scikit-learn's digits (64 pixels, 10 classes), 8 MLPs, 10 epochs, 20% held out.
   W3  100,000 generated rows (80,000 to train on); 8 MLPs whose per-epoch cost differs by more than 4x (a small and a
       large network, batch 32 and 512): heterogeneous, to show the barrier-free scheduler.
+  W4  CIFAR-10-shaped images (32x32x3, 10 classes; `demo.cifar_shaped_images`, generated: nothing can be downloaded),
+      50,000 rows (40,000 to train on); 8 small ResNets (residual blocks, BatchNormalization, Dropout; 0.27-2.7 M
+      parameters: 2 widths x 2 dense heads x 2 learning rates), 2 epochs.  Its tables are read into NumPy with a
+      binary loader (as Python lists, 40,000 images would take 4 GB per process).
 
 Compared in one run, on the same data and configurations:
   (a) export: read the table into NumPy with psycopg, train the configurations one after
@@ -25,9 +29,9 @@ Compared in one run, on the same data and configurations:
       a new session (its workers import TensorFlow), (c warm) the same job again in that
       session, whose workers have trained before, and (c role) the same job in another new
       session of the role, which adopts the sessions the first one left idle;
-  (d) for W1 and W3, the lower bound max(sum of single-thread times / S, longest one).
+  (d) for W1, W3 and W4, the lower bound max(sum of single-thread times / S, longest one).
 
-    .venv/bin/python bench/bench_mop.py [--segments 2] [--workloads IRIS,W1,W2,W3]
+    .venv/bin/python bench/bench_mop.py [--segments 2] [--workloads IRIS,W1,W2,W3,W4]
 Prints markdown tables; writes bench/results/mop.json and PNG plots.
 """
 
@@ -71,7 +75,13 @@ WORKLOADS = {
            "configs": _configs([(32,), (64, 32)], [0.001, 0.01], [16, 64])},
     "W3": {"data": 100_000, "epochs": 3, "iterations": 1, "frequency": 1,
            "configs": _configs([(16,), (256, 256)], [0.001, 0.01], [32, 512])},
+    # hidden: ("resnet", base filters, dense head units)
+    "W4": {"data": "cifar", "epochs": 2, "iterations": 2, "frequency": 1,
+           "configs": _configs([("resnet", 8, 256), ("resnet", 8, 2560), ("resnet", 16, 128),
+                                ("resnet", 16, 1280)], [0.001, 0.003], [64])},
 }
+BOUNDED = ("W1", "W3", "W4")  # the workloads whose lower bound (d) is measured
+CIFAR_ROWS = 50_000
 
 
 def generated(rows: int, seed: int = 0):
@@ -99,16 +109,56 @@ def iris():
     return data.data[order].astype(np.float32), data.target[order]
 
 
+def cifar():
+    from madlib_mop.tools.demo import cifar_shaped_images
+
+    x, y = cifar_shaped_images(CIFAR_ROWS, 0)
+    return x.reshape(len(x), -1), y
+
+
 def workload_data(workload: dict):
     kind = workload["data"]
-    return iris() if kind == "iris" else digits() if kind == "digits" else generated(kind)
+    return {"iris": iris, "digits": digits, "cifar": cifar}.get(kind, lambda: generated(kind))()
 
 
-def architecture(hidden: list[int], inputs: int, classes: int) -> str:
+def architecture(hidden: list, inputs: int, classes: int) -> str:
     import keras
 
+    if hidden[0] == "resnet":
+        return resnet(hidden[1], hidden[2], inputs, classes)
     layers = [keras.Input((inputs,))] + [keras.layers.Dense(h, activation="relu") for h in hidden]
     return keras.Sequential(layers + [keras.layers.Dense(classes, activation="softmax")]).to_json()
+
+
+def resnet(filters: int, head: int, inputs: int, classes: int) -> str:
+    """A small ResNet on a flat image row: a stride-2 stem, a residual block, a stride-2
+    widening, a second residual block (BatchNormalization after every convolution), then
+    Dropout and a dense head."""
+    import keras
+    from keras import layers
+
+    def conv(x, width, strides=1):
+        x = layers.Conv2D(width, 3, strides=strides, padding="same", use_bias=False)(x)
+        return layers.BatchNormalization()(x)
+
+    def block(x, width):
+        y = conv(layers.Activation("relu")(conv(x, width)), width)
+        return layers.Activation("relu")(layers.Add()([x, y]))
+
+    image = keras.Input((inputs,))
+    x = layers.Reshape((32, 32, 3))(image)
+    x = block(layers.Activation("relu")(conv(x, filters, 2)), filters)
+    x = block(layers.Activation("relu")(conv(x, 2 * filters, 2)), 2 * filters)
+    x = layers.Dense(head, activation="relu")(layers.Dropout(0.3)(layers.Flatten()(x)))
+    return keras.Model(image, layers.Dense(classes, activation="softmax")(x)).to_json()
+
+
+def width(hidden: list) -> float:
+    """Multiply-adds per row and layer pass, roughly: what a configuration's step costs."""
+    if hidden[0] == "resnet":
+        filters, head = hidden[1], hidden[2]
+        return 10_368 * filters ** 2 + 128 * filters * head + 10 * head
+    return 64 + sum(hidden) + 10
 
 
 # ---- (a), (b), (d): training in plain processes --------------------------------------------
@@ -122,12 +172,28 @@ def _set_threads(threads: int | None) -> None:
         tf.config.threading.set_inter_op_parallelism_threads(1)
 
 
-def _read_table(dsn: str, table: str):
-    """What an analyst does first: the table into NumPy, over the network protocol."""
+def _read_table(dsn: str, table: str, binary: bool = False):
+    """What an analyst does first: the table into NumPy, over the network protocol (with
+    `binary`, each real[] straight into a NumPy array)."""
     with psycopg.connect(dsn) as conn:
-        rows = conn.execute(f"SELECT x, y FROM {SCHEMA}.{table} ORDER BY id").fetchall()
+        if binary:
+            conn.adapters.register_loader("_float4", Float4ArrayToNumpy)
+        rows = conn.execute(f"SELECT x, y FROM {SCHEMA}.{table} ORDER BY id", binary=binary).fetchall()
     return (np.asarray([r[0] for r in rows], dtype=np.float32),
             np.asarray([r[1] for r in rows], dtype=np.int64))
+
+
+class Float4ArrayToNumpy(psycopg.adapt.Loader):
+    """A one-dimensional real[] without NULLs, from PostgreSQL's binary array format (a
+    header, then each element as its length and its big-endian value), as float32."""
+
+    format = psycopg.pq.Format.BINARY
+
+    def load(self, data) -> np.ndarray:
+        ndim = int.from_bytes(bytes(data[:4]), "big")
+        header = 12 + 8 * ndim
+        elements = np.frombuffer(data, dtype=[("length", ">i4"), ("value", ">f4")], offset=header)
+        return elements["value"].astype(np.float32)
 
 
 def _train(config: dict, epochs: int, x, y, x_valid, y_valid, loop: str) -> dict:
@@ -170,8 +236,8 @@ def _process(job: dict) -> dict:
     import keras  # noqa: F401  (part of the process's start, as for any Keras script)
 
     imported = time.perf_counter()
-    x, y = _read_table(job["dsn"], job["train"])
-    x_valid, y_valid = _read_table(job["dsn"], job["valid"])
+    x, y = _read_table(job["dsn"], job["train"], job.get("binary", False))
+    x_valid, y_valid = _read_table(job["dsn"], job["valid"], job.get("binary", False))
     read = time.perf_counter() - imported
     results = {i: _train(job["configs"][i], job["epochs"], x, y, x_valid, y_valid,
                          job.get("loop", "fit")) for i in job["indexes"]}
@@ -185,7 +251,7 @@ def balanced_shares(configs: list[dict], rows: int, processes: int) -> list[list
     """The configurations split over processes by estimated cost (steps x the network's
     width), longest first to the least loaded: a fair task-parallel baseline."""
     def cost(config: dict) -> float:
-        return rows / config["batch"] * (64 + sum(config["hidden"]) + 10)
+        return rows / config["batch"] * width(config["hidden"])
 
     loads, shares = [0.0] * processes, [[] for _ in range(processes)]
     for index in sorted(range(len(configs)), key=lambda i: -cost(configs[i])):
@@ -420,7 +486,7 @@ def print_hops(h: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--segments", type=int, default=2)
-    parser.add_argument("--workloads", default="HOPS,IRIS,W1,W2,W3")
+    parser.add_argument("--workloads", default="HOPS,IRIS,W1,W2,W3,W4")
     args = parser.parse_args()
     S, cores = args.segments, os.cpu_count() or 1
     dsn = configured_dsn()
@@ -442,7 +508,8 @@ def main() -> None:
             train_rows, valid_rows = load_workload(conn, name, workload)
             configs = workload["configs"]
             base = {"dsn": dsn, "train": f"{name}_train", "valid": f"{name}_valid",
-                    "configs": configs, "epochs": workload["epochs"]}
+                    "configs": configs, "epochs": workload["epochs"],
+                    "binary": workload["data"] == "cifar"}
             everything = list(range(len(configs)))
             shares = balanced_shares(configs, train_rows, S)
             print(f"{name}: (a) export, one process, Keras' fit ...", flush=True)
@@ -466,7 +533,7 @@ def main() -> None:
                       "b2": {"makespan": max(p["train_seconds"] for p in b2), "processes": b2},
                       "b3": {"makespan": max(p["train_seconds"] for p in b3), "processes": b3},
                       "c": c}
-            if name in ("W1", "W3"):
+            if name in BOUNDED:
                 print(f"{name}: (d) single-thread time of each configuration ...", flush=True)
                 singles = []
                 for i in range(len(configs)):

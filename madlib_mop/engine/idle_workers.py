@@ -48,6 +48,7 @@ from madlib_mop.db import catalog
 from madlib_mop.db.worker_session import FORWARDED_SETTINGS
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.plpy_bridge import renew_pin
+from madlib_mop.runtime import tf_runtime
 
 SOCKET_DIRECTORY = "pgsql_tmp_madlib_mop_idle"  # under the data directory, a backend's cwd
 IDLE_NAME = "madlib_mop idle worker"  # how an idle worker session shows in pg_stat_activity
@@ -325,7 +326,6 @@ def _accept(plpy: Any, listener: socket.socket) -> Channel | None:
         return None
     try:
         header, _ = channel.receive(HANDSHAKE_SECONDS)
-        from madlib_mop.runtime import tf_runtime
         mine, wanted = tf_runtime.configured_threads(), header.get("threads")
         if header["kind"] != "adopt" or (wanted is not None and mine not in (None, wanted)):
             channel.send({"kind": "declined", "threads": mine})

@@ -86,6 +86,30 @@ def load_digits(conn: psycopg.Connection) -> str:
     return f"{DEMO_SCHEMA}.digits"
 
 
+def cifar_shaped_images(rows: int, seed: int, classes: int = 10):
+    """CIFAR-10-shaped images (rows, 32, 32, 3) in [0, 1], float32, and their classes.
+    Nothing can be downloaded here, so the images have structure made for a CNN to learn:
+    each class a smooth colour pattern of its own (products of sine waves, drawn once from
+    a fixed seed), shown moved by up to 4 pixels each way, at a random contrast, under
+    noise (all drawn from `seed`)."""
+    import numpy as np
+
+    waves_rng = np.random.default_rng(1234)
+    grid = np.linspace(0, 2 * np.pi, 32, dtype=np.float32)
+    waves = np.sin(np.outer(grid, waves_rng.uniform(0.5, 3, 3 * classes)) +
+                   waves_rng.uniform(0, np.pi, 3 * classes)).astype(np.float32)
+    patterns = np.stack([np.stack([np.outer(waves[:, 3 * c + k], waves[::-1, 3 * c + (k + 1) % 3])
+                                   for k in range(3)], axis=-1) for c in range(classes)])
+    moves = [(dy, dx) for dy in range(-4, 5) for dx in range(-4, 5)]
+    moved = np.stack([np.roll(patterns, move, axis=(1, 2)) for move in moves], axis=1)
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, classes, rows)
+    images = moved[labels, rng.integers(0, len(moves), rows)]
+    images *= rng.uniform(0.3, 1.0, (rows, 1, 1, 1)).astype(np.float32)
+    images += rng.standard_normal((rows, 32, 32, 3), dtype=np.float32)
+    return np.clip((images + 3) / 6, 0, 1), labels
+
+
 def _layer(class_name: str, **config) -> dict:
     return {"class_name": class_name, "config": config}
 
