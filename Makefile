@@ -182,6 +182,7 @@ bench: install db-start
 	$(PY) bench/bench_caching.py
 	$(PY) bench/bench_hop.py
 	$(PY) bench/bench_coordinator.py
+	$(PY) bench/bench_big_table.py
 
 clean:
 	-@$(PGXS_MAKE) clean

@@ -177,7 +177,7 @@ def _read_table(dsn: str, table: str, binary: bool = False):
     `binary`, each real[] straight into a NumPy array)."""
     with psycopg.connect(dsn) as conn:
         if binary:
-            conn.adapters.register_loader("_float4", Float4ArrayToNumpy)
+            conn.adapters.register_loader(psycopg.postgres.types["float4"].array_oid, Float4ArrayToNumpy)
         rows = conn.execute(f"SELECT x, y FROM {SCHEMA}.{table} ORDER BY id", binary=binary).fetchall()
     return (np.asarray([r[0] for r in rows], dtype=np.float32),
             np.asarray([r[1] for r in rows], dtype=np.int64))
@@ -612,16 +612,19 @@ def print_workload(name: str, workload: dict, r: dict, S: int) -> None:
 def print_summary(report: dict) -> None:
     """The targets' ratios, one line per workload."""
     print("\n### Summary (makespans in s, ratios from this run)\n")
-    print("| workload | (a) | (a') | (b') | (b'') | (d) | (c) | (c warm) | (c) / (a) | (c warm) / (a) | "
-          "(c) / (b') | (c warm) / (b') | (c warm) / (b'') | (c) / (d) | (c warm) / (d) |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| workload | (a) | (a') | (b') | (b'') | (d) | (c) | (c warm) | (c role) | (c) / (a) | "
+          "(c warm) / (a) | (c) / (a') | (c warm) / (a') | (c) / (b') | (c warm) / (b') | (c) / (b'') | "
+          "(c warm) / (b'') | (c) / (d) | (c warm) / (d) |")
+    print("|---|" + "---:|" * 18)
     for name, r in report["workloads"].items():
         a, a2, b2, b3 = (r[k]["makespan"] for k in ("a", "a2", "b2", "b3"))
         c, warm = r["c"]["makespan"], r["c"]["warm"]["makespan"]
+        role = r["c"].get("role", {}).get("makespan")
         d = r.get("d", {}).get("bound")
         bound = ("", "", "") if d is None else (f"{d:.1f}", f"{c / d:.2f}", f"{warm / d:.2f}")
         print(f"| {name} | {a:.1f} | {a2:.1f} | {b2:.1f} | {b3:.1f} | {bound[0]} | {c:.1f} | "
-              f"{warm:.1f} | {c / a:.2f} | {warm / a:.2f} | {c / b2:.2f} | {warm / b2:.2f} | "
+              f"{warm:.1f} | {'' if role is None else f'{role:.1f}'} | {c / a:.2f} | {warm / a:.2f} | "
+              f"{c / a2:.2f} | {warm / a2:.2f} | {c / b2:.2f} | {warm / b2:.2f} | {c / b3:.2f} | "
               f"{warm / b3:.2f} | {bound[1]} | {bound[2]} |")
     if "hops" in report:
         h = report["hops"]

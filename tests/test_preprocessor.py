@@ -126,6 +126,24 @@ def test_same_seed_same_packing(conn, data):
     assert a == b and a != c
 
 
+def test_a_table_larger_than_the_packing_memory_is_packed_in_waves(conn, data):
+    """madlib_mop.preprocessor_memory_mb bounds the rows a packing holds: a table larger than
+    that is packed in several waves (here 10,000 rows of 256 bytes in 1 MB: 3 waves of
+    whole buffers), into the same buffers as in one wave."""
+    _drop(conn, "wide", "one_wave", "waves")
+    conn.execute("CREATE TABLE wide AS SELECT i AS id, ARRAY(SELECT ((i * j) % 17)::real "
+                 "FROM generate_series(1, 64) j) AS x, i % 10 AS y FROM generate_series(1, 10000) i")
+    _call(conn, "training_preprocessor_dl", "wide", "one_wave", "y", "x", 1000, distribution_rules="2")
+    conn.execute("SET madlib_mop.preprocessor_memory_mb = 1")
+    try:
+        _call(conn, "training_preprocessor_dl", "wide", "waves", "y", "x", 1000, distribution_rules="2")
+    finally:
+        conn.execute("RESET madlib_mop.preprocessor_memory_mb")
+    one, waves = (conn.execute(sql.SQL("SELECT buffer_id, __dist_key__, x, y FROM {} ORDER BY 1")
+                               .format(sql.Identifier(t))).fetchall() for t in ("one_wave", "waves"))
+    assert len(one) == 10 and one == waves
+
+
 def test_several_feature_columns_are_madlibs_multi_input_and_refused(conn, data):
     """MADlib reads 'a, b' as the inputs of a multi-input model: refused, with the view
     that gives one input made of the columns."""

@@ -76,9 +76,9 @@ def write_buffers(plpy: Any, reader: SourceReader, table_name: str, rows: int,
     and gives (buffer layout, a function writing one buffer's row, buffer size)."""
     label, layout, feature_shape, write = encoding.label, None, None, None
     class_index = {value: i for i, value in enumerate(label.class_values)}
-    wave_start = 0
+    wave_start, wave_rows = 0, None  # wave_rows: set at the first chunk, for every wave
     while wave_start < rows:
-        wave_rows, wave_x, wave_y, seen = None, None, None, 0
+        wave_x, wave_y, seen = None, None, 0
         for chunk_x, chunk_y in reader.chunks():
             n = chunk_x.shape[0]
             if feature_shape is None:
