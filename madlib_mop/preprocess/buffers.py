@@ -78,7 +78,8 @@ def write_buffers(plpy: Any, reader: SourceReader, table_name: str, rows: int,
     class_index = {value: i for i, value in enumerate(label.class_values)}
     wave_start, wave_rows = 0, None  # wave_rows: set at the first chunk, for every wave
     while wave_start < rows:
-        wave_x, wave_y, seen = None, None, 0
+        wave_x = wave_y = None  # the last wave's rows are let go before the next is allocated
+        seen = 0
         for chunk_x, chunk_y in reader.chunks():
             n = chunk_x.shape[0]
             if feature_shape is None:
@@ -113,20 +114,28 @@ def write_buffers(plpy: Any, reader: SourceReader, table_name: str, rows: int,
                                  sqlstate=errors.DATA_EXCEPTION,
                                  detail=f"Counted {rows} rows, then read {seen}.",
                                  hint="Pack a table that is not being written to.")
-        for buffer in layout:
-            if wave_start <= buffer.start < wave_stop:
-                x = wave_x[buffer.start - wave_start: buffer.stop - wave_start]
-                y = wave_y[buffer.start - wave_start: buffer.stop - wave_start]
-                if encoding.normalizing_const != 1.0:
-                    x = x / np.float32(encoding.normalizing_const)
-                if label.as_codes:
-                    y = packing.one_hot(y, encoding.classes).astype("<i2")
-                elif label.one_hot:
-                    y = y.astype("<i2")
-                write([x.astype("<f4").tobytes(), y.tobytes(), [buffer.rows, *feature_shape],
-                       list(y.shape), buffer.buffer_id, buffer.segment])
+        _write_wave(layout, wave_start, wave_stop, wave_x, wave_y, encoding, feature_shape, write)
         wave_start = wave_stop
     return Packed.of(layout, feature_shape)
+
+
+def _write_wave(layout: list, wave_start: int, wave_stop: int, wave_x: np.ndarray,
+                wave_y: np.ndarray, encoding: Encoding, feature_shape: tuple, write) -> None:
+    """Write the wave's buffers.  (A function of its own: no view into the wave outlives
+    it, so the next wave is not allocated while this one is still held.)"""
+    label = encoding.label
+    for buffer in layout:
+        if wave_start <= buffer.start < wave_stop:
+            x = wave_x[buffer.start - wave_start: buffer.stop - wave_start]
+            y = wave_y[buffer.start - wave_start: buffer.stop - wave_start]
+            if encoding.normalizing_const != 1.0:
+                x = x / np.float32(encoding.normalizing_const)
+            if label.as_codes:
+                y = packing.one_hot(y, encoding.classes).astype("<i2")
+            elif label.one_hot:
+                y = y.astype("<i2")
+            write([x.astype("<f4").tobytes(), y.tobytes(), [buffer.rows, *feature_shape],
+                   list(y.shape), buffer.buffer_id, buffer.segment])
 
 
 def _wave_stop(layout: list, wave_start: int, wave_rows: int) -> int:
