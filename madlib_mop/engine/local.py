@@ -189,6 +189,10 @@ class LocalEngine(Engine):
         return workers + self._free_slots(segments - len(workers), len(workers), "madlib_mop worker")
 
     def _adopted(self, count: int, threads: int | None, label: str) -> list[Worker]:
+        """This role's idle sessions, unless calls wait for slots: they go first (the idle
+        sessions then end and give theirs back), as for free slots."""
+        if count <= 0 or server_pool.waiting_calls(self.plpy):
+            return []
         labels = [f"{label} {index}" for index in range(count)]
         return [LocalWorker(self.conninfo, self.schema, index, labels[index], self.cap, adopted)
                 for index, adopted in enumerate(
