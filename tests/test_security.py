@@ -164,6 +164,15 @@ def test_an_idle_worker_serves_only_its_role(extension_dsn, roles):
         assert used and not used & set(idle)
 
 
+def test_a_session_cannot_make_itself_an_idle_worker(extension_dsn, roles):
+    """_mop_idle serves only worker sessions of the pool: a session of its own (no slot)
+    would serve its role's calls outside the cap, or as the role SET ROLE chose."""
+    with _as(extension_dsn, roles["alice"]) as conn:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege) as caught:
+            conn.execute("CALL madlib_mop._mop_idle(1)")
+        assert "worker session of the server's pool" in caught.value.diag.message_primary
+
+
 @pytest.mark.parametrize("setting", [
     "user=postgres", "dbname=postgres", "options='-c role=postgres'",
     "options='-c search_path=evil,pg_catalog'", "host=127.0.0.1", "hostaddr=127.0.0.1",

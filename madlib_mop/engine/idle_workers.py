@@ -44,6 +44,7 @@ from typing import Any
 
 import psycopg
 
+from madlib_mop import __version__
 from madlib_mop.db import catalog
 from madlib_mop.db.worker_session import FORWARDED_SETTINGS
 from madlib_mop.errors import MadlibMopError
@@ -55,6 +56,9 @@ IDLE_NAME = "madlib_mop idle worker"  # how an idle worker session shows in pg_s
 HANDSHAKE_SECONDS = 5.0
 LOOK_SECONDS = 0.2  # how often an idle session looks at the queue and commits
 WORKER_FUNCTION = re.compile(r"_mop_[a-z_]+")
+# pg_stat_activity is read once per transaction and then kept: looks that must see
+# sessions of the last moments clear it first.
+FRESH = "SELECT pg_catalog.pg_stat_clear_snapshot()"
 # The idle sessions a call of this role may adopt, oldest first.
 IDLE_SESSIONS = ("SELECT pid FROM pg_catalog.pg_stat_activity WHERE application_name = $1 "
                  "AND usename = current_user AND datname = pg_catalog.current_database() "
@@ -157,13 +161,14 @@ class Adopted:
             self.channel.close()
 
     def cancel(self) -> None:
-        """What pg_cancel_backend does, sent while the session is ours (it holds our socket,
-        so the process id is still its own)."""
-        if not self.channel.closed:
-            try:
+        """What pg_cancel_backend does, sent while the session is ours: it holds our socket,
+        which has neither closed nor brought an answer yet (a session that ended has closed
+        it, so its process id is not signalled once it may be another's)."""
+        try:
+            if not self.channel.closed and not self.channel.connection.poll(0):
                 os.kill(self.pid, signal.SIGINT)
-            except OSError:
-                pass
+        except OSError:
+            pass
 
     def release(self, seconds: int) -> int:
         """Back to idleness, for `seconds`, kept for the role: its process id."""
@@ -187,6 +192,7 @@ def adopt(plpy: Any, count: int, threads: int | None, settings: dict[str, str | 
     `settings`."""
     if count <= 0:
         return []
+    plpy.execute(FRESH)
     plan = plpy.prepare(IDLE_SESSIONS, ["text"])
     adopted: list[Adopted] = []
     for row in plpy.execute(plan, [IDLE_NAME]):
@@ -209,7 +215,8 @@ def _adopt_one(pid: int, threads: int | None, settings: dict, label: str) -> Ado
         return None
     channel = Channel(sock)
     try:
-        channel.send({"kind": "adopt", "threads": threads, "settings": settings, "label": label})
+        channel.send({"kind": "adopt", "version": __version__, "threads": threads,
+                      "settings": settings, "label": label})
         header, _ = channel.receive(HANDSHAKE_SECONDS)
     except ChannelClosed:
         channel.close()
@@ -314,6 +321,7 @@ def _accept(plpy: Any, listener: socket.socket) -> Channel | None:
         return None
     pid, _, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                                      struct.calcsize("3i")))
+    plpy.execute(FRESH)  # the adopter may have started since this loop's last look
     # A backend whose login role may act as this session's role (a member of it: the
     # role itself, or one that may SET ROLE to it), on this database.
     same = plpy.execute(plpy.prepare(
@@ -327,14 +335,17 @@ def _accept(plpy: Any, listener: socket.socket) -> Channel | None:
     try:
         header, _ = channel.receive(HANDSHAKE_SECONDS)
         mine, wanted = tf_runtime.configured_threads(), header.get("threads")
-        if header["kind"] != "adopt" or (wanted is not None and mine not in (None, wanted)):
+        if header["kind"] != "adopt" or header.get("version") != __version__ or (
+                wanted is not None and mine not in (None, wanted)):
             channel.send({"kind": "declined", "threads": mine})
             channel.close()
             return None
-        for name in FORWARDED_SETTINGS:
+        for name in FORWARDED_SETTINGS:  # the adopter's values; '' where it has none
             plpy.execute(plpy.prepare("SELECT pg_catalog.set_config($1, $2, false)", ["text", "text"]),
-                         [name, header["settings"].get(name)])
+                         [name, header["settings"].get(name) or ""])
         _named(plpy, header["label"])
+        plpy.commit()  # kept whatever the first call does (a rollback would undo them)
+        renew_pin(plpy)
         channel.send({"kind": "adopted"})
     except ChannelClosed:
         channel.close()
@@ -353,6 +364,8 @@ def _serve(plpy: Any, schema: str, channel: Channel) -> int | None:
     plans: dict[str, Any] = {}
     try:
         while True:
+            while not _arrived(channel):
+                plpy.execute("SELECT 1")  # a terminate or cancel of this session acts here
             try:
                 header, blobs = channel.receive()
             except ChannelClosed:
@@ -371,6 +384,14 @@ def _serve(plpy: Any, schema: str, channel: Channel) -> int | None:
         return None
     finally:
         channel.close()
+
+
+def _arrived(channel: Channel) -> bool:
+    """A message (or the end) came within a second."""
+    try:
+        return channel.connection.poll(1.0)
+    except OSError:
+        return True
 
 
 def _run(plpy: Any, schema: str, plans: dict, function: str, args: list) -> dict:
@@ -399,7 +420,8 @@ def _plan(plpy: Any, schema: str, function: str, count: int) -> Any:
         return None
     types = plpy.execute(plpy.prepare(
         "SELECT p.proargtypes::regtype[]::text[] AS types FROM pg_catalog.pg_proc p "
-        "JOIN pg_catalog.pg_extension e ON e.extnamespace = p.pronamespace "
+        "JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_proc'::regclass AND d.objid = p.oid "
+        "AND d.deptype = 'e' JOIN pg_catalog.pg_extension e ON e.oid = d.refobjid "
         "WHERE e.extname = 'madlib_mop' AND p.proname = $1 AND p.pronargs = $2", ["text", "int4"]),
         [function, count])
     if len(types) != 1:

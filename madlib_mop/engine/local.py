@@ -56,13 +56,20 @@ class LocalWorker(Worker):
             return adopted.release(seconds) if adopted.usable else None
         if self._connection is None or self._connection.closed or self._connection.broken:
             return None
-        pid = self._connection.info.backend_pid
-        self._connection.pgconn.send_query(
-            sql.SQL("CALL {}._mop_idle({})").format(sql.Identifier(self.schema), sql.Literal(int(seconds)))
-            .as_bytes(self._connection))
-        self._connection.close()
-        self._connection = None
-        return pid
+        connection, self._connection = self._connection, None
+        try:
+            pid = connection.info.backend_pid
+            # Off before the hand-over: the connection is let go at once, and a check armed
+            # at the CALL's start could end the session before `_mop_idle` turns it off.
+            connection.execute("SET client_connection_check_interval = 0")
+            connection.pgconn.send_query(
+                sql.SQL("CALL {}._mop_idle({})").format(sql.Identifier(self.schema),
+                                                        sql.Literal(int(seconds))).as_bytes(connection))
+            return pid
+        except psycopg.Error:  # a session in no state to be kept: it ends
+            return None
+        finally:
+            connection.close()
 
     def rename(self, label: str) -> None:
         self.label = label
@@ -137,8 +144,9 @@ class LocalWorker(Worker):
                                 first_block, last_block, weights)[0])
 
     def cancel(self) -> None:
-        if self._adopted is not None:
-            self._adopted.cancel()
+        adopted = self._adopted  # (another thread may let it go meanwhile)
+        if adopted is not None:
+            adopted.cancel()
         elif self._connection is not None and not self._connection.closed:
             try:
                 self._connection.cancel_safe()
@@ -191,6 +199,7 @@ class LocalEngine(Engine):
     def _adopted(self, count: int, threads: int | None, label: str) -> list[Worker]:
         """This role's idle sessions, unless calls wait for slots: they go first (the idle
         sessions then end and give theirs back), as for free slots."""
+        self.plpy.execute(idle_workers.FRESH)
         if count <= 0 or server_pool.waiting_calls(self.plpy):
             return []
         labels = [f"{label} {index}" for index in range(count)]

@@ -189,5 +189,13 @@ def wait_in_queue(plpy: Any, conninfo: str, schema_name: str, job_id: int | None
 def idle(plpy: Any, seconds: float, can_commit: bool = False) -> None:
     """An idle worker session's wait (`_mop_idle`, in the worker): kept for its role, it
     serves the role's calls that adopt it, and ends, giving its slot back, as soon as a
-    call waits for a slot, or after `seconds` idle (`engine.idle_workers`)."""
+    call waits for a slot, or after `seconds` idle (`engine.idle_workers`).  Only a worker
+    session of the pool (it holds a slot) as its own login role may be one: any other
+    session would serve its role's calls outside the cap, or as a role SET ROLE chose."""
+    row = plpy.execute(f"SELECT current_user = session_user AS own, EXISTS (SELECT 1 {SLOT_LOCKS} "
+                       "AND l.pid = pg_catalog.pg_backend_pid()) AS slot")[0]
+    if not (row["own"] and row["slot"]):
+        raise MadlibMopError("_mop_idle runs only in a worker session of the server's pool",
+                             sqlstate=errors.INSUFFICIENT_PRIVILEGE,
+                             hint="The extension calls it when a job's worker sessions are idle.")
     idle_workers.wait(plpy, seconds, can_commit)
