@@ -95,6 +95,11 @@ def _fit(conn, out, iterations=3):
     conn.execute("SELECT madlib_keras_fit_multiple_model('iris_packed', %s, 'mst', %s)", (out, iterations))
 
 
+def _kept_decoded(conn, out):
+    return {r[0] for r in conn.execute(sql.SQL("SELECT DISTINCT (result->>'in_memory')::bool FROM {}")
+                                       .format(sql.Identifier(f"{out}_mop_visits")))}
+
+
 def _pids(conn, out):
     return {r[0] for r in conn.execute(sql.SQL("SELECT DISTINCT (result->>'pid')::int FROM {}").format(
         sql.Identifier(f"{out}_mop_visits")))}
@@ -185,9 +190,10 @@ def test_a_roles_next_job_starts_warm_from_another_session(data):
     with connect(dsn) as admin:
         _no_slots_held(admin)
         with _as(dsn, analyst) as first:
+            first.execute("SET madlib_mop.worker_memory_mb = 0")  # keep no buffers decoded
             _fit(first, "warm_first")
             opened = _pids(first, "warm_first")
-        assert len(opened) == 2
+        assert len(opened) == 2 and _kept_decoded(admin, "warm_first") == {False}
         idle = {pid for pid, in admin.execute(
             "SELECT pid FROM pg_stat_activity WHERE usename = %s AND application_name = "
             "'madlib_mop idle worker'", (analyst,))}
@@ -196,6 +202,8 @@ def test_a_roles_next_job_starts_warm_from_another_session(data):
             _fit(second, "warm_second")
             assert _pids(second, "warm_second") == opened
             assert _weights(second, "warm_second") == _weights(admin, "reference")
+        # The settings are the adopting call's, not those of the session that opened them.
+        assert _kept_decoded(admin, "warm_second") == {True}
         # A job of another role gets sessions of its own, not this role's idle ones.
         _fit(admin, "other_role")
         assert not _pids(admin, "other_role") & opened
