@@ -26,6 +26,7 @@ from pathlib import Path
 
 import psycopg
 
+from bench_mop import end_idle_workers
 from madlib_mop.tools.demo import ensure_extension
 from madlib_mop.tools.embedded import configured_dsn
 
@@ -112,13 +113,6 @@ def pack(dsn: str, schema: str, rows: int, segments: int) -> dict:
             "ctas_seconds": ctas, "own_mb_before": before, "own_peak_mb": after["RssAnon"],
             "shared_peak_mb": after["RssShmem"],
             }
-
-
-def end_idle_workers(conn: psycopg.Connection) -> None:
-    idle = "FROM pg_stat_activity WHERE usename = current_user AND application_name = 'madlib_mop idle worker'"
-    conn.execute(f"SELECT pg_terminate_backend(pid) {idle}")
-    while conn.execute(f"SELECT count(*) {idle}").fetchone()[0]:
-        time.sleep(0.1)
 
 
 def train(dsn: str, schema: str, packed: str, out: str, memory_mb: int) -> dict:

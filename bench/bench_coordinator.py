@@ -134,20 +134,9 @@ class ScanningDispatcher(schedule.Dispatcher):
     """The Dispatcher as it was until 0.8.0: for a free segment, a scan of every model for
     those due on it (the same rule and the same decisions as the index of due models)."""
 
-    def next_visit(self, segment: int) -> tuple[int, int] | None:
-        known = [p.seconds for p in self.progress.values() if p.seconds is not None]
-        default = sum(known) / len(known) if known else 1.0
-        candidates = [(-p.priority, -(self.total[m] - p.done) * (p.seconds or default), p.done, m)
-                      for m, p in self.progress.items()
-                      if not p.busy and not p.held and p.done < self.total[m]
-                      and self.planned(m, p.done)[2] == segment]
-        if not candidates:
-            return None
-        model = min(candidates)[-1]
-        self.progress[model].busy = True
-        self._unindex(model)
-        self.busy_segments.add(segment)
-        return model, self.progress[model].done
+    def _due(self, segment: int) -> list[int]:
+        return [m for m in self.progress if self.dispatchable(m)
+                and self.planned(m, self.progress[m].done)[2] == segment]
 
 
 class CerebroRandom:

@@ -294,7 +294,7 @@ def run_mop(dsn: str, name: str, workload: dict, segments: int) -> dict:
         conn.execute(f"SELECT validation_preprocessor_dl('{name}_valid', '{name}_vpacked', 'y', 'x', "
                      f"'{name}_packed')")
     with _session(dsn) as conn:
-        _end_idle_workers(conn)  # (c) starts cold: no idle session of this role to adopt
+        end_idle_workers(conn)  # (c) starts cold: no idle session of this role to adopt
         result = _run_fit(conn, dsn, name, "fit", workload, segments)
         warm = _run_fit(conn, dsn, name, "fit2", workload, segments)
     with _session(dsn) as conn:  # the role's idle sessions, adopted by another session
@@ -305,7 +305,7 @@ def run_mop(dsn: str, name: str, workload: dict, segments: int) -> dict:
     return result
 
 
-def _end_idle_workers(conn) -> None:
+def end_idle_workers(conn) -> None:
     """End this role's idle worker sessions (kept for its next call) and wait until gone."""
     idle = "FROM pg_stat_activity WHERE usename = current_user AND application_name = 'madlib_mop idle worker'"
     conn.execute(f"SELECT pg_terminate_backend(pid) {idle}")

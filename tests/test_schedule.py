@@ -175,14 +175,9 @@ def test_a_held_model_is_not_dispatched_until_released():
 
 
 def _scanned_choice(dispatcher, segment):
-    """The dispatch rule by a scan of every model (what the index of due models serves)."""
-    known = [p.seconds for p in dispatcher.progress.values() if p.seconds is not None]
-    default = sum(known) / len(known) if known else 1.0
-    candidates = [(-p.priority, -(dispatcher.total[m] - p.done) * (p.seconds or default), p.done, m)
-                  for m, p in dispatcher.progress.items()
-                  if not p.busy and not p.held and p.done < dispatcher.total[m]
-                  and dispatcher.planned(m, p.done)[2] == segment]
-    return min(candidates)[-1] if candidates else None
+    """The dispatch rule over a scan of every model (what the index of due models serves)."""
+    return dispatcher.choose([m for m in dispatcher.progress if dispatcher.dispatchable(m)
+                              and dispatcher.planned(m, dispatcher.progress[m].done)[2] == segment])
 
 
 def test_the_index_of_due_models_chooses_as_a_scan_of_every_model_would():

@@ -30,6 +30,7 @@ from madlib_mop.preprocess.source import feature_columns
 from madlib_mop.grammar import model_config
 from madlib_mop.job import temporary
 from madlib_mop.runtime import keras_json
+from madlib_mop.runtime.tf_runtime import worker_threads
 from madlib_mop.segment.models import ModelRef, build, trained_models
 from madlib_mop.errors import MadlibMopError
 
@@ -306,7 +307,7 @@ def _predict_into(plpy, ref: ModelRef, test_table, id_col, independent_varname, 
                                   "SELECT from the view).")
     workers = max(1, min(_worker_count(plpy), int(blocks) or 1))
     step = -(-int(blocks) // workers) if blocks else 1
-    task["threads"] = max(1, (os.cpu_count() or 1) // workers)
+    task["threads"] = worker_threads(workers)
     try:
         _run_parallel(plpy, [lambda worker, w=w: worker.predict_blocks(task, w * step, (w + 1) * step,
                                                                         weights)
@@ -325,7 +326,7 @@ def _predict_where_it_lies(plpy: Any, lying: dict, task: dict, weights: bytes, o
     schema = catalog.extension_schema(plpy)
     target = sql.Identifier(out.schema, out.name)
     parts = [(server, dict(task, source=table, output=["pg_temp", "madlib_mop_predictions"],
-                           threads=max(1, (os.cpu_count() or 1) // len(lying))))
+                           threads=worker_threads(len(lying))))
              for server, tables in ((p.server, p.tables) for p in lying.values())
              for table in tables]
 

@@ -101,11 +101,15 @@ class Dispatcher:
     def _index(self, model: int) -> None:
         """The model among those due on its next segment, if it may be dispatched now."""
         self._unindex(model)
-        p = self.progress[model]
-        if not p.busy and not p.held and p.done < self.total[model]:
-            segment = self.planned(model, p.done)[2]
+        if self.dispatchable(model):
+            segment = self.planned(model, self.progress[model].done)[2]
             self.due[segment].add(model)
             self._due_on[model] = segment
+
+    def dispatchable(self, model: int) -> bool:
+        """Idle, not held, and with planned visits left."""
+        p = self.progress[model]
+        return not p.busy and not p.held and p.done < self.total[model]
 
     def _unindex(self, model: int) -> None:
         segment = self._due_on.pop(model, None)
@@ -122,20 +126,32 @@ class Dispatcher:
         planned segment is this one."""
         if segment in self.busy_segments:
             raise ValueError(f"segment {segment} is busy")
-        due = [(model, self.progress[model]) for model in self.due[segment]]
-        if not due:
+        model = self.choose(self._due(segment))
+        if model is None:
             return None
-        default = 1.0
-        if any(not p.seconds for _, p in due):  # a model not timed yet: the others' mean
-            known = [p.seconds for p in self.progress.values() if p.seconds is not None]
-            default = sum(known) / len(known) if known else 1.0
-        candidates = [(-p.priority, -(self.total[model] - p.done) * (p.seconds or default), p.done, model)
-                      for model, p in due]
-        *_, model = min(candidates)  # the highest priority, then the most work left
         self.progress[model].busy = True
         self._unindex(model)
         self.busy_segments.add(segment)
         return model, self.progress[model].done
+
+    def _due(self, segment: int):
+        """The models due on `segment` that may be dispatched now (the index's)."""
+        return self.due[segment]
+
+    def choose(self, due) -> int | None:
+        """Among the models due on a segment: the highest priority, then the most work left
+        (sub-epochs left x the model's observed time; a model not timed yet counts the
+        others' mean), then the fewest done, then the lowest key."""
+        due = [(model, self.progress[model]) for model in due]
+        if not due:
+            return None
+        default = 1.0
+        if any(not p.seconds for _, p in due):
+            known = [p.seconds for p in self.progress.values() if p.seconds is not None]
+            default = sum(known) / len(known) if known else 1.0
+        *_, model = min((-p.priority, -(self.total[model] - p.done) * (p.seconds or default), p.done, model)
+                        for model, p in due)
+        return model
 
     def finish(self, model: int, segment: int, seconds: float | None = None) -> int:
         """The model's visit to the segment succeeded (in `seconds`); returns its completed
