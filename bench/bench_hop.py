@@ -16,6 +16,9 @@ and out of the worker, restoring it and reading it out.  Beside it:
     target = 5 ms per MB of state + 10 ms
 
     .venv/bin/python bench/bench_hop.py [--sizes 1,10,100,1000] [--iterations 3]
+
+The last column is the peak resident memory of the job's busiest worker session (VmHWM;
+TensorFlow's runtime, about 0.9 GB, included): it runs on the server's machine.
 """
 
 from __future__ import annotations
@@ -31,15 +34,16 @@ from datetime import date
 import numpy as np
 import psycopg
 
+from bench_mop import end_idle_workers
 from madlib_mop.tools.demo import ensure_extension
 from madlib_mop.tools.embedded import configured_dsn
 
 SCHEMA = "madlib_mop_bench_hop"
 FEATURES, CLASSES, ROWS = 64, 10, 400
 ADAM_COPIES = 3  # weights, first and second moments (float32 each)
-# A visit's timings (its record's seconds): the state from the store, into the model, the
-# training, out of the model, to its hop file.
-TIMINGS = ("load", "restore", "train", "save", "keep")
+# A visit's timings (its record's seconds): the state from the store (its hop file mapped),
+# into the model, the training, out of the model into its hop file.
+TIMINGS = ("load", "restore", "train", "save")
 
 
 def hidden_units(megabytes: float) -> int:
@@ -99,6 +103,7 @@ def run_size(conn: psycopg.Connection, megabytes: float, iterations: int) -> dic
     conn.execute(f"SELECT load_keras_model('{SCHEMA}.arch', %s::json)", (architecture(hidden),))
     model_id = conn.execute(f"SELECT max(model_id) FROM {SCHEMA}.arch").fetchone()[0]
     out = f"hop_{str(megabytes).replace('.', '_')}"
+    end_idle_workers(conn)  # new workers: their peak RSS is this job's
     started = time.perf_counter()
     try:
         conn.execute(f"SELECT madlib_keras_fit('{SCHEMA}.packed', '{SCHEMA}.{out}', '{SCHEMA}.arch', %s, "
@@ -106,7 +111,24 @@ def run_size(conn: psycopg.Connection, megabytes: float, iterations: int) -> dic
                      "metrics=['accuracy']$$, 'batch_size=100, epochs=1', %s)", (model_id, iterations))
     except psycopg.Error as error:
         return {"hidden": hidden, "error": f"{error.diag.sqlstate} {str(error).splitlines()[0][:60]}"}
-    return {"hidden": hidden, "seconds": time.perf_counter() - started, "hops": hops(conn, out)}
+    seconds = time.perf_counter() - started
+    pids = [pid for (pid,) in conn.execute(
+        f"SELECT DISTINCT (result->>'pid')::int FROM {SCHEMA}.{out}_mop_visits")]
+    return {"hidden": hidden, "seconds": seconds, "hops": hops(conn, out),
+            "peak_mb": max(peak_rss_mb(pid) for pid in pids)}
+
+
+def peak_rss_mb(pid: int) -> float:
+    """A live process's peak resident memory (VmHWM), MB; 0 if it is gone (the bench runs on
+    the server's machine)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
 
 
 def main() -> None:
@@ -137,8 +159,9 @@ def main() -> None:
     print(f"\nHop overhead, {date.today()}, {platform.machine()} with {os.cpu_count()} cores; "
           f"1 model (Adam), {ROWS} rows in 2 segments, {args.iterations} iterations; "
           "ms per hop, mean (max) over the sub-epochs after the first\n")
-    print("| state | hidden | hop overhead | load | restore | training | read out | hop file "
-          "| bound (2 copies + durable write) | target (5 ms/MB + 10) | overhead / target | job |")
+    print("| state | hidden | hop overhead | load | restore | training | read out into the hop file "
+          "| bound (2 copies + durable write) | target (5 ms/MB + 10) | overhead / target | job "
+          "| worker's peak RSS |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for size, result in results.items():
         size_bytes = int(size * 1e6)
@@ -146,8 +169,8 @@ def main() -> None:
         target = (5 * size + 10) / 1000
         label = f"{size:g} MB"
         if "error" in result:
-            print(f"| {label} | {result['hidden']} | fails: {result['error']} | | | | | "
-                  f"| {bound * 1000:.0f} | {target * 1000:.0f} | | |")
+            print(f"| {label} | {result['hidden']} | fails: {result['error']} | | | | "
+                  f"| {bound * 1000:.0f} | {target * 1000:.0f} | | | |")
             continue
         measured = result["hops"]
 
@@ -158,7 +181,7 @@ def main() -> None:
         print(f"| {label} | {result['hidden']} | {ms('overhead')} | "
               + " | ".join(ms(key) for key in TIMINGS)
               + f" | {bound * 1000:.0f} | {target * 1000:.0f} | {overhead / target:.2f} "
-              f"| {result['seconds']:.1f} s |")
+              f"| {result['seconds']:.1f} s | {result['peak_mb']:,.0f} MB |")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ part fails, the output table is dropped: nothing half-written is left.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import gc
 import json
 import math
 import os
@@ -28,7 +30,7 @@ from madlib_mop.engine.local import LocalEngine
 from madlib_mop.engine.pool import run_all
 from madlib_mop.preprocess.source import feature_columns
 from madlib_mop.grammar import model_config
-from madlib_mop.job import temporary
+from madlib_mop.job import outputs, temporary
 from madlib_mop.runtime import keras_json
 from madlib_mop.runtime.tf_runtime import worker_threads
 from madlib_mop.segment.models import ModelRef, build, trained_models
@@ -62,6 +64,27 @@ def _worker_count(plpy: Any) -> int:
     return max(1, min(wanted, settings.worker_session_limit(plpy)))
 
 
+# Weights above this size are not sent with each predict call to workers that can read the
+# model table themselves.
+SHIPPED_WEIGHTS_BYTES = 64 * 1024 * 1024
+
+
+def _too_big_to_ship(refs: list[ModelRef]) -> bool:
+    """Weights too big for one value of a call (`job.outputs`): only workers of this server
+    that read them from the model table themselves can use them."""
+    return any(len(r.weights) > outputs.WEIGHTS_VALUE_BYTES for r in refs)
+
+
+def _refuse_shipping(ref: ModelRef) -> None:
+    raise MadlibMopError(
+        f"the weights of {ref.model_table} ({len(ref.weights) / 2**20:.0f} MB) are too big to "
+        "be sent with a call: workers read such weights from the model table, which must be "
+        "an ordinary table of this server, and the data must be too",
+        sqlstate=errors.FEATURE_NOT_SUPPORTED,
+        hint="Keep the model table out of pg_temp and run on data of this server (not on "
+             "segment servers).")
+
+
 # ---- evaluate -----------------------------------------------------------------------------
 
 def evaluate(plpy: Any, model_table: str, test_table: str, output_table: str,
@@ -93,10 +116,11 @@ def _evaluate(plpy, model_table, test_table, output_table, use_gpus, mst_key, al
     catalog.committed(plpy, inputs, packed=tuple(inputs))
     out = catalog.new_table(plpy, output_table, argument="output_table")
     out.must_not_exist(plpy)
-    model = build(refs[0], compile_model=True)
-    if list(keras_json.input_shape(model)) != list(test["feature_shape"]):
+    shape = keras_json.input_shape(build(dataclasses.replace(refs[0], weights=None), compile_model=True))
+    gc.collect()  # (the model built for its shape: it may be GBs)
+    if list(shape) != list(test["feature_shape"]):
         raise MadlibMopError(
-            f"the model takes input of shape {keras_json.input_shape(model)}, the features of "
+            f"the model takes input of shape {shape}, the features of "
             f"{test['packed_table']} have shape {list(test['feature_shape'])}",
             sqlstate=errors.DATATYPE_MISMATCH, hint="Evaluate on data packed like the training data.")
     trained_for = "classification" if refs[0].class_values is not None else "regression"
@@ -113,6 +137,8 @@ def _evaluate(plpy, model_table, test_table, output_table, use_gpus, mst_key, al
                                   "the model's training table.")
     engine = engine_for(plpy, test["packed_oid"], lambda: LocalEngine(plpy))
     if isinstance(engine, ClusterEngine) or ship_weights:
+        if _too_big_to_ship(refs):
+            _refuse_shipping(refs[0])
         # A segment server has neither the model table nor the summary: they come with the call.
         x_col, y_col = packed.packed_columns(test)
         partitions = ({str(k): part.name for k, part in engine.partitions.items()}
@@ -253,8 +279,10 @@ def _predict_into(plpy, ref: ModelRef, test_table, id_col, independent_varname, 
     features = feature_columns(plpy, source, independent_varname)
     out = catalog.new_table(plpy, output_table, argument="output_table")
     out.must_not_exist(plpy)
-    model = build(ref, compile_model=False)
-    shape = keras_json.input_shape(model)
+    model = build(dataclasses.replace(ref, weights=None), compile_model=False)  # for its shapes
+    shape, outputs_count = keras_json.input_shape(model), model.output_shape[-1]
+    model = None
+    gc.collect()  # (it may be GBs)
     first = plpy.execute(f"SELECT {features.expression} AS x FROM {source.name} LIMIT 1")
     if not first:
         raise MadlibMopError(f"test_table {source.name} is empty", sqlstate=errors.DATA_EXCEPTION,
@@ -267,8 +295,8 @@ def _predict_into(plpy, ref: ModelRef, test_table, id_col, independent_varname, 
             sqlstate=errors.DATATYPE_MISMATCH,
             hint="Pass the feature column the model was trained on.")
     classification = ref.class_values is not None
-    if classification and model.output_shape[-1] != len(ref.class_values):
-        raise MadlibMopError(f"the model has {model.output_shape[-1]} outputs but "
+    if classification and outputs_count != len(ref.class_values):
+        raise MadlibMopError(f"the model has {outputs_count} outputs but "
                              f"{len(ref.class_values)} class values",
                              sqlstate=errors.DATATYPE_MISMATCH,
                              hint="Pass one class value per output of the model.")
@@ -289,8 +317,8 @@ def _predict_into(plpy, ref: ModelRef, test_table, id_col, independent_varname, 
             "class_name": ref.dependent_varname, "normalizing_const": ref.normalizing_const,
             "source": source.oid, "id_col": id_col, "independent_varname": independent_varname,
             "output": [out.schema, out.name], "pred_type": kind}
-    weights = bytes(ref.weights)
     lying = segments.source_parts(plpy, source)
+    weights = _weights_for_workers(plpy, ref, lying is None, task)
     if lying is not None:
         try:
             _predict_where_it_lies(plpy, lying, task, weights, out, columns, conninfo)
@@ -316,6 +344,22 @@ def _predict_into(plpy, ref: ModelRef, test_table, id_col, independent_varname, 
         with worker_session.connect(conninfo) as db:
             db.execute(f"DROP TABLE IF EXISTS {out.quoted}")
         raise
+
+
+def _weights_for_workers(plpy: Any, ref: ModelRef, here: bool, task: dict) -> bytes | None:
+    """The weights each predict call sends, or None where the workers read them from the
+    model table themselves (`task` then names it): big ones, when the model table is an
+    ordinary table and the data is this server's (`here`).  A big value costs much more
+    sent with every call (`job.state_store.PIECE_BYTES`)."""
+    if (here and ref.model_oid is not None and len(ref.weights) > SHIPPED_WEIGHTS_BYTES
+            and not catalog.is_temporary(plpy, ref.model_oid)):
+        catalog.committed(plpy, {"model_table": catalog.resolve_table(plpy, ref.model_oid)})
+        task["model_table"] = ref.model_oid
+        ref.weights = None  # not held here while the workers run
+        return None
+    if _too_big_to_ship([ref]):
+        _refuse_shipping(ref)
+    return bytes(ref.weights)
 
 
 def _predict_where_it_lies(plpy: Any, lying: dict, task: dict, weights: bytes, out, columns: str,

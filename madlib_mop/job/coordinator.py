@@ -240,8 +240,7 @@ class Coordinator:
         if not finished:
             return
         self.store.states.iteration_done(model, finished * model.per_iteration,
-                                         self.work.steps_needed(model.mst_key),
-                                         self.store.tables["output"].as_string(self.store.db))
+                                         self.work.steps_needed(model.mst_key))
         for index, iteration in enumerate(curves.iterations):
             if not self.search.decisions.has(model.mst_key, iteration):
                 self.search.decisions.report(Report(model.mst_key, iteration, curves.training[index],

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+from typing import Any, Iterator
 
 
 from madlib_mop import errors
@@ -41,8 +41,9 @@ def refuse_if_running(plpy: Any, job: dict, out: catalog.NewTable) -> None:
 
 
 def initial_states(plpy: Any, plan: Plan, previous: dict[int, bytes],
-                   previous_compile: dict[int, str] | None = None) -> dict[int, bytes]:
-    """Step 0 of every model: the previous job's last state (warm start), else a fresh
+                   previous_compile: dict[int, str] | None = None) -> Iterator[tuple[int, bytes]]:
+    """(mst_key, step 0) of every model in turn, in the plan's order (a state may be GBs:
+    the caller holds one at a time): the previous job's last state (warm start), else a fresh
     model initialised from the seed or the architecture's weights.  A previous state whose
     variables differ from the model's (another optimizer, layers frozen: transfer learning)
     gives its weights alone, as MADlib's warm start does, when their shapes match; the
@@ -55,7 +56,7 @@ def initial_states(plpy: Any, plan: Plan, previous: dict[int, bytes],
     for spec in specs:
         if spec.mst_key in previous and spec.program_key not in expected:
             expected[spec.program_key] = training.state_layout(spec)
-    kept, reweighted = {}, []
+    kept, reweighted = {}, {}
     for spec in specs:
         old = previous.get(spec.mst_key)
         if old is None:
@@ -75,15 +76,16 @@ def initial_states(plpy: Any, plan: Plan, previous: dict[int, bytes],
                        f"are {wanted}.",
                 hint="Warm start a model whose layers have the same shapes, or pass "
                      "warm_start => FALSE.")
-        reweighted.append(dataclasses.replace(
-            spec, initial_weights=bytes(state.madlib_weights(old))))
+        reweighted[spec.mst_key] = dataclasses.replace(
+            spec, initial_weights=bytes(state.madlib_weights(old)))
     if reweighted:
-        plpy.notice("warm_start: model(s) " + ", ".join(str(s.mst_key) for s in reweighted)
+        plpy.notice("warm_start: model(s) " + ", ".join(map(str, reweighted))
                     + " continue from their stored weights with a new optimizer state: their "
                       "architecture or compile_params differ from the stored model's")
-    fresh = training.initial_states(
-        [s for s in specs if s.mst_key not in previous] + reweighted, seed)
-    return {s.mst_key: kept.get(s.mst_key, fresh.get(s.mst_key)) for s in specs}
+    fresh = training.each_initial_state(
+        [reweighted.get(s.mst_key, s) for s in specs if s.mst_key not in kept], seed)
+    for spec in specs:
+        yield (spec.mst_key, kept[spec.mst_key]) if spec.mst_key in kept else next(fresh)
 
 
 def _weight_shapes(layout: list) -> list[list[int]]:
@@ -118,11 +120,6 @@ def create_job(plpy: Any, plan: Plan, previous_job: dict | None, prepare=None,
                     f"{'.'.join(names[key])} already exists", sqlstate=errors.DUPLICATE_TABLE,
                     hint="Drop it, pass another model_output_table, or warm_start => TRUE to "
                          "continue a finished job.")
-        states = initial_states(plpy, plan, previous_states, previous_compile)
-        need = memory.estimate(plpy, plan.configs, states, [
-            p["packed_table"] for p in (plan.source, plan.validation) if p],
-            plan.arguments.get("use_caching") is not False)
-        memory.check(need)
         S = plan.source["num_segments"]
         job_id = store.insert_job(db, catalog.extension_schema_name(plpy), {
             "model_output_table": plan.out.quoted, "source_table": plan.source["packed_table"],
@@ -135,9 +132,19 @@ def create_job(plpy: Any, plan: Plan, previous_job: dict | None, prepare=None,
             "subepochs_total": sum(plan.num_iterations * plan.epochs[c["mst_key"]] * S
                                    for c in plan.configs)})
         job_tables.create(db, t)
-        for config in plan.configs:
-            job_tables.add_model(db, t, config, states[config["mst_key"]])
-        outputs.create(db, t, plan, job_id, states, plan.out.sibling("_info", plpy).quoted)
+        outputs.create(db, t, plan, job_id, plan.out.sibling("_info", plpy).quoted)
+        configs, sizes = {c["mst_key"]: c for c in plan.configs}, {}
+        packed_tables = [p["packed_table"] for p in (plan.source, plan.validation) if p]
+        for mst_key, blob in initial_states(plpy, plan, previous_states, previous_compile):
+            sizes[mst_key] = len(blob)
+            # Refused as soon as the states so far are too big: nothing is then left (the
+            # transaction is not committed).
+            need = memory.estimate(plpy, plan.configs, sizes, packed_tables,
+                                   plan.arguments.get("use_caching") is not False)
+            memory.check(need)
+            job_tables.add_model(db, t, configs[mst_key], blob)
+            outputs.add_model(db, t, configs[mst_key], blob, plan.info_labels.get(mst_key, {}))
+            del blob
         if prepare is not None:
             prepare(db)
     return job_id, need

@@ -63,10 +63,10 @@ def budget_mb(plpy: Any) -> int:
     return DEFAULT_BUDGET_MB if budget is None else budget
 
 
-def estimate(plpy: Any, configs: list[dict], states: dict[int, bytes], packed_tables: list[str],
+def estimate(plpy: Any, configs: list[dict], state_bytes: dict[int, int], packed_tables: list[str],
              use_caching: bool) -> WorkerMemory:
-    models = models_bytes([training.ModelSpec.of(c) for c in configs],
-                          {c["mst_key"]: len(states[c["mst_key"]]) for c in configs}) / MB
+    """`state_bytes`: mst_key -> its state's size, of the models known so far."""
+    models = models_bytes([training.ModelSpec.of(c) for c in configs], state_bytes) / MB
     budget = budget_mb(plpy)
     # A packed table is partitioned: its rows are in its partitions (foreign ones count 0).
     size = plpy.prepare("SELECT coalesce(sum(pg_catalog.pg_total_relation_size(relid)), 0) AS b "

@@ -2,6 +2,12 @@
 `<out>_summary` (one row: the job's arguments and the data's description) and `<out>_info`
 (one row per model: its configuration and metric series).
 
+A model's weights are one value of `<out>`.model_weights, as MADlib stores them, up to
+`WEIGHTS_VALUE_BYTES`; above that (PostgreSQL takes no value nor message over 1 GB)
+model_weights is NULL and the same bytes are in `<out>_mop_weights` (mst_key, piece,
+model_weights), in pieces of at most `state_store.PIECE_BYTES`, joined in piece order
+(`segment.models.trained_models` reads either form).
+
 Created with the job; `publish` brings a model's rows up to date as it finishes iterations,
 so the tables are readable (and correct as far as they go) while the job runs.
 """
@@ -15,7 +21,11 @@ import madlib_mop
 from madlib_mop.engine.base import finite_json
 from madlib_mop.job import metrics
 from madlib_mop.grammar import model_config
+from madlib_mop.job.state_store import PIECE_BYTES, pieces
+from madlib_mop.job.tables import WEIGHTS
 from madlib_mop.runtime import state
+
+WEIGHTS_VALUE_BYTES = 1000 * 1024 * 1024  # room under 1 GB for a call's other arguments
 
 # <out>_info: MADlib's 17 columns, then madlib_mop's (all metrics by name, timings).
 INFO_COLUMNS = [
@@ -41,9 +51,9 @@ SINGLE_SUMMARY_COLUMNS = tuple(name for name, _ in INFO_COLUMNS[1:]
 
 
 def create(db: psycopg.Connection, t: dict[str, sql.Identifier], plan, job_id: int,
-           states: dict[int, bytes], info_name: str) -> None:
-    """The three tables, each model's initial row (its initial weights) included;
-    `info_name` is the `_info` table's name as the summary shows it."""
+           info_name: str) -> None:
+    """The three tables, without the models' rows (`add_model`); `info_name` is the `_info`
+    table's name as the summary shows it."""
     db.execute(sql.SQL("CREATE TABLE {} (mst_key integer PRIMARY KEY, model_weights bytea, "
                        "model_arch json)").format(t["output"]))
     # Float weights do not compress: not trying saves a pass over them at every iteration.
@@ -53,8 +63,6 @@ def create(db: psycopg.Connection, t: dict[str, sql.Identifier], plan, job_id: i
     columns = INFO_COLUMNS + (HYPERBAND_INFO_COLUMNS if automl and automl["method"] == "hyperband" else [])
     db.execute(sql.SQL("CREATE TABLE {} ({})").format(t["info"], sql.SQL(", ").join(
         sql.SQL("{} {}").format(sql.Identifier(name), sql.SQL(kind)) for name, kind in columns)))
-    for config in plan.configs:
-        add_model(db, t, config, states[config["mst_key"]], plan.info_labels.get(config["mst_key"], {}))
     _create_summary(db, t["summary"], plan, info_name, job_id)
 
 
@@ -64,8 +72,9 @@ def add_model(db: psycopg.Connection, t: dict[str, sql.Identifier], config: dict
     key = config["mst_key"]
     params = model_config.parse_compile_params(config["compile_params"])
     weights = state.madlib_weights(blob)
-    db.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s)").format(t["output"]),
-               (key, weights, config["model_arch"]))
+    db.execute(sql.SQL("INSERT INTO {} VALUES (%s, NULL, %s)").format(t["output"]),
+               (key, config["model_arch"]))
+    store_weights(db, t, key, weights)
     labels = labels or {}
     db.execute(sql.SQL(
         "INSERT INTO {} (mst_key, model_id, compile_params, fit_params, model_type, "
@@ -75,6 +84,45 @@ def add_model(db: psycopg.Connection, t: dict[str, sql.Identifier], config: dict
             sql.SQL(", %s" * len(labels))),
         (key, config["model_id"], config["compile_params"], config["fit_params"],
          len(weights) / 1024.0, list(params.metrics) or None, params.loss, *labels.values()))
+
+
+def store_weights(db: psycopg.Connection, t: dict[str, sql.Identifier], mst_key: int,
+                  weights: bytes | memoryview) -> None:
+    """A model's weights into its `<out>` row (which exists), in the caller's transaction:
+    one value up to WEIGHTS_VALUE_BYTES, else NULL there and the pieces in `<out>_mop_weights`
+    (made here when first needed).  A value bigger than a piece is sent in pieces and joined
+    by the server (one big message costs the square of its size: `state_store.PIECE_BYTES`)."""
+    output, table = t["output"], t["weights"]
+    if db.execute("SELECT to_regclass(%s) IS NOT NULL", (table.as_string(db),)).fetchone()[0]:
+        db.execute(sql.SQL("DELETE FROM {} WHERE mst_key = %s").format(table), (mst_key,))
+    elif len(weights) > PIECE_BYTES:
+        WEIGHTS.create(db, table)
+    if len(weights) <= PIECE_BYTES:
+        db.execute(sql.SQL("UPDATE {} SET model_weights = %s WHERE mst_key = %s").format(output),
+                   (weights, mst_key))
+        return
+    for number, piece in pieces(weights):
+        db.execute(WEIGHTS.insert(table), (mst_key, number, piece))
+    if len(weights) > WEIGHTS_VALUE_BYTES:
+        db.execute(sql.SQL("UPDATE {} SET model_weights = NULL WHERE mst_key = %s").format(output), (mst_key,))
+        return
+    db.execute(sql.SQL("UPDATE {} SET model_weights = (SELECT string_agg(model_weights, ''::bytea "
+                       "ORDER BY piece) FROM {} WHERE mst_key = %s) WHERE mst_key = %s").format(output, table),
+               (mst_key, mst_key))
+    db.execute(sql.SQL("DELETE FROM {} WHERE mst_key = %s").format(table), (mst_key,))
+
+
+def read_weights(db: psycopg.Connection, t: dict[str, sql.Identifier], mst_key: int) -> bytes | None:
+    """A model's weights from `<out>`, in either form."""
+    row = db.execute(sql.SQL("SELECT model_weights FROM {} WHERE mst_key = %s").format(t["output"]),
+                     (mst_key,)).fetchone()
+    if row is None or row[0] is not None:
+        return None if row is None else bytes(row[0])
+    if not db.execute("SELECT to_regclass(%s) IS NOT NULL", (t["weights"].as_string(db),)).fetchone()[0]:
+        return None
+    return b"".join(bytes(piece) for (piece,) in db.execute(sql.SQL(
+        "SELECT model_weights FROM {} WHERE mst_key = %s ORDER BY piece").format(t["weights"]),
+        (mst_key,)))
 
 
 def _class_values(source: dict, label: str) -> list | None:

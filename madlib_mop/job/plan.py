@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,7 +48,7 @@ def _check_model(plpy: Any, config: dict, source: dict, built: dict) -> None:
                 hint="Every sub-epoch is one pass over a segment; remove it from fit_params.")
     arch = config["model_arch"]  # text: plan_job reads it as model_arch::text
     if arch not in built:
-        built[arch] = keras_json.build_model(keras_json.parse_model_json(arch))
+        built[arch] = keras_json.build_model(keras_json.parse_model_json(arch), initialised=False)
     model = built[arch]
     shape = keras_json.input_shape(model)
     if [d for d in shape] != list(source["feature_shape"]):
@@ -233,6 +234,8 @@ def check_models(plpy: Any, plan: Plan) -> None:
     built: dict = {}
     for config in plan.configs:
         _check_model(plpy, config, plan.source, built)
+    built.clear()
+    gc.collect()  # (Keras' models hold cycles; a model may be GBs)
 
 
 def check_config(plpy: Any, config: dict, source_table: str) -> None:

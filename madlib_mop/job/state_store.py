@@ -31,6 +31,7 @@ when the job finishes, and with a run's directory when the job resumes after a r
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
@@ -38,13 +39,18 @@ import queue
 import shutil
 import threading
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 from madlib_mop import errors
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.runtime import state
 
-PIECE_BYTES = 256 * 1024 * 1024  # well under PostgreSQL's 1 GB for one value or message
+# A state goes into the table in pieces of this size: under PostgreSQL's 1 GB for one value
+# or message, and small, because libpq (non-blocking, as psycopg runs it) moves what it has
+# not sent yet to the front of its buffer after every partial write, which costs the
+# square of one message's size over a Unix socket: 1.12 GB in pieces of 256 MB took 40.6 s
+# here, of 64 MB 11.0 s, of 16 MB 5.6 s, of 4 MB 4.5 s.
+PIECE_BYTES = 4 * 1024 * 1024
 # In the server's data directory.  Its name starts with pgsql_tmp, as PostgreSQL's own
 # temporary files do, so that base backups and pg_rewind leave it out: a restored or
 # rewound server starts a new run, whose jobs never read an earlier run's files.
@@ -83,13 +89,18 @@ class HopFiles:
         not make it: a late one of a finished job then leaves nothing behind)."""
         self.run_directory.mkdir(parents=True, exist_ok=True)
 
-    def write(self, mst_key: int, step: int, blob: bytes) -> None:
-        """Written whole or not at all: to a file of this process, then renamed."""
+    def write(self, mst_key: int, step: int, blob: bytes | Callable[[Any], None]) -> None:
+        """Written whole or not at all: to a file of this process, then renamed.  `blob`:
+        the state's bytes, or a function that writes them to a file handle (a big state
+        is written a part at a time, never whole in memory)."""
         target = self.path(mst_key, step)
         partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
         try:
             with open(partial, "wb") as handle:
-                handle.write(blob)
+                if callable(blob):
+                    blob(handle)
+                else:
+                    handle.write(blob)
             os.replace(partial, target)
         except OSError as error:
             partial.unlink(missing_ok=True)
@@ -106,6 +117,25 @@ class HopFiles:
                 return handle.read()
         except FileNotFoundError:
             return None
+
+    @contextlib.contextmanager
+    def mapped(self, mst_key: int, step: int) -> Iterator[mmap.mmap | None]:
+        """The hop file mapped into memory, read-only (None: there is none): a state read
+        this way is not copied whole into the process, its pages are the page cache's."""
+        try:
+            handle = open(self.path(mst_key, step), "rb")
+        except FileNotFoundError:
+            yield None
+            return
+        with handle:
+            mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+            try:
+                yield mapped
+            finally:
+                try:
+                    mapped.close()
+                except BufferError:  # a view of it outlives the block (an error's traceback):
+                    pass             # it is unmapped when the last one goes
 
     def holds(self, mst_key: int, step: int) -> bool:
         return self.path(mst_key, step).exists()
@@ -203,8 +233,12 @@ class DurableWriter:
     weights already superseded by a later one of the same model is skipped: when writes
     fall behind (big states, a busy disk) only the latest of each model are made."""
 
-    def __init__(self, connect: Callable[[], Any], table: str, hops: HopFiles):
+    def __init__(self, connect: Callable[[], Any], table: str, hops: HopFiles,
+                 set_weights: Callable[[Any, int, Any], None]):
+        """`set_weights(db, mst_key, weights)`: writes a model's `<out>`.model_weights in
+        the writer's session (`job.outputs.store_weights`)."""
         self._connect, self._table, self._hops = connect, table, hops
+        self._set_weights = set_weights
         self._queue: queue.Queue = queue.Queue()
         self._done: dict[int, int] = {}
         self._latest: dict[tuple[str, int], int] = {}  # (kind, mst_key) -> latest step given
@@ -218,10 +252,9 @@ class DurableWriter:
         """Write the model's state after `step` sub-epochs into the state table."""
         self._put(("state", mst_key, step))
 
-    def publish_weights(self, mst_key: int, step: int, output: str) -> None:
-        """Set the model's `<out>.model_weights` (`output`: the qualified, quoted table) to
-        those of its state after `step` sub-epochs."""
-        self._put(("weights", mst_key, step, output))
+    def publish_weights(self, mst_key: int, step: int) -> None:
+        """Set the model's `<out>.model_weights` to those of its state after `step` sub-epochs."""
+        self._put(("weights", mst_key, step))
 
     def _put(self, item: tuple) -> None:
         with self._lock:
@@ -252,18 +285,16 @@ class DurableWriter:
                     break
                 if table is None or self.error is not None or self._abandoned:
                     continue
-                kind, mst_key, step, *output = item
+                kind, mst_key, step = item
                 with self._lock:
                     if step < self._latest[(kind, mst_key)]:
                         continue
                 if kind == "weights":
-                    weights = found(store.madlib_weights(mst_key, step), mst_key, step)
-                    db.execute(f"UPDATE {output[0]} SET model_weights = %s WHERE mst_key = %s",
-                               (weights, mst_key))
+                    with store.madlib_weights(mst_key, step) as weights, db.transaction():
+                        self._set_weights(db, mst_key, found(weights, mst_key, step))
                     continue
-                blob = found(self._hops.read(mst_key, step), mst_key, step)
-                with db.transaction():
-                    table.write(mst_key, step, blob)
+                with self._hops.mapped(mst_key, step) as blob, db.transaction():
+                    table.write(mst_key, step, found(blob, mst_key, step))
                 with self._lock:
                     self._done[mst_key] = max(step, self._done.get(mst_key, 0))
             except BaseException as error:
@@ -311,18 +342,21 @@ class StateStore:
         blob = self.hops.read(mst_key, step)
         return blob if blob is not None else self.table.read(mst_key, step)
 
-    def madlib_weights(self, mst_key: int, step: int) -> bytes | None:
-        """The state's weights as MADlib's model_weights, reading no more of a hop file than
-        them (mapped, not read whole: a state may be GBs)."""
-        try:
-            handle = open(self.hops.path(mst_key, step), "rb")
-        except FileNotFoundError:
-            blob = self.table.read(mst_key, step)
-            return None if blob is None else bytes(state.madlib_weights(blob))
-        with handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-            view = state.madlib_weights(mapped)
+    @contextlib.contextmanager
+    def mapped(self, mst_key: int, step: int) -> Iterator[Any]:
+        """The state, its hop file mapped (`HopFiles.mapped`), else read from the table;
+        None if there is neither.  Views of it must not outlive the block."""
+        with self.hops.mapped(mst_key, step) as mapped:
+            yield mapped if mapped is not None else self.table.read(mst_key, step)
+
+    @contextlib.contextmanager
+    def madlib_weights(self, mst_key: int, step: int) -> Iterator[Any]:
+        """The state's weights as MADlib's model_weights (None: no such state), a view of
+        the mapped hop file where it is (a state may be GBs: not copied)."""
+        with self.mapped(mst_key, step) as blob:
+            view = None if blob is None else state.madlib_weights(blob)
             try:
-                return bytes(view)
+                yield view
             finally:
                 if isinstance(view, memoryview):
                     view.release()
@@ -336,14 +370,14 @@ class StateStore:
         if step % per_iteration:
             self.hops.remove(mst_key, step)
 
-    def iteration_done(self, model: Any, step: int, needed: list[int], output: str) -> None:
+    def iteration_done(self, model: Any, step: int, needed: list[int]) -> None:
         """The model's state after `step` sub-epochs ends its latest iteration: its weights
-        go to `output`'s model_weights (once per iteration), and the states before the
+        go to `<out>`.model_weights (once per iteration), and the states before the
         latest durable one are deleted but step 0 (replay) and those `needed` (by pending
         validation).  `model`: the coordinator's `store.ModelRecord`."""
         self.writer.check()  # what failed of the earlier iterations' writes
         if step != model.published_step:
-            self.writer.publish_weights(model.mst_key, step, output)
+            self.writer.publish_weights(model.mst_key, step)
             model.published_step = step
         keep_from = min([step, max(model.pruned_below, self.writer.durable_step(model.mst_key))] + needed)
         if keep_from > model.pruned_below:

@@ -26,7 +26,7 @@ from madlib_mop import errors
 from madlib_mop.db import catalog, worker_session
 from madlib_mop.engine.base import VisitRecord, finite_json
 from madlib_mop.errors import MadlibMopError
-from madlib_mop.job import tables as job_tables
+from madlib_mop.job import outputs, tables as job_tables
 from madlib_mop.job.state_store import DurableWriter, HopFiles, StateStore, found
 from madlib_mop.job.tables import identifiers
 from madlib_mop.grammar import model_config
@@ -135,7 +135,8 @@ class JobStore(JobRowUpdates):
             self.states = StateStore(table, hops, DurableWriter(
                 lambda: worker_session.connect(
                     conninfo, application_name=f"madlib_mop coordinator job {job_id} states"),
-                table.table, hops))
+                table.table, hops,
+                lambda db, mst_key, weights: outputs.store_weights(db, self.tables, mst_key, weights)))
         except BaseException:
             self.db.close()
             raise

@@ -4,9 +4,11 @@ the statements that create and fill them.
 Per-job tables, next to the output table:
     <out>_mop_models   the configurations as the job started (mst_key, architecture, params)
     <out>_mop_state    durable model states (mst_key, step, piece, state): step = sub-epochs
-                       completed; a state in pieces of at most 256 MB (`job.state_store`)
+                       completed; a state in pieces of at most 4 MB (`job.state_store`)
     <out>_mop_visits   every finished sub-epoch: segment, rows, loss/metrics, timings
     <out>_mop_evals    every finished validation pass over one validation partition
+    <out>_mop_weights  the weights of models too big for one value of `<out>`.model_weights,
+                       in pieces; made when a model needs it (`job.outputs.store_weights`)
 
 MADlib's outputs (`<out>`, `<out>_summary`, `<out>_info`) are declared by `job.outputs`.
 The `jobs` row names every table as a [schema, table] pair (never SQL text); `identifiers`
@@ -63,10 +65,14 @@ VISITS = JobTable("visits", (("mst_key", "integer"), ("step", "integer"), ("segm
 EVALS = JobTable("evals", (("mst_key", "integer"), ("step", "integer"), ("partition", "integer"),
                            ("result", "jsonb NOT NULL")), ("mst_key", "step", "partition"))
 JOB_TABLES = (MODELS, STATE, VISITS, EVALS)
+# Made when a model's weights first need it (`job.outputs.store_weights`), not with the job.
+WEIGHTS = JobTable("weights", (("mst_key", "integer"), ("piece", "integer"),
+                               ("model_weights", "bytea NOT NULL")),
+                   ("mst_key", "piece"), external="model_weights")
 
 # Every table of a job, by key: the suffix its name adds to the output table's.
 TABLE_SUFFIXES = {"output": "", "summary": "_summary", "info": "_info",
-                  **{t.key: f"_mop_{t.key}" for t in JOB_TABLES}}
+                  **{t.key: f"_mop_{t.key}" for t in JOB_TABLES + (WEIGHTS,)}}
 
 
 def names(schema: str, output: str) -> dict[str, list[str]]:
@@ -75,7 +81,11 @@ def names(schema: str, output: str) -> dict[str, list[str]]:
 
 
 def identifiers(tables: dict) -> dict[str, sql.Identifier]:
-    """The jobs row's {key: [schema, table]} as identifiers."""
+    """The jobs row's {key: [schema, table]} as identifiers (a job of 0.8.x or earlier
+    names no weights table: it is the output's sibling all the same)."""
+    if "output" in tables and "weights" not in tables:
+        schema, output = tables["output"]
+        tables = {**tables, "weights": [schema, output + TABLE_SUFFIXES["weights"]]}
     return {key: sql.Identifier(*parts) for key, parts in tables.items()}
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import json
 import re
-from typing import Any
+from typing import Any, Iterator
 
 from madlib_mop import errors
 from madlib_mop.errors import MadlibMopError
@@ -148,11 +148,17 @@ def _upgrade_legacy_arguments(node: Any) -> None:
             _upgrade_legacy_arguments(value)
 
 
-def build_model(config: dict):
-    """Build the Keras model in safe mode; unknown classes are a clear error."""
+def build_model(config: dict, initialised: bool = True):
+    """Build the Keras model in safe mode; unknown classes are a clear error.
+    `initialised` False: every variable starts at zero, for a model whose values are set
+    right after (a state restored, weights loaded) or whose shapes alone are wanted: a
+    random initialiser allocates its variable's size two times more, which TensorFlow's
+    CPU allocator then keeps (3 GB of a worker's memory for 1 GB of weights)."""
     import_tensorflow()
     import keras
 
+    if not initialised:
+        config = _zero_initialisers(config)
     try:
         model = keras.saving.deserialize_keras_object(config, safe_mode=True)
     except MadlibMopError:
@@ -213,8 +219,72 @@ def set_flat_weights(model, weights: bytes) -> None:
     import numpy as np
 
     flat = np.frombuffer(weights, dtype=np.float32)
-    arrays, offset = [], 0
-    for current in model.get_weights():
-        arrays.append(flat[offset:offset + current.size].reshape(current.shape))
-        offset += current.size
-    model.set_weights(arrays)
+    offset = 0
+    # One variable at a time, in slices when big (not set_weights(get_weights()-shaped
+    # arrays): copies of them all, maybe GBs).
+    for variable in model.weights:
+        shape = tuple(variable.shape)
+        size = int(np.prod(shape, dtype=np.int64))
+        assign_variable(variable, flat[offset:offset + size].reshape(shape).astype(variable.dtype, copy=False))
+        offset += size
+
+
+def _zero_initialisers(config: Any) -> Any:
+    """The config with every layer's `*_initializer` set to zeros."""
+    if isinstance(config, dict):
+        return {key: "zeros" if key.endswith("_initializer") and value is not None
+                else _zero_initialisers(value) for key, value in config.items()}
+    if isinstance(config, list):
+        return [_zero_initialisers(value) for value in config]
+    return config
+
+
+# A variable bigger than this is read and assigned a slice of rows at a time: whole, the
+# copy TensorFlow makes on the way in or out would be one more state-sized allocation.
+VARIABLE_CHUNK_BYTES = 64 * 1024 * 1024
+
+
+def _row_slices(variable) -> list[slice | None]:
+    """The slices of rows a variable is read and assigned by (None: whole)."""
+    import numpy as np
+
+    shape = tuple(variable.shape)
+    size = int(np.prod(shape, dtype=np.int64)) * np.dtype(variable.dtype).itemsize
+    if len(shape) == 0 or size <= VARIABLE_CHUNK_BYTES or shape[0] < 2:
+        return [None]
+    rows = max(1, VARIABLE_CHUNK_BYTES // max(1, size // shape[0]))
+    return [slice(start, min(start + rows, shape[0])) for start in range(0, shape[0], rows)]
+
+
+# Slices go through the variable's handle: a gather of rows and a strided assignment touch
+# those rows alone, where `variable[rows]` reads the whole variable first (and, once a
+# sparse update such as an Embedding's has run, copies it).
+def variable_parts(variable) -> Iterator:
+    """A variable's values as little-endian arrays of at most VARIABLE_CHUNK_BYTES (but for
+    a single row bigger than that), in order."""
+    import numpy as np
+    import tensorflow as tf
+
+    for rows in _row_slices(variable):
+        if rows is None:
+            part = np.asarray(variable.numpy())
+        else:
+            part = tf.raw_ops.ResourceGather(
+                resource=variable.handle, indices=tf.range(rows.start, rows.stop, dtype=tf.int64),
+                dtype=variable.value.dtype).numpy()
+        yield part.astype(part.dtype.newbyteorder("<"), copy=False)
+
+
+def assign_variable(variable, array) -> None:
+    """`variable.assign(array)`, a slice of rows at a time when it is big."""
+    import tensorflow as tf
+
+    for rows in _row_slices(variable):
+        if rows is None:
+            variable.assign(array)
+            continue
+        shape = list(variable.shape)
+        tf.raw_ops.ResourceStridedSliceAssign(
+            ref=variable.handle, begin=[rows.start] + [0] * (len(shape) - 1),
+            end=[rows.stop] + shape[1:], strides=[1] * len(shape),
+            value=tf.constant(array[rows], dtype=variable.value.dtype))

@@ -122,7 +122,8 @@ def build_model(spec: ModelSpec, seed: int | None):
 
     if seed is not None:
         seed_initialisers(derived_seed(seed, spec.mst_key, 0x1A17))
-    model = keras_json.build_model(keras_json.parse_model_json(spec.model_arch))
+    model = keras_json.build_model(keras_json.parse_model_json(spec.model_arch),
+                                   initialised=seed is not None)
     if spec.initial_weights is not None:
         keras_json.set_flat_weights(model, spec.initial_weights)
     params = spec.compile
@@ -207,27 +208,56 @@ def state_layout(spec: ModelSpec) -> list[tuple[str, tuple]]:
     return [(kind, tuple(v.shape)) for kind, v in _state_variables(build_model(spec, None))]
 
 
+def _state_header(variables: list[tuple[str, Any]]) -> list[dict]:
+    return [state.layout_item(kind, v.path, np.dtype(v.dtype), tuple(v.shape)) for kind, v in variables]
+
+
 def capture_state(model) -> bytearray:
-    return state.encode([state.Entry(kind, v.path, np.asarray(v.numpy()))
-                         for kind, v in _state_variables(model)])
+    """The model's state, each variable copied once into its place (a state may be GBs)."""
+    variables = _state_variables(model)
+    head = state.assemble(_state_header(variables), b"")
+    blob = bytearray(len(head) + sum(int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize
+                                     for _, v in variables))
+    blob[:len(head)] = head
+    offset = len(head)
+    for _, variable in variables:
+        for part in keras_json.variable_parts(variable):
+            np.frombuffer(blob, np.uint8, part.nbytes, offset)[:] = part.reshape(-1).view(np.uint8)
+            offset += part.nbytes
+    return blob
+
+
+def write_state(model, handle) -> None:
+    """The model's state (`capture_state`'s bytes) into a file, a part of a variable at a
+    time: never the whole state in memory beside the model."""
+    variables = _state_variables(model)
+    handle.write(state.assemble(_state_header(variables), b""))
+    for _, variable in variables:
+        for part in keras_json.variable_parts(variable):
+            handle.write(memoryview(np.ascontiguousarray(part)).cast("B"))
 
 
 def initial_states(specs: list[ModelSpec], seed: int) -> dict[int, bytes]:
-    """Step 0 of each model: what `capture_state(build_model(spec, seed))` gives, for less.
-    The layers are built per model (their initialisers draw from the model's seed); the
-    compiled model and its optimizer once per program key, since a fresh optimizer's
-    variables depend on the weights' shapes and its arguments alone, and of those only the
-    learning rate differs within a key."""
+    """`each_initial_state` of every spec, all at once (for a few small models)."""
+    return dict(each_initial_state(specs, seed))
+
+
+def each_initial_state(specs: list[ModelSpec], seed: int) -> Iterator[tuple[int, bytes]]:
+    """(mst_key, step 0) of each model in turn, so that a caller holds one state at a time:
+    what `capture_state(build_model(spec, seed))` gives, for less.  The layers are built
+    per model (their initialisers draw from the model's seed); the compiled model and its
+    optimizer once per program key, since a fresh optimizer's variables depend on the
+    weights' shapes and its arguments alone, and of those only the learning rate differs
+    within a key."""
     import keras
 
     templates: dict[tuple, tuple] = {}
-    states = {}
     for spec in specs:
         key = spec.program_key
         if key not in templates:
             model = build_model(spec, seed)
             templates[key] = (model, [np.asarray(v.numpy()) for v in model.optimizer.variables])
-            states[spec.mst_key] = capture_state(model)
+            yield spec.mst_key, capture_state(model)
             continue
         model, fresh = templates[key]
         seed_initialisers(derived_seed(seed, spec.mst_key, 0x1A17))
@@ -240,9 +270,8 @@ def initial_states(specs: list[ModelSpec], seed: int) -> dict[int, bytes]:
                      for v, value in zip(model.optimizer.variables, fresh)]
         values = ([v.numpy() for v in layers.weights] + [v.numpy() for v in _other_variables(layers)]
                   + optimizer)
-        states[spec.mst_key] = state.encode([state.Entry(kind, v.path, np.asarray(value))
-                                             for (kind, v), value in zip(_state_variables(model), values)])
-    return states
+        yield spec.mst_key, state.encode([state.Entry(kind, v.path, np.asarray(value))
+                                          for (kind, v), value in zip(_state_variables(model), values)])
 
 
 class Program:
@@ -264,8 +293,7 @@ class Program:
         self.model = model
         self._variables = _state_variables(model)
         self._layout = [(kind, tuple(v.shape)) for kind, v in self._variables]
-        self._header = [state.layout_item(kind, v.path, np.dtype(v.dtype), tuple(v.shape))
-                        for kind, v in self._variables]
+        self._header = _state_header(self._variables)
         self._dtypes = [item["dtype"] for item in self._header]
         self._state_bytes = sum(int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize
                                 for _, v in self._variables)
@@ -332,12 +360,19 @@ class Program:
             self._state_function("assign")(tf.constant(bytes(blob[offset:])))
             return
         for (_, variable), entry in zip(self._variables, state.decode(blob)[0]):
-            variable.assign(entry.array)
+            keras_json.assign_variable(variable, entry.array)
 
     def capture(self) -> bytes | bytearray:
         if not self._raw_path or self._state_bytes > self.RAW_PATH_BYTES:
             return capture_state(self.model)
         return state.assemble(self._header, self._state_function("read")().numpy().tobytes())
+
+    def write_state(self, handle) -> None:
+        """`capture()`'s bytes into a file; a big state a part of a variable at a time."""
+        if not self._raw_path or self._state_bytes > self.RAW_PATH_BYTES:
+            write_state(self.model, handle)
+        else:
+            handle.write(self.capture())
 
     # ---- traced loops ----
     def _function(self, kind: str, *arrays: np.ndarray | None):

@@ -4,6 +4,7 @@ of a plain table (`_mop_infer_predict`), as `api.inference` hands them out."""
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import time
@@ -19,6 +20,10 @@ from madlib_mop.segment.models import ModelRef, build, trained_models
 
 
 PREDICT_BATCH = 4096
+# A model this big stays built in an idle worker for the session's next prediction; a
+# bigger one is built per call rather than held (idle workers count against the server's
+# memory, `engine.server_pool`).
+CACHED_WEIGHTS_BYTES = 256 * 1024 * 1024
 
 
 def worker_evaluate(plpy: Any, task: str, partition: int) -> str:
@@ -47,10 +52,12 @@ def segment_evaluate(plpy: Any, task: str, partition: int, weights: list[bytes])
 
 def _evaluate_on(refs: list[ModelRef], buffers: list, classification: bool) -> str:
     results = []
-    for ref in refs:
+    for index, ref in enumerate(refs):
         model = build(ref, compile_model=True)
         outcome = training.evaluate(training.Program(model), ref.spec(), buffers, classification)
         results.append({"rows": outcome.rows, "metrics": outcome.means()})
+        refs[index] = model = None  # one model in memory at a time (a model may be GBs)
+        gc.collect()  # (a program and its model refer to each other)
     return json.dumps(results)
 
 
@@ -63,14 +70,21 @@ def worker_predict(plpy: Any, task: str, first_block: int, last_block: int, weig
     (float4_unpack, int4_unpack): no Python object per value."""
     task = json.loads(task)
     schema = catalog.extension_schema(plpy)
-    weights = bytes(weights)
+    if weights is None:  # too big to come with the call: read from the model table
+        weights = trained_models(plpy, task["model_table"], task["mst_key"], all_models=True)[0].weights
+    weights = memoryview(weights)
     key = (task["model_arch"], hashlib.sha256(weights).hexdigest())
-    if key not in _models:  # kept for this worker session's later calls
+    if key not in _models:
         _models.clear()
+        gc.collect()
         ref = ModelRef(None, task["mst_key"], task["model_arch"], weights, None,
                        task["class_values"], task["normalizing_const"], task["class_name"])
-        _models[key] = build(ref, compile_model=False, threads=task["threads"])
-    model = _models[key]
+        model = build(ref, compile_model=False, threads=task["threads"])
+        if len(weights) <= CACHED_WEIGHTS_BYTES:  # kept for this worker session's later calls
+            _models[key] = model
+        del ref, weights
+    else:
+        model = _models[key]
     shape = tuple(keras_json.input_shape(model))
     source = catalog.resolve_table(  # an oid here; [schema, table] on a segment server
         plpy, catalog.qualified_name(plpy, task["source"]) if isinstance(task["source"], list)

@@ -10,6 +10,7 @@ from typing import Any
 from madlib_mop import errors
 from madlib_mop.db import catalog
 from madlib_mop.errors import MadlibMopError
+from madlib_mop.job.tables import TABLE_SUFFIXES
 from madlib_mop.runtime import keras_json, training
 
 
@@ -85,8 +86,36 @@ def trained_models(plpy: Any, model_table: str | int, mst_key: int | None, *, al
     while values and values[-1] is None:
         values.pop()
     return [ModelRef(table.name, None if single else r["mst_key"], r["model_arch"],
-                     r["model_weights"], r["compile_params"], values,
+                     r["model_weights"] if r["model_weights"] is not None
+                     else weights_in_pieces(plpy, table, r["mst_key"]), r["compile_params"], values,
                      float(summary["normalizing_const"] or 1.0), label, table.oid) for r in rows]
+
+
+def weights_in_pieces(plpy: Any, table: catalog.Table, mst_key: int) -> bytearray:
+    """A model's weights too big for one value of `<out>`.model_weights: its pieces in
+    `<out>_mop_weights`, read one at a time into one buffer (`job.outputs`)."""
+    pieces = plpy.execute(plpy.prepare(
+        "SELECT pg_catalog.format('%I.%I', n.nspname, c.relname || $2) AS name "
+        "FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE c.oid = $1", ["oid", "text"]), [table.oid, TABLE_SUFFIXES["weights"]])[0]["name"]
+    exists = plpy.execute(plpy.prepare("SELECT to_regclass($1) IS NOT NULL AS e", ["text"]),
+                          [pieces])[0]["e"]
+    sizes = [] if not exists else plpy.execute(plpy.prepare(
+        f"SELECT piece, octet_length(model_weights) AS n FROM {pieces} "
+        "WHERE mst_key = $1 ORDER BY piece", ["integer"]), [mst_key])
+    if not sizes:
+        raise MadlibMopError(f"model {mst_key} of {table.name} has no weights",
+                             sqlstate=errors.NULL_VALUE_NOT_ALLOWED,
+                             detail=f"{table.name}.model_weights is NULL and no "
+                                    f"{TABLE_SUFFIXES['weights']} table holds them.",
+                             hint="Train the model again (its job writes them).")
+    piece = plpy.prepare(f"SELECT model_weights FROM {pieces} "
+                         "WHERE mst_key = $1 AND piece = $2", ["integer", "integer"])
+    weights, start = bytearray(sum(row["n"] for row in sizes)), 0
+    for row in sizes:
+        weights[start:start + row["n"]] = plpy.execute(piece, [mst_key, row["piece"]])[0]["model_weights"]
+        start += row["n"]
+    return weights
 
 
 def build(ref: ModelRef, compile_model: bool, threads: int | None = None):
@@ -94,9 +123,10 @@ def build(ref: ModelRef, compile_model: bool, threads: int | None = None):
 
     import_tensorflow(threads)
     if compile_model:
-        model = training.build_model(ref.spec(), 0)
+        model = training.build_model(ref.spec(), None)  # (the weights are set below)
     else:
-        model = keras_json.build_model(keras_json.parse_model_json(ref.model_arch))
-    keras_json.check_weights(model, ref.weights)
-    keras_json.set_flat_weights(model, ref.weights)
+        model = keras_json.build_model(keras_json.parse_model_json(ref.model_arch), initialised=False)
+    if ref.weights is not None:  # (None: only the model's shapes are wanted)
+        keras_json.check_weights(model, ref.weights)
+        keras_json.set_flat_weights(model, ref.weights)
     return model

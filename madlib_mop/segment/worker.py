@@ -22,11 +22,12 @@ has no job row there: the engine ships the job's description when it opens the s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 
 from madlib_mop import errors
@@ -189,15 +190,19 @@ def _buffers(plpy: Any, ctx: JobContext, data: PackedData, segment: int) -> list
     return ctx.buffers[key]
 
 
-def _state(ctx: JobContext, mst_key: int, step: int, model_state: bytes | None) -> bytes:
-    """The state a call restores: the one it was given, else the job's stored one."""
+@contextlib.contextmanager
+def _state(ctx: JobContext, mst_key: int, step: int, model_state: bytes | None) -> Iterator[Any]:
+    """The state a call restores: the one it was given, else the job's stored one (its hop
+    file mapped, not read whole: views of it must not outlive the block)."""
     if model_state is not None:
-        return bytes(model_state)
+        yield model_state
+        return
     if ctx.states is None:  # a segment server's session: states come with the call
         raise MadlibMopError(f"job {ctx.job_id}: no state given for model {mst_key}",
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
                              hint="A segment server's worker is given the state with the call.")
-    return state_store.found(ctx.states.read(mst_key, step), mst_key, step)
+    with ctx.states.mapped(mst_key, step) as blob:
+        yield state_store.found(blob, mst_key, step)
 
 
 def train(plpy: Any, job_id: int, mst_key: int, step: int, segment: int,
@@ -212,10 +217,11 @@ def train(plpy: Any, job_id: int, mst_key: int, step: int, segment: int,
     buffers = _buffers(plpy, ctx, ctx.train, segment)
     read = time.perf_counter()
     program = _program(plpy, ctx, mst_key)
-    blob = _state(ctx, mst_key, step, model_state)
-    loaded = time.perf_counter()
-    program.restore(blob)
-    del blob
+    shipped = model_state is not None
+    with _state(ctx, mst_key, step, model_state) as blob:
+        loaded = time.perf_counter()
+        program.restore(blob)
+    del blob, model_state
     restored = time.perf_counter()
     # In memory: the whole segment in one fit call; streamed: a buffer's worth at a time.
     chunk_rows = None if all(b.in_memory for b in buffers) else max(b.rows for b in buffers)
@@ -224,16 +230,17 @@ def train(plpy: Any, job_id: int, mst_key: int, step: int, segment: int,
     trained = time.perf_counter()
     diverged = training.divergence(outcome.means(), program.model)
     # A diverged model's state is not shipped back: it is not kept, the model stops.
-    new_state = b"" if diverged else program.capture()
-    captured = time.perf_counter()
-    if model_state is None and not diverged:
-        ctx.states.hops.write(mst_key, step + 1, new_state)
+    if diverged or shipped:
+        new_state = b"" if diverged else program.capture()
+    else:  # straight into the hop file, a part at a time (save is then the whole write)
+        ctx.states.hops.write(mst_key, step + 1, program.write_state)
         new_state = None
-    saved = time.perf_counter()
+    captured = saved = time.perf_counter()
     if new_state is not None:
         new_state = bytes(new_state)  # PL/Python returns bytes as bytea
-    # load/keep: the state from and to the job's store (its hop file, else the state
-    # table); restore/save: into and out of the model.
+    # load: the state from the job's store (its hop file mapped, else the state table);
+    # restore: into the model; save: out of the model (into the hop file on the job's own
+    # server, a part at a time); keep: 0 (written by save).
     result = VisitRecord(
         outcome.rows, outcome.means(), segment, os.getpid(), chunk_rows is None, time.time(),
         {"setup": setup - started, "read": read - setup, "load": loaded - read,
@@ -255,7 +262,9 @@ def evaluate(plpy: Any, job_id: int, mst_key: int, step: int, partition: int,
                              hint="Only the jobs of a fit given a validation_table evaluate.")
     buffers = _buffers(plpy, ctx, ctx.validation, partition)
     program = _program(plpy, ctx, mst_key)
-    program.restore(_state(ctx, mst_key, step, model_state))
+    with _state(ctx, mst_key, step, model_state) as blob:
+        program.restore(blob)
+    del blob
     outcome = training.evaluate(program, ctx.specs[mst_key], buffers,
                                 ctx.validation.columns.classification)
     return finite_json({"rows": outcome.rows, "metrics": outcome.means(), "pid": os.getpid(),

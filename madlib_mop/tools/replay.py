@@ -16,11 +16,11 @@ import sys
 
 import numpy as np
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 from psycopg.sql import SQL
 
 from madlib_mop.db import packed
-from madlib_mop.job import tables as job_tables
+from madlib_mop.job import outputs, tables as job_tables
 from madlib_mop.job.store import identifiers
 from madlib_mop.runtime import training
 from madlib_mop.runtime.buffers import Buffer, PackedColumns, in_memory
@@ -103,10 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with psycopg.connect(configured_dsn()) as conn:
         replayed = replay(conn, args.model_output_table, args.mst_key)
-        stored = conn.execute(
-            psycopg.sql.SQL("SELECT model_weights FROM {} WHERE mst_key = %s").format(
-                psycopg.sql.SQL(_job(conn, args.model_output_table)["model_output_table"])),
-            (args.mst_key,)).fetchone()["model_weights"]
+        tables = identifiers(_job(conn, args.model_output_table)["tables"])
+        conn.row_factory = tuple_row
+        stored = outputs.read_weights(conn, tables, args.mst_key)
     stored = np.frombuffer(stored, dtype=np.float32)
     print(f"{replayed.size} weights; largest difference from the job's: "
           f"{float(np.max(np.abs(replayed - stored))):.3g}")
