@@ -41,6 +41,10 @@ from madlib_mop.tools.embedded import configured_dsn
 SCHEMA = "madlib_mop_bench_hop"
 FEATURES, CLASSES, ROWS = 64, 10, 400
 ADAM_COPIES = 3  # weights, first and second moments (float32 each)
+# Above this, the run sets what a DBA would for models of GBs: 2 worker sessions at most
+# (so each may take half of the memory for worker sessions) and worker_memory_mb of 4
+# states (the bench runs as a superuser).
+BIG_STATE_MB = 1000
 # A visit's timings (its record's seconds): the state from the store (its hop file mapped),
 # into the model, the training, out of the model into its hop file.
 TIMINGS = ("load", "restore", "train", "save")
@@ -104,6 +108,9 @@ def run_size(conn: psycopg.Connection, megabytes: float, iterations: int) -> dic
     model_id = conn.execute(f"SELECT max(model_id) FROM {SCHEMA}.arch").fetchone()[0]
     out = f"hop_{str(megabytes).replace('.', '_')}"
     end_idle_workers(conn)  # new workers: their peak RSS is this job's
+    if megabytes > BIG_STATE_MB:  # as a DBA would, for models of GBs: fewer, bigger sessions
+        conn.execute("SET madlib_mop.max_worker_sessions = 2")
+        conn.execute(f"SET madlib_mop.worker_memory_mb = {int(megabytes * 4)}")
     started = time.perf_counter()
     try:
         conn.execute(f"SELECT madlib_keras_fit('{SCHEMA}.packed', '{SCHEMA}.{out}', '{SCHEMA}.arch', %s, "
@@ -111,6 +118,9 @@ def run_size(conn: psycopg.Connection, megabytes: float, iterations: int) -> dic
                      "metrics=['accuracy']$$, 'batch_size=100, epochs=1', %s)", (model_id, iterations))
     except psycopg.Error as error:
         return {"hidden": hidden, "error": f"{error.diag.sqlstate} {str(error).splitlines()[0][:60]}"}
+    finally:
+        conn.execute("RESET madlib_mop.max_worker_sessions")
+        conn.execute("RESET madlib_mop.worker_memory_mb")
     seconds = time.perf_counter() - started
     pids = [pid for (pid,) in conn.execute(
         f"SELECT DISTINCT (result->>'pid')::int FROM {SCHEMA}.{out}_mop_visits")]

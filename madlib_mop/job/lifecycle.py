@@ -93,13 +93,16 @@ def _weight_shapes(layout: list) -> list[list[int]]:
 
 
 def create_job(plpy: Any, plan: Plan, previous_job: dict | None, prepare=None,
-               left_by: dict | None = None) -> tuple[int, memory.WorkerMemory]:
+               left_by: dict | None = None, weight_bytes: dict[str, int] | None = None
+               ) -> tuple[int, memory.WorkerMemory]:
     """The jobs row, the output and per-job tables, and every model's initial state, in one
     transaction of a session of its own: a failed start leaves nothing.  Refused when its
     worker sessions would not fit their share of the server's memory (`job.memory`).  `prepare(db)`
     creates more tables in that transaction (madlib_keras_automl's model selection table).
     `left_by`: an earlier job of this output whose output table was dropped; the tables it
-    left are dropped in the same transaction."""
+    left are dropped in the same transaction.  `weight_bytes` (architecture -> its weights'
+    bytes, `plan.check_models`): the job is refused for memory before any state is made
+    when even the estimate from them does not fit."""
     names = job_tables.names(plan.out.schema, plan.out.name)
     t = identifiers(names)
     previous_states: dict[int, bytes] = {}
@@ -135,12 +138,16 @@ def create_job(plpy: Any, plan: Plan, previous_job: dict | None, prepare=None,
         outputs.create(db, t, plan, job_id, plan.out.sibling("_info", plpy).quoted)
         configs, sizes = {c["mst_key"]: c for c in plan.configs}, {}
         packed_tables = [p["packed_table"] for p in (plan.source, plan.validation) if p]
+        caching = plan.arguments.get("use_caching") is not False
+        if weight_bytes:
+            memory.check(memory.estimate(plpy, plan.configs, {
+                c["mst_key"]: memory.estimated_state_bytes(c, weight_bytes[c["model_arch"]])
+                for c in plan.configs if c["model_arch"] in weight_bytes}, packed_tables, caching))
         for mst_key, blob in initial_states(plpy, plan, previous_states, previous_compile):
             sizes[mst_key] = len(blob)
             # Refused as soon as the states so far are too big: nothing is then left (the
             # transaction is not committed).
-            need = memory.estimate(plpy, plan.configs, sizes, packed_tables,
-                                   plan.arguments.get("use_caching") is not False)
+            need = memory.estimate(plpy, plan.configs, sizes, packed_tables, caching)
             memory.check(need)
             job_tables.add_model(db, t, configs[mst_key], blob)
             outputs.add_model(db, t, configs[mst_key], blob, plan.info_labels.get(mst_key, {}))
@@ -220,8 +227,8 @@ def run_plan(plpy: Any, plan: Plan, warm_start: bool, can_commit: bool, caller: 
     engine = engine_of(plpy, plan.source["packed_table"])
     pool = start_pool(engine, plan.source["num_segments"])
     try:
-        check_models(plpy, plan)
-        job_id, need = create_job(plpy, plan, previous, prepare, left_by)
+        weight_bytes = check_models(plpy, plan)
+        job_id, need = create_job(plpy, plan, previous, prepare, left_by, weight_bytes)
     except BaseException:
         pool.stop()
         raise

@@ -57,6 +57,22 @@ def models_bytes(specs: list[training.ModelSpec], state_bytes: dict[int, int]) -
     return STATE_COPIES * sum(largest.values())
 
 
+# Each optimizer's variables per trainable weight (Keras 3), for the estimate made before
+# any state exists; one not listed counts none (the estimate is then a lower bound, and the
+# states' real sizes are checked as they are made).
+OPTIMIZER_SLOTS = {"Adam": 2, "AdamW": 2, "Adamax": 2, "Nadam": 2, "Adadelta": 2, "Ftrl": 2,
+                   "Lamb": 2, "Adagrad": 1, "Lion": 1, "RMSprop": 1}
+
+
+def estimated_state_bytes(config: dict, weight_bytes: int) -> int:
+    """A configuration's state size from its weights' (`plan.check_models`) and its optimizer."""
+    optimizer = training.ModelSpec.of(config).compile.optimizer
+    arguments = training.optimizer_arguments(optimizer)
+    slots = OPTIMIZER_SLOTS.get(optimizer.name, 0)
+    slots += bool(arguments.get("momentum")) + bool(arguments.get("amsgrad")) + bool(arguments.get("centered"))
+    return weight_bytes * (1 + slots)
+
+
 def budget_mb(plpy: Any) -> int:
     """madlib_mop.worker_memory_mb, or its default."""
     budget = settings.whole_number(plpy, BUDGET_SETTING, minimum=0, strict=False)

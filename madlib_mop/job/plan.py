@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import shlex
+
+import numpy as np
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -228,14 +230,18 @@ def _warn_of_callbacks(plpy: Any, configs: list[dict], out: catalog.NewTable) ->
         "TensorBoard event files from its _info table")
 
 
-def check_models(plpy: Any, plan: Plan) -> None:
-    """Every configuration against the data (Keras builds each architecture once).  Apart
-    from `plan_job`, which imports nothing heavy: a fit starts its workers in between."""
+def check_models(plpy: Any, plan: Plan) -> dict[str, int]:
+    """Every configuration against the data (Keras builds each architecture once, with
+    zeros); the bytes of each architecture's weights.  Apart from `plan_job`, which imports
+    nothing heavy: a fit starts its workers in between."""
     built: dict = {}
     for config in plan.configs:
         _check_model(plpy, config, plan.source, built)
+    weight_bytes = {arch: sum(int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize
+                              for v in model.weights) for arch, model in built.items()}
     built.clear()
     gc.collect()  # (Keras' models hold cycles; a model may be GBs)
+    return weight_bytes
 
 
 def check_config(plpy: Any, config: dict, source_table: str) -> None:
