@@ -118,11 +118,11 @@ def test_a_bad_policy_is_refused_before_anything_is_written(data):
         with pytest.raises(psycopg.errors.InvalidParameterValue):
             conn.execute("SELECT madlib_keras_fit_multiple_model('iris_packed', 'bad_policy', 'mst', 1, "
                          "warm_start => TRUE, if_output_exists => 'new_version')")
-        long_name = "n" * 50  # fits the job's tables (52 bytes at most), not its versions'
+        long_name = "n" * 50  # fits the job's tables (51 bytes at most), not its versions'
         with pytest.raises(psycopg.errors.InvalidParameterValue) as error:
             conn.execute(_fit_sql(long_name, policy="new_version"))
         assert "too long to add \"_v99_mop_" in error.value.diag.message_primary
-        assert "at most 48 bytes" in error.value.diag.message_hint
+        assert "at most 47 bytes" in error.value.diag.message_hint
         assert conn.execute("SELECT to_regclass('bad_policy') IS NULL").fetchone()[0]
         assert _jobs_of(conn, "bad_policy") == []
 

@@ -13,7 +13,7 @@ from madlib_mop import errors
 from madlib_mop.db import catalog, packed
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.job import versions
-from madlib_mop.job.tables import TABLE_SUFFIXES
+from madlib_mop.job.tables import SUFFIXES_LONGEST_FIRST
 from madlib_mop.grammar import model_config
 from madlib_mop.runtime import keras_json, training
 from madlib_mop.search import setup
@@ -166,7 +166,7 @@ def plan_job(plpy: Any, source_table: str, model_output_table: str, model_select
     else:
         mst_name, arch_name, configs = given
     out = catalog.new_table(plpy, model_output_table, argument="model_output_table")
-    for suffix in TABLE_SUFFIXES.values():
+    for suffix in SUFFIXES_LONGEST_FIRST:
         if suffix:
             out.sibling(suffix, plpy)  # checks the names fit
     arguments = {"source_table": source_table, "model_output_table": model_output_table,

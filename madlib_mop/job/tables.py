@@ -73,6 +73,9 @@ WEIGHTS = JobTable("weights", (("mst_key", "integer"), ("piece", "integer"),
 # Every table of a job, by key: the suffix its name adds to the output table's.
 TABLE_SUFFIXES = {"output": "", "summary": "_summary", "info": "_info",
                   **{t.key: f"_mop_{t.key}" for t in JOB_TABLES + (WEIGHTS,)}}
+# Longest first: a name checked against them is refused for the longest, whose limit is the one
+# its HINT then gives.
+SUFFIXES_LONGEST_FIRST = sorted(TABLE_SUFFIXES.values(), key=len, reverse=True)
 
 
 def names(schema: str, output: str) -> dict[str, list[str]]:

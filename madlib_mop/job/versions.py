@@ -7,7 +7,7 @@ from typing import Any
 
 from madlib_mop.db import catalog
 from madlib_mop.job import store
-from madlib_mop.job.tables import TABLE_SUFFIXES
+from madlib_mop.job.tables import SUFFIXES_LONGEST_FIRST, TABLE_SUFFIXES
 
 
 VERSION_ROOM = "_v99"  # the suffix a versioned name must leave room for
@@ -20,7 +20,7 @@ def versioned_output(plpy: Any, out: catalog.NewTable, arguments: dict) -> catal
     job's arguments, so the next run finds it.  An unfinished job on the name itself that
     was started without the policy is continued as it was started.  `arguments` (the
     call's, as the job will record them) get the policy and the family."""
-    for suffix in TABLE_SUFFIXES.values():
+    for suffix in SUFFIXES_LONGEST_FIRST:
         out.sibling(VERSION_ROOM + suffix, plpy)  # the versions' names will fit
     own = store.find_job(plpy, out.quoted, unfinished=True)
     if own is not None and "output_family" not in json.loads(own["arguments"]):
@@ -45,7 +45,7 @@ def versioned_output(plpy: Any, out: catalog.NewTable, arguments: dict) -> catal
         name = f"{out.name}_v{version}"
         quoted = f"{plpy.quote_ident(out.schema)}.{plpy.quote_ident(name)}"
         candidate = catalog.new_table(plpy, quoted, argument="model_output_table")
-        for suffix in TABLE_SUFFIXES.values():
+        for suffix in SUFFIXES_LONGEST_FIRST:
             if suffix:
                 candidate.sibling(suffix, plpy)  # checks the names fit (past _v99)
     if version > 1:
