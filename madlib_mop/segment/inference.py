@@ -73,18 +73,19 @@ def worker_predict(plpy: Any, task: str, first_block: int, last_block: int, weig
     if weights is None:  # too big to come with the call: read from the model table
         weights = trained_models(plpy, task["model_table"], task["mst_key"], all_models=True)[0].weights
     weights = memoryview(weights)
-    key = (task["model_arch"], hashlib.sha256(weights).hexdigest())
-    if key not in _models:
+    # Kept for this worker session's later calls when small (a big one is not hashed either).
+    key = ((task["model_arch"], hashlib.sha256(weights).hexdigest())
+           if len(weights) <= CACHED_WEIGHTS_BYTES else None)
+    model = _models.get(key)
+    if model is None:
         _models.clear()
         gc.collect()
         ref = ModelRef(None, task["mst_key"], task["model_arch"], weights, None,
                        task["class_values"], task["normalizing_const"], task["class_name"])
         model = build(ref, compile_model=False, threads=task["threads"])
-        if len(weights) <= CACHED_WEIGHTS_BYTES:  # kept for this worker session's later calls
+        if key is not None:
             _models[key] = model
         del ref, weights
-    else:
-        model = _models[key]
     shape = tuple(keras_json.input_shape(model))
     source = catalog.resolve_table(  # an oid here; [schema, table] on a segment server
         plpy, catalog.qualified_name(plpy, task["source"]) if isinstance(task["source"], list)

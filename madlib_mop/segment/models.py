@@ -94,13 +94,12 @@ def trained_models(plpy: Any, model_table: str | int, mst_key: int | None, *, al
 def weights_in_pieces(plpy: Any, table: catalog.Table, mst_key: int) -> bytearray:
     """A model's weights too big for one value of `<out>`.model_weights: its pieces in
     `<out>_mop_weights`, read one at a time into one buffer (`job.outputs`)."""
+    # (its name as the sibling of `table`, NULL when it does not exist)
     pieces = plpy.execute(plpy.prepare(
-        "SELECT pg_catalog.format('%I.%I', n.nspname, c.relname || $2) AS name "
+        "SELECT pg_catalog.to_regclass(pg_catalog.format('%I.%I', n.nspname, c.relname || $2))::text AS name "
         "FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
         "WHERE c.oid = $1", ["oid", "text"]), [table.oid, TABLE_SUFFIXES["weights"]])[0]["name"]
-    exists = plpy.execute(plpy.prepare("SELECT to_regclass($1) IS NOT NULL AS e", ["text"]),
-                          [pieces])[0]["e"]
-    sizes = [] if not exists else plpy.execute(plpy.prepare(
+    sizes = [] if pieces is None else plpy.execute(plpy.prepare(
         f"SELECT piece, octet_length(model_weights) AS n FROM {pieces} "
         "WHERE mst_key = $1 ORDER BY piece", ["integer"]), [mst_key])
     if not sizes:
