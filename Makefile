@@ -28,10 +28,12 @@ VERSION       := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 STAMPS        := .make
 SQL_SOURCES   := $(sort $(wildcard sql/*.sql sql/upgrades/*.sql udf/*.py)) madlib_mop/tools/extension_build.py
 PYTEST_ARGS   ?=
+# The browser the dashboard's tests drive (headless); `make test` installs it.
+BROWSER_PACKAGES := chromium chromium-driver
 # Optional dependency groups installed into the runtime (the Docker image uses none).
 PIP_EXTRAS    ?= test,bench,client
 
-.PHONY: help deps venv build install installcheck demo test bench bench-cluster db-start db-stop db-status db-destroy dsn \
+.PHONY: help deps browser venv build install installcheck demo test bench bench-cluster db-start db-stop db-status db-destroy dsn \
         cluster cluster-dsn cluster-stop cluster-status cluster-kill-segment cluster-destroy clean \
         docker-engine images compose-up compose-dsn compose-kill-segment compose-down test-containers
 
@@ -46,6 +48,16 @@ $(STAMPS)/apt: Makefile
 	  if [ "$$(id -u)" -ne 0 ]; then echo "missing Debian packages: $$missing; run 'sudo make deps'" >&2; exit 1; fi; \
 	  echo "installing Debian packages: $$missing"; \
 	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
+	fi
+	@mkdir -p $(STAMPS) && touch $@
+
+browser: $(STAMPS)/browser
+$(STAMPS)/browser: Makefile
+	@missing=$$(for p in $(BROWSER_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" -ne 0 ]; then echo "missing Debian packages: $$missing; run 'sudo make browser'" >&2; exit 1; fi; \
+	  echo "installing Debian packages: $$missing"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
 	fi
 	@mkdir -p $(STAMPS) && touch $@
 
@@ -165,7 +177,7 @@ test-containers: $(STAMPS)/venv install images
 demo: $(STAMPS)/venv install db-start
 	$(PY) -m madlib_mop.tools.demo
 
-test: $(STAMPS)/venv installcheck
+test: $(STAMPS)/venv $(STAMPS)/browser installcheck
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Benchmarks: not part of the tests; each prints a markdown table.

@@ -92,6 +92,19 @@ def test_upgrade_scripts_follow_the_naming_convention(sources, tmp_path):
         _build("1.1.0", tmp_path / "out3", "/x", sources)
 
 
+def test_an_object_marker_is_expanded_only_in_the_latest_upgrade(sources, tmp_path):
+    """`-- @object` takes the object as this version's install script has it: right for the
+    update to this version, wrong in an earlier update of a chain, which must be written out."""
+    _write(sources / "sql" / "10_f.sql", (sources / "sql" / "10_f.sql").read_text()
+           + "CREATE VIEW @extschema@.v AS SELECT 1 AS one;\n")
+    _write(sources / "sql" / "upgrades" / "madlib_mop--1.0.0--1.1.0.sql", "-- @object v\n-- @routines\n")
+    _build("1.1.0", tmp_path / "out", "/x", sources)
+    assert "CREATE VIEW @extschema@.v AS SELECT 1" in (tmp_path / "out" / "madlib_mop--1.0.0--1.1.0.sql").read_text()
+    _write(sources / "sql" / "upgrades" / "madlib_mop--1.1.0--1.2.0.sql", "-- @routines\n")
+    with pytest.raises(BuildError, match="1.0.0--1.1.0.sql: '-- @object' in a script to an earlier version"):
+        _build("1.2.0", tmp_path / "out2", "/x", sources)
+
+
 def test_version_must_look_like_a_version(sources, tmp_path):
     with pytest.raises(BuildError, match="not of the form"):
         _build("1.0; DROP", tmp_path / "out", "/x", sources)

@@ -23,6 +23,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from madlib_mop import errors
+from madlib_mop.api import deployments
 from madlib_mop.db import catalog, packed, scan, segments, settings, worker_session
 from madlib_mop.engine.base import Engine
 from madlib_mop.engine.cluster import ClusterEngine, engine_for, on_server
@@ -225,6 +226,8 @@ def predict(plpy: Any, model_table: str, test_table: str, id_col: str, independe
             output_table: str, pred_type: str | None = "prob", use_gpus: bool | None = False,
             mst_key: int | None = None) -> None:
     _no_gpus(use_gpus)
+    # A deployment's name stands for the model deployed under it now (api/deployments).
+    model_table, mst_key = deployments.resolve(plpy, model_table, mst_key)
     ref = trained_models(plpy, model_table, mst_key)[0]
     _predict(plpy, ref, test_table, id_col, independent_varname, output_table, pred_type)
 

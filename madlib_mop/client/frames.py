@@ -80,22 +80,8 @@ def jobs(conn: sa.Connection, schema: str) -> pd.DataFrame:
 
 
 def hyperparameters(compile_params: str | None, fit_params: str | None) -> dict[str, Any]:
-    """The hyperparameters of one configuration as flat columns: optimizer, its numeric
-    arguments (lr as learning_rate), loss, batch_size, epochs and the other fit keys."""
-    out: dict[str, Any] = {}
-    if compile_params:
-        params = model_config.parse_keyword_text(compile_params, "compile_params",
-                                                 names_are_strings=True, call_keys=("optimizer",))
-        name, arguments = model_config.optimizer_parts(str(params.get("optimizer", "")))
-        out["optimizer"] = name
-        for key, value in arguments:
-            out["learning_rate" if key in ("lr", "learning_rate") else key] = value
-        out["loss"] = params.get("loss")
-    if fit_params:
-        for key, value in model_config.parse_keyword_text(fit_params, "fit_params").items():
-            if isinstance(value, (int, float, str, bool)):
-                out[key] = value
-    return out
+    """The hyperparameters of one configuration as flat columns (the grammar's reading)."""
+    return model_config.hyperparameters(compile_params, fit_params)
 
 
 def objective(job: JobRef, info: pd.DataFrame) -> tuple[str, bool]:

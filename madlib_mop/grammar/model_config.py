@@ -416,6 +416,26 @@ def fit_params_text(params: dict[str, Any]) -> str:
     return ",".join(f"{key}={_render(value)}" for key, value in params.items())
 
 
+def hyperparameters(compile_params: str | None, fit_params: str | None) -> dict[str, Any]:
+    """The hyperparameters of one configuration as flat names: optimizer, its arguments (lr as
+    learning_rate), loss, batch_size, epochs and the other fit keys with plain values.  Read
+    from stored texts, not checked against Keras (a client has no TensorFlow)."""
+    out: dict[str, Any] = {}
+    if compile_params:
+        params = parse_keyword_text(compile_params, "compile_params", names_are_strings=True,
+                                    call_keys=("optimizer",))
+        name, arguments = optimizer_parts(str(params.get("optimizer", "")))
+        out["optimizer"] = name
+        for key, value in arguments:
+            out["learning_rate" if key in ("lr", "learning_rate") else key] = value
+        out["loss"] = params.get("loss")
+    if fit_params:
+        for key, value in parse_keyword_text(fit_params, "fit_params").items():
+            if isinstance(value, (int, float, str, bool)):
+                out[key] = value
+    return out
+
+
 # ---- grids ------------------------------------------------------------------------------------
 
 def _without_addresses(message: str) -> str:

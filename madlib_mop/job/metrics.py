@@ -51,6 +51,9 @@ class Curves:
     training: list[dict] = field(default_factory=list)  # weighted means per iteration
     validation: list[dict] = field(default_factory=list)  # [] without validation
     elapsed: list[float] = field(default_factory=list)  # seconds from the job's start
+    # ms per row of the validation pass (its workers' evaluation time over its rows): the
+    # model's inference cost; None where a worker did not time it (an earlier version's)
+    inference_ms: list[float | None] = field(default_factory=list)
 
     def final(self, kind: str, name: str | None):
         rows = self.training if kind == "training" else self.validation
@@ -77,12 +80,22 @@ def curves(visits: Mapping[int, Mapping], evals: Mapping[tuple[int, int], Mappin
                 break
             validation = weighted(found)
             finished_at = max([finished_at] + [e["finished_at"] for e in found])
+            result.inference_ms.append(inference_ms_per_row(found))
         result.iterations.append(i)
         result.training.append(training)
         if validation is not None:
             result.validation.append(validation)
         result.elapsed.append(finished_at - started_at)
     return result
+
+
+def inference_ms_per_row(evals: Sequence[Mapping]) -> float | None:
+    """Milliseconds per row of one validation pass, from its partitions' evaluation times."""
+    rows = sum(e.get("rows") or 0 for e in evals)
+    seconds = [e.get("seconds", {}).get("evaluate") for e in evals]
+    if not rows or any(s is None for s in seconds):
+        return None
+    return 1000.0 * sum(seconds) / rows
 
 
 def epoch_loss(visits: Mapping[int, Mapping], epoch: int, segments: int) -> float | None:

@@ -42,12 +42,19 @@ INFO_COLUMNS = [
     ("stopped_iteration", "integer"), ("stop_reason", "text"),
     # training, finished, stopped (by a pruner), diverged or failed (for a cause of its own)
     ("status", "text"),
+] + [
+    # What a model costs to use: its weights' count, and ms per row of its last validation
+    # pass (evaluation alone, on one worker); NULL without a validation table.
+    ("parameter_count", "bigint"), ("inference_ms_per_row", "double precision"),
 ]
+# Columns added since 0.8.0: a job made before gets them when its coordinator starts.
+NEWER_INFO_COLUMNS = INFO_COLUMNS[-2:]
 # madlib_keras_automl with Hyperband adds MADlib's bracket and round.
 HYPERBAND_INFO_COLUMNS = [("s", "integer"), ("i", "integer")]
 # madlib_keras_fit: the info columns its summary repeats (all but mst_key and those of pruning).
 SINGLE_SUMMARY_COLUMNS = tuple(name for name, _ in INFO_COLUMNS[1:]
-                               if name not in ("metrics_iters", "stopped_iteration", "stop_reason", "status"))
+                               if name not in ("metrics_iters", "stopped_iteration", "stop_reason", "status")
+                               and (name, _) not in NEWER_INFO_COLUMNS)
 
 
 def create(db: psycopg.Connection, t: dict[str, sql.Identifier], plan, job_id: int,
@@ -78,12 +85,13 @@ def add_model(db: psycopg.Connection, t: dict[str, sql.Identifier], config: dict
     labels = labels or {}
     db.execute(sql.SQL(
         "INSERT INTO {} (mst_key, model_id, compile_params, fit_params, model_type, "
-        "model_size, metrics_type, loss_type, subepochs_done, status{}) "
-        "VALUES (%s, %s, %s, %s, 'madlib_keras', %s, %s, %s, 0, 'training'{})").format(
+        "model_size, metrics_type, loss_type, subepochs_done, status, parameter_count{}) "
+        "VALUES (%s, %s, %s, %s, 'madlib_keras', %s, %s, %s, 0, 'training', %s{})").format(
             t["info"], sql.SQL("").join(sql.SQL(", {}").format(sql.Identifier(n)) for n in labels),
             sql.SQL(", %s" * len(labels))),
         (key, config["model_id"], config["compile_params"], config["fit_params"],
-         len(weights) / 1024.0, list(params.metrics) or None, params.loss, *labels.values()))
+         len(weights) / 1024.0, list(params.metrics) or None, params.loss,
+         len(weights) // state.WEIGHT_BYTES, *labels.values()))
 
 
 def store_weights(db: psycopg.Connection, t: dict[str, sql.Identifier], mst_key: int,
@@ -208,7 +216,7 @@ def publish(store, model, curves: metrics.Curves, partitions: int, single: bool)
             validation_metrics_final = %s, validation_loss_final = %s,
             validation_metrics = %s, validation_loss = %s,
             metrics_iters = %s, training_metrics_all = %s, validation_metrics_all = %s,
-            training_seconds = %s, subepochs_done = %s,
+            training_seconds = %s, subepochs_done = %s, inference_ms_per_row = %s,
             status = CASE WHEN status IN ('stopped', 'diverged', 'failed') THEN status
                           WHEN %s THEN 'finished' ELSE 'training' END
         WHERE mst_key = %s""").format(t["info"]), (
@@ -223,7 +231,7 @@ def publish(store, model, curves: metrics.Curves, partitions: int, single: bool)
         curves.iterations,
         finite_json({n: metrics.series(training, n) for n in ["loss"] + names}),
         finite_json({n: metrics.series(validation, n) for n in ["loss"] + names}) if partitions else None,
-        training_seconds, len(model.visits),
+        training_seconds, len(model.visits), metrics.last(curves.inference_ms),
         len(model.visits) >= store.job["arguments"]["num_iterations"] * model.per_iteration,
         model.mst_key))
     if single:

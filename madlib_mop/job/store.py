@@ -247,8 +247,11 @@ class JobStore(JobRowUpdates):
 
     def model_statuses(self) -> list[tuple[int, str | None, str | None]]:
         """(mst_key, status, stop_reason) of every model in `<out>_info`.  An `_info` made
-        by an earlier version gets its status column here."""
-        self.q(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS status text").format(self.tables["info"]))
+        by an earlier version gets its newer columns here."""
+        self.q(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS status text, {}").format(
+            self.tables["info"], sql.SQL(", ").join(
+                sql.SQL("ADD COLUMN IF NOT EXISTS {} {}").format(sql.Identifier(n), sql.SQL(kind))
+                for n, kind in outputs.NEWER_INFO_COLUMNS)))
         return self.q(sql.SQL("SELECT mst_key, status, stop_reason FROM {} ORDER BY mst_key")
                       .format(self.tables["info"])).fetchall()
 

@@ -124,6 +124,9 @@ def check_layout(found: list[tuple[str, tuple]], expected: list[tuple[str, tuple
         raise StateFormatError("model state does not fit this model: its variables differ")
 
 
+WEIGHT_BYTES = 4  # a value of MADlib's model_weights: float32
+
+
 def madlib_weights(blob: bytes | bytearray | memoryview) -> bytes | memoryview:
     """MADlib's model_weights: the float32 values of get_weights(), concatenated.  Weights
     come first in a state: when they are float32 already, this is a view of `blob`'s bytes

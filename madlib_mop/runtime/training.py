@@ -300,6 +300,7 @@ class Program:
         self._raw_path = sys.byteorder == "little" and all(
             np.dtype(v.dtype).name in self._BITCAST for _, v in self._variables)
         self._functions: dict[tuple, object] = {}
+        self.last_seconds = 0.0  # the last train or evaluate call's run, without tracing
 
     @classmethod
     def for_spec(cls, spec: ModelSpec) -> "Program":
@@ -414,11 +415,20 @@ class Program:
              batch_size: int) -> dict:
         import tensorflow as tf
 
+        fresh = (kind,) + tuple(None if a is None else (a.dtype.str, a.shape[1:])
+                                for a in (x, y, sample_weight)) not in self._functions
         function = self._function(kind, x, y, sample_weight)
-        self.model.reset_metrics()
         arrays = [x, y] + ([sample_weight] if sample_weight is not None else [])
+        if fresh and kind == "test":
+            # A concrete function's first call also optimises its graph: done on one row, so
+            # that `last_seconds` times evaluation alone (a model's inference cost).
+            function(*[tf.constant(a[:1]) for a in arrays], tf.constant(batch_size, tf.int32))
+        self.model.reset_metrics()
+        started = time.perf_counter()
         values = function(*[tf.constant(a) for a in arrays], tf.constant(batch_size, tf.int32))
-        return {name: float(value) for name, value in values.items()}
+        values = {name: float(value) for name, value in values.items()}
+        self.last_seconds = time.perf_counter() - started
+        return values
 
     def train(self, x: np.ndarray, y: np.ndarray, batch_size: int,
               sample_weight: np.ndarray | None = None) -> dict:
@@ -472,6 +482,7 @@ class Outcome:
     rows: int = 0
     sums: dict = field(default_factory=dict)  # metric -> sum of value x rows
     seconds_train: float = 0.0
+    seconds_evaluate: float = 0.0  # evaluation alone (no decoding, no graph building)
 
     def add(self, rows: int, values: dict) -> None:
         self.rows += rows
@@ -536,4 +547,5 @@ def evaluate(program: Program, spec: ModelSpec, buffers: Iterable[Buffer],
     for buffer in buffers:
         x, y = buffer.load()
         outcome.add(len(x), program.evaluate(x, labels_for(loss, y, classification)))
+        outcome.seconds_evaluate += program.last_seconds
     return outcome

@@ -269,7 +269,8 @@ def evaluate(plpy: Any, job_id: int, mst_key: int, step: int, partition: int,
                                 ctx.validation.columns.classification)
     return finite_json({"rows": outcome.rows, "metrics": outcome.means(), "pid": os.getpid(),
                         "finished_at": time.time(), "diverged": training.divergence(outcome.means()),
-                        "seconds": {"total": time.perf_counter() - started}})
+                        "seconds": {"total": time.perf_counter() - started,
+                                    "evaluate": outcome.seconds_evaluate}})
 
 
 def warm_up(plpy: Any, segments: int) -> None:

@@ -282,6 +282,11 @@ def build(version: str, out: Path, site_packages: str,
             text = text.replace(ROUTINES_MARK, f"-- this version's routines (generated)\n{routines}")
             text = OBJECT_MARK.sub(lambda m: f"-- {m.group('name')} (generated)\n"
                                    + object_statements(body, m.group("name")), text)
+        elif OBJECT_MARK.search(text):
+            # Expanded from this version's install script, the object would be this
+            # version's (or missing); an update through OLD--NEW needs NEW's, written out.
+            raise BuildError(f"{upgrade.name}: '-- @object' in a script to an earlier version than "
+                             f"{version}: write the object's statements of that version in its place")
         target = out / upgrade.name
         target.write_text(text, encoding="utf-8")
         written.append(target)

@@ -1,0 +1,249 @@
+"""After the search: which hyperparameters mattered, the trade-offs between objectives, and
+a job's history as rows any BI tool reads.
+
+    hyperparameter_importance(model_output_table, objective, evaluator, iteration)
+    pareto_front(model_output_table, objectives)
+    _mop_intermediate_values(job_id)      behind the view intermediate_values
+    _mop_optimization_history(job_id)     behind the view optimization_history
+
+Everything is read as the caller: a model output table and its `_info` with the caller's
+rights, a job through `jobs` (each role sees its own).  Models' values come from `_info`,
+whose metric series the job writes as models finish iterations, so all of this works on a
+running job as far as it has gone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from madlib_mop import errors
+from madlib_mop.db import catalog
+from madlib_mop.errors import MadlibMopError
+from madlib_mop.grammar import model_config
+from madlib_mop.search import importance as importance_of, pareto
+from madlib_mop.search.objective import Objective, direction_of, objective_from
+from madlib_mop.search.setup import search_of_job
+
+# Columns of `_info` that are costs: lower is better.
+_COSTS = ("inference_ms_per_row", "parameter_count", "training_seconds", "model_size")
+_INFO = ("SELECT mst_key, model_id, compile_params, fit_params, metrics_iters, metrics_elapsed_time, "
+         "training_metrics_all, validation_metrics_all, metrics_type, "
+         "to_jsonb(i)->>'status' AS status, stopped_iteration FROM {} i ORDER BY mst_key")
+
+
+def _json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+class JobResults:
+    """A job's models as its `_info` has them, and the objective they are judged by."""
+
+    def __init__(self, plpy: Any, info_name: str, objective: Objective):
+        self.objective = objective
+        self.models = [dict(r) for r in plpy.execute(_INFO.format(info_name))]
+
+    def series(self, model: dict) -> list[tuple[int, float | None, dict, dict]]:
+        """(iteration, elapsed seconds, training metrics, validation metrics) per computed
+        iteration of a model."""
+        training = _json(model["training_metrics_all"]) or {}
+        validation = _json(model["validation_metrics_all"]) or {}
+        elapsed = model["metrics_elapsed_time"] or []
+        rows = []
+        for k, iteration in enumerate(model["metrics_iters"] or []):
+            rows.append((iteration, elapsed[k] if k < len(elapsed) else None,
+                         {n: v[k] for n, v in training.items() if k < len(v)},
+                         {n: v[k] for n, v in validation.items() if k < len(v)}))
+        return rows
+
+    def value(self, training: dict, validation: dict) -> float | None:
+        values = validation if self.objective.source == "validation" else training
+        value = values.get(self.objective.metric)
+        return float(value) if _finite(value) else None
+
+
+def job_of(plpy: Any, table: catalog.Table) -> dict | None:
+    """The caller's latest job that wrote `table` (None: another role's, or not a job's)."""
+    rows = plpy.execute(plpy.prepare(
+        f"SELECT job_id, arguments, validation_table FROM {catalog.extension_schema(plpy)}.jobs "
+        "WHERE tables->'output' = to_jsonb($1::text[]) ORDER BY job_id DESC LIMIT 1", ["text[]"]),
+        [catalog.name_parts(plpy, table.oid)])
+    return dict(rows[0]) if rows else None
+
+
+def _job_objective(job: dict | None, compile_params: list[str], has_validation: bool) -> Objective:
+    """The objective the job judged its models by (its pruner's or automl's metric); without
+    a job row, the loss, as a job without either."""
+    if job is not None:
+        try:
+            return search_of_job(_json(job["arguments"]), dict(enumerate(compile_params)),
+                                 has_validation).objective
+        except MadlibMopError:  # a job whose arguments an earlier version recorded
+            pass
+    return Objective("loss", "validation" if has_validation else "training", False)
+
+
+def results_of(plpy: Any, model_output_table: str, objective: str | None) -> JobResults:
+    table = catalog.resolve_table(plpy, model_output_table, argument="model_output_table")
+    info = catalog.sibling_table(plpy, table, "_info")
+    if "validation_metrics_all" not in catalog.columns(plpy, info):
+        raise MadlibMopError(f"{info.name} is not the _info table of a madlib_mop job",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint="Pass the model_output_table of madlib_keras_fit_multiple_model "
+                                  "or madlib_keras_automl.")
+    results = JobResults(plpy, info.name, Objective("loss", "training", False))
+    has_validation = any(_json(m["validation_metrics_all"]) for m in results.models)
+    compile_params = [m["compile_params"] for m in results.models]
+    if objective is None or not objective.strip():
+        results.objective = _job_objective(job_of(plpy, table), compile_params, has_validation)
+    else:
+        words = objective.split()
+        direction = {"max": "maximize", "min": "minimize"}.get(words[-1].lower()) if len(words) == 2 else None
+        results.objective = objective_from(
+            words[0], direction, has_validation,
+            [model_config.parse_compile_params(c).metrics for c in compile_params], "objective")
+    return results
+
+
+def hyperparameter_importance(plpy: Any, model_output_table: str, objective: str | None = None,
+                              evaluator: str | None = "ped_anova", iteration: int | None = None
+                              ) -> list[tuple[str, float]]:
+    """(hyperparameter, importance) of a job's models, most important first.  A model counts
+    with its value of the objective at its last iteration if it finished (as Optuna counts
+    completed trials, not pruned ones), or at `iteration` for every model that reached it."""
+    results = results_of(plpy, model_output_table, objective)
+    configs, values = [], []
+    for model in results.models:
+        series = results.series(model)
+        if iteration is not None:
+            series = [s for s in series if s[0] == iteration]
+        elif model["status"] != "finished":
+            continue
+        value = results.value(series[-1][2], series[-1][3]) if series else None
+        if value is not None:
+            configs.append({"model_id": model["model_id"],
+                            **model_config.hyperparameters(model["compile_params"], model["fit_params"])})
+            values.append(value)
+    try:
+        return importance_of.importances(configs, values, results.objective.maximize,
+                                         evaluator or "ped_anova")
+    except MadlibMopError as error:
+        if error.sqlstate == errors.DATA_EXCEPTION and iteration is None:
+            error.hint = (f"{error.hint or ''} Models count once they finish (objective "
+                          f"{results.objective.describe()}); pass iteration => k to compare every "
+                          "model that reached iteration k, as after pruning.").strip()
+        raise
+
+
+def _direction(column: str, metric: str | None) -> bool | None:
+    if column in _COSTS or "loss" in column:
+        return False
+    if "metrics" in column and metric:
+        return direction_of(metric)
+    return None
+
+
+def pareto_front(plpy: Any, model_output_table: str, objectives: list[str] | None
+                 ) -> list[tuple[int, list[float]]]:
+    """The models of a job that no other model beats on every objective (columns of
+    `_info`), with their values in the objectives' order."""
+    table = catalog.resolve_table(plpy, model_output_table, argument="model_output_table")
+    info = catalog.sibling_table(plpy, table, "_info")
+    columns = catalog.columns(plpy, info)
+    metric = next((m["metrics_type"][0] for m in plpy.execute(
+        f"SELECT metrics_type FROM {info.name} WHERE metrics_type IS NOT NULL LIMIT 1")), None) \
+        if "metrics_type" in columns else None
+    wanted = pareto.parse(objectives, lambda column: _direction(column, metric))
+    for objective in wanted:
+        column = columns.get(objective.column)
+        if column is None or not column.is_numeric:
+            numeric = sorted(n for n, c in columns.items() if c.is_numeric and n != "mst_key")
+            raise MadlibMopError(
+                f"{info.name} has no numeric column {objective.column}",
+                sqlstate=errors.UNDEFINED_COLUMN if column is None else errors.DATATYPE_MISMATCH,
+                hint="Objectives are numeric columns of _info: " + ", ".join(numeric) + ".")
+    rows = plpy.execute("SELECT mst_key, " + ", ".join(
+        f"{plpy.quote_ident(o.column)}::float8 AS {plpy.quote_ident('v%d' % k)}"
+        for k, o in enumerate(wanted)) + f" FROM {info.name} ORDER BY mst_key")
+    keys, points = [], []
+    for row in rows:
+        point = [row[f"v{k}"] for k in range(len(wanted))]
+        if all(_finite(v) for v in point):  # a model without a value is on no front
+            keys.append(row["mst_key"])
+            points.append(point)
+    return [(keys[i], points[i]) for i in pareto.front(points, [o.maximize for o in wanted])]
+
+
+def _job_results(plpy: Any, job_id: int) -> JobResults | None:
+    """A job of the caller's, as `JobResults`; None when its `_info` is gone or unreadable
+    (a view over every job never fails for one job's tables)."""
+    rows = plpy.execute(plpy.prepare(
+        f"SELECT arguments, tables, validation_table FROM {catalog.extension_schema(plpy)}.jobs "
+        "WHERE job_id = $1", ["bigint"]), [job_id])
+    if not rows:
+        return None
+    schema, name = _json(rows[0]["tables"])["info"]
+    found = plpy.execute(plpy.prepare(
+        "SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = $1 AND c.relname = $2 AND has_table_privilege(c.oid, 'SELECT')",
+        ["name", "name"]), [schema, name])
+    if not found:
+        return None
+    info_name = f"{plpy.quote_ident(schema)}.{plpy.quote_ident(name)}"
+    results = JobResults(plpy, info_name, Objective("loss", "training", False))
+    results.objective = _job_objective(dict(rows[0]), [m["compile_params"] for m in results.models],
+                                       rows[0]["validation_table"] is not None)
+    return results
+
+
+def intermediate_values(plpy: Any, job_id: int) -> list[dict]:
+    """Each model's metrics at each computed iteration, and where a pruner stopped it."""
+    results = _job_results(plpy, job_id)
+    if results is None:
+        return []
+    rows = []
+    for model in results.models:
+        for iteration, elapsed, training, validation in results.series(model):
+            rows.append({
+                "mst_key": model["mst_key"], "iteration": iteration, "elapsed_seconds": elapsed,
+                "objective": results.objective.label, "value": results.value(training, validation),
+                "training_loss": training.get("loss"), "validation_loss": validation.get("loss"),
+                "metric": (model["metrics_type"] or [None])[0],
+                "training_metric": training.get((model["metrics_type"] or [None])[0]),
+                "validation_metric": validation.get((model["metrics_type"] or [None])[0]),
+                "status": model["status"],
+                "pruned": model["status"] == "stopped" and model["stopped_iteration"] == iteration})
+    return rows
+
+
+def optimization_history(plpy: Any, job_id: int) -> list[dict]:
+    """Every (model, iteration) value of the objective in the order they were reached, with
+    the best so far in time and the best of all models up to that iteration."""
+    results = _job_results(plpy, job_id)
+    if results is None:
+        return []
+    better = max if results.objective.maximize else min
+    reports = sorted(((elapsed if elapsed is not None else math.inf, model["mst_key"], iteration,
+                       results.value(training, validation))
+                      for model in results.models
+                      for iteration, elapsed, training, validation in results.series(model)),
+                     key=lambda r: (r[0], r[1], r[2]))
+    by_iteration: dict[int, float] = {}
+    for _, _, iteration, value in reports:
+        if value is not None:
+            by_iteration[iteration] = better(by_iteration.get(iteration, value), value)
+    rows, best, best_key = [], None, None
+    for number, (elapsed, key, iteration, value) in enumerate(reports, start=1):
+        if value is not None and (best is None or better(best, value) != best):
+            best, best_key = value, key
+        reached = [v for i, v in by_iteration.items() if i <= iteration]
+        rows.append({"report": number, "elapsed_seconds": None if elapsed == math.inf else elapsed,
+                     "mst_key": key, "iteration": iteration, "objective": results.objective.label,
+                     "value": value, "best_value": best, "best_mst_key": best_key,
+                     "best_value_by_iteration": better(reached) if reached else None})
+    return rows
