@@ -5,7 +5,7 @@
 CREATE FUNCTION @extschema@.hyperparameter_importance(
     model_output_table varchar,
     objective          varchar DEFAULT NULL,   -- NULL: the job's ('validation_accuracy', 'loss min', ...)
-    evaluator          varchar DEFAULT 'ped_anova',  -- or 'fanova' (needs scikit-learn)
+    evaluator          varchar DEFAULT 'fanova',  -- Optuna's fANOVA, or 'ped_anova'  
     iteration          integer DEFAULT NULL    -- NULL: finished models; k: every model at iteration k
 )
 RETURNS TABLE (hyperparameter text, importance double precision)

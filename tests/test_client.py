@@ -227,7 +227,8 @@ def test_cli_report_writes_pngs_and_a_summary(fitted, extension_dsn, tmp_path):
     out = tmp_path / "report"
     done = _cli(extension_dsn, "report", str(job.job_id), "--out", str(out), "--format", "both")
     assert done.returncode == 0, done.stderr
-    for name in ("learning_curves.png", "schedule.png", "hyperparameters.png"):
+    for name in ("learning_curves.png", "schedule.png", "hyperparameters.png", "importance.png",
+                 "pareto_front.png"):
         path = out / name
         assert path.stat().st_size > 10_000, name
         with Image.open(path) as image:

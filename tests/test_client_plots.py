@@ -14,6 +14,7 @@ from matplotlib.figure import Figure
 from PIL import Image
 
 from madlib_mop.client import plots
+from madlib_mop.client.errors import ServerError
 from madlib_mop.client.frames import JobRef
 
 
@@ -59,7 +60,9 @@ def make_leaderboard(n=6) -> pd.DataFrame:
         "training_seconds": [3.0] * n, "subepochs_done": [6] * n,
         "stopped_iteration": [None] * (n - 2) + [1, 2],
         "stop_reason": [None] * (n - 2) + ["not among the best"] * 2,
-        "metric": ["accuracy"] * n})
+        "metric": ["accuracy"] * n, "status": ["finished"] * (n - 2) + ["stopped"] * 2,
+        "parameter_count": [1000 * (1 + k % 3) for k in keys],
+        "inference_ms_per_row": [0.01 * (1 + k % 3) for k in keys]})
 
 
 def png_size(fig: Figure) -> tuple[int, int]:
@@ -187,6 +190,31 @@ def test_hyperparameters_none_varies():
     assert "no hyperparameter varies across the 6 configurations" in texts(fig)
 
 
+# ---- after the search -------------------------------------------------------------------------
+def test_importance_bars_most_important_on_top():
+    ranked = pd.DataFrame({"hyperparameter": ["learning_rate", "batch_size", "model_id"],
+                           "importance": [0.7, 0.2, 0.1]})
+    fig = plots.importance(ranked)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["model_id", "batch_size", "learning_rate"]
+    assert [round(b.get_width(), 2) for b in ax.patches] == [0.1, 0.2, 0.7]
+    assert "0.70" in texts(fig) and "no data yet" in texts(plots.importance(ranked.iloc[:0]))
+
+
+def test_pareto_front_marks_and_labels_the_front():
+    board = make_leaderboard()
+    front = pd.DataFrame({"mst_key": [1, 2]})
+    fig = plots.pareto_front(board, front, ["inference_ms_per_row min", "validation_metrics_final max"])
+    ax = fig.axes[0]
+    line = next(l for l in ax.get_lines() if l.get_label() == "Pareto front")
+    assert sorted(line.get_xdata()) == sorted(board.loc[board["mst_key"].isin([1, 2]), "inference_ms_per_row"])
+    assert "mst_key 1" in texts(fig) and "mst_key 3" not in texts(fig)
+    assert "2 of 6 models" in texts(fig) and ax.get_xlabel() == "inference_ms_per_row (lower is better)"
+    board["inference_ms_per_row"] = np.nan
+    assert "no model has values" in texts(plots.pareto_front(board, front, ["inference_ms_per_row min",
+                                                                            "validation_metrics_final max"]))
+
+
 # ---- empty input ---------------------------------------------------------------------------
 @pytest.mark.parametrize("plot, frame", [
     (plots.learning_curves, make_curves().iloc[:0]),
@@ -236,13 +264,23 @@ class FakeClient:
     def visits(self, job):
         return make_visits(keys=range(1, 7))
 
+    def hyperparameter_importance(self, model_output_table):
+        return pd.DataFrame({"hyperparameter": ["learning_rate", "batch_size"], "importance": [0.8, 0.2]})
+
+    def pareto_front(self, model_output_table, objectives):
+        assert objectives == ["validation_metrics_final max", "inference_ms_per_row min"]
+        return pd.DataFrame({"mst_key": [1, 2], "objective_values": [[0.88, 0.02], [0.81, 0.01]]})
+
+
+REPORT_PLOTS = {"learning_curves", "schedule", "hyperparameters", "importance", "pareto_front"}
+
 
 def test_write_report(tmp_path):
     from madlib_mop.client.report import write_report
 
     written = write_report(FakeClient(), 7, tmp_path / "out", formats=("md", "html"))
-    assert set(written) == {"learning_curves", "schedule", "hyperparameters", "md", "html"}
-    for name in ("learning_curves", "schedule", "hyperparameters"):
+    assert set(written) == REPORT_PLOTS | {"md", "html"}
+    for name in REPORT_PLOTS:
         with Image.open(written[name]) as image:
             assert 1000 <= image.size[0] <= 1400 and 300 <= image.size[1] <= 1400
     summary = written["md"].read_text()
@@ -253,7 +291,8 @@ def test_write_report(tmp_path):
         assert f"| {key} |" in summary
     assert "stop reason" in summary and "![Learning curves](learning_curves.png)" in summary
     page = written["html"].read_text()
-    assert page.count("<img src=\"data:image/png;base64,") == 3 and "<td>Adam</td>" in page
+    assert page.count("<img src=\"data:image/png;base64,") == 5 and "<td>Adam</td>" in page
+    assert "![Pareto front](pareto_front.png)" in summary
 
 
 class RunningJobClient(FakeClient):
@@ -278,12 +317,15 @@ class RunningJobClient(FakeClient):
         return pd.DataFrame(columns=["mst_key", "step", "segment", "rows", "started", "finished",
                                      "seconds", "train_seconds"])
 
+    def hyperparameter_importance(self, model_output_table):
+        raise ServerError("22000", "0 model(s) with a value of the objective: at least 4 are needed")
+
 
 def test_write_report_of_a_job_without_results_yet(tmp_path):
     from madlib_mop.client.report import write_report
 
     written = write_report(RunningJobClient(), 7, tmp_path, formats=("md",))
-    assert set(written) == {"learning_curves", "schedule", "hyperparameters", "md"}
+    assert set(written) == REPORT_PLOTS | {"md"}
     summary = written["md"].read_text()
     assert "expected to finish**: 2026-01-01 10:05:00 UTC" in summary
     assert "| 6 |" in summary  # the models are listed, without metrics

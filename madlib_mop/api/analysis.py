@@ -111,7 +111,7 @@ def results_of(plpy: Any, model_output_table: str, objective: str | None) -> Job
 
 
 def hyperparameter_importance(plpy: Any, model_output_table: str, objective: str | None = None,
-                              evaluator: str | None = "ped_anova", iteration: int | None = None
+                              evaluator: str | None = "fanova", iteration: int | None = None
                               ) -> list[tuple[str, float]]:
     """(hyperparameter, importance) of a job's models, most important first.  A model counts
     with its value of the objective at its last iteration if it finished (as Optuna counts
@@ -131,7 +131,7 @@ def hyperparameter_importance(plpy: Any, model_output_table: str, objective: str
             values.append(value)
     try:
         return importance_of.importances(configs, values, results.objective.maximize,
-                                         evaluator or "ped_anova")
+                                         evaluator or "fanova")
     except MadlibMopError as error:
         if error.sqlstate == errors.DATA_EXCEPTION and iteration is None:
             error.hint = (f"{error.hint or ''} Models count once they finish (objective "

@@ -3,6 +3,8 @@
     learning_curves(mop.curves(job))       loss and metric per iteration, one line per model
     schedule(mop.visits(job))              a Gantt chart: which model trained on which segment when
     hyperparameters(mop.leaderboard(job))  each varying hyperparameter against the objective
+    importance(mop.hyperparameter_importance(out))        which hyperparameters mattered
+    pareto_front(mop.leaderboard(job), front, objectives) two objectives, the front marked
 
 Each returns a `matplotlib.figure.Figure` made without pyplot: no backend is chosen or
 needed (a notebook shows it, `fig.savefig` renders it), and no figure is left open in
@@ -36,7 +38,7 @@ RESULT_COLUMNS = frozenset({
     "mst_key", "compile_params", "fit_params", "model_type", "model_size", "loss_type", "metric",
     "training_metrics_final", "training_loss_final", "validation_metrics_final",
     "validation_loss_final", "training_seconds", "subepochs_done", "stopped_iteration",
-    "stop_reason", "s", "i",
+    "stop_reason", "s", "i", "status", "parameter_count", "inference_ms_per_row",
 })
 # Hyperparameters that are names, though their values are numbers.
 CATEGORICAL_HYPERPARAMETERS = frozenset({"model_id"})
@@ -45,7 +47,7 @@ OBJECTIVES = ("validation_metrics_final", "training_metrics_final", "validation_
               "training_loss_final")
 
 
-def _no_data(title: str, message: str = "no data yet", height: float = 4.0) -> Figure:
+def no_data(title: str, message: str = "no data yet", height: float = 4.0) -> Figure:
     fig = Figure(figsize=(WIDTH, height), layout="constrained")
     ax = fig.add_subplot()
     ax.set_axis_off()
@@ -55,7 +57,7 @@ def _no_data(title: str, message: str = "no data yet", height: float = 4.0) -> F
     return fig
 
 
-def _finite(frame: pd.DataFrame, column: str) -> pd.DataFrame:
+def finite_rows(frame: pd.DataFrame, column: str) -> pd.DataFrame:
     values = pd.to_numeric(frame[column], errors="coerce")
     return frame[np.isfinite(values.to_numpy(dtype=float, na_value=np.nan))]
 
@@ -99,11 +101,11 @@ def learning_curves(curves: pd.DataFrame, metric: str | None = None) -> Figure:
     labelled and the others grey."""
     title = "Learning curves"
     if not curves.empty:
-        curves = _finite(curves, "value")
+        curves = finite_rows(curves, "value")
     if metric is not None and not curves.empty:
         curves = curves[curves["metric"] == metric]
     if curves.empty:
-        return _no_data(title, "no data yet" if metric is None else f"no {metric} values yet")
+        return no_data(title, "no data yet" if metric is None else f"no {metric} values yet")
 
     metrics = list(dict.fromkeys(curves["metric"]))
     metrics.sort(key=lambda name: name != "loss")  # the loss first, then the job's metrics
@@ -164,7 +166,7 @@ def schedule(visits: pd.DataFrame) -> Figure:
                                finished=pd.to_datetime(visits["finished"], utc=True))
         visits = visits.dropna(subset=["mst_key", "segment", "started", "finished"])
     if visits.empty:
-        return _no_data(title)
+        return no_data(title)
 
     start = visits["started"].min()
     left = (visits["started"] - start).dt.total_seconds().to_numpy()
@@ -221,7 +223,7 @@ def default_objective(leaderboard: pd.DataFrame) -> str | None:
     """The first of the validation metric, training metric, validation loss, training loss
     that has values."""
     for column in OBJECTIVES:
-        if column in leaderboard and _finite(leaderboard, column).shape[0]:
+        if column in leaderboard and finite_rows(leaderboard, column).shape[0]:
             return column
     return None
 
@@ -237,6 +239,12 @@ def objective_label(leaderboard: pd.DataFrame, objective: str) -> str:
     return objective
 
 
+def higher_is_better(leaderboard: pd.DataFrame, objective: str) -> bool:
+    """A final metric (unless its name says it is an error), not a loss."""
+    return objective.endswith("metrics_final") and \
+        direction_of(objective_label(leaderboard, objective)) is not False
+
+
 def hyperparameters(leaderboard: pd.DataFrame, objective: str | None = None) -> Figure:
     """A scatter panel per hyperparameter that varies, against `objective` (default: the
     final validation metric, else the training metric, else the losses).  Models a pruner
@@ -244,16 +252,16 @@ def hyperparameters(leaderboard: pd.DataFrame, objective: str | None = None) -> 
     title = "Hyperparameters against the objective"
     objective = objective or default_objective(leaderboard)
     if leaderboard.empty or objective is None or objective not in leaderboard:
-        return _no_data(title)
-    board = _finite(leaderboard, objective)
+        return no_data(title)
+    board = finite_rows(leaderboard, objective)
     if board.empty:
-        return _no_data(title)
+        return no_data(title)
     columns = hyperparameter_columns(board)
     if not columns:
-        return _no_data(title, f"no hyperparameter varies across the {len(board)} configurations")
+        return no_data(title, f"no hyperparameter varies across the {len(board)} configurations")
 
     label = objective_label(board, objective)
-    higher = objective.endswith("metrics_final") and direction_of(label) is not False
+    higher = higher_is_better(board, objective)
     y = board[objective].astype(float)
     best = y.idxmax() if higher else y.idxmin()
     stopped = board["stopped_iteration"].notna() if "stopped_iteration" in board \
@@ -335,3 +343,53 @@ def _spread(keys: pd.Series) -> np.ndarray:
     rank = shuffled.groupby(keys).rank(method="first") - 1
     count = keys.map(keys.value_counts())
     return np.where(count > 1, rank / (count - 1).clip(lower=1) - 0.5, 0.0)
+
+
+# ---- after the search ---------------------------------------------------------------------
+def importance(ranked: pd.DataFrame, title: str = "Hyperparameter importance") -> Figure:
+    """Horizontal bars of `hyperparameter_importance`'s rows, the most important on top."""
+    if ranked is None or ranked.empty:
+        return no_data(title)
+    ranked = ranked.sort_values("importance", kind="stable")
+    fig = Figure(figsize=(WIDTH, max(3.0, 1.2 + 0.5 * len(ranked))), layout="constrained")
+    ax = fig.add_subplot()
+    bars = ax.barh(ranked["hyperparameter"], ranked["importance"], color="C0")
+    ax.bar_label(bars, labels=[f"{v:.2f}" for v in ranked["importance"]], padding=3)
+    ax.set_xlim(0, 1.08)
+    ax.set_xlabel("importance (sums to 1)")
+    ax.grid(True, axis="x", alpha=0.3)
+    ax.set_title(title)
+    return fig
+
+
+def pareto_front(models: pd.DataFrame, front: pd.DataFrame, objectives: list[str],
+                 title: str = "Pareto front") -> Figure:
+    """Every model on the first two objectives ('<column> [max|min]') of `pareto_front`,
+    the front's models joined by a line and labelled by mst_key."""
+    columns = [text.split()[0] for text in objectives[:2]]
+    if models is None or models.empty or any(c not in models for c in columns):
+        return no_data(title)
+    shown = models
+    for column in columns:
+        shown = finite_rows(shown, column)
+    if shown.empty:
+        return no_data(title, f"no model has values of {' and '.join(columns)} yet")
+    on_front = shown["mst_key"].isin(set(front["mst_key"]) if front is not None and len(front) else set())
+    fig = Figure(figsize=(WIDTH, 6.0), layout="constrained")
+    ax = fig.add_subplot()
+    x, y = (shown[c].astype(float) for c in columns)
+    ax.scatter(x[~on_front], y[~on_front], s=36, color="0.6", label="dominated")
+    ordered = shown[on_front].sort_values(columns[0])
+    ax.plot(ordered[columns[0]].astype(float), ordered[columns[1]].astype(float), "-o", color="C3",
+            markersize=8, label="Pareto front")
+    for _, row in ordered.iterrows():
+        ax.annotate(f"mst_key {row['mst_key']}", (float(row[columns[0]]), float(row[columns[1]])),
+                    textcoords="offset points", xytext=(6, 6), fontsize=9)
+    for axis, text in zip((ax.xaxis, ax.yaxis), objectives):
+        column, _, direction = text.partition(" ")
+        better = {"max": "higher", "min": "lower"}.get(direction.strip().lower())
+        axis.set_label_text(column + (f" ({better} is better)" if better else ""))
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    ax.set_title(f"{title}: {int(on_front.sum())} of {len(shown)} models")
+    return fig

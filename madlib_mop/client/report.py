@@ -2,7 +2,8 @@
 
     write_report(mop, 13, "/tmp/job13", formats=("md", "html"))
 
-writes learning_curves.png, schedule.png, hyperparameters.png, report.md and (if asked)
+writes learning_curves.png, schedule.png, hyperparameters.png, importance.png,
+pareto_front.png, report.md and (if asked)
 report.html: the job (state, tables, models, epochs done of the plan), its leaderboard's
 best rows and the plots.  `madlib-mop report JOB --out DIR` calls it.  The HTML page holds
 its images (as data URIs) and its style, so it can be sent or opened on its own.
@@ -18,20 +19,22 @@ from typing import Any
 import pandas as pd
 
 from madlib_mop.client import frames, plots
+from madlib_mop.client.errors import ServerError
 
 DPI = 100  # the figures are 12.8 inches wide: 1280 px
 LEADERBOARD_ROWS = 20
 FORMATS = ("md", "html")
 TEXT_COLUMNS = ("optimizer", "stop_reason")  # of the leaderboard table: the others are numbers
 PLOT_TITLES = {"learning_curves": "Learning curves", "schedule": "Schedule",
-               "hyperparameters": "Hyperparameters"}
+               "hyperparameters": "Hyperparameters", "importance": "Hyperparameter importance",
+               "pareto_front": "Pareto front"}
 
 
 def write_report(client, job: int | str, out_dir: str | Path, *,
                  formats: tuple[str, ...] = ("md",)) -> dict[str, Path]:
     """Write the report of `job` (a job id or a model output table) into `out_dir`
     (created); returns the path of each file written, by kind: 'learning_curves',
-    'schedule', 'hyperparameters', 'md' and 'html'."""
+    'schedule', 'hyperparameters', 'importance', 'pareto_front', 'md' and 'html'."""
     unknown = set(formats) - set(FORMATS)
     if unknown:
         raise ValueError(f"formats: {sorted(unknown)} unknown; choose among {FORMATS}")
@@ -41,7 +44,9 @@ def write_report(client, job: int | str, out_dir: str | Path, *,
     board = client.leaderboard(ref.job_id)
     figures = {"learning_curves": plots.learning_curves(client.curves(ref.job_id)),
                "schedule": plots.schedule(client.visits(ref.job_id)),
-               "hyperparameters": plots.hyperparameters(board)}
+               "hyperparameters": plots.hyperparameters(board),
+               "importance": _importance(client, ref),
+               "pareto_front": _pareto_front(client, ref, board)}
     written: dict[str, Path] = {}
     for name, figure in figures.items():
         written[name] = out / f"{name}.png"
@@ -63,6 +68,38 @@ def write_report(client, job: int | str, out_dir: str | Path, *,
         written["html"] = out / "report.html"
         written["html"].write_text(_html(title, facts, caption, header, rows, numeric, images))
     return written
+
+
+def _importance(client, ref: frames.JobRef):
+    """The importance figure, or the server's reason why there is none yet."""
+    title = PLOT_TITLES["importance"]
+    try:
+        return plots.importance(client.hyperparameter_importance(ref.model_output_table), title)
+    except ServerError as error:
+        return plots.no_data(title, error.message)
+
+
+def pareto_objectives(board: pd.DataFrame) -> list[str] | None:
+    """The report's trade-off: the objective of the plots against ms per row (NULL without
+    validation data: no front then)."""
+    objective = plots.default_objective(board)
+    if objective is None or "inference_ms_per_row" not in board or \
+            not plots.finite_rows(board, "inference_ms_per_row").shape[0]:
+        return None
+    higher = plots.higher_is_better(board, objective)
+    return [f"{objective} {'max' if higher else 'min'}", "inference_ms_per_row min"]
+
+
+def _pareto_front(client, ref: frames.JobRef, board: pd.DataFrame):
+    title = PLOT_TITLES["pareto_front"]
+    objectives = pareto_objectives(board)
+    if objectives is None:
+        return plots.no_data(title, "no inference cost measured (it needs a validation_table)")
+    try:
+        front = client.pareto_front(ref.model_output_table, objectives)
+    except ServerError as error:
+        return plots.no_data(title, error.message)
+    return plots.pareto_front(board, front, objectives[::-1], title)
 
 
 # ---- content -------------------------------------------------------------------------

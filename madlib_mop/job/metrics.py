@@ -51,8 +51,8 @@ class Curves:
     training: list[dict] = field(default_factory=list)  # weighted means per iteration
     validation: list[dict] = field(default_factory=list)  # [] without validation
     elapsed: list[float] = field(default_factory=list)  # seconds from the job's start
-    # ms per row of the validation pass (its workers' evaluation time over its rows): the
-    # model's inference cost; None where a worker did not time it (an earlier version's)
+    # ms per row of each validation pass (`inference_ms_per_row`): the model's inference
+    # cost; None where no worker timed it (an earlier version's, or an empty partition)
     inference_ms: list[float | None] = field(default_factory=list)
 
     def final(self, kind: str, name: str | None):
@@ -90,12 +90,10 @@ def curves(visits: Mapping[int, Mapping], evals: Mapping[tuple[int, int], Mappin
 
 
 def inference_ms_per_row(evals: Sequence[Mapping]) -> float | None:
-    """Milliseconds per row of one validation pass, from its partitions' evaluation times."""
-    rows = sum(e.get("rows") or 0 for e in evals)
-    seconds = [e.get("seconds", {}).get("evaluate") for e in evals]
-    if not rows or any(s is None for s in seconds):
-        return None
-    return 1000.0 * sum(seconds) / rows
+    """Milliseconds per row of one validation pass: the best of its partitions' (each the
+    best of a few timed runs on one worker, which other work can only slow down)."""
+    found = [e["ms_per_row"] for e in evals if e.get("ms_per_row") is not None]
+    return min(found) if found else None
 
 
 def epoch_loss(visits: Mapping[int, Mapping], epoch: int, segments: int) -> float | None:

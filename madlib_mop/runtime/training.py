@@ -483,6 +483,7 @@ class Outcome:
     sums: dict = field(default_factory=dict)  # metric -> sum of value x rows
     seconds_train: float = 0.0
     seconds_evaluate: float = 0.0  # evaluation alone (no decoding, no graph building)
+    seconds_per_row: float | None = None  # evaluation's cost: the best of a buffer's timed runs
 
     def add(self, rows: int, values: dict) -> None:
         self.rows += rows
@@ -539,13 +540,25 @@ def divergence(metrics: dict, model=None) -> str | None:
     return None
 
 
+COST_REPEATS = 2  # runs of a validation pass's first buffer, timed again for its cost
+
+
 def evaluate(program: Program, spec: ModelSpec, buffers: Iterable[Buffer],
              classification: bool) -> Outcome:
     """Loss and metrics of the program's model over the buffers (no training)."""
     outcome = Outcome()
     loss = spec.compile.loss
-    for buffer in buffers:
+    for number, buffer in enumerate(buffers):
         x, y = buffer.load()
-        outcome.add(len(x), program.evaluate(x, labels_for(loss, y, classification)))
+        labels = labels_for(loss, y, classification)
+        outcome.add(len(x), program.evaluate(x, labels))
         outcome.seconds_evaluate += program.last_seconds
+        if number == 0 and len(x):
+            # The model's inference cost: one timing of a few ms varies by a factor of 2 with
+            # what the other workers do on the same cores; the best of a few runs does not.
+            runs = [program.last_seconds]
+            for _ in range(COST_REPEATS):
+                program.evaluate(x, labels)
+                runs.append(program.last_seconds)
+            outcome.seconds_per_row = min(runs) / len(x)
     return outcome

@@ -6,8 +6,10 @@ that differ between the models are asked about (one that never changed explains 
 Numbers are continuous (on a log scale when they are positive and span at least a factor of
 10, as learning rates are searched), anything else is categorical.
 
-Too few models, or models that all scored the same, give an error rather than numbers: an
-importance computed from them would be noise.
+fANOVA (Optuna's default: a seeded random forest over the models' values, so the same job
+gives the same answer) or PED-ANOVA (how the best models' values of each hyperparameter
+differ from all the models').  Too few models, or models that all scored the same, give an
+error rather than numbers: an importance computed from them would be noise.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from madlib_mop.errors import MadlibMopError
 # PED-ANOVA compares the top 10% of models (at least 2) with all of them: with fewer than 4
 # models its answer is 0 for every hyperparameter, and fANOVA's forest has nothing to split.
 MIN_MODELS = 4
-EVALUATORS = ("ped_anova", "fanova")
+EVALUATORS = ("fanova", "ped_anova")  # Optuna's default first
 TOP_MODELS = 5
 
 
@@ -61,18 +63,11 @@ def _evaluator(name: str, seed: int, models: int):
         with warnings.catch_warnings():  # experimental in Optuna 4.9 (pinned in pyproject.toml)
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             return optuna.importance.PedAnovaImportanceEvaluator(target_quantile=target_quantile(models))
-    try:
-        import sklearn  # noqa: F401  (fANOVA's random forest)
-    except ImportError:
-        raise MadlibMopError("evaluator fanova needs scikit-learn in the server's Python",
-                             sqlstate=errors.FEATURE_NOT_SUPPORTED,
-                             hint="Use evaluator => 'ped_anova', or install scikit-learn for "
-                                  "the server's /usr/bin/python3.") from None
     return optuna.importance.FanovaImportanceEvaluator(seed=seed)
 
 
 def importances(configs: Sequence[Mapping[str, Any]], values: Sequence[float], maximize: bool,
-                evaluator: str = "ped_anova", seed: int = 0) -> list[tuple[str, float]]:
+                evaluator: str = "fanova", seed: int = 0) -> list[tuple[str, float]]:
     """(hyperparameter, importance) best first, importances summing to 1 (ties by name).
 
     `configs[i]` are model i's hyperparameters and `values[i]` its objective value (finite)."""
@@ -80,7 +75,7 @@ def importances(configs: Sequence[Mapping[str, Any]], values: Sequence[float], m
 
     if evaluator not in EVALUATORS:
         raise MadlibMopError(f"evaluator {evaluator!r} is not known", sqlstate=errors.INVALID_PARAMETER_VALUE,
-                             hint="Use 'ped_anova' (the default) or 'fanova'.")
+                             hint="Use 'fanova' (the default) or 'ped_anova'.")
     if len(configs) < MIN_MODELS:
         raise MadlibMopError(
             f"{len(configs)} model(s) with a value of the objective: at least {MIN_MODELS} are needed "
@@ -111,7 +106,7 @@ def importances(configs: Sequence[Mapping[str, Any]], values: Sequence[float], m
     if not any(v > 0 for v in found.values()):
         raise MadlibMopError("the models' results do not single out any hyperparameter",
                              sqlstate=errors.DATA_EXCEPTION,
-                             hint="Train more configurations, or use evaluator => 'fanova'.")
+                             hint="Train more configurations, or try the other evaluator.")
     return sorted(((name, float(v)) for name, v in found.items()),
                   key=lambda item: (-item[1], item[0]))
 

@@ -269,6 +269,8 @@ def evaluate(plpy: Any, job_id: int, mst_key: int, step: int, partition: int,
                                 ctx.validation.columns.classification)
     return finite_json({"rows": outcome.rows, "metrics": outcome.means(), "pid": os.getpid(),
                         "finished_at": time.time(), "diverged": training.divergence(outcome.means()),
+                        "ms_per_row": None if outcome.seconds_per_row is None
+                        else 1000.0 * outcome.seconds_per_row,
                         "seconds": {"total": time.perf_counter() - started,
                                     "evaluate": outcome.seconds_evaluate}})
 

@@ -141,7 +141,7 @@ def main() -> int:
         print(f"loaded scikit-learn's digits (1797 images of 8x8) and iris into schema {DEMO_SCHEMA}")
         for table in ("digits_packed", "digits_valid", "model_arch", "mst", "digits_models"):
             for suffix in ("", "_summary", "_info", "_mop_models", "_mop_state", "_mop_visits",
-                           "_mop_evals"):
+                           "_mop_evals", "_mop_weights"):
                 conn.execute(sql.SQL("DROP TABLE IF EXISTS {} CASCADE").format(
                     sql.Identifier(DEMO_SCHEMA, table + suffix)))
         conn.execute(sql.SQL("SET search_path = {}, {}").format(
@@ -172,6 +172,12 @@ def main() -> int:
             SELECT i.mst_key, i.model_id, i.compile_params, i.fit_params,
                    i.validation_metrics_final, i.validation_loss_final, i.training_seconds
             FROM digits_models_info i ORDER BY i.validation_metrics_final DESC, i.mst_key""").fetchall()
+        importance = conn.execute("SELECT * FROM hyperparameter_importance('digits_models')").fetchall()
+        front = conn.execute("""
+            SELECT f.mst_key, i.validation_metrics_final, i.inference_ms_per_row, i.parameter_count
+            FROM pareto_front('digits_models', ARRAY['validation_metrics_final max',
+                                                     'inference_ms_per_row min']) f
+            JOIN digits_models_info i USING (mst_key) ORDER BY i.inference_ms_per_row""").fetchall()
     print(f"\nleaderboard (validation on {DEMO_SCHEMA}.digits_valid; whole job {elapsed:.1f}s):\n")
     print(f"{'mst_key':>7}  {'model':<18} {'optimizer':<20} {'batch':>5}  {'val acc':>7}  "
           f"{'val loss':>8}  {'train s':>7}")
@@ -180,6 +186,13 @@ def main() -> int:
         batch = fit_params.split("batch_size=")[1].split(",")[0]
         print(f"{mst_key:>7}  {names[model_id]:<18} {optimizer:<20} {batch:>5}  {accuracy:7.4f}  "
               f"{loss:8.4f}  {seconds:7.1f}")
+    print("\nwhich hyperparameters mattered (hyperparameter_importance, Optuna's fANOVA):")
+    for name, value in importance:
+        print(f"  {name:<14} {value:5.2f}  {'#' * round(40 * value)}")
+    print("\nPareto front, validation accuracy against inference cost (pareto_front):")
+    for mst_key, accuracy, ms_per_row, parameters in front:
+        print(f"  mst_key {mst_key:>2}  val acc {accuracy:.4f}  {ms_per_row * 1000:7.2f} us/row  "
+              f"{parameters:>6} parameters")
     print(f'\nTry it yourself:  psql "$(make -s dsn)" -c "SELECT * FROM {schema}.job_progress"')
     print(f'Plots and a summary:  MADLIB_MOP_DSN="$(make -s dsn)" .venv/bin/madlib-mop report '
           f'{DEMO_SCHEMA}.digits_models --out /tmp/madlib_mop_demo_report')
