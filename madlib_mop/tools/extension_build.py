@@ -10,7 +10,10 @@ is built, so the server needs no environment variable.
 Upgrade scripts (`sql/upgrades/madlib_mop--OLD--NEW.sql`) hold what an update must change
 by hand (dropped functions, catalog data); a line `-- @routines` in them becomes every
 routine of this version as `CREATE OR REPLACE` (with its comment), so that the routines
-of an updated extension are those of a fresh install, from one declaration.
+of an updated extension are those of a fresh install, from one declaration.  A line
+`-- @object NAME` becomes that table's or view's statements from this version's install
+script; once a later version exists, an earlier update must hold the object as its own
+version had it, written out (the build refuses the marker there).
 
 The control file is `madlib_mop.control` at the top of the repository (checked in); its
 default_version must be the version built.
