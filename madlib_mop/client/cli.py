@@ -1,14 +1,15 @@
-"""`madlib-mop`: jobs, live progress, reports and TensorBoard event files from a shell.
+"""`madlib-mop`: jobs, live progress, reports, TensorBoard event files and a web dashboard.
 
     madlib-mop jobs                          the jobs of the connected role
     madlib-mop watch JOB                     a live progress bar until the job ends
     madlib-mop report JOB --out DIR          plots (PNG) and a Markdown / HTML summary
     madlib-mop tensorboard JOB --logdir DIR  event files: tensorboard --logdir DIR
+    madlib-mop dashboard [--host H] [--port P]  a live web page of your jobs, read-only
 
 JOB is a job id or a model output table.  The connection is `--dsn` (a libpq string or
 URI, or a SQLAlchemy URL), else MADLIB_MOP_DSN, else libpq's PG* variables.
-Exit status: 0 success (watch: the job finished), 1 the job failed or was interrupted
-(watch), 2 bad usage or an error.
+Exit status: 0 success (watch: the job finished; dashboard: stopped by Ctrl-C), 1 the job
+failed or was interrupted (watch), 2 bad usage or an error.
 """
 
 from __future__ import annotations
@@ -39,7 +40,30 @@ def _parser() -> argparse.ArgumentParser:
     board = commands.add_parser("tensorboard", help="TensorBoard event files of a job's metrics")
     board.add_argument("job", help="job id or model output table")
     board.add_argument("--logdir", required=True, help="folder for the event files (created)")
+    dashboard = commands.add_parser(
+        "dashboard", help="a live, read-only web page of your jobs (Ctrl-C stops it)")
+    dashboard.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default 127.0.0.1: this machine only; the page "
+                            "has no login of its own, so anyone who reaches it sees your jobs)")
+    dashboard.add_argument("--port", type=int, default=8050,
+                           help="port (default 8050; 0: any free one)")
     return parser
+
+
+def _dashboard(dsn: str | None, schema: str | None, host: str, port: int) -> int:
+    from madlib_mop.client.dashboard import create_app, serve, trusted_hosts_for
+
+    app = create_app(dsn, schema=schema, trusted_hosts=trusted_hosts_for(host))
+    server = serve(app, host, port)
+    shown = f"[{host}]" if ":" in host else host
+    print(f"madlib-mop dashboard: http://{shown}:{server.server_port}/ (Ctrl-C stops it)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:  # how a dashboard is stopped: not a failure
+        pass
+    finally:
+        server.server_close()
+    return EXIT_OK
 
 
 def _jobs(client, limit: int) -> int:
@@ -74,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return EXIT_ERROR
     try:
+        if args.command == "dashboard":
+            # Its own read-only connections, not the client's.
+            return _dashboard(args.dsn, args.schema, args.host, args.port)
         client = Client(args.dsn, schema=args.schema)
         with client:
             if args.command == "jobs":
