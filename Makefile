@@ -41,25 +41,25 @@ help:
 	@echo "make demo | make test | make installcheck | make bench | make dsn | make install | make db-start | make db-stop | make db-status | make db-destroy | make cluster | make cluster-dsn | make cluster-stop | make cluster-status | make cluster-kill-segment | make cluster-destroy | make images | make compose-up | make compose-dsn | make compose-kill-segment | make compose-down | make test-containers | make clean"
 
 # ---- Debian packages (as root) ------------------------------------------------
+# $(call install_debs,PACKAGES,TARGET,APT OPTIONS): install those of PACKAGES that are missing.
+define install_debs
+	@missing=$$(for p in $(1); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" -ne 0 ]; then echo "missing Debian packages: $$missing; run 'sudo make $(2)'" >&2; exit 1; fi; \
+	  echo "installing Debian packages: $$missing"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(3) $$missing; \
+	fi
+	@mkdir -p $(STAMPS) && touch $@
+endef
+
 deps: $(STAMPS)/apt
 $(STAMPS)/apt: Makefile
-	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" -ne 0 ]; then echo "missing Debian packages: $$missing; run 'sudo make deps'" >&2; exit 1; fi; \
-	  echo "installing Debian packages: $$missing"; \
-	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
-	fi
-	@mkdir -p $(STAMPS) && touch $@
+	$(call install_debs,$(APT_PACKAGES),deps,)
 
+# The dashboard's tests only: a browser without its recommended extras.
 browser: $(STAMPS)/browser
 $(STAMPS)/browser: Makefile
-	@missing=$$(for p in $(BROWSER_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
-	if [ -n "$$missing" ]; then \
-	  if [ "$$(id -u)" -ne 0 ]; then echo "missing Debian packages: $$missing; run 'sudo make browser'" >&2; exit 1; fi; \
-	  echo "installing Debian packages: $$missing"; \
-	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
-	fi
-	@mkdir -p $(STAMPS) && touch $@
+	$(call install_debs,$(BROWSER_PACKAGES),browser,--no-install-recommends)
 
 # ---- the Python runtime: a virtual environment made from the server's Python ----
 venv: $(STAMPS)/venv
