@@ -93,18 +93,37 @@ def test_importance_of_a_tpe_job_ranks_the_learning_rate_first(db):
         (m["compile_params"].split("(")[1][:40], m["fit_params"], round(m["validation_loss_final"], 3)) for m in info])
 
 
-def test_too_few_models_get_a_clear_error_and_pruned_jobs_compare_at_an_iteration(db, pruned_job):
+def test_pruned_jobs_compare_at_an_iteration_and_too_few_models_get_a_clear_error(extension_dsn, db, pruned_job):
     info = _info(db, pruned_job)
     finished = [m for m in info if m["status"] == "finished"]
     assert len(finished) < 4 and any(m["status"] == "stopped" for m in info)
+    reached = {}
+    for m in info:
+        for iteration in m["metrics_iters"]:
+            reached[iteration] = reached.get(iteration, 0) + 1
+    shared = max(i for i, n in reached.items() if n >= 4)
+    notices = []
+    with connect(extension_dsn, notices) as conn:  # too few finished: the last shared iteration
+        ranked = _importance(conn, pruned_job)
+    assert any(f"comparing the {reached[shared]} models at iteration {shared}" in n for n in notices), notices
+    assert ranked == _importance(db, pruned_job, iteration=shared)
+    assert _importance(db, pruned_job, iteration=1)[0][0] == "learning_rate"  # all 8 models
+    last = max(reached)
+    assert reached[last] < 4
     with pytest.raises(psycopg.errors.DataException) as caught:
-        _importance(db, pruned_job)
+        _importance(db, pruned_job, iteration=last)
     assert "at least 4 are needed" in caught.value.diag.message_primary
-    assert "iteration => k" in caught.value.diag.message_hint
-    ranked = _importance(db, pruned_job, iteration=1)  # every model reached iteration 1
-    assert ranked[0][0] == "learning_rate"
+    with pytest.raises(psycopg.errors.InvalidParameterValue) as caught:
+        _importance(db, pruned_job, iteration=99)
+    assert "1, 2" in caught.value.diag.message_hint
     with pytest.raises(psycopg.errors.InvalidParameterValue):
         _importance(db, pruned_job, evaluator="shap")
+    for call in ("SELECT * FROM hyperparameter_importance('iris_packed')",
+                 "SELECT * FROM pareto_front('iris_packed', ARRAY['a max', 'b min'])",
+                 "SELECT deploy_model('iris_packed', 1, 'x')"):
+        with pytest.raises(psycopg.errors.InvalidParameterValue) as caught:
+            db.execute(call)
+        assert "is not the output of a model selection job" in caught.value.diag.message_primary
 
 
 def _dominates(a, b, up):
@@ -197,7 +216,10 @@ def test_deploy_predict_by_name_and_roll_back(db, grid_job, reader):
     # best_score: the job's objective (validation loss), the best model.
     best = min(info, key=lambda m: (m["validation_loss_final"], m["mst_key"]))["mst_key"]
     assert best != first
+    notices = []
+    db.add_notice_handler(lambda diag: notices.append(diag.message_primary))
     assert db.execute("SELECT deploy_model(%s, 'iris_prod', 'best_score')", (grid_job,)).fetchone()[0] == 2
+    assert any(f"mst_key {best} (best_score: validation_loss (lower is better)" in n for n in notices), notices
     assert _predictions(db, "iris_prod", "by_name") == _predictions(db, grid_job, "by_key", best)
     registry = db.cursor(row_factory=psycopg.rows.dict_row).execute(
         "SELECT * FROM mop_deployments WHERE name = 'iris_prod' ORDER BY version").fetchall()
@@ -223,11 +245,18 @@ def test_deploy_predict_by_name_and_roll_back(db, grid_job, reader):
     with pytest.raises(psycopg.errors.InsufficientPrivilege) as caught:
         _predictions(other, "iris_prod", "theirs")
     assert grid_job in caught.value.diag.message_primary
+    # One error gives every GRANT the model needs.
+    assert all(f"public.{grid_job}{s}" in caught.value.diag.message_hint for s in (",", "_summary", "_info"))
     db.execute(sql.SQL("GRANT SELECT ON {}, {}, {} TO {}").format(
         *(sql.Identifier(grid_job + s) for s in ("", "_summary", "_info")), sql.Identifier(role)))
     assert _predictions(other, "iris_prod", "theirs") == _predictions(db, grid_job, "by_key", best)
     with pytest.raises(psycopg.errors.InsufficientPrivilege):  # a reader may not roll back
         other.execute("SELECT rollback_model('public.iris_prod')")
+
+    # Evaluate takes the name as well.
+    db.execute("SELECT madlib_keras_evaluate('iris_prod', 'iris_valid', 'by_name_eval')")
+    db.execute("SELECT madlib_keras_evaluate(%s, 'iris_valid', 'by_key_eval', FALSE, %s)", (grid_job, best))
+    assert db.execute("SELECT loss FROM by_name_eval").fetchone() == db.execute("SELECT loss FROM by_key_eval").fetchone()
 
     # Rollback: version 1 is active again, version 2 is kept and marked.
     assert db.execute("SELECT rollback_model('iris_prod')").fetchone()[0] == 1

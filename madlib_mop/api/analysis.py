@@ -88,15 +88,23 @@ def _job_objective(job: dict | None, compile_params: list[str], has_validation: 
     return Objective("loss", "validation" if has_validation else "training", False)
 
 
+def info_of(plpy: Any, table: catalog.Table) -> catalog.Table:
+    """The `_info` table of a model selection job's output (readable by the caller)."""
+    info = plpy.execute(plpy.prepare(
+        "SELECT to_regclass(format('%I.%I', n.nspname, c.relname || '_info'))::oid AS oid "
+        "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1", ["oid"]),
+        [table.oid])[0]["oid"]
+    if info is None or "validation_metrics_all" not in catalog.columns(plpy, catalog.Table(int(info), "")):
+        raise MadlibMopError(f"{table.name} is not the output of a model selection job",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint="Pass the model_output_table of madlib_keras_fit_multiple_model or "
+                                  "madlib_keras_automl (its <out>_info holds the models' results).")
+    return catalog.sibling_table(plpy, table, "_info")
+
+
 def results_of(plpy: Any, model_output_table: str, objective: str | None) -> JobResults:
     table = catalog.resolve_table(plpy, model_output_table, argument="model_output_table")
-    info = catalog.sibling_table(plpy, table, "_info")
-    if "validation_metrics_all" not in catalog.columns(plpy, info):
-        raise MadlibMopError(f"{info.name} is not the _info table of a madlib_mop job",
-                             sqlstate=errors.INVALID_PARAMETER_VALUE,
-                             hint="Pass the model_output_table of madlib_keras_fit_multiple_model "
-                                  "or madlib_keras_automl.")
-    results = JobResults(plpy, info.name, Objective("loss", "training", False))
+    results = JobResults(plpy, info_of(plpy, table).name, Objective("loss", "training", False))
     has_validation = any(_json(m["validation_metrics_all"]) for m in results.models)
     compile_params = [m["compile_params"] for m in results.models]
     if objective is None or not objective.strip():
@@ -110,13 +118,9 @@ def results_of(plpy: Any, model_output_table: str, objective: str | None) -> Job
     return results
 
 
-def hyperparameter_importance(plpy: Any, model_output_table: str, objective: str | None = None,
-                              evaluator: str | None = "fanova", iteration: int | None = None
-                              ) -> list[tuple[str, float]]:
-    """(hyperparameter, importance) of a job's models, most important first.  A model counts
-    with its value of the objective at its last iteration if it finished (as Optuna counts
-    completed trials, not pruned ones), or at `iteration` for every model that reached it."""
-    results = results_of(plpy, model_output_table, objective)
+def _trials(results: JobResults, iteration: int | None) -> tuple[list[dict], list[float]]:
+    """Each counted model's hyperparameters and value: finished models at their last
+    iteration, or every model at `iteration`."""
     configs, values = [], []
     for model in results.models:
         series = results.series(model)
@@ -129,14 +133,48 @@ def hyperparameter_importance(plpy: Any, model_output_table: str, objective: str
             configs.append({"model_id": model["model_id"],
                             **model_config.hyperparameters(model["compile_params"], model["fit_params"])})
             values.append(value)
+    return configs, values
+
+
+def _values_per_iteration(results: JobResults) -> dict[int, int]:
+    """iteration -> how many models have a value of the objective there."""
+    counts: dict[int, int] = {}
+    for model in results.models:
+        for iteration, _, training, validation in results.series(model):
+            if results.value(training, validation) is not None:
+                counts[iteration] = counts.get(iteration, 0) + 1
+    return counts
+
+
+def hyperparameter_importance(plpy: Any, model_output_table: str, objective: str | None = None,
+                              evaluator: str | None = "fanova", iteration: int | None = None
+                              ) -> list[tuple[str, float]]:
+    """(hyperparameter, importance) of a job's models, most important first.  A model counts
+    with its value of the objective at its last iteration once it finished (as Optuna counts
+    completed trials, not pruned ones), or at `iteration` for every model that reached it.
+    When too few finished (a pruner stopped the others, or the job still trains), the
+    models are compared at the last iteration enough of them reached, and a NOTICE says so."""
+    results = results_of(plpy, model_output_table, objective)
+    counts = _values_per_iteration(results)
+    if iteration is not None and iteration not in counts:
+        raise MadlibMopError(
+            f"iteration {iteration}: no model of {model_output_table} has a value of "
+            f"{results.objective.label} there", sqlstate=errors.INVALID_PARAMETER_VALUE,
+            hint="Its models have values at iterations " + (", ".join(map(str, sorted(counts))) or "none yet") + ".")
+    configs, values = _trials(results, iteration)
+    shared = [i for i, n in counts.items() if n >= importance_of.MIN_MODELS]
+    if iteration is None and len(configs) < importance_of.MIN_MODELS and shared:
+        iteration = max(shared)
+        plpy.notice(f"{len(configs)} model(s) finished: comparing the {counts[iteration]} models at "
+                    f"iteration {iteration}, the last that at least {importance_of.MIN_MODELS} reached "
+                    "(iteration => k picks another)")
+        configs, values = _trials(results, iteration)
     try:
         return importance_of.importances(configs, values, results.objective.maximize,
                                          evaluator or "fanova")
     except MadlibMopError as error:
-        if error.sqlstate == errors.DATA_EXCEPTION and iteration is None:
-            error.hint = (f"{error.hint or ''} Models count once they finish (objective "
-                          f"{results.objective.describe()}); pass iteration => k to compare every "
-                          "model that reached iteration k, as after pruning.").strip()
+        if any(m["status"] == "training" for m in results.models):
+            error.hint = f"{error.hint or ''} The job is still training: its models count as they finish.".strip()
         raise
 
 
@@ -153,7 +191,7 @@ def pareto_front(plpy: Any, model_output_table: str, objectives: list[str] | Non
     """The models of a job that no other model beats on every objective (columns of
     `_info`), with their values in the objectives' order."""
     table = catalog.resolve_table(plpy, model_output_table, argument="model_output_table")
-    info = catalog.sibling_table(plpy, table, "_info")
+    info = info_of(plpy, table)
     columns = catalog.columns(plpy, info)
     metric = next((m["metrics_type"][0] for m in plpy.execute(
         f"SELECT metrics_type FROM {info.name} WHERE metrics_type IS NOT NULL LIMIT 1")), None) \

@@ -54,7 +54,11 @@ def _registry(plpy: Any, schema: str) -> str:
 
 def _deployment_name(plpy: Any, name: str | None) -> catalog.NewTable:
     """'churn' or 'analytics.churn': the schema whose registry holds it, and the name."""
-    return catalog.new_table(plpy, name, argument="name")
+    if name is None or not name.strip():
+        raise MadlibMopError("name must name the deployment: it is NULL or empty",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint="e.g. 'churn', or 'analytics.churn' for a deployment in schema analytics.")
+    return catalog.new_table(plpy, name, argument="deployment name")
 
 
 def _active(plpy: Any, registry: str, name: str) -> dict | None:
@@ -66,7 +70,7 @@ def _active(plpy: Any, registry: str, name: str) -> dict | None:
 
 def _model_row(plpy: Any, model_output_table: str, mst_key: int | None) -> tuple[catalog.Table, dict]:
     table = catalog.resolve_table(plpy, model_output_table, argument="model_output_table")
-    info = catalog.sibling_table(plpy, table, "_info")
+    info = analysis.info_of(plpy, table)
     rows = plpy.execute(plpy.prepare(f"SELECT to_jsonb(i) AS row FROM {info.name} i WHERE mst_key = $1",
                                      ["integer"]), [mst_key])
     if not rows:
@@ -81,7 +85,7 @@ def _model_row(plpy: Any, model_output_table: str, mst_key: int | None) -> tuple
 
 
 def _record(plpy: Any, name: str | None, table: catalog.Table, row: dict, strategy: str,
-            objective: str | None) -> int:
+            objective: str | None, why: str) -> int:
     target = _deployment_name(plpy, name)
     if target.exists(plpy):
         raise MadlibMopError(f"name {target.quoted} is a table: a deployment of that name would hide it",
@@ -103,8 +107,8 @@ def _record(plpy: Any, name: str | None, table: catalog.Table, row: dict, strate
         ["text", "integer", "text", "integer", "bigint", "text", "text", "jsonb"]),
         [target.name, version, table.name, row.get("mst_key"), job["job_id"] if job else None,
          strategy, objective, json.dumps({k: row.get(k) for k in _METRICS})])
-    plpy.notice(f"deployed {target.quoted} version {version}: {table.name} mst_key {row.get('mst_key')}"
-                f" ({strategy})")
+    plpy.notice(f"deployed {target.quoted} version {version}: {table.name} mst_key {row.get('mst_key')} "
+                f"({why})")
     return version
 
 
@@ -115,7 +119,7 @@ def deploy_model(plpy: Any, model_output_table: str, mst_key: int | None, name: 
                              hint="Pass the mst_key of a model of the table, or use a strategy: "
                                   "deploy_model(table, name, 'best_score').")
     table, row = _model_row(plpy, model_output_table, mst_key)
-    return _record(plpy, name, table, row, "mst_key", None)
+    return _record(plpy, name, table, row, "mst_key", None, "chosen by mst_key")
 
 
 def deploy_model_by_strategy(plpy: Any, model_output_table: str, name: str | None,
@@ -125,8 +129,10 @@ def deploy_model_by_strategy(plpy: Any, model_output_table: str, name: str | Non
     objective (the job's, unless named) is at least as good as `threshold`:
     best_score the best one; most_recent the one whose last iteration ended last."""
     if strategy not in STRATEGIES:
-        raise MadlibMopError(f"strategy {strategy!r} is not known", sqlstate=errors.INVALID_PARAMETER_VALUE,
-                             hint="Use 'best_score' or 'most_recent', or deploy one mst_key.")
+        raise MadlibMopError("strategy must be 'best_score' or 'most_recent'"
+                             + (f", not {strategy!r}" if strategy else ""),
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint="Or deploy one model: deploy_model(model_output_table, mst_key, name).")
     results = analysis.results_of(plpy, model_output_table, objective)
     goal = results.objective
     candidates = []
@@ -149,13 +155,20 @@ def deploy_model_by_strategy(plpy: Any, model_output_table: str, name: str | Non
     else:
         chosen = max(candidates, key=lambda c: (c[2], -c[0]["mst_key"]))
     table, row = _model_row(plpy, model_output_table, chosen[0]["mst_key"])
-    return _record(plpy, name, table, row, strategy, goal.label)
+    passing = f", of {len(candidates)} at least as good as {threshold}" if threshold is not None else ""
+    return _record(plpy, name, table, row, strategy, goal.label,
+                   f"{strategy}: {goal.describe()} {chosen[1]:.6g}{passing}")
 
 
 def rollback_model(plpy: Any, name: str | None) -> int:
     """The deployment's active version is rolled back (kept, marked who and when): the
     version before it is active again.  Returns that version."""
-    target = _deployment_name(plpy, name)
+    try:
+        target = _deployment_name(plpy, name)
+    except MadlibMopError as error:
+        if error.sqlstate != errors.INVALID_SCHEMA_NAME:
+            raise
+        raise _no_deployment(name) from None
     registry = _registry(plpy, target.schema)
     if not catalog.NewTable(target.schema, REGISTRY, registry, "registry").exists(plpy):
         raise _no_deployment(target.quoted)
@@ -212,8 +225,9 @@ def resolve(plpy: Any, model_table: str | None, mst_key: int | None) -> tuple[st
         if not found[0]["readable"]:
             raise MadlibMopError(f"permission denied: the deployments of schema {plpy.quote_ident(schema)} "
                                  "are not readable by this role", sqlstate=errors.INSUFFICIENT_PRIVILEGE,
-                                 hint=f"Its owner can run: GRANT SELECT ON {registry} TO <role>; "
-                                      "(and SELECT on the model table).")
+                                 hint=f"Its owner can run: GRANT SELECT ON {registry} TO <role>; and, to "
+                                      "predict with a deployed model, GRANT SELECT on the model's "
+                                      "<out>, <out>_summary and <out>_info.")
         active = _active(plpy, registry, parts[-1])
         if active is None:
             continue
@@ -222,7 +236,28 @@ def resolve(plpy: Any, model_table: str | None, mst_key: int | None) -> tuple[st
                 f"deployment {model_table} is mst_key {active['mst_key']} of {active['model_table']}, "
                 f"not {mst_key}", sqlstate=errors.INVALID_PARAMETER_VALUE,
                 hint="Pass mst_key => NULL with a deployment's name.")
+        _readable(plpy, active["model_table"], model_table)
         plpy.notice(f"{model_table}: version {active['version']}, {active['model_table']} "
                     f"mst_key {active['mst_key']}")
         return active["model_table"], active["mst_key"]
     return model_table, mst_key
+
+
+def _readable(plpy: Any, model_table: str, deployment: str) -> None:
+    """A deployed model's tables must all be readable: one error names every missing grant."""
+    oid = catalog.resolve_name(plpy, model_table)
+    if oid is None:
+        raise MadlibMopError(f"deployment {deployment} names {model_table}, which no longer exists",
+                             sqlstate=errors.UNDEFINED_TABLE,
+                             hint="Deploy another model under that name, or roll it back.")
+    schema, name = catalog.name_parts(plpy, oid)
+    rows = plpy.execute(plpy.prepare(
+        "SELECT format('%I.%I', $1, $2 || t.suffix) AS name, current_user AS role, "
+        "NOT coalesce(has_table_privilege(to_regclass(format('%I.%I', $1, $2 || t.suffix)), 'SELECT'), true) "
+        "AS denied FROM unnest(ARRAY['', '_summary', '_info']) t(suffix)", ["text", "text"]), [schema, name])
+    denied = [r["name"] for r in rows if r["denied"]]
+    if denied:
+        raise MadlibMopError(
+            f"permission denied: deployment {deployment} is a model of {model_table}, which role "
+            f"{rows[0]['role']} may not read", sqlstate=errors.INSUFFICIENT_PRIVILEGE,
+            hint=f"Its owner can run: GRANT SELECT ON {', '.join(denied)} TO {plpy.quote_ident(rows[0]['role'])};")

@@ -90,6 +90,7 @@ def _refuse_shipping(ref: ModelRef) -> None:
 
 def evaluate(plpy: Any, model_table: str, test_table: str, output_table: str,
              use_gpus: bool | None = False, mst_key: int | None = None) -> None:
+    model_table, mst_key = deployments.resolve(plpy, model_table, mst_key)
     _evaluate(plpy, model_table, test_table, output_table, use_gpus, mst_key, all_models=False)
 
 

@@ -15,6 +15,7 @@ saying "no data yet"; missing values (NaN, inf) are left out.
 from __future__ import annotations
 
 import math
+import textwrap
 
 import numpy as np
 import pandas as pd
@@ -52,8 +53,8 @@ def no_data(title: str, message: str = "no data yet", height: float = 4.0) -> Fi
     ax = fig.add_subplot()
     ax.set_axis_off()
     ax.set_title(title)
-    ax.text(0.5, 0.5, message, ha="center", va="center", fontsize=16, color="0.4",
-            transform=ax.transAxes)
+    ax.text(0.5, 0.5, textwrap.fill(message, 100), ha="center", va="center", fontsize=16 if len(message) < 80 else 12,
+            color="0.4", transform=ax.transAxes)
     return fig
 
 

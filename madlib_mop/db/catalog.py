@@ -99,21 +99,22 @@ def sibling_table(plpy: Any, table: Table, suffix: str) -> Table:
         "SELECT pg_catalog.format('%I.%I', n.nspname, c.relname || $2) AS name "
         "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1",
         ["oid", "text"]), [table.oid, suffix])[0]
-    return resolve_table(plpy, row["name"], argument=f"{table.name}{suffix}")
+    return resolve_table(plpy, row["name"], argument="table")
 
 
 _SUMMARY_NAME = (
-    "SELECT (SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname || '_summary') "
-    "WHERE to_regclass(format('%I.%I', n.nspname, c.relname || '_summary')) IS NOT NULL) AS s "
+    "SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname || '_summary') AS s, "
+    "to_regclass(format('%I.%I', n.nspname, c.relname || '_summary'))::oid AS oid "
     "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = $1")
 
 
 def summary_of(plpy: Any, table: Table) -> tuple[str, list[dict]] | None:
     """MADlib's `<table>_summary` beside `table`: (its quoted name, its rows), or None if
-    there is no such table."""
-    name = plpy.execute(plpy.prepare(_SUMMARY_NAME, ["oid"]), [table.oid])[0]["s"]
-    if name is None:
+    there is no such table.  One the caller may not read is refused with the GRANT to ask for."""
+    found = plpy.execute(plpy.prepare(_SUMMARY_NAME, ["oid"]), [table.oid])[0]
+    if found["oid"] is None:
         return None
+    name = _described(plpy, int(found["oid"]), found["s"], "table").name
     return name, [dict(r) for r in plpy.execute(f"SELECT * FROM {name}")]
 
 

@@ -80,7 +80,7 @@ def importances(configs: Sequence[Mapping[str, Any]], values: Sequence[float], m
         raise MadlibMopError(
             f"{len(configs)} model(s) with a value of the objective: at least {MIN_MODELS} are needed "
             "to tell which hyperparameters mattered", sqlstate=errors.DATA_EXCEPTION,
-            hint="Train more configurations (a bigger grid, or num_configs), or let the job finish.")
+            hint="Train more configurations (a bigger grid, or num_configs).")
     names = varying(configs)
     if not names:
         raise MadlibMopError("every model has the same hyperparameters: none can explain a difference",
