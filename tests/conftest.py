@@ -72,6 +72,16 @@ def iris_table(conn: psycopg.Connection, table: str = "iris") -> None:
             copy.write_row((i, [float(v) for v in x], str(iris.target_names[y])))
 
 
+def packed_iris(conn: psycopg.Connection) -> None:
+    """`iris` (see `iris_table`) packed over 2 segments into `iris_packed`, and again as
+    validation data into `iris_valid`."""
+    iris_table(conn)
+    conn.execute("SELECT training_preprocessor_dl('iris', 'iris_packed', 'class_text', 'attributes', "
+                 "distribution_rules => '2')")
+    conn.execute("SELECT validation_preprocessor_dl('iris', 'iris_valid', 'class_text', 'attributes', "
+                 "'iris_packed')")
+
+
 def psql_script(dsn: str, script: str) -> subprocess.CompletedProcess:
     """`script` run as an analyst's script file runs: psql -f, autocommit, one statement
     after another with no pause, stopping at the first error (ON_ERROR_STOP)."""

@@ -14,7 +14,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from tests.conftest import connect, iris_table, mlp_json
+from tests.conftest import connect, mlp_json, packed_iris
 
 PASSWORD = "reader-password-" + uuid.uuid4().hex[:8]
 # Learning rates 1e-5 (the model barely moves in 3 iterations) and 0.05: the rate decides the
@@ -27,11 +27,7 @@ FIT_GRID = "{'batch_size': [8, 16]}"
 @pytest.fixture(scope="module")
 def db(extension_dsn):
     with connect(extension_dsn) as conn:
-        iris_table(conn)
-        conn.execute("SELECT training_preprocessor_dl('iris', 'iris_packed', 'class_text', 'attributes', "
-                     "distribution_rules => '2')")
-        conn.execute("SELECT validation_preprocessor_dl('iris', 'iris_valid', 'class_text', 'attributes', "
-                     "'iris_packed')")
+        packed_iris(conn)
         for hidden in (4, 16):
             conn.execute("SELECT load_keras_model('arch', %s)", (mlp_json(4, hidden, 3),))
         conn.execute("SELECT generate_model_configs('arch', 'mst', ARRAY[1, 2], %s, %s)",

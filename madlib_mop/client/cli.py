@@ -5,6 +5,10 @@
     madlib-mop report JOB --out DIR          plots (PNG) and a Markdown / HTML summary
     madlib-mop tensorboard JOB --logdir DIR  event files: tensorboard --logdir DIR
     madlib-mop dashboard [--host H] [--port P]  a live web page of your jobs, read-only
+    madlib-mop steer JOB stop MST_KEY        steer a running job (also: clone MST_KEY
+                                             [--compile-params T] [--fit-params T], add
+                                             MODEL_ID --compile-params T --fit-params T,
+                                             iterations MST_KEY N)
 
 JOB is a job id or a model output table.  The connection is `--dsn` (a libpq string or
 URI, or a SQLAlchemy URL), else MADLIB_MOP_DSN, else libpq's PG* variables.
@@ -47,7 +51,40 @@ def _parser() -> argparse.ArgumentParser:
                             "has no login of its own, so anyone who reaches it sees your jobs)")
     dashboard.add_argument("--port", type=int, default=8050,
                            help="port (default 8050; 0: any free one)")
+    steer = commands.add_parser("steer", help="stop, clone or add a model of a running job, or "
+                                              "change a model's iterations")
+    steer.add_argument("job", help="job id or model output table")
+    actions = steer.add_subparsers(dest="action", required=True)
+    for name, help_text in (("stop", "train the model no further than its current iteration"),
+                            ("clone", "a new model from the model's state at its next iteration boundary"),
+                            ("add", "a new configuration"),
+                            ("iterations", "the model's iterations in all")):
+        action = actions.add_parser(name, help=help_text)
+        action.add_argument("model_id" if name == "add" else "mst_key", type=int)
+        if name == "iterations":
+            action.add_argument("num_iterations", type=int)
+        if name in ("clone", "add"):
+            action.add_argument("--compile-params", required=name == "add")
+            action.add_argument("--fit-params", required=name == "add")
     return parser
+
+
+def _steer(client, args) -> int:
+    """One request; the job applies it where the model is between iterations."""
+    job_id = client.job(args.job).job_id
+    if args.action == "stop":
+        action = client.stop_model(job_id=job_id, mst_key=args.mst_key)
+    elif args.action == "clone":
+        action = client.clone_model(job_id=job_id, mst_key=args.mst_key, compile_params=args.compile_params,
+                                    fit_params=args.fit_params)
+    elif args.action == "add":
+        action = client.add_model_config(job_id=job_id, model_id=args.model_id,
+                                         compile_params=args.compile_params, fit_params=args.fit_params)
+    else:
+        action = client.set_model_iterations(job_id=job_id, mst_key=args.mst_key,
+                                             num_iterations=args.num_iterations)
+    print(f"job {job_id}: steering action {action} recorded (SELECT * FROM steering WHERE action_id = {action})")
+    return EXIT_OK
 
 
 def _dashboard(dsn: str | None, schema: str | None, host: str, port: int) -> int:
@@ -117,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
                 for kind, path in write_report(client, args.job, args.out, formats=formats).items():
                     print(f"{kind}: {path}")
                 return EXIT_OK
+            if args.command == "steer":
+                return _steer(client, args)
             if args.command == "tensorboard":
                 # TensorFlow only writes files here: keep its errors about a missing GPU quiet.
                 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")

@@ -19,7 +19,7 @@ from madlib_mop.db import catalog, worker_session
 from madlib_mop.engine.base import Engine
 from madlib_mop.engine.pool import WorkerPool
 from madlib_mop.errors import MadlibMopError
-from madlib_mop.job import metrics, outputs, schedule
+from madlib_mop.job import metrics, outputs, schedule, steering
 from madlib_mop.job.assignment import Task, WorkAssignment
 from madlib_mop.job.worker_supply import WorkerSupply, wait_for_workers, warm_up
 from madlib_mop.job.failures import DIVERGED, FAILED, ModelFailures, RetryPolicy
@@ -64,6 +64,12 @@ def commit_call(plpy: Any) -> None:
                  "madlib_keras_fit_multiple_model(...).") from None
 
 
+def state_for_call(engine: Engine, store: JobStore, mst_key: int, step: int) -> bytes | None:
+    """What a call is given of the model's state: nothing when the engine's workers read the
+    job's store themselves (they run on this server), else its bytes."""
+    return None if engine.stores_states else store.state_at(mst_key, step)
+
+
 class Coordinator:
     """The loop of one job, in the calling session's backend (see the module's docstring):
     workers through the engine's pool, records through the store, decisions through the
@@ -77,6 +83,7 @@ class Coordinator:
         self.args, self.S = self.job["arguments"], self.job["num_segments"]
         self.partitions = self.job["validation_partitions"] or 0
         self.retry = RetryPolicy.for_job(plpy, job_id)
+        self._notice = lambda text: plpy.notice(f"madlib_keras_fit_multiple_model: {text}")
 
     def run(self) -> None:
         self._start()
@@ -86,6 +93,7 @@ class Coordinator:
                 interruption_point(self.plpy, self.can_commit)
                 if outcome is not None:
                     self._handle(*outcome)
+                self.steering.poll()
                 self.supply.adjust(self.work.running)
         except BaseException:
             self.pool.stop()
@@ -97,19 +105,23 @@ class Coordinator:
     # ---- the loop's steps ----
     def _start(self) -> None:
         self.models: dict[int, ModelRecord] = self.store.load_models()
-        rounds = {m.mst_key: self.args["num_iterations"] * m.epochs for m in self.models.values()}
+        requests = steering.resumed(self.store, self.models)  # a person's, applied as before
+        rounds = {m.mst_key: m.iterations * m.epochs for m in self.models.values()}
         self.schedule = schedule.dispatcher_for(rounds, {k: len(m.visits) for k, m in self.models.items()},
                                                 self.S, self.job["seed"],
-                                                self.args.get("initial_models"))
+                                                self.args.get("initial_models"), steering.added(requests))
         self.started_epoch = self.store.mark_running(os.getpid())
         self.search = JobSearch(self.plpy, self.store, self.engine, self.models, self.schedule,
                                 bool(self.partitions), self._notice)
+        self.steering = steering.JobSteering(self.plpy, self.store, requests, self._notice,
+                                             (self.models, self.schedule, self.search, self.engine))
         self.failures = ModelFailures(self.store, self._notice)
         for mst_key in self.failures.lost:  # diverged before the job was resumed
             self.schedule.stop(mst_key)
             self.search.lost(mst_key)
         self.work = WorkAssignment(self.schedule, self.S, self.job_id,
-                                   lambda k: self._state_for_call(k, len(self.models[k].visits)))
+                                   lambda k: state_for_call(self.engine, self.store, k,
+                                                            len(self.models[k].visits)))
         self.progress = JobProgress(self.models, self.schedule, self.S, max(rounds.values()),
                                     self.search.stopped, self.failures,
                                     self.search.searcher is not None or self.search.pruning,
@@ -139,9 +151,9 @@ class Coordinator:
             thread.worker.rename(f"madlib_mop worker job {self.job_id} #{index}")
 
     def _dispatch(self) -> bool:
-        """Give every free worker work; False when nothing runs and nothing is left (held
-        models go on when no report can come)."""
-        return self.work.dispatch(self.pool) or (self.search.decisions.release_all() and self._dispatch())
+        """Give free workers work; False when nothing runs or is left (held models go on then)."""
+        return self.work.dispatch(self.pool) or (self.search.decisions.release_all() and self._dispatch()) \
+            or (self.steering.poll(now=True) and self._dispatch())
 
     def _handle(self, task: Task, value: Any, error: BaseException | None) -> None:
         self.work.ended(task)
@@ -192,6 +204,8 @@ class Coordinator:
         if task.kind == "train":
             self.store.states.visit_recorded(task.mst_key, task.step, model.per_iteration)
             self.progress.after_visit()
+            if boundary:  # a person's requests that wait for the model to end an iteration
+                self.steering.apply(task.mst_key)
 
     def _failed(self, task: Task, error: BaseException) -> None:
         self.store.note_error(f"{task.kind} mst_key {task.mst_key} step {task.step} segment "
@@ -214,18 +228,13 @@ class Coordinator:
             task.attempt = attempt
             self.work.pending_evals.append(task)
 
-    def _state_for_call(self, mst_key: int, step: int) -> bytes | None:
-        """What a call is given of the model's state: nothing when the engine's workers
-        read the job's store themselves (they run on this server), else its bytes."""
-        return None if self.engine.stores_states else self.store.state_at(mst_key, step)
-
     def _queue_evals(self, model: ModelRecord, iteration: int) -> None:
         if not self.partitions or not metrics.due(iteration, self.args["metrics_compute_frequency"],
-                                                  self.args["num_iterations"], self.search.also_due):
+                                                  model.iterations, self.search.also_due):
             return
         step = iteration * model.per_iteration
         missing = [p for p in range(self.partitions) if (step, p) not in model.evals]
-        state = self._state_for_call(model.mst_key, step) if missing else None
+        state = state_for_call(self.engine, self.store, model.mst_key, step) if missing else None
         self.work.pending_evals += [Task("evaluate", model.mst_key, step, p % self.S, p, state)
                                for p in missing]
 
@@ -233,7 +242,7 @@ class Coordinator:
     def _publish(self, model: ModelRecord) -> None:
         """Bring the model's output rows up to date, then hand its new reports to search."""
         curves = metrics.curves(model.visits, model.evals, self.S, model.epochs,
-                                self.args["metrics_compute_frequency"], self.args["num_iterations"],
+                                self.args["metrics_compute_frequency"], model.iterations,
                                 self.partitions, self.started_epoch, self.search.also_due)
         outputs.publish(self.store, model, curves, self.partitions, bool(self.args.get("single")))
         finished = len(model.visits) // model.per_iteration
@@ -248,6 +257,7 @@ class Coordinator:
 
     # ---- session, progress ----
     def _finish(self) -> None:
+        self.steering.finish()
         self.progress.report_to(self.store)
         self.failures.check_at_end(len(self.models), self.plpy.warning)
         outputs.finish(self.store)
@@ -257,9 +267,6 @@ class Coordinator:
         self._notice(f"job {self.job_id} finished: {len(self.models)} models in "
                      f"{time.monotonic() - self.progress.started:.1f}s; results in "
                      f"{self.store.display('output')}, {self.store.display('info')}")
-
-    def _notice(self, text: str) -> None:
-        self.plpy.notice(f"madlib_keras_fit_multiple_model: {text}")
 
     def close(self, error: BaseException | None = None) -> None:
         self.store.close(error)

@@ -232,7 +232,7 @@ def publish(store, model, curves: metrics.Curves, partitions: int, single: bool)
         finite_json({n: metrics.series(training, n) for n in ["loss"] + names}),
         finite_json({n: metrics.series(validation, n) for n in ["loss"] + names}) if partitions else None,
         training_seconds, len(model.visits), metrics.last(curves.inference_ms),
-        len(model.visits) >= store.job["arguments"]["num_iterations"] * model.per_iteration,
+        len(model.visits) >= model.iterations * model.per_iteration,
         model.mst_key))
     if single:
         columns = sql.SQL(", ").join(sql.Identifier(n) for n in SINGLE_SUMMARY_COLUMNS)

@@ -53,14 +53,28 @@ def added_model_orders(model: int, segments: int, epochs: int, seed: int) -> lis
     return [[int(s) for s in rng.permutation(segments)] for _ in range(epochs)]
 
 
+def started_with(keys, initial_models: int | None, added=frozenset()) -> list[int]:
+    """The models a job started with: not added later by a searcher (mst_key above
+    `initial_models`) or a person steering it (`added`)."""
+    return sorted(k for k in keys if k <= (initial_models or k) and k not in added)
+
+
+def model_orders(model: int, initial: list[int], segments: int, rounds: int, seed: int) -> list[list[int]]:
+    """A model's first `rounds` orders, as `dispatcher_for` gives them (prefix-stable: more
+    rounds keep the earlier ones)."""
+    if model in initial:
+        return visit_orders(initial, segments, rounds, seed)[model]
+    return added_model_orders(model, segments, rounds, seed)
+
+
 def dispatcher_for(rounds: dict[int, int], done: dict[int, int], segments: int, seed: int,
-                   initial_models: int | None) -> "Dispatcher":
+                   initial_models: int | None, added=frozenset()) -> "Dispatcher":
     """The dispatcher of a job's models (`rounds`: each one's passes over the segments;
-    `done`: its sub-epochs done).  Models a searcher added while the job ran (mst_key above
-    `initial_models`) have orders of their own, drawn the same whenever they are added, so
-    that a resumed job gives every model the orders it had."""
-    initial = [k for k in rounds if k <= (initial_models or k)]
-    orders = visit_orders(initial, segments, max(rounds[k] for k in initial), seed)
+    `done`: its sub-epochs done).  Models added while the job ran (`started_with`) have
+    orders of their own, drawn the same whenever they are added, so that a resumed job
+    gives every model the orders it had."""
+    initial = started_with(rounds, initial_models, added)
+    orders = visit_orders(initial, segments, max(rounds[k] for k in initial), seed) if initial else {}
     for key in set(rounds) - set(initial):
         orders[key] = added_model_orders(key, segments, rounds[key], seed)
     return Dispatcher({k: o[: rounds[k]] for k, o in orders.items()}, segments, done)
@@ -178,6 +192,16 @@ class Dispatcher:
         """The model trains no further (a running visit of it may still finish)."""
         progress = self.progress[model]
         self.total[model] = progress.done + (1 if progress.busy else 0)
+        self._index(model)
+
+    def limit(self, model: int, total: int, orders: list[list[int]] | None = None) -> None:
+        """The model's sub-epochs in all become `total` (fewer, or more with `orders` long
+        enough: `model_orders`), from the next one it is dispatched on."""
+        if orders is not None:
+            self.orders[model] = orders
+        if total > len(self.orders[model]) * self.segments:
+            raise ValueError(f"model {model} has orders for {len(self.orders[model])} rounds only")
+        self.total[model] = total
         self._index(model)
 
     def prefer(self, model: int, priority: int) -> None:

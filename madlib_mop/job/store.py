@@ -41,6 +41,7 @@ class ModelRecord:
     fit_params: str
     epochs: int  # fit epochs: rounds per iteration
     per_iteration: int  # sub-epochs per iteration: segments x epochs
+    iterations: int  # in all: the job's num_iterations, unless a person steering it changed them
     visits: dict = field(default_factory=dict)  # step -> visit result
     evals: dict = field(default_factory=dict)  # (step, partition) -> eval result
     published_step: int = 0  # the step whose weights <out> holds
@@ -195,7 +196,7 @@ class JobStore(JobRowUpdates):
                      fit_params: str) -> ModelRecord:
         epochs = model_config.fit_epochs(fit_params)
         return ModelRecord(mst_key, model_id, compile_params, fit_params, epochs,
-                           epochs * self.job["num_segments"])
+                           epochs * self.job["num_segments"], self.job["arguments"]["num_iterations"])
 
     def model_rows(self) -> list[dict]:
         """The models table's configurations (model_arch as JSON text), without their
@@ -269,10 +270,10 @@ class JobStore(JobRowUpdates):
             self.q(sql.SQL("UPDATE {}.jobs SET model_failures = {} WHERE job_id = %s").format(
                 self.schema, failures), params + (self.job_id,))
 
-    def architecture(self, model_id: int) -> tuple[str, bytes | None]:
-        """An architecture of the job's model_arch_table (madlib_keras_automl's): its JSON
-        and initial weights."""
-        arch_table = sql.Identifier(*self.job["arguments"]["automl"]["model_arch_table"])
+    def architecture(self, model_id: int, table: list[str] | None = None) -> tuple[str, bytes | None]:
+        """An architecture of the job's model_arch_table (madlib_keras_automl's, or `table`:
+        the [schema, table] a steering request recorded): its JSON and initial weights."""
+        arch_table = sql.Identifier(*(table or self.job["arguments"]["automl"]["model_arch_table"]))
         row = self.q(sql.SQL("SELECT model_arch::text, model_weights FROM {} WHERE model_id = %s")
                      .format(arch_table), (model_id,)).fetchone()
         if row is None:
@@ -282,19 +283,26 @@ class JobStore(JobRowUpdates):
         return row[0], None if row[1] is None else bytes(row[1])
 
     def add_model(self, entry: dict, blob: bytes) -> None:
-        """A model a searcher proposed joins the job (`entry`: mst_key, model_id,
-        model_arch, compile_params, fit_params, weights; `blob`: its initial state): its rows
-        in the job's tables, the output tables and the model selection table, in one
-        transaction."""
+        """A model a searcher proposed (or a person added) joins the job (`entry`: mst_key,
+        model_id, model_arch, compile_params, fit_params, weights; `blob`: its initial
+        state): its rows in the job's tables, the output tables and automl's model selection
+        table (a fit's is the user's input: left as it is), in one transaction."""
         from madlib_mop.job import outputs
 
-        mst = sql.Identifier(*self.job["arguments"]["automl"]["model_selection_table"])
+        automl = self.job["arguments"].get("automl")
         config = (entry["mst_key"], entry["model_id"], entry["compile_params"], entry["fit_params"])
         with self.atomic():
             job_tables.add_model(self.db, self.tables, entry, blob)
             outputs.add_model(self.db, self.tables, entry, blob)
-            self.q(sql.SQL("INSERT INTO {} (mst_key, model_id, compile_params, fit_params) "
-                           "VALUES (%s, %s, %s, %s)").format(mst), config)
+            if automl:
+                self.q(sql.SQL("INSERT INTO {} (mst_key, model_id, compile_params, fit_params) "
+                               "VALUES (%s, %s, %s, %s)").format(
+                    sql.Identifier(*automl["model_selection_table"])), config)
+
+    def model_architecture(self, mst_key: int) -> str:
+        """A model's architecture (JSON text) as the job recorded it."""
+        return self.q(sql.SQL("SELECT model_arch::text FROM {} WHERE mst_key = %s").format(
+            self.tables["models"]), (mst_key,)).fetchone()[0]
 
 # ---- the calling session's SQL on `jobs` (PL/Python) ------------------------------------------
 

@@ -541,6 +541,7 @@ def divergence(metrics: dict, model=None) -> str | None:
 
 
 COST_REPEATS = 2  # runs of a validation pass's first buffer, timed again for its cost
+COST_TIMED_SECONDS = 0.05
 
 
 def evaluate(program: Program, spec: ModelSpec, buffers: Iterable[Buffer],
@@ -555,9 +556,10 @@ def evaluate(program: Program, spec: ModelSpec, buffers: Iterable[Buffer],
         outcome.seconds_evaluate += program.last_seconds
         if number == 0 and len(x):
             # The model's inference cost: one timing of a few ms varies by a factor of 2 with
-            # what the other workers do on the same cores; the best of a few runs does not.
+            # what the other workers do on the same cores; the best of a few runs does not
+            # (a run of COST_TIMED_SECONDS or more is timed once: it varies little).
             runs = [program.last_seconds]
-            for _ in range(COST_REPEATS):
+            while len(runs) <= COST_REPEATS and program.last_seconds < COST_TIMED_SECONDS:
                 program.evaluate(x, labels)
                 runs.append(program.last_seconds)
             outcome.seconds_per_row = min(runs) / len(x)

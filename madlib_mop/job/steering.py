@@ -1,0 +1,246 @@
+"""A person steering a running job: the requests `api.steering` records in `steering`, as
+the coordinator meets them.
+
+A request is applied where the model it acts on is between iterations (its state there is
+kept: `state_store`), so that what it does is defined by the model's own progress, not by
+timing:
+
+    stop        the model trains to the end of its current iteration, then no further
+    iterations  its iterations in all become num_iterations (not fewer than it has begun)
+    clone       at its next iteration boundary, a new model (the next free mst_key) starts
+                from its state there, with the request's compile and fit params: the whole
+                state when the compile params are the source's, else its weights and a new
+                optimizer (as warm start does); it trains the job's num_iterations
+    add         a new model, at once, as a searcher's configuration joins
+
+Each applied request records the iteration it took effect after (and the model it made), in
+the transaction that makes the change, so a resumed job starts with the same models and
+iteration targets (`targets`, `added`) and replaying a model's visits gives its weights.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from psycopg import sql
+
+from madlib_mop.errors import MadlibMopError
+from madlib_mop.job import plan, schedule
+from madlib_mop.job.store import JobStore, ModelRecord
+from madlib_mop.runtime import state, training
+
+POLL_SECONDS = 0.5  # how often a running job looks for new requests (an indexed read)
+
+
+@dataclass
+class Request:
+    action_id: int
+    action: str
+    mst_key: int | None
+    params: dict
+    owner: str
+    applied: bool = False
+    applied_iteration: int | None = None  # None when applied: it changed nothing
+    new_mst_key: int | None = None
+
+
+def load(store: JobStore) -> list[Request]:
+    rows = store.q(sql.SQL("SELECT action_id, action, mst_key, params, owner, applied_at IS NOT NULL, "
+                           "applied_iteration, new_mst_key FROM {}.steering WHERE job_id = %s "
+                           "ORDER BY action_id").format(store.schema), (store.job_id,)).fetchall()
+    return [Request(*row) for row in rows]
+
+
+def targets(requests: list[Request]) -> dict[int, int]:
+    """mst_key -> its iterations in all, as the applied stops and changes left them."""
+    found: dict[int, int] = {}
+    for request in requests:
+        if request.action in ("stop", "iterations") and request.applied_iteration is not None:
+            found[request.mst_key] = request.applied_iteration
+    return found
+
+
+def stops(requests: list[Request]) -> dict[int, tuple[int, str]]:
+    """mst_key -> (iteration, why) of the models the last applied request left stopped."""
+    found: dict[int, tuple[int, str]] = {}
+    for request in requests:
+        if request.action == "iterations" and request.applied_iteration is not None:
+            found.pop(request.mst_key, None)
+        elif request.action == "stop" and request.applied_iteration is not None:
+            found[request.mst_key] = (request.applied_iteration, stop_reason(request))
+    return found
+
+
+def resumed(store: JobStore, models: dict[int, ModelRecord]) -> list[Request]:
+    """The job's requests; the models' iterations as the applied ones left them."""
+    requests = load(store)
+    for mst_key, iterations in targets(requests).items():
+        models[mst_key].iterations = iterations
+    return requests
+
+
+def stop_reason(request: Request) -> str:
+    return f"stopped by {request.owner} (steering action {request.action_id})"
+
+
+def added(requests: list[Request]) -> set[int]:
+    """The models clones and adds made."""
+    return {r.new_mst_key for r in requests if r.applied and r.new_mst_key is not None}
+
+
+class JobSteering:
+    """The job's requests: the applied ones (read at the start), the others applied as the
+    models they act on reach iteration boundaries."""
+
+    def __init__(self, plpy: Any, store: JobStore, requests: list[Request], notice: Callable[[str], None],
+                 job_parts: tuple):
+        """`job_parts`: the coordinator's models, dispatcher, search and engine."""
+        self.plpy, self.store, self.notice = plpy, store, notice
+        self.models, self.schedule, self.search, self.engine = job_parts
+        self.search.stopped.update(stops(requests))
+        self.pending = [r for r in requests if not r.applied]
+        self.seen = max((r.action_id for r in requests), default=0)
+        self.polled = 0.0
+
+    # ---- when ----
+    def poll(self, now: bool = False) -> bool:
+        """New requests (at most every POLL_SECONDS, unless `now`), and those that can be
+        applied now; True if one was."""
+        if now or time.monotonic() - self.polled >= POLL_SECONDS:
+            self.polled = time.monotonic()
+            fresh = [r for r in load(self.store) if r.action_id > self.seen and not r.applied]
+            self.seen = max([self.seen] + [r.action_id for r in fresh])
+            self.pending += fresh
+        return self.apply(None)
+
+    def apply(self, mst_key: int | None) -> bool:
+        """Apply the pending requests that can be (of model `mst_key` only, if given), in
+        the order they were made; True if one was."""
+        applied = False
+        for request in list(self.pending):
+            if mst_key is not None and request.mst_key != mst_key:
+                continue
+            if self._apply(request):
+                self.pending.remove(request)
+                applied = True
+        return applied
+
+    def finish(self) -> None:
+        """The job ends: what is still pending is recorded as too late."""
+        for request in self.pending:
+            self._record(request, None, None, "not applied: the job had finished")
+        self.pending = []
+
+    def _between_iterations(self, key: int) -> bool:
+        model, progress = self.models[key], self.schedule.progress[key]
+        return not progress.busy and progress.done % model.per_iteration == 0
+
+    def _apply(self, request: Request) -> bool:
+        """Apply the request if it can be now; one the job cannot apply (rows are written by
+        the role, not only through api.steering) is recorded as refused, and the job goes on."""
+        try:
+            return self._apply_checked(request)
+        except (MadlibMopError, KeyError, TypeError, ValueError) as error:
+            self._record(request, None, None, f"refused: {getattr(error, 'message', None) or error!r}")
+            self.notice(f"steering action {request.action_id} refused: {getattr(error, 'message', None) or error!r}")
+            return True
+
+    def _apply_checked(self, request: Request) -> bool:
+        if request.action == "add":
+            return self._new_model(request, None)
+        key = request.mst_key
+        if key not in self.models:  # not a model of the job (the request was checked: a replaced job)
+            self._record(request, None, None, f"mst_key {key} is not a model of this job")
+            return True
+        progress, model = self.schedule.progress[key], self.models[key]
+        if key in self.search.gone:
+            self._record(request, None, None, f"not applied: mst_key {key} had diverged or failed")
+            return True
+        if request.action == "clone":
+            if not self._between_iterations(key) and progress.done < self.schedule.total[key]:
+                return False  # at its next boundary (`apply(key)` after each of its hops)
+            return self._new_model(request, key)
+        # stop, iterations: from the end of the iteration under way
+        begun = -(-(progress.done + progress.busy) // model.per_iteration)
+        wanted = begun if request.action == "stop" else max(begun, request.params["num_iterations"])
+        self._set_iterations(model, wanted)
+        with self.store.atomic():
+            if request.action == "stop":
+                self.search.stopped[key] = (wanted, stop_reason(request))
+                self.store.record_stop(key, wanted, stop_reason(request), {})
+                self._record(request, wanted, None, f"trains no further than iteration {wanted}")
+            else:
+                if self.search.stopped.pop(key, None) is not None:  # it trains on
+                    self.store.update_info(key, {"status": "training", "stopped_iteration": None,
+                                                 "stop_reason": None})
+                self._record(request, wanted, None, f"trains {wanted} iterations in all")
+        self.notice(f"mst_key {key}: {request.action} applied (steering action {request.action_id}, "
+                    f"by {request.owner}): {wanted} iterations in all")
+        return True
+
+    # ---- what ----
+    def _set_iterations(self, model: ModelRecord, iterations: int) -> None:
+        rounds = iterations * model.epochs
+        orders = None
+        if rounds > len(self.schedule.orders[model.mst_key]):
+            initial = schedule.started_with(self.models, self.store.job["arguments"].get("initial_models"),
+                                            added(load(self.store)))
+            orders = schedule.model_orders(model.mst_key, initial, self.store.job["num_segments"], rounds,
+                                           self.store.job["seed"])
+        self.schedule.limit(model.mst_key, rounds * self.store.job["num_segments"], orders)
+        model.iterations = iterations
+
+    def _new_model(self, request: Request, source: int | None) -> bool:
+        """A clone of `source` at its current step, or an added configuration."""
+        job = self.store.job
+        key = max([*self.models, getattr(self.search.searcher, "num_configs", 0)]) + 1
+        if source is None:
+            arch, weights = self.store.architecture(request.params["model_id"], request.params["model_arch_table"])
+            entry = {"mst_key": key, "model_id": request.params["model_id"], "model_arch": arch,
+                     "compile_params": request.params["compile_params"],
+                     "fit_params": request.params["fit_params"], "weights": weights}
+            at = None
+        else:
+            origin = self.models[source]
+            at = self.schedule.progress[source].done
+            arch = self.store.model_architecture(source)
+            entry = {"mst_key": key, "model_id": origin.model_id, "model_arch": arch,
+                     "compile_params": request.params["compile_params"],
+                     "fit_params": request.params["fit_params"], "weights": None}
+        plan.check_config(self.plpy, entry, job["source_table"])
+        blob = self._initial_state(entry, source, at)
+        rounds = job["arguments"]["num_iterations"] * training.ModelSpec.of(entry).epochs
+        iteration = None if source is None else at // self.models[source].per_iteration
+        with self.store.atomic():
+            self.store.add_model(entry, blob)
+            self._record(request, iteration, key,
+                         f"mst_key {key} made" + ("" if source is None else f" from mst_key {source} "
+                                                   f"after iteration {iteration}"))
+        self.models[key] = self.store.model_record(key, entry["model_id"], entry["compile_params"],
+                                                   entry["fit_params"])
+        self.schedule.add(key, schedule.added_model_orders(key, job["num_segments"], rounds, job["seed"]))
+        self.search.pruner.start(sorted(self.models))
+        self.engine.prepare_job(self.plpy, job, self.store.model_rows)  # segment servers learn it
+        self.notice(f"mst_key {key} enters (steering action {request.action_id}, by {request.owner}): "
+                    + (f"a clone of mst_key {source} after iteration {iteration}, " if source else "")
+                    + f"{entry['compile_params']}, {entry['fit_params']}")
+        return True
+
+    def _initial_state(self, entry: dict, source: int | None, at: int | None) -> bytes:
+        """A clone's: the source's state (whole when compiled the same, else its weights and
+        a new optimizer); an added model's: drawn from the job's seed and its mst_key."""
+        if source is not None:
+            blob = bytes(self.store.state_at(source, at))
+            if entry["compile_params"] == self.models[source].compile_params:
+                return blob
+            entry["weights"] = bytes(state.madlib_weights(blob))
+        return training.initial_states([training.ModelSpec.of(entry)], self.store.job["seed"])[entry["mst_key"]]
+
+    def _record(self, request: Request, iteration: int | None, new_key: int | None, outcome: str) -> None:
+        request.applied, request.applied_iteration, request.new_mst_key = True, iteration, new_key
+        self.store.q(sql.SQL("UPDATE {}.steering SET applied_at = now(), applied_iteration = %s, "
+                             "new_mst_key = %s, outcome = %s WHERE action_id = %s").format(self.store.schema),
+                     (iteration, new_key, outcome, request.action_id))
+
