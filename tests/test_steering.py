@@ -141,12 +141,19 @@ def test_only_the_owner_steers_and_bad_requests_are_refused(db):
     db.execute("UPDATE jobs SET state = 'interrupted' WHERE job_id = %s", (job_id,))
     try:
         for call, error in [("SELECT set_model_iterations(%s, 1, 0)", psycopg.errors.InvalidParameterValue),
+                            ("SELECT set_model_iterations(%s, 1, 31)", psycopg.errors.InvalidParameterValue),
                             ("SELECT stop_model(%s, 99)", psycopg.errors.InvalidParameterValue),
                             ("SELECT add_model_config(%s, 7, 'loss=''mse''', 'batch_size=8')",
                              psycopg.errors.InvalidParameterValue),
                             ("SELECT clone_model(%s, 1, 'optimizer=''Nope()''')", psycopg.errors.InvalidParameterValue)]:
             with pytest.raises(error):
                 db.execute(call, (job_id,))
+        # A job that a pruner or an automl search steers is not steered by hand too.
+        db.execute("UPDATE jobs SET arguments = arguments || '{\"pruner\": \"median\"}' WHERE job_id = %s",
+                   (job_id,))
+        with pytest.raises(psycopg.errors.FeatureNotSupported):
+            db.execute("SELECT stop_model(%s, 1)", (job_id,))
+        db.execute("UPDATE jobs SET arguments = arguments - 'pruner' WHERE job_id = %s", (job_id,))
         role = "steering_outsider"
         db.execute(sql.SQL("CREATE ROLE {} ; GRANT USAGE ON SCHEMA madlib_mop TO {}").format(
             sql.Identifier(role), sql.Identifier(role)))

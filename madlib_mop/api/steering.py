@@ -24,7 +24,8 @@ from madlib_mop.errors import MadlibMopError
 from madlib_mop.grammar import model_config
 from madlib_mop.job import plan, store
 
-_OPEN = ("created", "queued", "running", "interrupted")
+_OPEN = ("created", "queued", "running", "interrupted", "failed")
+MAX_ITERATIONS_FACTOR = 10  # a model's iterations: at most this many times the job's
 
 
 def _job(plpy: Any, job_id: int | None) -> dict:
@@ -36,8 +37,16 @@ def _job(plpy: Any, job_id: int | None) -> dict:
     if job["state"] not in _OPEN:
         raise MadlibMopError(f"job {job_id} is {job['state']}: there is nothing left to steer",
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
-                             hint="Steer a job while it runs (or is interrupted, before resume); "
-                                  "warm_start continues a finished one.")
+                             hint="Steer a job while it runs, or before it is resumed; warm_start "
+                                  "continues a finished one.")
+    arguments = json.loads(job["arguments"])
+    if arguments.get("automl") or arguments.get("pruner"):
+        # Their searcher and pruner decide from every model's reports: a person's models and
+        # stops would change what they decided, and a resumed job would decide otherwise.
+        raise MadlibMopError(f"job {job_id} is steered by its "
+                             + ("automl search" if arguments.get("automl") else "pruner"),
+                             sqlstate=errors.FEATURE_NOT_SUPPORTED,
+                             hint="Steer a madlib_keras_fit_multiple_model job without a pruner.")
     return job
 
 
@@ -78,11 +87,12 @@ def stop_model(plpy: Any, job_id: int, mst_key: int) -> int:
 def set_model_iterations(plpy: Any, job_id: int, mst_key: int, num_iterations: int) -> int:
     job = _job(plpy, job_id)
     _model(plpy, job, mst_key)
-    if num_iterations is None or num_iterations < 1:
-        raise MadlibMopError(f"num_iterations must be at least 1, not {num_iterations}",
+    most = MAX_ITERATIONS_FACTOR * json.loads(job["arguments"])["num_iterations"]
+    if num_iterations is None or not 1 <= num_iterations <= most:
+        raise MadlibMopError(f"num_iterations must be between 1 and {most}, not {num_iterations}",
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
-                             hint="The model's iterations in all, counted from the start; stop_model() "
-                                  "stops it where it is.")
+                             hint=f"The model's iterations in all, counted from the start (at most "
+                                  f"{MAX_ITERATIONS_FACTOR} times the job's); stop_model() stops it where it is.")
     return _request(plpy, job, "iterations", mst_key, {"num_iterations": num_iterations},
                     f"to mst_key {mst_key} (not before the end of its current iteration)")
 

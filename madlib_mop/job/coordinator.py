@@ -113,8 +113,9 @@ class Coordinator:
         self.started_epoch = self.store.mark_running(os.getpid())
         self.search = JobSearch(self.plpy, self.store, self.engine, self.models, self.schedule,
                                 bool(self.partitions), self._notice)
-        self.steering = steering.JobSteering(self.plpy, self.store, requests, self._notice,
-                                             (self.models, self.schedule, self.search, self.engine))
+        self.steering = steering.JobSteering(self.plpy, self.store, requests, self._notice, (
+            self.models, self.schedule, self.search, self.engine,
+            (self._queue_evals, self._publish, lambda: self.progress.report_to(self.store))))
         self.failures = ModelFailures(self.store, self._notice)
         for mst_key in self.failures.lost:  # diverged before the job was resumed
             self.schedule.stop(mst_key)
@@ -261,8 +262,7 @@ class Coordinator:
         self.progress.report_to(self.store)
         self.failures.check_at_end(len(self.models), self.plpy.warning)
         outputs.finish(self.store)
-        if self.args.get("automl"):
-            self.search.keep_best(self.partitions)
+        self.search.keep_best(self.partitions)
         self.store.finish()
         self._notice(f"job {self.job_id} finished: {len(self.models)} models in "
                      f"{time.monotonic() - self.progress.started:.1f}s; results in "

@@ -47,7 +47,9 @@ class JobSearch:
 
     def keep_best(self, partitions: int) -> None:
         """madlib_keras_automl's end: the model selection table keeps the best model only
-        (among those that did not diverge or fail)."""
+        (among those that did not diverge or fail).  Other jobs keep their tables as they are."""
+        if not self.args.get("automl"):
+            return
         kept = {k: m for k, m in self.models.items() if k not in self.gone}
         best = outputs.keep_best(self.store, kept, self.objective, self.job["num_segments"],
                                  self.args["metrics_compute_frequency"], self.args["num_iterations"],

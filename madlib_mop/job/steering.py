@@ -74,11 +74,17 @@ def stops(requests: list[Request]) -> dict[int, tuple[int, str]]:
 
 
 def resumed(store: JobStore, models: dict[int, ModelRecord]) -> list[Request]:
-    """The job's requests; the models' iterations as the applied ones left them."""
+    """The job's requests; the models' iterations as the applied ones left them (a row
+    naming no model of the job changes nothing)."""
     requests = load(store)
     for mst_key, iterations in targets(requests).items():
-        models[mst_key].iterations = iterations
+        if mst_key in models and isinstance(iterations, int) and iterations >= 0:
+            models[mst_key].iterations = iterations
     return requests
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 def stop_reason(request: Request) -> str:
@@ -96,12 +102,14 @@ class JobSteering:
 
     def __init__(self, plpy: Any, store: JobStore, requests: list[Request], notice: Callable[[str], None],
                  job_parts: tuple):
-        """`job_parts`: the coordinator's models, dispatcher, search and engine."""
+        """`job_parts`: the coordinator's models, dispatcher, search and engine, and what it
+        calls when a model's iterations change: (queue its validation passes of an iteration,
+        publish its rows, report the job's progress)."""
         self.plpy, self.store, self.notice = plpy, store, notice
-        self.models, self.schedule, self.search, self.engine = job_parts
-        self.search.stopped.update(stops(requests))
+        self.models, self.schedule, self.search, self.engine, self.callbacks = job_parts
+        self.search.stopped.update({k: v for k, v in stops(requests).items() if k in self.models})
         self.pending = [r for r in requests if not r.applied]
-        self.seen = max((r.action_id for r in requests), default=0)
+        self.seen = {r.action_id for r in requests}  # ids are drawn at insert, not commit
         self.polled = 0.0
 
     # ---- when ----
@@ -110,8 +118,8 @@ class JobSteering:
         applied now; True if one was."""
         if now or time.monotonic() - self.polled >= POLL_SECONDS:
             self.polled = time.monotonic()
-            fresh = [r for r in load(self.store) if r.action_id > self.seen and not r.applied]
-            self.seen = max([self.seen] + [r.action_id for r in fresh])
+            fresh = [r for r in load(self.store) if r.action_id not in self.seen and not r.applied]
+            self.seen |= {r.action_id for r in fresh}
             self.pending += fresh
         return self.apply(None)
 
@@ -128,10 +136,19 @@ class JobSteering:
         return applied
 
     def finish(self) -> None:
-        """The job ends: what is still pending is recorded as too late."""
-        for request in self.pending:
+        """The job ends: what is still pending (or came since the last look) is recorded as
+        too late."""
+        for request in [r for r in load(self.store) if not r.applied]:
             self._record(request, None, None, "not applied: the job had finished")
         self.pending = []
+
+    def changed(self, model: ModelRecord) -> None:
+        """The model's iterations changed (or it was added): its new last iteration may be
+        the one it has ended, whose validation is then due; its rows and the job's totals."""
+        queue_evals, publish, report = self.callbacks
+        queue_evals(model, len(model.visits) // model.per_iteration)
+        publish(model)
+        report()
 
     def _between_iterations(self, key: int) -> bool:
         model, progress = self.models[key], self.schedule.progress[key]
@@ -141,8 +158,13 @@ class JobSteering:
         """Apply the request if it can be now; one the job cannot apply (rows are written by
         the role, not only through api.steering) is recorded as refused, and the job goes on."""
         try:
+            if set(self.store.job["arguments"]) & {"automl", "pruner"}:  # as api.steering refuses
+                raise MadlibMopError("a job of a searcher or a pruner is not steered")
+            if request.action == "iterations" and not _whole(request.params.get("num_iterations")):
+                raise MadlibMopError(f"num_iterations {request.params.get('num_iterations')!r} is not "
+                                     "a whole number of iterations")
             return self._apply_checked(request)
-        except (MadlibMopError, KeyError, TypeError, ValueError) as error:
+        except Exception as error:  # noqa: BLE001 (any failure: the request is refused, the job goes on)
             self._record(request, None, None, f"refused: {getattr(error, 'message', None) or error!r}")
             self.notice(f"steering action {request.action_id} refused: {getattr(error, 'message', None) or error!r}")
             return True
@@ -166,6 +188,7 @@ class JobSteering:
         begun = -(-(progress.done + progress.busy) // model.per_iteration)
         wanted = begun if request.action == "stop" else max(begun, request.params["num_iterations"])
         self._set_iterations(model, wanted)
+        self.changed(model)  # its last iteration may be the one it has just ended
         with self.store.atomic():
             if request.action == "stop":
                 self.search.stopped[key] = (wanted, stop_reason(request))
@@ -223,6 +246,7 @@ class JobSteering:
         self.schedule.add(key, schedule.added_model_orders(key, job["num_segments"], rounds, job["seed"]))
         self.search.pruner.start(sorted(self.models))
         self.engine.prepare_job(self.plpy, job, self.store.model_rows)  # segment servers learn it
+        self.changed(self.models[key])
         self.notice(f"mst_key {key} enters (steering action {request.action_id}, by {request.owner}): "
                     + (f"a clone of mst_key {source} after iteration {iteration}, " if source else "")
                     + f"{entry['compile_params']}, {entry['fit_params']}")
