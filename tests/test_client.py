@@ -126,6 +126,12 @@ def test_a_fit_shows_progress_and_its_frames_equal_the_tables(fitted, mop, exten
     frame = mop.visits(job.job_id)
     assert [tuple(r) for r in frame[["mst_key", "step", "segment", "rows"]].itertuples(index=False)] == visits
     assert (frame["finished"] >= frame["started"]).all()
+    history = mop.optimization_history("fitted")  # the view, for this job
+    with psycopg.connect(extension_dsn) as conn:
+        rows = conn.execute("SELECT report, mst_key, value, best_value FROM madlib_mop.optimization_history "
+                            "WHERE job_id = %s ORDER BY report", (job.job_id,)).fetchall()
+    assert [tuple(r) for r in history[["report", "mst_key", "value", "best_value"]].itertuples(index=False)] == rows
+    assert len(rows) == 4 * 3  # 4 models, validated at iterations 2, 4 and 6
     jobs = mop.jobs()
     assert jobs.loc[jobs["job_id"] == job.job_id, "state"].item() == "finished"
 
@@ -228,7 +234,7 @@ def test_cli_report_writes_pngs_and_a_summary(fitted, extension_dsn, tmp_path):
     done = _cli(extension_dsn, "report", str(job.job_id), "--out", str(out), "--format", "both")
     assert done.returncode == 0, done.stderr
     for name in ("learning_curves.png", "schedule.png", "hyperparameters.png", "importance.png",
-                 "pareto_front.png"):
+                 "pareto_front.png", "optimization_history.png"):
         path = out / name
         assert path.stat().st_size > 10_000, name
         with Image.open(path) as image:

@@ -215,6 +215,20 @@ def test_pareto_front_marks_and_labels_the_front():
                                                                             "validation_metrics_final max"]))
 
 
+def test_optimization_history_shows_every_value_and_the_best_so_far():
+    values = [1.2, 0.9, 1.0, 0.5, 0.7]
+    history = pd.DataFrame({"report": range(1, 6), "elapsed_seconds": [0.5, 1.0, 1.5, 2.0, 2.5],
+                            "mst_key": [1, 2, 1, 2, 1], "iteration": [1, 1, 2, 2, 3],
+                            "objective": ["validation_loss"] * 5, "value": values,
+                            "best_value": np.minimum.accumulate(values)})
+    fig = plots.optimization_history(history)
+    ax = fig.axes[0]
+    best = next(l for l in ax.get_lines() if l.get_label() == "best so far")
+    assert list(best.get_ydata()) == [1.2, 0.9, 0.9, 0.5, 0.5]
+    assert ax.get_ylabel() == "validation_loss" and "5 values of 2 models" in texts(fig)
+    assert "no data yet" in texts(plots.optimization_history(history.iloc[:0]))
+
+
 # ---- empty input ---------------------------------------------------------------------------
 @pytest.mark.parametrize("plot, frame", [
     (plots.learning_curves, make_curves().iloc[:0]),
@@ -267,12 +281,19 @@ class FakeClient:
     def hyperparameter_importance(self, model_output_table):
         return pd.DataFrame({"hyperparameter": ["learning_rate", "batch_size"], "importance": [0.8, 0.2]})
 
+    def optimization_history(self, job):
+        values = [0.9, 0.7, 0.8]
+        return pd.DataFrame({"report": [1, 2, 3], "elapsed_seconds": [1.0, 2.0, 3.0], "mst_key": [1, 2, 1],
+                             "iteration": [1, 1, 2], "objective": ["validation_loss"] * 3, "value": values,
+                             "best_value": [0.9, 0.7, 0.7]})
+
     def pareto_front(self, model_output_table, objectives):
         assert objectives == ["validation_metrics_final max", "inference_ms_per_row min"]
         return pd.DataFrame({"mst_key": [1, 2], "objective_values": [[0.88, 0.02], [0.81, 0.01]]})
 
 
-REPORT_PLOTS = {"learning_curves", "schedule", "hyperparameters", "importance", "pareto_front"}
+REPORT_PLOTS = {"learning_curves", "schedule", "hyperparameters", "importance", "pareto_front",
+                "optimization_history"}
 
 
 def test_write_report(tmp_path):
@@ -291,7 +312,7 @@ def test_write_report(tmp_path):
         assert f"| {key} |" in summary
     assert "stop reason" in summary and "![Learning curves](learning_curves.png)" in summary
     page = written["html"].read_text()
-    assert page.count("<img src=\"data:image/png;base64,") == 5 and "<td>Adam</td>" in page
+    assert page.count("<img src=\"data:image/png;base64,") == 6 and "<td>Adam</td>" in page
     assert "![Pareto front](pareto_front.png)" in summary
 
 
@@ -316,6 +337,9 @@ class RunningJobClient(FakeClient):
     def visits(self, job):
         return pd.DataFrame(columns=["mst_key", "step", "segment", "rows", "started", "finished",
                                      "seconds", "train_seconds"])
+
+    def optimization_history(self, job):
+        return pd.DataFrame()
 
     def hyperparameter_importance(self, model_output_table):
         raise ServerError("22000", "0 model(s) with a value of the objective: at least 4 are needed")

@@ -137,6 +137,14 @@ def curves(conn: sa.Connection, job: JobRef) -> pd.DataFrame:
                                        "elapsed_seconds"])
 
 
+def optimization_history(conn: sa.Connection, schema: str, job: JobRef) -> pd.DataFrame:
+    """The view `optimization_history` of the job: each (model, iteration) value of its
+    objective in the order reached, with the best so far."""
+    return pd.read_sql_query(sa.text(f"SELECT * FROM {quote(schema)}.optimization_history "
+                                     "WHERE job_id = :job ORDER BY report"), conn,
+                             params={"job": job.job_id})
+
+
 def visits(conn: sa.Connection, job: JobRef) -> pd.DataFrame:
     """One row per sub-epoch: mst_key, step (its sub-epoch number in the model's order),
     segment, rows, started and finished (timestamps on the worker's clock), seconds (the

@@ -5,6 +5,7 @@
     hyperparameters(mop.leaderboard(job))  each varying hyperparameter against the objective
     importance(mop.hyperparameter_importance(out))        which hyperparameters mattered
     pareto_front(mop.leaderboard(job), front, objectives) two objectives, the front marked
+    optimization_history(mop.optimization_history(job))   the objective over time, best so far
 
 Each returns a `matplotlib.figure.Figure` made without pyplot: no backend is chosen or
 needed (a notebook shows it, `fig.savefig` renders it), and no figure is left open in
@@ -393,4 +394,28 @@ def pareto_front(models: pd.DataFrame, front: pd.DataFrame, objectives: list[str
     ax.grid(True, alpha=0.3)
     ax.legend()
     ax.set_title(f"{title}: {int(on_front.sum())} of {len(shown)} models")
+    return fig
+
+
+def optimization_history(history: pd.DataFrame, title: str = "Optimization history") -> Figure:
+    """Each (model, iteration) value of the job's objective against the seconds since the
+    job started, and the best so far as a step line (the view `optimization_history`)."""
+    if history is None or history.empty:
+        return no_data(title)
+    shown = finite_rows(history, "value")
+    if shown.empty:
+        return no_data(title)
+    shown = shown[shown["elapsed_seconds"].notna()]
+    objective = str(shown["objective"].iloc[0])
+    fig = Figure(figsize=(WIDTH, 5.0), layout="constrained")
+    ax = fig.add_subplot()
+    ax.scatter(shown["elapsed_seconds"], shown["value"], s=22, color="C0", alpha=0.6,
+               label=f"a model's {objective} at an iteration")
+    ax.step(shown["elapsed_seconds"], shown["best_value"], where="post", color="C3", linewidth=2,
+            label="best so far")
+    ax.set_xlabel("seconds since the job started")
+    ax.set_ylabel(objective)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    ax.set_title(f"{title}: {len(shown)} values of {shown['mst_key'].nunique()} models")
     return fig

@@ -3,7 +3,7 @@
     write_report(mop, 13, "/tmp/job13", formats=("md", "html"))
 
 writes learning_curves.png, schedule.png, hyperparameters.png, importance.png,
-pareto_front.png, report.md and (if asked)
+pareto_front.png, optimization_history.png, report.md and (if asked)
 report.html: the job (state, tables, models, epochs done of the plan), its leaderboard's
 best rows and the plots.  `madlib-mop report JOB --out DIR` calls it.  The HTML page holds
 its images (as data URIs) and its style, so it can be sent or opened on its own.
@@ -27,14 +27,15 @@ FORMATS = ("md", "html")
 TEXT_COLUMNS = ("optimizer", "stop_reason")  # of the leaderboard table: the others are numbers
 PLOT_TITLES = {"learning_curves": "Learning curves", "schedule": "Schedule",
                "hyperparameters": "Hyperparameters", "importance": "Hyperparameter importance",
-               "pareto_front": "Pareto front"}
+               "pareto_front": "Pareto front", "optimization_history": "Optimization history"}
 
 
 def write_report(client, job: int | str, out_dir: str | Path, *,
                  formats: tuple[str, ...] = ("md",)) -> dict[str, Path]:
     """Write the report of `job` (a job id or a model output table) into `out_dir`
     (created); returns the path of each file written, by kind: 'learning_curves',
-    'schedule', 'hyperparameters', 'importance', 'pareto_front', 'md' and 'html'."""
+    'schedule', 'hyperparameters', 'importance', 'pareto_front', 'optimization_history', 'md'
+    and 'html'."""
     unknown = set(formats) - set(FORMATS)
     if unknown:
         raise ValueError(f"formats: {sorted(unknown)} unknown; choose among {FORMATS}")
@@ -46,7 +47,8 @@ def write_report(client, job: int | str, out_dir: str | Path, *,
                "schedule": plots.schedule(client.visits(ref.job_id)),
                "hyperparameters": plots.hyperparameters(board),
                "importance": _importance(client, ref),
-               "pareto_front": _pareto_front(client, ref, board)}
+               "pareto_front": _pareto_front(client, ref, board),
+               "optimization_history": plots.optimization_history(client.optimization_history(ref.job_id))}
     written: dict[str, Path] = {}
     for name, figure in figures.items():
         written[name] = out / f"{name}.png"

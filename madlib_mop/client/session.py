@@ -140,6 +140,10 @@ class Client:
         with self.engine.connect() as conn:
             return frames.curves(conn, frames.job_ref(conn, self.schema, job))
 
+    def optimization_history(self, job: int | str) -> pd.DataFrame:
+        with self.engine.connect() as conn:
+            return frames.optimization_history(conn, self.schema, frames.job_ref(conn, self.schema, job))
+
     def visits(self, job: int | str) -> pd.DataFrame:
         with self.engine.connect() as conn:
             return frames.visits(conn, frames.job_ref(conn, self.schema, job))
