@@ -40,6 +40,7 @@ from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 from madlib_mop.client import frames
 from madlib_mop.client.errors import ServerError, server_error
 from madlib_mop.client.session import Client, make_engine
+from madlib_mop.search import importance
 
 PAGE = Path(__file__).with_name("dashboard_page")
 POLL_SECONDS = 2.0  # the page's polling interval, also shown on it
@@ -216,8 +217,7 @@ def model_labels(info: pd.DataFrame) -> dict[int, dict]:
     params = {int(row["mst_key"]): {"model_id": row["model_id"],
                                     **frames.hyperparameters(row["compile_params"], row["fit_params"])}
               for row in info.to_dict(orient="records")}
-    names = sorted({name for values in params.values() for name in values})
-    varying = [n for n in names if len({repr(v.get(n)) for v in params.values()}) > 1]
+    varying = importance.varying(list(params.values()))
     status = dict(zip(info["mst_key"].astype(int), info.get("status", pd.Series(dtype=object))))
     return {key: {"status": plain(status.get(key)),
                   "label": " ".join(f"{n}={plain(values.get(n))}" for n in varying if n in values)}

@@ -108,6 +108,7 @@ class JobSteering:
         self.plpy, self.store, self.notice = plpy, store, notice
         self.models, self.schedule, self.search, self.engine, self.callbacks = job_parts
         self.search.stopped.update({k: v for k, v in stops(requests).items() if k in self.models})
+        self.added = added(requests)  # models made by requests: their visit orders are their own
         self.pending = [r for r in requests if not r.applied]
         self.seen = {r.action_id for r in requests}  # ids are drawn at insert, not commit
         self.polled = 0.0
@@ -209,7 +210,7 @@ class JobSteering:
         orders = None
         if rounds > len(self.schedule.orders[model.mst_key]):
             initial = schedule.started_with(self.models, self.store.job["arguments"].get("initial_models"),
-                                            added(load(self.store)))
+                                            self.added)
             orders = schedule.model_orders(model.mst_key, initial, self.store.job["num_segments"], rounds,
                                            self.store.job["seed"])
         self.schedule.limit(model.mst_key, rounds * self.store.job["num_segments"], orders)
@@ -241,6 +242,7 @@ class JobSteering:
             self._record(request, iteration, key,
                          f"mst_key {key} made" + ("" if source is None else f" from mst_key {source} "
                                                    f"after iteration {iteration}"))
+        self.added.add(key)
         self.models[key] = self.store.model_record(key, entry["model_id"], entry["compile_params"],
                                                    entry["fit_params"])
         self.schedule.add(key, schedule.added_model_orders(key, job["num_segments"], rounds, job["seed"]))

@@ -482,7 +482,6 @@ class Outcome:
     rows: int = 0
     sums: dict = field(default_factory=dict)  # metric -> sum of value x rows
     seconds_train: float = 0.0
-    seconds_evaluate: float = 0.0  # evaluation alone (no decoding, no graph building)
     seconds_per_row: float | None = None  # evaluation's cost: the best of a buffer's timed runs
 
     def add(self, rows: int, values: dict) -> None:
@@ -553,7 +552,6 @@ def evaluate(program: Program, spec: ModelSpec, buffers: Iterable[Buffer],
         x, y = buffer.load()
         labels = labels_for(loss, y, classification)
         outcome.add(len(x), program.evaluate(x, labels))
-        outcome.seconds_evaluate += program.last_seconds
         if number == 0 and len(x):
             # The model's inference cost: one timing of a few ms varies by a factor of 2 with
             # what the other workers do on the same cores; the best of a few runs does not
