@@ -31,7 +31,8 @@ def _check_columns(plpy: Any, table: catalog.Table, expected: tuple, argument: s
 
 def load_keras_model(plpy: Any, keras_model_arch_table: str, model_arch: str | None,
                      model_weights: bytes | None = None, name: str | None = None,
-                     description: str | None = None) -> None:
+                     description: str | None = None) -> int:
+    """Adds the model; its model_id."""
     if model_arch is None:
         raise MadlibMopError("model_arch is NULL", sqlstate=errors.NULL_VALUE_NOT_ALLOWED,
                              hint="Pass model.to_json() of a Keras model.")
@@ -64,6 +65,7 @@ def load_keras_model(plpy: Any, keras_model_arch_table: str, model_arch: str | N
         f"load_keras_model: added model_id {row['model_id']} to {quoted} "
         f"({model.count_params()} parameters, input shape {keras_json.input_shape(model)}"
         + (", with initial weights" if model_weights is not None else "") + ")")
+    return row["model_id"]
 
 
 def delete_keras_model(plpy: Any, keras_model_arch_table: str, model_id: int | None) -> None:

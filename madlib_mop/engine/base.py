@@ -63,6 +63,9 @@ class VisitRecord:
     # Why the model diverged in this sub-epoch (its loss, a metric or a weight became NaN
     # or infinite), else None.  A diverged visit brings no state back and does not count.
     diverged: str | None = None
+    # A staged model's features (`segment.features.Report`): their prefix digest, whether
+    # this call computed them, spilled or not, their size and the seconds computing them.
+    staged: dict | None = None
 
     def to_json(self) -> str:
         return finite_json(asdict(self))

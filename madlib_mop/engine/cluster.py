@@ -170,6 +170,7 @@ def job_description(plpy: Any, job: dict, models: list[dict], partitions: dict[i
         validation = _shipped_data(plpy, job["validation_table"], placed, partitions)
     return {"job_id": job["job_id"], "seed": job["seed"], "segments": job["num_segments"],
             "use_caching": job["arguments"].get("use_caching") is not False,
+            "stage_frozen_layers": job["arguments"].get("stage_frozen_layers", True),
             "train": _shipped_data(plpy, job["source_table"], partitions, None),
             "validation": validation,
             "models": models}

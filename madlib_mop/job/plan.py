@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from madlib_mop import errors
-from madlib_mop.db import catalog, packed
+from madlib_mop.db import catalog, packed, settings
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.job import versions
 from madlib_mop.job.tables import SUFFIXES_LONGEST_FIRST
 from madlib_mop.grammar import model_config
-from madlib_mop.runtime import keras_json, training
+from madlib_mop.runtime import keras_json, staging, training
 from madlib_mop.search import setup
 
 
@@ -175,6 +175,8 @@ def plan_job(plpy: Any, source_table: str, model_output_table: str, model_select
                  "warm_start": bool(warm_start), "name": name, "description": description,
                  "use_caching": use_caching is not False, "seed": int(seed or 0)}
     arguments.update(extra or {})
+    if not stage_frozen_layers(plpy):
+        arguments["stage_frozen_layers"] = False
     if policy == "new_version":
         out = versions.versioned_output(plpy, out, arguments)
     # The search is checked now (a bad pruner fails before anything is written); its pruner
@@ -184,6 +186,8 @@ def plan_job(plpy: Any, source_table: str, model_output_table: str, model_select
                                  validation is not None)
     epochs = {c["mst_key"]: model_config.fit_epochs(c["fit_params"]) for c in configs}
     _warn_of_callbacks(plpy, configs, out)
+    if arguments.get("stage_frozen_layers", True):
+        _note_staged(plpy, configs)
     note_ignored_compile_params(plpy, [c["compile_params"] for c in configs])
     return Plan(source, validation, mst_name, arch_name, configs, num_iterations, frequency,
                 epochs, out, arguments, frozenset(search.pruner.required_iterations()),
@@ -212,6 +216,36 @@ def note_ignored_compile_params(plpy: Any, texts: list[str]) -> None:
     if ignored:
         plpy.notice(f"compile_params: {', '.join(k + '=None' for k in ignored)} is Keras 2's "
                     "default and Keras 3 has no such argument: ignored")
+
+
+STAGING_SETTING = "madlib_mop.stage_frozen_layers"
+
+
+def stage_frozen_layers(plpy: Any) -> bool:
+    """madlib_mop.stage_frozen_layers: on (the default) or off."""
+    value = settings.setting(plpy, STAGING_SETTING)
+    if value is None or value.strip().lower() in ("on", "true", "yes", "1"):
+        return True
+    if value.strip().lower() in ("off", "false", "no", "0"):
+        return False
+    raise MadlibMopError(f"setting {STAGING_SETTING} = '{value}' is neither on nor off",
+                         sqlstate=errors.INVALID_PARAMETER_VALUE,
+                         hint=f"SET {STAGING_SETTING} = off (or RESET {STAGING_SETTING}).")
+
+
+def _note_staged(plpy: Any, configs: list[dict]) -> None:
+    """Say which models train on the features of their frozen first layers."""
+    cuts = staging.staged_models(configs)
+    if not cuts:
+        return
+    by_cut: dict[int, list[int]] = {}
+    for mst_key, cut in sorted(cuts.items()):
+        by_cut.setdefault(cut, []).append(mst_key)
+    plpy.notice(f"{len(cuts)} of the {len(configs)} models train on the features of their frozen "
+                "first layers, computed once per segment for models of the same layers and weights ("
+                + "; ".join(f"{cut} layers: mst_key {', '.join(map(str, keys))}"
+                            for cut, keys in sorted(by_cut.items()))
+                + f"); SET {STAGING_SETTING} = off trains them whole")
 
 
 def _warn_of_callbacks(plpy: Any, configs: list[dict], out: catalog.NewTable) -> None:

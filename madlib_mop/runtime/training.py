@@ -291,6 +291,8 @@ class Program:
 
     def __init__(self, model):
         self.model = model
+        # What trains and evaluates: the model, or a staged model's head (`runtime.staging`)
+        self.trainer = model
         self._variables = _state_variables(model)
         self._layout = [(kind, tuple(v.shape)) for kind, v in self._variables]
         self._header = _state_header(self._variables)
@@ -385,10 +387,10 @@ class Program:
             data = tuple(None if a is None else a[:1] for a in arrays)
             # Builds the compiled metrics' and loss' variables outside the traced function,
             # as fit does before its first step (Keras 3.15, pinned in pyproject.toml).
-            self.model._symbolic_build(data_batch=data if data[-1] is not None else data[:2])
+            self.trainer._symbolic_build(data_batch=data if data[-1] is not None else data[:2])
             specs = [tf.TensorSpec((None,) + a.shape[1:], tf.as_dtype(a.dtype))
                      for a in arrays if a is not None]
-            step = self.model.train_step if kind == "train" else self.model.test_step
+            step = self.trainer.train_step if kind == "train" else self.trainer.test_step
             weighted = arrays[-1] is not None
 
             def loop(*tensors):
@@ -404,7 +406,7 @@ class Program:
                 # One iteration at a time: each step reads the variables the last one wrote.
                 tf.while_loop(lambda start: start < rows, body, (tf.constant(0),),
                               parallel_iterations=1)
-                return self.model.get_metrics_result()
+                return self.trainer.get_metrics_result()
 
             self._functions[key] = tf.function(
                 loop, autograph=False,
@@ -423,7 +425,7 @@ class Program:
             # A concrete function's first call also optimises its graph: done on one row, so
             # that `last_seconds` times evaluation alone (a model's inference cost).
             function(*[tf.constant(a[:1]) for a in arrays], tf.constant(batch_size, tf.int32))
-        self.model.reset_metrics()
+        self.trainer.reset_metrics()
         started = time.perf_counter()
         values = function(*[tf.constant(a) for a in arrays], tf.constant(batch_size, tf.int32))
         values = {name: float(value) for name, value in values.items()}

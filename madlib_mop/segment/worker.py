@@ -35,7 +35,8 @@ from madlib_mop.db import catalog, packed
 from madlib_mop.engine.base import VisitRecord, finite_json
 from madlib_mop.job import memory, store
 from madlib_mop.job import state_store
-from madlib_mop.runtime import training
+from madlib_mop.runtime import staging, training
+from madlib_mop.segment import features
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.runtime.buffers import Buffer, PackedColumns, scan_partition
 from madlib_mop.runtime.tf_runtime import import_tensorflow, worker_threads
@@ -54,18 +55,23 @@ class JobContext:
     specs: dict[int, training.ModelSpec] = field(default_factory=dict)
     buffers: dict[tuple[str, int], list[Buffer]] = field(default_factory=dict)
     states: state_store.StateStore | None = None  # on the job's server: its state store
+    # Models with a frozen prefix train on its features (`runtime.staging`), unless the job
+    # was started with madlib_mop.stage_frozen_layers = off.
+    staged: bool = True
+    features: dict[tuple, features.Staged] = field(default_factory=dict)
+    digests: dict[int, str] = field(default_factory=dict)  # mst_key -> its prefix's digest
 
 
 _contexts: dict[tuple[int, str], JobContext] = {}  # (job_id, owner)
 # Compiled models by program key, kept from one job to the next of this session (a session
 # is one role's): a job whose models were trained here before does not trace again.  A new
 # job keeps only the programs its own models use, so memory follows the current job.
-_programs: dict[tuple, training.Program] = {}
+_programs: dict[tuple, training.Program] = {}  # (program key, staged)
 
 
 def _adopt(ctx: "JobContext") -> None:
     """`ctx` becomes the session's one job."""
-    keys = {spec.program_key for spec in ctx.specs.values()}
+    keys = {(spec.program_key, ctx.staged) for spec in ctx.specs.values()}
     for key in [k for k in _programs if k not in keys]:
         del _programs[key]
     _contexts.clear()
@@ -112,7 +118,8 @@ def ship(plpy: Any, description: dict) -> None:
 
     ctx = JobContext(description["job_id"], description["seed"], description["segments"],
                      {}, data(description["train"]), data(description["validation"]),
-                     _budget_bytes(plpy, description["use_caching"]))
+                     _budget_bytes(plpy, description["use_caching"]),
+                     staged=description.get("stage_frozen_layers", True))
     for m in description["models"]:
         ctx.specs[m["mst_key"]] = training.ModelSpec.of(m)
     _adopt(ctx)
@@ -146,8 +153,10 @@ def context(plpy: Any, job_id: int) -> JobContext:
     durable = state_store.StateTable(state_store.plpy_executor(plpy), tables["state"])
     ctx.states = state_store.StateStore(
         durable, state_store.HopFiles.of(lambda q: plpy.execute(q)[0].popitem()[1], job_id))
-    ctx.budget_bytes = _budget_bytes(plpy, json.loads(job["arguments"]).get("use_caching") is not False,
+    arguments = json.loads(job["arguments"])
+    ctx.budget_bytes = _budget_bytes(plpy, arguments.get("use_caching") is not False,
                                      memory.models_bytes(list(ctx.specs.values()), durable.sizes()))
+    ctx.staged = arguments.get("stage_frozen_layers", True)
     _adopt(ctx)  # a backend serves one job at a time: drop another job's caches
     _shipped.clear()
     _contexts[(job_id, job["owner"])] = ctx
@@ -170,10 +179,30 @@ def _program(plpy: Any, ctx: JobContext, mst_key: int) -> training.Program:
     """The compiled model that trains `mst_key`, shared with the job's models of the same
     program key (the caller restores the model's state into it)."""
     spec = _spec(plpy, ctx, mst_key)
-    key = spec.program_key
+    key = (spec.program_key, ctx.staged)
     if key not in _programs:
-        _programs[key] = training.Program.for_spec(spec)
+        _programs[key] = staging.program_for(spec, ctx.staged)
     return _programs[key]
+
+
+def _held_bytes(ctx: JobContext) -> int:
+    """What the worker keeps decoded: its segments' buffers and staged features."""
+    return (sum(sum(a.nbytes for a in b.load()) for kept in ctx.buffers.values()
+                for b in kept if b.in_memory) + features.held_bytes(ctx.features))
+
+
+def _trained_on(plpy: Any, ctx: JobContext, data: PackedData, segment: int, mst_key: int,
+                program: training.Program, buffers: list[Buffer]) -> tuple[list[Buffer], dict | None]:
+    """What the restored model trains or is evaluated on: its segment's buffers, or for a
+    staged model their features (computed when this worker has not yet), with the report."""
+    if not isinstance(program, staging.StagedProgram):
+        return buffers, None
+    if mst_key not in ctx.digests:  # frozen: a model's prefix is the same all its job long
+        ctx.digests[mst_key] = program.digest()
+    staged, report = features.staged_buffers(
+        plpy, ctx.features, ctx.job_id, (data.table, segment, ctx.digests[mst_key]), buffers,
+        program, data.columns.classification, max(0, ctx.budget_bytes - _held_bytes(ctx)))
+    return staged, report.to_dict()
 
 
 def _buffers(plpy: Any, ctx: JobContext, data: PackedData, segment: int) -> list[Buffer]:
@@ -183,8 +212,7 @@ def _buffers(plpy: Any, ctx: JobContext, data: PackedData, segment: int) -> list
     if key not in ctx.buffers:
         # One budget for all the segments a worker serves (it may serve several: a job
         # can have fewer workers than segments).
-        held = sum(sum(a.nbytes for a in b.load()) for kept in ctx.buffers.values()
-                   for b in kept if b.in_memory)
+        held = _held_bytes(ctx)
         ctx.buffers[key] = scan_partition(plpy, data.partitions.get(segment, data.table),
                                           data.columns, segment, max(0, ctx.budget_bytes - held))
     return ctx.buffers[key]
@@ -223,6 +251,8 @@ def train(plpy: Any, job_id: int, mst_key: int, step: int, segment: int,
         program.restore(blob)
     del blob, model_state
     restored = time.perf_counter()
+    buffers, staged = _trained_on(plpy, ctx, ctx.train, segment, mst_key, program, buffers)
+    staging_seconds = time.perf_counter() - restored
     # In memory: the whole segment in one fit call; streamed: a buffer's worth at a time.
     chunk_rows = None if all(b.in_memory for b in buffers) else max(b.rows for b in buffers)
     outcome = training.train_subepoch(program, ctx.specs[mst_key], buffers, ctx.seed, step,
@@ -239,14 +269,16 @@ def train(plpy: Any, job_id: int, mst_key: int, step: int, segment: int,
     if new_state is not None:
         new_state = bytes(new_state)  # PL/Python returns bytes as bytea
     # load: the state from the job's store (its hop file mapped, else the state table);
-    # restore: into the model; save: out of the model (into the hop file on the job's own
+    # restore: into the model; stage: a staged model's features, when this call computed them;
+    # save: out of the model (into the hop file on the job's own
     # server, a part at a time); keep: 0 (written by save).
     result = VisitRecord(
         outcome.rows, outcome.means(), segment, os.getpid(), chunk_rows is None, time.time(),
         {"setup": setup - started, "read": read - setup, "load": loaded - read,
-         "restore": restored - loaded, "train": outcome.seconds_train,
-         "other": trained - restored - outcome.seconds_train, "save": captured - trained,
-         "keep": saved - captured, "total": saved - started}, diverged).to_json()
+         "restore": restored - loaded, "stage": staging_seconds, "train": outcome.seconds_train,
+         "other": trained - restored - staging_seconds - outcome.seconds_train,
+         "save": captured - trained,
+         "keep": saved - captured, "total": saved - started}, diverged, staged).to_json()
     return {"new_state": new_state, "result": result}
 
 
@@ -265,13 +297,17 @@ def evaluate(plpy: Any, job_id: int, mst_key: int, step: int, partition: int,
     with _state(ctx, mst_key, step, model_state) as blob:
         program.restore(blob)
     del blob
+    raw = buffers
+    buffers, staged = _trained_on(plpy, ctx, ctx.validation, partition, mst_key, program, buffers)
     outcome = training.evaluate(program, ctx.specs[mst_key], buffers,
                                 ctx.validation.columns.classification)
+    if staged is not None and outcome.seconds_per_row is not None:
+        outcome.seconds_per_row += program.prefix_seconds_per_row(raw[0].load()[0])
     return finite_json({"rows": outcome.rows, "metrics": outcome.means(), "pid": os.getpid(),
                         "finished_at": time.time(), "diverged": training.divergence(outcome.means()),
                         "ms_per_row": None if outcome.seconds_per_row is None
                         else 1000.0 * outcome.seconds_per_row,
-                        "seconds": {"total": time.perf_counter() - started}})
+                        "seconds": {"total": time.perf_counter() - started}, "staged": staged})
 
 
 def warm_up(plpy: Any, segments: int) -> None:

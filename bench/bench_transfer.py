@@ -1,0 +1,271 @@
+"""Transfer learning, staged against unstaged: which layer of a trained CNN gives the best
+features for a new task, and which head on top of them.
+
+A base CNN is trained in the database on CIFAR-10-shaped images (32x32x3, 10 classes,
+`demo.cifar_shaped_images`: nothing is downloaded).  Its first layers, frozen with its
+weights, are then cut at 3 layers and given 4 heads each, at 2 learning rates: 24 models
+of one model selection job, trained on a new task (other images, other classes' patterns).
+
+- staged: the job as madlib_mop runs it (madlib_mop.stage_frozen_layers = on, the
+  default): the frozen layers' output is computed once per row, segment and cut, and the
+  heads train on it;
+- unstaged: the same job with madlib_mop.stage_frozen_layers = off: every model computes
+  its frozen layers on every row at every epoch;
+- plain Keras: the 24 models one after another in this process, `fit` on arrays in memory
+  (the frozen layers computed in every step, as in unstaged).
+
+The table shows the time, the ratios, the validation accuracy (best and mean of the 24),
+whether staged and unstaged give the same weights, the staged features' size and the
+workers' peak memory.
+
+    .venv/bin/python bench/bench_transfer.py [--rows 3000] [--iterations 3] [--batch-size 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psycopg
+
+from madlib_mop.tools.demo import cifar_shaped_images, ensure_extension
+from madlib_mop.tools.embedded import configured_dsn
+
+SCHEMA = "madlib_mop_bench_transfer"
+RESULTS = Path(__file__).resolve().parent / "results" / "transfer.json"
+CUTS = ("pool_1", "pool_2", "dense_1")  # the base's layers the heads are put on
+RATES = (0.001, 0.003)
+SEED = 7
+
+
+def base_cnn():
+    import keras
+
+    L = keras.layers
+    return keras.Sequential([
+        keras.Input((32, 32, 3)),
+        L.Conv2D(16, 3, activation="relu", name="conv_1"), L.MaxPooling2D(name="pool_1"),
+        L.Conv2D(32, 3, activation="relu", name="conv_2"), L.MaxPooling2D(name="pool_2"),
+        L.Conv2D(64, 3, activation="relu", name="conv_3"), L.Flatten(name="flatten"),
+        L.Dense(64, activation="relu", name="dense_1"), L.Dense(10, activation="softmax", name="classes")],
+        name="base_cnn")
+
+
+def heads():
+    """4 heads, as lists of new layers."""
+    import keras
+
+    L = keras.layers
+    return {
+        "linear": lambda: [L.Flatten(), L.Dense(10, activation="softmax")],
+        "mlp_32": lambda: [L.Flatten(), L.Dense(32, activation="relu"), L.Dense(10, activation="softmax")],
+        "mlp_64_dropout": lambda: [L.Flatten(), L.Dense(64, activation="relu"), L.Dropout(0.2),
+                                   L.Dense(10, activation="softmax")],
+        "mlp_16_16": lambda: [L.Flatten(), L.Dense(16, activation="relu"), L.Dense(16, activation="relu"),
+                              L.Dense(10, activation="softmax")],
+    }
+
+
+def transfer_model(base, cut: str, head: list, seed: int):
+    """The base's layers up to `cut`, frozen with their weights, then the head."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    names = [layer.name for layer in base.layers]
+    frozen = []
+    for layer in base.layers[:names.index(cut) + 1]:
+        copy = layer.__class__.from_config(layer.get_config() | {"trainable": False})
+        frozen.append((copy, layer))
+    model = keras.Sequential([keras.Input((32, 32, 3))] + [c for c, _ in frozen] + head)
+    for copy, layer in frozen:
+        copy.set_weights(layer.get_weights())
+    return model
+
+
+def flat_weights(model) -> bytes:
+    return b"".join(np.asarray(v.numpy(), "<f4").tobytes() for v in model.weights)
+
+
+def load_images(conn, table: str, rows: int, seed: int, classes_seed: int) -> None:
+    x, y = cifar_shaped_images(rows, seed)
+    # A new task: the same kind of images, labelled by another permutation of the classes.
+    y = np.random.default_rng(classes_seed).permutation(10)[y]
+    conn.execute(f"CREATE TABLE {table} (id int, rgb real[], label int)")
+    with conn.cursor().copy(f"COPY {table} FROM STDIN") as copy:
+        for i, (image, label) in enumerate(zip(x, y)):
+            copy.write_row((i, image.tolist(), int(label)))
+
+
+class MemoryWatch:
+    """The peak resident memory of the server's backends, sampled every 0.2 s."""
+
+    def __init__(self, postmaster: int):
+        self.postmaster, self.peak, self.stop = postmaster, {}, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            for entry in Path("/proc").iterdir():
+                if not entry.name.isdigit():
+                    continue
+                try:
+                    status = (entry / "status").read_text()
+                except OSError:
+                    continue
+                fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+                if int(fields.get("PPid", "0")) == self.postmaster and "VmRSS" in fields:
+                    rss = int(fields["VmRSS"].split()[0]) / 1024
+                    self.peak[int(entry.name)] = max(self.peak.get(int(entry.name), 0), rss)
+            self.stop.wait(0.2)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=3000)
+    parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=32)
+    args = parser.parse_args()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import keras
+
+    with psycopg.connect(configured_dsn(), autocommit=True) as conn:
+        schema = ensure_extension(conn)
+        conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+        conn.execute(f"CREATE SCHEMA {SCHEMA}")
+        conn.execute(f"SET search_path = {SCHEMA}, {schema}")
+        postmaster = conn.execute("SELECT pid FROM pg_stat_activity WHERE pid = pg_backend_pid()").fetchone()[0]
+        postmaster = int(Path(f"/proc/{postmaster}/status").read_text().split("PPid:")[1].split()[0])
+        # The base network, trained in the database on the first task.
+        load_images(conn, "base_train", args.rows, 1, 0)
+        conn.execute("SELECT training_preprocessor_dl('base_train', 'base_packed', 'label', 'rgb', "
+                     "buffer_size => 250, distribution_rules => '2')")
+        conn.execute("SELECT load_keras_model('base_arch', %s::json, NULL, 'base_cnn')", (base_cnn().to_json(),))
+        started = time.perf_counter()
+        conn.execute("SELECT madlib_keras_fit('base_packed', 'base_model', 'base_arch', 1, "
+                     "$$loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.002)', "
+                     "metrics=['accuracy']$$, $$batch_size=32, epochs=1$$, 4)")
+        base_seconds = time.perf_counter() - started
+        base = base_cnn()
+        weights = conn.execute("SELECT model_weights FROM base_model").fetchone()[0]
+        offset = 0
+        for variable in base.weights:
+            size = int(np.prod(variable.shape))
+            variable.assign(np.frombuffer(weights, "<f4", size, offset * 4).reshape(variable.shape))
+            offset += size
+
+        # The new task, and 3 cuts x 4 heads x 2 learning rates.
+        load_images(conn, "task_train", args.rows, 2, 1)
+        load_images(conn, "task_valid", args.rows // 4, 3, 1)
+        conn.execute("SELECT training_preprocessor_dl('task_train', 'task_packed', 'label', 'rgb', "
+                     "buffer_size => 250, distribution_rules => '2')")
+        conn.execute("SELECT validation_preprocessor_dl('task_valid', 'task_valid_packed', 'label', "
+                     "'rgb', 'task_packed')")
+        models = {}
+        for cut in CUTS:
+            for name, head in heads().items():
+                model = transfer_model(base, cut, head(), SEED)
+                conn.execute("SELECT load_keras_model('transfer_arch', %s::json, %s, %s)", (
+                    model.to_json(), flat_weights(model), f"{cut}+{name}"))
+                models[f"{cut}+{name}"] = model
+        ids = [r[0] for r in conn.execute("SELECT model_id FROM transfer_arch ORDER BY model_id")]
+        conn.execute("SELECT generate_model_configs('transfer_arch', 'transfer_mst', %s, %s, %s)", (
+            ids, "{'loss': ['categorical_crossentropy'], 'optimizer_params_list': [{'optimizer': ['Adam'], "
+                 f"'lr': {list(RATES)}}}], 'metrics': ['accuracy']}}",
+            f"{{'batch_size': [{args.batch_size}], 'epochs': [1]}}"))
+        # Warm worker sessions for both jobs alike (TensorFlow imported, data decoded).
+        conn.execute("SELECT madlib_keras_fit_multiple_model('task_packed', 'warm_up', 'transfer_mst', 1, "
+                     "FALSE, NULL, NULL, FALSE, NULL, NULL, TRUE, 1)")
+        runs = {}
+        for label, staged in (("unstaged", False), ("staged", True)):
+            conn.execute(f"SET madlib_mop.stage_frozen_layers = {'on' if staged else 'off'}")
+            with MemoryWatch(postmaster) as watch:
+                started = time.perf_counter()
+                conn.execute("SELECT madlib_keras_fit_multiple_model('task_packed', %s, 'transfer_mst', %s, "
+                             "FALSE, 'task_valid_packed', NULL, FALSE, NULL, NULL, TRUE, %s)",
+                             (f"models_{label}", args.iterations, SEED))
+                seconds = time.perf_counter() - started
+            visits = [json.loads(r[0]) if isinstance(r[0], str) else r[0] for r in conn.execute(
+                f"SELECT result FROM models_{label}_mop_visits")]
+            pids = {v["pid"] for v in visits}
+            features = {}
+            for v in visits:
+                if v.get("staged"):
+                    features[(v["pid"], v["segment"], v["staged"]["prefix"])] = v["staged"]["bytes"]
+            accuracy = [float(r[0]) for r in conn.execute(
+                f"SELECT validation_metrics_final FROM models_{label}_info")]
+            runs[label] = {"seconds": seconds, "accuracy": accuracy,
+                           "weights": {k: bytes(w) for k, w in conn.execute(
+                               f"SELECT mst_key, model_weights FROM models_{label}")},
+                           "peak_worker_mb": max(watch.peak.get(p, 0) for p in pids),
+                           "feature_mb": sum(features.values()) / 2 ** 20,
+                           "prefixes": len({k[2] for k in features})}
+        conn.execute("RESET madlib_mop.stage_frozen_layers")
+        x_train, y_train = _arrays(conn, "task_train")
+        x_valid, y_valid = _arrays(conn, "task_valid")
+        conn.execute(f"DROP SCHEMA {SCHEMA} CASCADE")
+
+    # Plain Keras: the 24 models one after another, the frozen layers in every step.
+    started = time.perf_counter()
+    keras_accuracy = []
+    for key, model in models.items():
+        for rate in RATES:
+            fresh = keras.models.clone_model(model)
+            fresh.set_weights(model.get_weights())
+            fresh.compile(optimizer=keras.optimizers.Adam(rate), loss="categorical_crossentropy",
+                          metrics=["accuracy"])
+            fresh.fit(x_train, keras.utils.to_categorical(y_train, 10), batch_size=args.batch_size,
+                      epochs=args.iterations, verbose=0)
+            keras_accuracy.append(fresh.evaluate(x_valid, keras.utils.to_categorical(y_valid, 10),
+                                                 verbose=0)[1])
+    keras_seconds = time.perf_counter() - started
+
+    staged, unstaged = runs["staged"], runs["unstaged"]
+    same = staged["weights"] == unstaged["weights"]
+    print(f"\nbase CNN ({base.count_params():,} parameters) trained in the database in {base_seconds:.1f} s; "
+          f"new task: {args.rows:,} training and {args.rows // 4:,} validation images (32x32x3), "
+          f"2 segments, {len(CUTS)} cuts x {len(heads())} heads x {len(RATES)} learning rates = "
+          f"{len(models) * len(RATES)} models, {args.iterations} iterations, batch size {args.batch_size}\n")
+    print("| run | seconds | vs staged | best val. accuracy | mean val. accuracy | peak worker memory |")
+    print("|---|---|---|---|---|---|")
+    for label, seconds, accuracy, memory in (
+            ("staged (madlib_mop default)", staged["seconds"], staged["accuracy"], staged["peak_worker_mb"]),
+            ("unstaged (stage_frozen_layers = off)", unstaged["seconds"], unstaged["accuracy"],
+             unstaged["peak_worker_mb"]),
+            ("plain Keras, one model after another", keras_seconds, keras_accuracy, None)):
+        print(f"| {label} | {seconds:.1f} | {seconds / staged['seconds']:.2f}x | {max(accuracy):.3f} | "
+              f"{np.mean(accuracy):.3f} | {'-' if memory is None else f'{memory:,.0f} MB'} |")
+    print(f"\nstaged features: {staged['prefixes']} prefixes, {staged['feature_mb']:.1f} MiB over the workers "
+          f"(the packed images: {args.rows * 32 * 32 * 3 * 4 / 2 ** 20:.1f} MiB); "
+          f"staged and unstaged weights bitwise equal: {same}")
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(json.dumps({
+        "rows": args.rows, "iterations": args.iterations, "batch_size": args.batch_size,
+        "staged_seconds": staged["seconds"], "unstaged_seconds": unstaged["seconds"],
+        "keras_seconds": keras_seconds, "staged_accuracy": staged["accuracy"],
+        "unstaged_accuracy": unstaged["accuracy"], "keras_accuracy": keras_accuracy,
+        "same_weights": same, "feature_mb": staged["feature_mb"],
+        "peak_worker_mb": {"staged": staged["peak_worker_mb"], "unstaged": unstaged["peak_worker_mb"]}},
+        indent=2))
+
+
+def _arrays(conn, table: str):
+    rows = conn.execute(f"SELECT rgb, label FROM {table} ORDER BY id").fetchall()
+    return (np.array([r[0] for r in rows], dtype=np.float32).reshape(-1, 32, 32, 3),
+            np.array([r[1] for r in rows]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,240 @@
+"""Transfer learning's explicit form: a layer's features of a stored model, materialized
+into a packed table that later jobs train on (`materialize_features`,
+`materialize_features_byom`).
+
+A job stages frozen layers by itself (`runtime.staging`), for that job.  Across jobs (the
+heads of next week on the base network of this week) the features are written once: the
+output is a packed table like the source (the same segments, buffers and labels), whose
+features are the model's layer output for each row, with a `_summary` that says whose
+features they are.  Its feature_shape is the layer's output shape: the heads trained on it
+take that input.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from madlib_mop import errors
+from madlib_mop.api import deployments, model_catalog
+from madlib_mop.db import catalog, packed
+from madlib_mop.errors import MadlibMopError
+from madlib_mop.preprocess.output import PackedOutput
+from madlib_mop.runtime import keras_json, training
+from madlib_mop.runtime.buffers import decode
+from madlib_mop.segment import models
+from madlib_mop.segment.models import ModelRef
+
+
+def materialize_features(plpy: Any, model_table: str, source_table: str, output_table: str,
+                         layer: str, mst_key: int | None = None) -> None:
+    model_table, mst_key = deployments.resolve(plpy, model_table, mst_key)
+    ref = models.trained_models(plpy, model_table, mst_key)[0]
+    described = f"{ref.model_table}" + (f" mst_key {ref.mst_key}" if ref.mst_key is not None else "")
+    _materialize(plpy, ref, described, source_table, output_table, layer)
+
+
+def materialize_features_byom(plpy: Any, model_arch_table: str, model_id: int, source_table: str,
+                              output_table: str, layer: str) -> None:
+    table = catalog.resolve_table(plpy, model_arch_table, argument="model_arch_table")
+    rows = plpy.execute(plpy.prepare(
+        f"SELECT model_arch::text AS model_arch, model_weights FROM {table.name} WHERE model_id = $1",
+        ["integer"]), [model_id])
+    if not rows:
+        raise MadlibMopError(f"model_id {model_id} is not in {table.name}",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint=f"SELECT model_id, name FROM {table.name}; lists the models.")
+    if rows[0]["model_weights"] is None:
+        raise MadlibMopError(f"model_id {model_id} of {table.name} has no weights: its features "
+                             "would be those of a random network",
+                             sqlstate=errors.NULL_VALUE_NOT_ALLOWED,
+                             hint="Load the model with its weights: load_keras_model(table, arch, weights).")
+    ref = ModelRef(table.name, None, rows[0]["model_arch"], rows[0]["model_weights"], None, None, 1.0,
+                   "dependent_var")
+    _materialize(plpy, ref, f"{table.name} model_id {model_id}", source_table, output_table, layer)
+
+
+def _layer_index(model, layer: str, described: str) -> int:
+    """The index in model.layers of `layer`: a layer's name, or an index (negative from the
+    end, as in Python)."""
+    names = [each.name for each in model.layers]
+    text = str(layer or "").strip()
+    if text.lstrip("-").isdigit() and -len(names) <= int(text) < len(names):
+        return int(text)
+    if text in names:
+        return names.index(text)
+    raise MadlibMopError(f"layer {layer!r} is not a layer of {described}",
+                         sqlstate=errors.INVALID_PARAMETER_VALUE, detail=f"Its layers: {', '.join(names)}.",
+                         hint="Pass a layer's name, or its index in that list (0 is the first).")
+
+
+def _layer_model(ref: ModelRef, described: str, layer: str, summary: dict):
+    """The model from its input to `layer` (a name, or an index into model.layers)."""
+    import keras
+
+    model = models.build(ref, compile_model=False)
+    shape = [int(d) for d in model.input_shape[1:]]
+    if shape != [int(d) for d in summary["feature_shape"]]:
+        raise MadlibMopError(
+            f"{described} takes inputs of shape {shape}, {summary['packed_table']} holds "
+            f"{list(summary['feature_shape'])}",
+            sqlstate=errors.DATATYPE_MISMATCH, hint="Pass the packed table of the data the model was made for.")
+    chosen = model.layers[_layer_index(model, layer, described)]
+    if chosen is model.layers[-1]:
+        raise MadlibMopError(f"layer {chosen.name} is the model's output: its features are its predictions",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint="Pass a layer before the last; madlib_keras_predict gives the output.")
+    return keras.Model(model.inputs, chosen.output), chosen.name
+
+
+def _source(plpy: Any, source_table: str) -> dict:
+    summary = packed.read_summary(plpy, source_table, argument="source_table")
+    if packed.partition_modulus(summary) is not None:
+        raise MadlibMopError(f"source_table {summary['packed_table']} was packed by MADlib",
+                             sqlstate=errors.FEATURE_NOT_SUPPORTED,
+                             hint="Pack the data with madlib_mop's training_preprocessor_dl.")
+    foreign = plpy.execute(plpy.prepare(
+        "SELECT count(*) AS n FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid "
+        "WHERE i.inhparent = $1 AND c.relkind = 'f'", ["oid"]), [summary["packed_oid"]])[0]["n"]
+    if foreign:
+        raise MadlibMopError(f"source_table {summary['packed_table']} lies on segment servers",
+                             sqlstate=errors.FEATURE_NOT_SUPPORTED,
+                             hint="Materialize features of a table packed on this server; a job "
+                                  "on segment servers stages its frozen layers by itself.")
+    return summary
+
+
+def _materialize(plpy: Any, ref: ModelRef, described: str, source_table: str, output_table: str,
+                 layer: str) -> None:
+    summary = _source(plpy, source_table)
+    out = catalog.new_table(plpy, output_table, argument="output_table")
+    summary_out = out.sibling("_summary", plpy)
+    out.must_not_exist(plpy)
+    summary_out.must_not_exist(plpy)
+    feature_model, layer_name = _layer_model(ref, described, layer, summary)
+    x_column, y_column = packed.packed_columns(summary)
+    q = plpy.quote_ident
+
+    output = PackedOutput(plpy, out, SimpleNamespace(packed_column=x_column), SimpleNamespace(name=y_column),
+                          None)
+    insert = output.create(int(summary["num_segments"]))
+    select = plpy.prepare(
+        f"SELECT {q(x_column)} AS x, {q(y_column)} AS y, {q(x_column + '_shape')} AS xs, "
+        f"{q(y_column + '_shape')} AS ys, buffer_id FROM {summary['packed_table']} "
+        "WHERE __dist_key__ = $1 ORDER BY buffer_id", ["integer"])
+    classification = summary["label_kind"] == "classification"
+    feature_shape, rows = None, 0
+    for segment in range(int(summary["num_segments"])):
+        started, segment_rows = time.perf_counter(), 0
+        for row in plpy.cursor(select, [segment]):
+            x, _ = decode(row, classification)
+            features = np.asarray(feature_model.predict_on_batch(x), dtype="<f4") if len(x) else \
+                np.zeros((0,) + tuple(feature_model.output_shape[1:]), "<f4")
+            feature_shape = list(features.shape[1:])
+            plpy.execute(insert, [features.tobytes(), row["y"], list(features.shape), row["ys"],
+                                  row["buffer_id"], segment])
+            segment_rows += len(x)
+        rows += segment_rows
+        plpy.notice(f"materialize_features: segment {segment + 1} of {summary['num_segments']}: "
+                    f"{segment_rows} rows through {layer_name} in {time.perf_counter() - started:.1f} s")
+    if feature_shape is None:
+        feature_shape = [int(d) for d in feature_model.output_shape[1:]]
+    _write_summary(plpy, summary, summary_out, out, feature_shape,
+                   f"{described}, layers up to {layer_name}")
+    plpy.notice(f"materialize_features: {out.quoted} holds {rows} rows of features of shape "
+                f"{feature_shape} ({described}, up to layer {layer_name})")
+
+
+def _write_summary(plpy: Any, summary: dict, summary_out: catalog.NewTable, out: catalog.NewTable,
+                   feature_shape: list[int], features_of: str) -> None:
+    """The source's summary, for the features: their shape, no normalizing (the source's
+    was applied before the model saw them), and whose features they are."""
+    source_summary = catalog.sibling_table(plpy, catalog.resolve_table(
+        plpy, summary["packed_oid"], argument="source_table"), "_summary")
+    plpy.execute(f"CREATE TABLE {summary_out.quoted} AS SELECT * FROM {source_summary.name}")
+    plpy.execute(f"ALTER TABLE {summary_out.quoted} ADD COLUMN features_of text")
+    plpy.execute(plpy.prepare(
+        f"UPDATE {summary_out.quoted} SET source_table = $1, output_table = $2, feature_shape = $3, "
+        "normalizing_const = 1.0, features_of = $4", ["text", "text", "integer[]", "text"]),
+        [summary["packed_table"], out.quoted, feature_shape, features_of])
+
+
+def _base_model(plpy: Any, base_table: str, base_id: int | None) -> tuple[ModelRef, str]:
+    """A stored model: a fit's output (base_id its mst_key) or a deployment's name, or an
+    architecture table of load_keras_model's (base_id its model_id)."""
+    table = catalog.resolve_table(plpy, base_table, argument="base_table")
+    found = catalog.summary_of(plpy, table)
+    if found is None and {"model_id", "model_arch", "model_weights"} <= set(catalog.columns(plpy, table)):
+        rows = plpy.execute(plpy.prepare(
+            f"SELECT model_arch::text AS model_arch, model_weights FROM {table.name} WHERE model_id = $1",
+            ["integer"]), [base_id])
+        if not rows or rows[0]["model_weights"] is None:
+            raise MadlibMopError(f"{table.name} has no model_id {base_id} with weights",
+                                 sqlstate=errors.INVALID_PARAMETER_VALUE,
+                                 hint=f"SELECT model_id, name, model_weights IS NOT NULL FROM {table.name};")
+        return (ModelRef(table.name, None, rows[0]["model_arch"], rows[0]["model_weights"], None, None,
+                         1.0, "dependent_var"), f"{table.name} model_id {base_id}")
+    resolved, mst_key = deployments.resolve(plpy, base_table, base_id)
+    ref = models.trained_models(plpy, resolved, mst_key)[0]
+    return ref, f"{ref.model_table}" + (f" mst_key {ref.mst_key}" if ref.mst_key is not None else "")
+
+
+def _head_layers(head: Any, input_shape: list[int], taken: list[str]) -> list:
+    """The head's layers, built on inputs of `input_shape`, from a JSON array of Keras layer
+    configs (as Keras 2 wrote them, or Keras 3), through the architectures' safe loading."""
+    import copy
+
+    layers = json.loads(head) if isinstance(head, str) else head
+    if not isinstance(layers, list) or not layers or not all(
+            isinstance(x, dict) and isinstance(x.get("config", {}), dict) for x in layers):
+        raise MadlibMopError(
+            "head is not a JSON array of Keras layers", sqlstate=errors.INVALID_PARAMETER_VALUE,
+            hint='Pass a JSON array of layer configs, e.g. [{"class_name": "Flatten", "config": {}}, '
+                 '{"class_name": "Dense", "config": {"units": 10, "activation": "softmax"}}].')
+    layers = copy.deepcopy(layers)
+    for number, layer in enumerate(layers):
+        config = layer.setdefault("config", {})
+        config.setdefault("name", f"head_{number + 1}_{str(layer.get('class_name', '')).lower()}")
+        if config["name"] in taken:
+            raise MadlibMopError(f"head layer {config['name']} has the name of a base layer",
+                                 sqlstate=errors.INVALID_PARAMETER_VALUE,
+                                 hint="Name the head's layers otherwise, or leave their names out.")
+    layers[0]["config"]["batch_input_shape"] = [None] + list(input_shape)
+    model = keras_json.build_model(keras_json.parse_model_json(
+        {"class_name": "Sequential", "config": {"name": "head", "layers": layers}}))
+    return list(model.layers)
+
+
+def load_transfer_model(plpy: Any, model_arch_table: str, base_table: str, base_id: int | None,
+                        layer: str, head: Any, name: str | None = None, description: str | None = None,
+                        seed: int | None = 0) -> int:
+    """A new model of `model_arch_table`: the base's layers up to `layer`, frozen with their
+    trained weights, then the head's new layers (initialised from `seed`).  A job stages
+    the frozen layers (`runtime.staging`): models on one base and layer share their
+    features."""
+    import keras
+
+    ref, described = _base_model(plpy, base_table, base_id)
+    base = models.build(ref, compile_model=False)
+    if not isinstance(base, keras.Sequential):
+        raise MadlibMopError(f"{described} is a functional model", sqlstate=errors.FEATURE_NOT_SUPPORTED,
+                             hint="Load the base as a keras.Sequential model.")
+    names = [each.name for each in base.layers]
+    cut = _layer_index(base, layer, described) % len(names)
+    training.seed_initialisers(training.derived_seed(int(seed or 0), 0x7EAD))
+    head_layers = _head_layers(head, [int(d) for d in base.layers[cut].output.shape[1:]], names)
+    frozen = [(type(each).from_config(each.get_config() | {"trainable": False}), each)
+              for each in base.layers[:cut + 1]]
+    model = keras.Sequential([keras.Input(base.input_shape[1:])] + [copy for copy, _ in frozen]
+                             + head_layers, name=f"{base.name}_to_{names[cut]}")
+    for copy, each in frozen:
+        copy.set_weights(each.get_weights())
+    weights = b"".join(np.asarray(v.numpy(), "<f4").tobytes() for v in model.weights)
+    model_id = model_catalog.load_keras_model(
+        plpy, model_arch_table, model.to_json(), weights, name,
+        description or f"{described}, frozen up to {names[cut]}, and a new head")
+    return model_id

@@ -1,0 +1,178 @@
+"""Staged transfer learning: a model's frozen first layers computed once per row.
+
+A model whose first layers are frozen (`trainable: false`, as when a trained network is
+reused for a new task) computes the same output of those layers for a row at every epoch:
+their weights never change, and they behave alike in training and in inference.  A staged
+model computes that output, its *features*, once per row and segment, and trains its
+trainable rest (the head) on them.  Models whose frozen prefixes are the same layers with the
+same weights (several heads on one base network) share one copy of the features.
+
+The prefix staged is the longest run of first layers of a Sequential model that are frozen
+and deterministic (`DETERMINISTIC_LAYERS`, no regularizer); layers without weights (Flatten,
+pooling) join it whatever their flag.  A Dropout or a noise layer ends it: in training it
+draws anew at every step.  A functional model is trained whole.
+
+The head shares the model's layers, variables and optimizer: a state is restored into the
+whole model and captured from it as for any model, so a staged model's state, hops, outputs
+and replays are those of the unstaged model.  The features of a row are computed by the same
+layers and kernels as inside a training step; on this machine's TensorFlow they are the same
+bits whatever the number of rows computed at once (`tests/test_staging.py` checks it), so
+staged training gives the unstaged weights bit for bit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import numpy as np
+
+from madlib_mop.runtime import training
+
+# Layers whose output in training is their output in inference when they are frozen (a
+# frozen BatchNormalization runs in inference mode in Keras 3).
+WEIGHTED_LAYERS = frozenset(
+    "Dense EinsumDense Conv1D Conv2D Conv3D Conv1DTranspose Conv2DTranspose Conv3DTranspose "
+    "SeparableConv1D SeparableConv2D DepthwiseConv1D DepthwiseConv2D BatchNormalization "
+    "LayerNormalization GroupNormalization Embedding PReLU".split())
+SHAPING_LAYERS = frozenset(
+    "Flatten Reshape Permute RepeatVector Activation ReLU LeakyReLU ELU Softmax "
+    "MaxPooling1D MaxPooling2D MaxPooling3D AveragePooling1D AveragePooling2D AveragePooling3D "
+    "GlobalMaxPooling1D GlobalMaxPooling2D GlobalMaxPooling3D GlobalAveragePooling1D "
+    "GlobalAveragePooling2D GlobalAveragePooling3D ZeroPadding1D ZeroPadding2D ZeroPadding3D "
+    "Cropping1D Cropping2D Cropping3D UpSampling1D UpSampling2D UpSampling3D Rescaling "
+    "UnitNormalization Identity".split())
+DETERMINISTIC_LAYERS = WEIGHTED_LAYERS | SHAPING_LAYERS
+
+FEATURE_ROWS = 1024  # rows whose features are computed in one call
+
+
+def _layers(config: dict) -> list[dict] | None:
+    """A Sequential architecture's layers (Keras 3 layout), its InputLayer left out."""
+    if config.get("class_name") != "Sequential":
+        return None
+    layers = config.get("config", {}).get("layers")
+    if not isinstance(layers, list):
+        return None
+    return [layer for layer in layers if isinstance(layer, dict) and layer.get("class_name") != "InputLayer"]
+
+
+def frozen_prefix(config: dict) -> int:
+    """How many first layers of the architecture (parsed, `keras_json.parse_model_json`)
+    are staged: 0 when none (no frozen layer with weights first, a functional model, or
+    nothing trainable after them)."""
+    layers = _layers(config)
+    if not layers:
+        return 0
+    cut, weighted = 0, False
+    for layer in layers:
+        name, body = layer.get("class_name"), layer.get("config") or {}
+        regularized = any(key.endswith("regularizer") and value is not None for key, value in body.items())
+        frozen = body.get("trainable") is False
+        if name not in DETERMINISTIC_LAYERS or regularized or (name in WEIGHTED_LAYERS and not frozen):
+            break
+        weighted = weighted or name in WEIGHTED_LAYERS
+        cut += 1
+    if not weighted or cut == len(layers):
+        return 0
+    return cut
+
+
+def prefix_description(config: dict, cut: int) -> str:
+    """The prefix's layers as canonical text (names replaced by their order): part of what
+    makes two models' features the same."""
+    body = config["config"]
+    layers = [layer for layer in body["layers"] if layer.get("class_name") == "InputLayer"]
+    layers += _layers(config)[:cut]
+    return training._canonical_architecture(json.dumps(layers))
+
+
+class StagedProgram(training.Program):
+    """A Program whose model trains and evaluates on features: its `trainer` is the head
+    (the layers after the cut, compiled with the model's own optimizer object, so that the
+    optimizer's variables are the model's), `prefix` computes the features."""
+
+    def __init__(self, model, spec: training.ModelSpec, cut: int, description: str):
+        import keras
+        import tensorflow as tf
+
+        super().__init__(model)
+        self.cut = cut
+        self.description = description
+        self.prefix = keras.Sequential([keras.Input(model.input_shape[1:])] + model.layers[:cut])
+        self.feature_shape = tuple(model.layers[cut - 1].output.shape[1:])
+        head = keras.Sequential([keras.Input(self.feature_shape)] + model.layers[cut:])
+        params = spec.compile
+        head.compile(optimizer=model.optimizer, loss=params.loss,
+                     metrics=training.keras_metrics(params), **dict(params.extra))
+        self.trainer = head
+        self._prefix_cost: dict[int, float] = {}
+        self._features = tf.function(
+            lambda x: self.prefix(x, training=False), autograph=False,
+            input_signature=[tf.TensorSpec((None,) + tuple(model.input_shape[1:]), tf.float32)],
+        ).get_concrete_function()
+
+    @classmethod
+    def for_spec(cls, spec: training.ModelSpec) -> training.Program:
+        """The staged program of the spec, or a plain one when it has no frozen prefix."""
+        from madlib_mop.runtime import keras_json
+
+        config = keras_json.parse_model_json(spec.model_arch)
+        cut = frozen_prefix(config)
+        if not cut:
+            return training.Program.for_spec(spec)
+        return cls(training.build_model(spec, None), spec, cut, prefix_description(config, cut))
+
+    def digest(self) -> str:
+        """What the restored model's features are a function of: the prefix's layers and
+        their weights.  Models of equal digests share features."""
+        hashed = hashlib.blake2b(self.description.encode(), digest_size=16)
+        for variable in self.prefix.weights:
+            hashed.update(np.ascontiguousarray(variable.numpy()).tobytes())
+        return hashed.hexdigest()
+
+    def feature_bytes(self, rows: int) -> int:
+        return 4 * rows * int(np.prod(self.feature_shape, dtype=np.int64))
+
+    def prefix_seconds_per_row(self, x: np.ndarray) -> float:
+        """What computing the features costs per row, the best of a few runs on `x`: a
+        staged model's evaluation runs its head alone, and its inference cost is both.
+        Measured once per program and row count: it is the same for all its models."""
+        import time
+
+        if len(x) not in self._prefix_cost:
+            self.features(x[:1])  # (a first call of a shape may trace)
+            runs = []
+            for _ in range(3):
+                started = time.perf_counter()
+                self.features(x)
+                runs.append(time.perf_counter() - started)
+            self._prefix_cost[len(x)] = min(runs) / max(1, len(x))
+        return self._prefix_cost[len(x)]
+
+    def features(self, x: np.ndarray) -> np.ndarray:
+        """The prefix's output for the rows, as little-endian float32."""
+        import tensorflow as tf
+
+        parts = [self._features(tf.constant(x[start:start + FEATURE_ROWS])).numpy()
+                 for start in range(0, len(x), FEATURE_ROWS)]
+        if not parts:
+            return np.zeros((0,) + self.feature_shape, "<f4")
+        return np.concatenate(parts).astype("<f4", copy=False)
+
+
+def program_for(spec: training.ModelSpec, staged: bool) -> training.Program:
+    return StagedProgram.for_spec(spec) if staged else training.Program.for_spec(spec)
+
+
+def staged_models(configs: list[dict[str, Any]]) -> dict[int, int]:
+    """mst_key -> staged layers, of the configurations that have a frozen prefix."""
+    from madlib_mop.runtime import keras_json
+
+    cuts = {}
+    for config in configs:
+        cut = frozen_prefix(keras_json.parse_model_json(config["model_arch"]))
+        if cut:
+            cuts[config["mst_key"]] = cut
+    return cuts

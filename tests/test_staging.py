@@ -1,0 +1,358 @@
+"""Staged transfer learning (`runtime.staging`): which first layers are staged, and staged
+training equal to training the whole model, bit for bit -- in a plain process here, and in
+jobs (shared and unshared prefixes, spilled features) against the real server."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from madlib_mop.runtime import keras_json, staging, state, training
+from madlib_mop.runtime.buffers import Buffer
+
+COMPILE = "optimizer='Adam(learning_rate=0.01)',loss='categorical_crossentropy',metrics=['accuracy']"
+
+
+def _config(*layers) -> dict:
+    import keras
+
+    return keras_json.parse_model_json(keras.Sequential([keras.Input((8, 8, 3))] + list(layers)).to_json())
+
+
+def test_the_staged_prefix_is_the_first_frozen_deterministic_layers():
+    import keras
+
+    L = keras.layers
+    frozen_conv = lambda: L.Conv2D(4, 3, trainable=False)  # noqa: E731
+    # Frozen weighted layers, and the layers without weights between and after them.
+    assert staging.frozen_prefix(_config(frozen_conv(), L.MaxPooling2D(), frozen_conv(), L.Flatten(),
+                                         L.Dense(3))) == 4
+    assert staging.frozen_prefix(_config(frozen_conv(), L.BatchNormalization(trainable=False),
+                                         L.Flatten(), L.Dense(3))) == 3
+    # A trainable layer with weights, a Dropout (it draws at every step in training, frozen
+    # or not) or a regularizer ends it.
+    assert staging.frozen_prefix(_config(frozen_conv(), L.Conv2D(4, 3), L.Flatten(), L.Dense(3))) == 1
+    assert staging.frozen_prefix(_config(frozen_conv(), L.Dropout(0.5, trainable=False), frozen_conv(),
+                                         L.Flatten(), L.Dense(3))) == 1
+    assert staging.frozen_prefix(_config(
+        frozen_conv(), L.Conv2D(4, 3, trainable=False, activity_regularizer="l2"), L.Flatten(),
+        L.Dense(3))) == 1
+    # Nothing to stage: no frozen layer first, only layers without weights, or all frozen.
+    assert staging.frozen_prefix(_config(L.Conv2D(4, 3), L.Flatten(), L.Dense(3))) == 0
+    assert staging.frozen_prefix(_config(L.Flatten(), L.Dense(3))) == 0
+    assert staging.frozen_prefix(_config(frozen_conv(), L.Flatten(), L.Dense(3, trainable=False))) == 0
+    # A functional model is trained whole.
+    inputs = keras.Input((4,))
+    functional = keras.Model(inputs, L.Dense(3)(L.Dense(4, trainable=False)(inputs)))
+    assert staging.frozen_prefix(keras_json.parse_model_json(functional.to_json())) == 0
+
+
+def _base_and_flat(seed: int = 1):
+    """A small CNN with frozen convolutions, and its weights (MADlib's flat float32)."""
+    import keras
+
+    keras.utils.set_random_seed(seed)
+    L = keras.layers
+    model = keras.Sequential([
+        keras.Input((12, 12, 3)), L.Conv2D(6, 3, activation="relu", trainable=False),
+        L.BatchNormalization(trainable=False), L.MaxPooling2D(),
+        L.Conv2D(6, 3, activation="relu", trainable=False), L.Flatten(),
+        L.Dense(12, activation="relu"), L.Dropout(0.3), L.Dense(3, activation="softmax")])
+    return model.to_json(), b"".join(np.asarray(v.numpy(), "<f4").tobytes() for v in model.weights)
+
+
+def _buffers(rows=(70, 53)):
+    rng = np.random.default_rng(4)
+    out = []
+    for n in rows:
+        x = rng.normal(size=(n, 12, 12, 3)).astype("<f4")
+        y = np.eye(3, dtype="<i2")[rng.integers(0, 3, n)]
+        out.append(Buffer(n, lambda d=(x, y): d))
+    return out
+
+
+def test_staged_training_gives_the_whole_models_state_bit_for_bit():
+    """Sub-epochs (a batch size that does not divide the buffers, a Dropout in the head)
+    and an evaluation: the same metrics and the same state bytes, staged or not."""
+    arch, flat = _base_and_flat()
+    spec = training.ModelSpec(3, arch, COMPILE, "batch_size=16", flat)
+    start = training.capture_state(training.build_model(spec, 11))
+    buffers = _buffers()
+    whole = training.Program.for_spec(spec)
+    staged = staging.StagedProgram.for_spec(spec)
+    assert isinstance(staged, staging.StagedProgram) and staged.cut == 5
+    results = []
+    for program in (whole, staged):
+        program.restore(start)
+        used = buffers if program is whole else [
+            Buffer(b.rows, lambda b=b: (staged.features(b.load()[0]), b.load()[1])) for b in buffers]
+        metrics = [training.train_subepoch(program, spec, used, 5, step, True).means() for step in range(3)]
+        metrics.append(training.evaluate(program, spec, used, True).means())
+        blob = bytes(program.capture())
+        results.append((metrics, blob[state.split(blob)[1]:]))
+    assert results[0][0] == results[1][0]
+    assert results[0][1] == results[1][1]  # the payload: the names in the header differ
+
+
+def test_features_are_the_same_bits_whatever_the_rows_computed_at_once(monkeypatch):
+    arch, flat = _base_and_flat()
+    staged = staging.StagedProgram.for_spec(training.ModelSpec(1, arch, COMPILE, "batch_size=8", flat))
+    staged.restore(training.capture_state(training.build_model(
+        training.ModelSpec(1, arch, COMPILE, "batch_size=8", flat), 0)))
+    x = np.concatenate([b.load()[0] for b in _buffers()])
+    together = staged.features(x)
+    monkeypatch.setattr(staging, "FEATURE_ROWS", 7)
+    assert np.array_equal(together, staged.features(x))
+    one_by_one = np.concatenate([staged.features(x[i:i + 1]) for i in range(len(x))])
+    assert np.array_equal(together, one_by_one)
+    assert together.shape == (len(x),) + staged.feature_shape == (len(x), 54)
+
+
+def test_the_digest_is_the_prefix_layers_and_their_weights():
+    arch, flat = _base_and_flat()
+    other_arch, other_flat = _base_and_flat(seed=2)
+    digests = []
+    for a, w in ((arch, flat), (arch, flat), (other_arch, other_flat)):
+        spec = training.ModelSpec(1, a, COMPILE, "batch_size=8", w)
+        program = staging.StagedProgram.for_spec(spec)
+        program.restore(training.capture_state(training.build_model(spec, 9)))
+        digests.append(program.digest())
+    assert digests[0] == digests[1] != digests[2]
+    # The head's weights are not part of it.
+    head_changed = bytearray(flat)
+    head_changed[-4:] = np.float32(7).tobytes()
+    spec = training.ModelSpec(1, arch, COMPILE, "batch_size=8", bytes(head_changed))
+    program = staging.StagedProgram.for_spec(spec)
+    program.restore(training.capture_state(training.build_model(spec, 9)))
+    assert program.digest() == digests[0]
+    assert json.loads(program.description)[0]["class_name"] == "InputLayer"
+
+
+# ---- jobs on the real server ----
+
+from psycopg import sql  # noqa: E402
+
+from tests.conftest import connect, packed_iris  # noqa: E402
+
+MST_COMPILE = ("{'loss': ['categorical_crossentropy'], 'optimizer_params_list': [{'optimizer': ['Adam'], "
+               "'lr': [0.01, 0.05]}], 'metrics': ['accuracy']}")
+
+
+def _transfer_models() -> list[tuple[str, bytes]]:
+    """(architecture, weights) of 4 models on one base MLP (4 -> 16 -> 8): heads on its
+    first layer (1, 2: one prefix), on its second (3: another prefix), and the base
+    trainable whole (4: not staged)."""
+    import keras
+
+    keras.utils.set_random_seed(3)
+    L = keras.layers
+    first, second = L.Dense(16, activation="relu"), L.Dense(8, activation="relu")
+    base = keras.Sequential([keras.Input((4,)), first, second])
+    models = []
+    for frozen, head in (((first,), [L.Dense(6, activation="relu"), L.Dense(3, activation="softmax")]),
+                         ((first,), [L.Dense(3, activation="softmax")]),
+                         ((first, second), [L.Dense(3, activation="softmax")]),
+                         ((), [L.Dense(3, activation="softmax")])):
+        layers = [L.Dense.from_config(layer.get_config() | {"trainable": not frozen})
+                  for layer in base.layers]
+        model = keras.Sequential([keras.Input((4,))] + layers + head)
+        for copy, original in zip(layers, base.layers):
+            copy.set_weights(original.get_weights())
+        models.append((model.to_json(), b"".join(np.asarray(v.numpy(), "<f4").tobytes()
+                                                  for v in model.weights)))
+    return models
+
+
+@pytest.fixture(scope="module")
+def db(extension_dsn):
+    with connect(extension_dsn) as conn:
+        packed_iris(conn)
+        for arch, weights in _transfer_models():
+            conn.execute("SELECT load_keras_model('transfer_arch', %s::json, %s)", (arch, weights))
+        conn.execute("SELECT generate_model_configs('transfer_arch', 'transfer_mst', ARRAY[1, 2, 3, 4], "
+                     "%s, %s)", (MST_COMPILE, "{'batch_size': [16]}"))
+        yield conn
+
+
+def _fit(dsn: str, out: str, staged: bool, caching: bool = True) -> list[str]:
+    notices: list[str] = []
+    with connect(dsn, notices) as conn:
+        conn.execute(f"SET madlib_mop.stage_frozen_layers = {'on' if staged else 'off'}")
+        conn.execute("SELECT madlib_keras_fit_multiple_model('iris_packed', %s, 'transfer_mst', 2, "
+                     "validation_table => 'iris_valid', use_caching => %s)", (out, caching))
+    return notices
+
+
+def _weights(conn, out: str) -> dict[int, bytes]:
+    return dict(conn.execute(sql.SQL("SELECT mst_key, model_weights FROM {}").format(
+        sql.Identifier(out))).fetchall())
+
+
+def _validation(conn, out: str) -> dict[int, tuple]:
+    return {k: (loss, acc) for k, loss, acc in conn.execute(sql.SQL(
+        "SELECT mst_key, validation_loss, validation_metrics FROM {}").format(
+        sql.Identifier(f"{out}_info"))).fetchall()}
+
+
+def _staged_visits(conn, out: str) -> list[tuple]:
+    return conn.execute(sql.SQL(
+        "SELECT m.model_id, v.result->'staged', (v.result->>'pid')::int, v.segment FROM {} v "
+        "JOIN {} m USING (mst_key) ORDER BY v.mst_key, v.step").format(
+        sql.Identifier(f"{out}_mop_visits"), sql.Identifier(out + "_info"))).fetchall()
+
+
+def test_a_job_trains_staged_models_to_the_unstaged_weights(db, extension_dsn):
+    """Heads on two cuts of one base and the base trained whole, in one job: the staged job
+    gives the weights and validation metrics of the same job trained whole, bit for bit;
+    models 1 and 2 (one prefix) share features, model 3 has its own, model 4 none."""
+    notices = _fit(extension_dsn, "staged_out", staged=True)
+    assert any("6 of the 8 models train on the features of their frozen first layers" in n
+               for n in notices), notices
+    _fit(extension_dsn, "whole_out", staged=False)
+    staged, whole = _weights(db, "staged_out"), _weights(db, "whole_out")
+    assert staged.keys() == whole.keys() and len(staged) == 8
+    assert staged == whole
+    assert _validation(db, "staged_out") == _validation(db, "whole_out")
+    visits = _staged_visits(db, "staged_out")
+    prefixes = {}
+    for model_id, report, _, _ in visits:
+        prefixes.setdefault(model_id, set()).add(report and report["prefix"])
+    assert prefixes[1] == prefixes[2] and len(prefixes[1]) == 1 and None not in prefixes[1]
+    assert len(prefixes[3]) == 1 and prefixes[3] != prefixes[1] and None not in prefixes[3]
+    assert prefixes[4] == {None}
+    # Computed once per worker, segment and prefix; the other visits found them kept.
+    computed = [(pid, segment, r["prefix"]) for _, r, pid, segment in visits if r and r["computed"]]
+    assert len(computed) == len(set(computed))
+    assert len(computed) < sum(1 for _, r, _, _ in visits if r) / 4
+    assert not any(r["spilled"] for _, r, _, _ in visits if r)
+    assert all(r["bytes"] > 0 for _, r, _, _ in visits if r)
+    # Unstaged, no visit has features.
+    assert all(r is None for _, r, _, _ in _staged_visits(db, "whole_out"))
+
+
+def test_features_over_the_memory_budget_spill_to_a_table_with_the_same_weights(db, extension_dsn):
+    """use_caching => FALSE keeps nothing decoded: the features go to the worker session's
+    temporary table, and are read back a buffer at a time."""
+    _fit(extension_dsn, "spilled_out", staged=True, caching=False)
+    _fit(extension_dsn, "whole_uncached_out", staged=False, caching=False)
+    assert _weights(db, "spilled_out") == _weights(db, "whole_uncached_out")
+    assert _validation(db, "spilled_out") == _validation(db, "whole_uncached_out")
+    reports = [r for _, r, _, _ in _staged_visits(db, "spilled_out") if r]
+    assert reports and all(r["spilled"] for r in reports)
+    computed = [r for r in reports if r["computed"]]
+    assert 0 < len(computed) < len(reports)
+
+
+def test_a_bad_staging_setting_is_refused(db):
+    import psycopg
+
+    db.execute("SET madlib_mop.stage_frozen_layers = 'sometimes'")
+    try:
+        with pytest.raises(psycopg.errors.InvalidParameterValue, match="neither on nor off"):
+            db.execute("SELECT madlib_keras_fit_multiple_model('iris_packed', 'never_out', "
+                       "'transfer_mst', 1)")
+    finally:
+        db.execute("RESET madlib_mop.stage_frozen_layers")
+    assert db.execute("SELECT to_regclass('never_out')").fetchone()[0] is None
+
+
+def test_materialized_features_train_a_head_to_the_staged_jobs_weights(db, extension_dsn):
+    """materialize_features_byom writes model 2's first layer's output for the training and
+    the validation data; the head alone, trained on them with model 2's configurations
+    (same mst_keys, seed and head weights), ends with the staged job's head weights, bit for
+    bit.  materialize_features reads a fit's output the same way."""
+    import keras
+    import psycopg
+
+    if db.execute("SELECT to_regclass('staged_out')").fetchone()[0] is None:
+        _fit(extension_dsn, "staged_out", staged=True)
+    notices: list[str] = []
+    with connect(extension_dsn, notices) as conn:
+        for source, out in (("iris_packed", "iris_features"), ("iris_valid", "iris_valid_features")):
+            conn.execute("SELECT materialize_features_byom('transfer_arch', 2, %s, %s, '0')", (source, out))
+    assert any("segment 2 of 2" in n for n in notices) and any("holds 150 rows" in n for n in notices)
+    summary = db.execute("SELECT feature_shape, normalizing_const, features_of, num_segments, "
+                         "rows_per_segment FROM iris_features_summary").fetchone()
+    packed = db.execute("SELECT num_segments, rows_per_segment FROM iris_packed_summary").fetchone()
+    assert summary[:2] == ([16], 1.0) and "transfer_arch model_id 2" in summary[2]
+    assert summary[3:] == packed
+    assert db.execute("SELECT count(*), sum(attributes_shape[1]) FROM iris_features").fetchone() == (
+        db.execute("SELECT count(*), sum(attributes_shape[1]) FROM iris_packed").fetchone())
+
+    weights = {k: w for k, w in db.execute(
+        "SELECT mst_key, model_weights FROM staged_out WHERE mst_key IN "
+        "(SELECT mst_key FROM transfer_mst WHERE model_id = 2)").fetchall()}
+    head_bytes = 4 * (16 * 3 + 3)
+    head = keras.Sequential([keras.Input((16,)), keras.layers.Dense(3, activation="softmax")])
+    first = next(iter(weights))
+    db.execute("SELECT load_keras_model('head_arch', %s::json, %s)", (
+        head.to_json(), bytes(db.execute("SELECT model_weights FROM transfer_arch WHERE model_id = 2")
+                              .fetchone()[0])[-head_bytes:]))
+    db.execute("CREATE TABLE head_mst AS SELECT mst_key, 1 AS model_id, compile_params, fit_params "
+               "FROM transfer_mst WHERE model_id = 2")
+    db.execute("CREATE TABLE head_mst_summary AS SELECT * FROM transfer_mst_summary")
+    db.execute("UPDATE head_mst_summary SET model_arch_table = 'head_arch'")
+    db.execute("SELECT madlib_keras_fit_multiple_model('iris_features', 'head_out', 'head_mst', 2, "
+               "validation_table => 'iris_valid_features')")
+    heads = dict(db.execute("SELECT mst_key, model_weights FROM head_out").fetchall())
+    assert heads.keys() == weights.keys() and first in heads
+    for mst_key, whole in weights.items():
+        assert bytes(heads[mst_key]) == bytes(whole)[-head_bytes:]
+
+    # From a fit's output, by layer name; the errors.
+    layer = json.loads(db.execute("SELECT model_arch::text FROM staged_out WHERE mst_key = %s",
+                                  (first,)).fetchone()[0])["config"]["layers"][1]["config"]["name"]
+    db.execute("SELECT materialize_features('staged_out', 'iris_packed', 'iris_from_fit', %s, %s)",
+               (layer, first))
+    assert db.execute("SELECT array_agg(attributes ORDER BY __dist_key__, buffer_id) FROM iris_from_fit").fetchone() == \
+        db.execute("SELECT array_agg(attributes ORDER BY __dist_key__, buffer_id) FROM iris_features").fetchone()
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="is not a layer") as error:
+        db.execute("SELECT materialize_features('staged_out', 'iris_packed', 'never', 'nope', %s)", (first,))
+    assert layer in error.value.diag.message_detail
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="is the model's output"):
+        db.execute("SELECT materialize_features('staged_out', 'iris_packed', 'never', '-1', %s)", (first,))
+    with pytest.raises(psycopg.errors.DuplicateTable):
+        db.execute("SELECT materialize_features_byom('transfer_arch', 2, 'iris_packed', 'iris_features', '0')")
+    with pytest.raises(psycopg.errors.DatatypeMismatch, match="inputs of shape"):
+        db.execute("SELECT materialize_features_byom('head_arch', 1, 'iris_packed', 'never', '0')")
+    assert db.execute("SELECT to_regclass('never'), to_regclass('never_summary')").fetchone() == (None, None)
+
+
+def test_load_transfer_model_freezes_a_stored_models_first_layers_under_a_new_head(db):
+    """From an architecture table's model with weights (model 4: the base trainable whole):
+    the layers up to the one named, frozen with their weights, then the head from its JSON,
+    initialised from the seed.  The errors say what to pass."""
+    import psycopg
+
+    head = '[{"class_name": "Dense", "config": {"units": 3, "activation": "softmax"}}]'
+    names = [layer["config"]["name"] for layer in json.loads(db.execute(
+        "SELECT model_arch::text FROM transfer_arch WHERE model_id = 4").fetchone()[0])["config"]["layers"]
+        if layer["class_name"] != "InputLayer"]
+    made = [db.execute("SELECT load_transfer_model('tl_arch', 'transfer_arch', 4, %s, %s, 'tl')",
+                       (layer, head)).fetchone()[0] for layer in (names[1], "1", names[0])]
+    assert made == [1, 2, 3]
+    rows = db.execute("SELECT model_id, model_arch::text, model_weights FROM tl_arch ORDER BY 1").fetchall()
+    base = bytes(db.execute("SELECT model_weights FROM transfer_arch WHERE model_id = 4").fetchone()[0])
+    assert rows[0][2] == rows[1][2]  # by name or by index, and the same seed: the same model
+    for (_, arch, weights), frozen in zip(rows, (2, 2, 1)):
+        config = keras_json.parse_model_json(arch)
+        assert staging.frozen_prefix(config) == frozen
+        prefix = 4 * (4 * 16 + 16 + (16 * 8 + 8 if frozen == 2 else 0))
+        assert bytes(weights)[:prefix] == base[:prefix]
+    assert json.loads(rows[0][1])["config"]["layers"][-1]["config"]["name"] == "head_1_dense"
+    other_seed = db.execute("SELECT load_transfer_model('tl_arch', 'transfer_arch', 4, %s, %s, seed => 5)",
+                            (names[1], head)).fetchone()[0]
+    assert db.execute("SELECT model_weights FROM tl_arch WHERE model_id = %s", (other_seed,)).fetchone()[0] \
+        != rows[0][2]
+    for layer, bad_head, error, text in (
+            ("nope", head, psycopg.errors.InvalidParameterValue, "is not a layer"),
+            (names[0], '{"class_name": "Dense"}', psycopg.errors.InvalidParameterValue, "JSON array"),
+            (names[0], '[{"class_name": "Lambda", "config": {"function": "x"}}]',
+             psycopg.errors.InvalidParameterValue, "Lambda"),
+            (names[0], json.dumps([{"class_name": "Dense", "config": {"units": 3, "name": names[1]}}]),
+             psycopg.errors.InvalidParameterValue, "name of a base layer")):
+        with pytest.raises(error, match=text):
+            db.execute("SELECT load_transfer_model('tl_arch', 'transfer_arch', 4, %s, %s)", (layer, bad_head))
+    assert db.execute("SELECT count(*) FROM tl_arch").fetchone()[0] == 4
