@@ -24,7 +24,7 @@ from madlib_mop.api import deployments, model_catalog
 from madlib_mop.db import catalog, packed
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.preprocess.output import PackedOutput
-from madlib_mop.runtime import keras_json, training
+from madlib_mop.runtime import keras_json, staging, training
 from madlib_mop.runtime.buffers import decode
 from madlib_mop.segment import models
 from madlib_mop.segment.models import ModelRef
@@ -88,7 +88,7 @@ def _layer_model(ref: ModelRef, described: str, layer: str, summary: dict):
         raise MadlibMopError(f"layer {chosen.name} is the model's output: its features are its predictions",
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
                              hint="Pass a layer before the last; madlib_keras_predict gives the output.")
-    return keras.Model(model.inputs, chosen.output), chosen.name
+    return staging.LayerOutput(keras.Model(model.inputs, chosen.output)), chosen.name
 
 
 def _source(plpy: Any, source_table: str) -> dict:
@@ -132,8 +132,7 @@ def _materialize(plpy: Any, ref: ModelRef, described: str, source_table: str, ou
         started, segment_rows = time.perf_counter(), 0
         for row in plpy.cursor(select, [segment]):
             x, _ = decode(row, classification)
-            features = np.asarray(feature_model.predict_on_batch(x), dtype="<f4") if len(x) else \
-                np.zeros((0,) + tuple(feature_model.output_shape[1:]), "<f4")
+            features = feature_model(x)
             feature_shape = list(features.shape[1:])
             plpy.execute(insert, [features.tobytes(), row["y"], list(features.shape), row["ys"],
                                   row["buffer_id"], segment])
@@ -142,7 +141,7 @@ def _materialize(plpy: Any, ref: ModelRef, described: str, source_table: str, ou
         plpy.notice(f"materialize_features: segment {segment + 1} of {summary['num_segments']}: "
                     f"{segment_rows} rows through {layer_name} in {time.perf_counter() - started:.1f} s")
     if feature_shape is None:
-        feature_shape = [int(d) for d in feature_model.output_shape[1:]]
+        feature_shape = list(feature_model.shape)
     _write_summary(plpy, summary, summary_out, out, feature_shape,
                    f"{described}, layers up to {layer_name}")
     plpy.notice(f"materialize_features: {out.quoted} holds {rows} rows of features of shape "

@@ -88,6 +88,30 @@ def prefix_description(config: dict, cut: int) -> str:
     return training._canonical_architecture(json.dumps(layers))
 
 
+class LayerOutput:
+    """A model's output for rows, computed as inside a training step (the same traced
+    layers, no XLA: `predict` may compile with XLA, whose kernels round otherwise), in
+    chunks of FEATURE_ROWS rows, as little-endian float32."""
+
+    def __init__(self, model):
+        import tensorflow as tf
+
+        self.shape = tuple(int(d) for d in model.compute_output_shape((1,) + tuple(model.input_shape[1:]))[1:])
+        self._function = tf.function(
+            lambda x: model(x, training=False), autograph=False,
+            input_signature=[tf.TensorSpec((None,) + tuple(model.input_shape[1:]), tf.float32)],
+        ).get_concrete_function()
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        import tensorflow as tf
+
+        parts = [self._function(tf.constant(x[start:start + FEATURE_ROWS])).numpy()
+                 for start in range(0, len(x), FEATURE_ROWS)]
+        if not parts:
+            return np.zeros((0,) + self.shape, "<f4")
+        return np.concatenate(parts).astype("<f4", copy=False)
+
+
 class StagedProgram(training.Program):
     """A Program whose model trains and evaluates on features: its `trainer` is the head
     (the layers after the cut, compiled with the model's own optimizer object, so that the
@@ -108,10 +132,7 @@ class StagedProgram(training.Program):
                      metrics=training.keras_metrics(params), **dict(params.extra))
         self.trainer = head
         self._prefix_cost: dict[int, float] = {}
-        self._features = tf.function(
-            lambda x: self.prefix(x, training=False), autograph=False,
-            input_signature=[tf.TensorSpec((None,) + tuple(model.input_shape[1:]), tf.float32)],
-        ).get_concrete_function()
+        self.features = LayerOutput(self.prefix)
 
     @classmethod
     def for_spec(cls, spec: training.ModelSpec) -> training.Program:
@@ -150,16 +171,6 @@ class StagedProgram(training.Program):
                 runs.append(time.perf_counter() - started)
             self._prefix_cost[len(x)] = min(runs) / max(1, len(x))
         return self._prefix_cost[len(x)]
-
-    def features(self, x: np.ndarray) -> np.ndarray:
-        """The prefix's output for the rows, as little-endian float32."""
-        import tensorflow as tf
-
-        parts = [self._features(tf.constant(x[start:start + FEATURE_ROWS])).numpy()
-                 for start in range(0, len(x), FEATURE_ROWS)]
-        if not parts:
-            return np.zeros((0,) + self.feature_shape, "<f4")
-        return np.concatenate(parts).astype("<f4", copy=False)
 
 
 def program_for(spec: training.ModelSpec, staged: bool) -> training.Program:
