@@ -48,3 +48,30 @@ def test_readme_after_the_search_runs(conn):
     assert [(r[1], r[4], r[6]) for r in registry] == [(1, "best_score", False), (2, "mst_key", True)]
     assert conn.execute("SELECT count(DISTINCT id) FROM iris_scored").fetchone()[0] == 150
     assert len(history) == len(values) == 4 * 3 and history[-1][5] == min(v[3] for v in values)
+
+
+def test_readme_transfer_learning_runs(conn):
+    """The section's statements, on the digits `make demo` loads: a base CNN, heads on two
+    of its layers, staged, and a layer's features materialized."""
+    from madlib_mop.tools.demo import load_digits
+
+    if conn.execute("SELECT to_regclass('madlib_mop_demo.digits')").fetchone()[0] is None:
+        load_digits(conn)
+    notices: list[str] = []
+    conn.add_notice_handler(lambda diag: notices.append(diag.message_primary))
+    results: list = []
+    for statement in _readme_block("## Transfer learning").split(";\n"):
+        if statement.strip():
+            cursor = conn.execute(statement)
+            results.append(cursor.fetchall() if cursor.description else None)
+    assert conn.execute("SELECT model_id, name FROM transfer_arch ORDER BY 1").fetchall() == [
+        (1, "conv_2 + linear"), (2, "conv_2 + mlp_32"), (3, "dense_1 + linear"), (4, "dense_1 + mlp_32")]
+    assert any(n.startswith("8 of the 8 models train on the features of their frozen first layers")
+               and "3 layers: mst_key 1, 2, 3, 4; 5 layers: mst_key 5, 6, 7, 8" in n for n in notices), notices
+    ranking = results[-4]
+    assert len(ranking) == 8 and max(float(r[3]) for r in ranking) > 0.8
+    assert conn.execute("SELECT count(*) FROM transfer_models_mop_visits "
+                        "WHERE result->'staged'->>'computed' = 'true'").fetchone()[0] > 0
+    assert results[-1] == [([64], "public.base_cnn, layers up to dense_1")]
+    assert conn.execute("SELECT num_rows FROM new_packed_summary").fetchone() == \
+        conn.execute("SELECT sum(image_shape[1]) FROM new_dense_1").fetchone()
