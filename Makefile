@@ -195,6 +195,7 @@ bench: install db-start
 	$(PY) bench/bench_hop.py
 	$(PY) bench/bench_coordinator.py
 	$(PY) bench/bench_big_table.py
+	$(PY) bench/bench_transfer.py
 
 clean:
 	-@$(PGXS_MAKE) clean

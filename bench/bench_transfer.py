@@ -18,7 +18,7 @@ The table shows the time, the ratios, the validation accuracy (best and mean of 
 whether staged and unstaged give the same weights, the staged features' size and the
 workers' peak memory.
 
-    .venv/bin/python bench/bench_transfer.py [--rows 3000] [--iterations 3] [--batch-size 32]
+    .venv/bin/python bench/bench_transfer.py [--rows 4000] [--iterations 4] [--base-iterations 4] [--batch-size 32]
 """
 
 from __future__ import annotations
@@ -41,33 +41,42 @@ RESULTS = Path(__file__).resolve().parent / "results" / "transfer.json"
 CUTS = ("pool_1", "pool_2", "dense_1")  # the base's layers the heads are put on
 RATES = (0.001, 0.003)
 SEED = 7
+# A visit's time (`<out>_mop_visits.result->'seconds'`), summed over the job's visits.
+PARTS = {"training": ("train",), "features": ("stage",),
+         "state in and out": ("load", "restore", "save", "keep"), "other": ("setup", "read", "other")}
 
 
 def base_cnn():
+    """A VGG-like CNN (most of its cost in its convolutions, as in the networks people
+    reuse); the heads go on pool_1, pool_2 and dense_1."""
     import keras
 
     L = keras.layers
     return keras.Sequential([
         keras.Input((32, 32, 3)),
-        L.Conv2D(16, 3, activation="relu", name="conv_1"), L.MaxPooling2D(name="pool_1"),
-        L.Conv2D(32, 3, activation="relu", name="conv_2"), L.MaxPooling2D(name="pool_2"),
-        L.Conv2D(64, 3, activation="relu", name="conv_3"), L.Flatten(name="flatten"),
-        L.Dense(64, activation="relu", name="dense_1"), L.Dense(10, activation="softmax", name="classes")],
+        L.Conv2D(32, 3, padding="same", activation="relu", name="conv_1"),
+        L.Conv2D(32, 3, padding="same", activation="relu", name="conv_2"), L.MaxPooling2D(name="pool_1"),
+        L.Conv2D(64, 3, padding="same", activation="relu", name="conv_3"),
+        L.Conv2D(64, 3, padding="same", activation="relu", name="conv_4"), L.MaxPooling2D(name="pool_2"),
+        L.Conv2D(128, 3, padding="same", activation="relu", name="conv_5"), L.Flatten(name="flatten"),
+        L.Dense(128, activation="relu", name="dense_1"), L.Dense(10, activation="softmax", name="classes")],
         name="base_cnn")
 
 
-def heads():
-    """4 heads, as lists of new layers."""
+def heads(spatial: bool):
+    """4 heads, as lists of new layers; on a convolution's output they start by averaging
+    over its positions (small heads on big features, as usual in transfer learning)."""
     import keras
 
     L = keras.layers
+    pool = (lambda: [L.GlobalAveragePooling2D()]) if spatial else (lambda: [])
     return {
-        "linear": lambda: [L.Flatten(), L.Dense(10, activation="softmax")],
-        "mlp_32": lambda: [L.Flatten(), L.Dense(32, activation="relu"), L.Dense(10, activation="softmax")],
-        "mlp_64_dropout": lambda: [L.Flatten(), L.Dense(64, activation="relu"), L.Dropout(0.2),
-                                   L.Dense(10, activation="softmax")],
-        "mlp_16_16": lambda: [L.Flatten(), L.Dense(16, activation="relu"), L.Dense(16, activation="relu"),
-                              L.Dense(10, activation="softmax")],
+        "linear": lambda: pool() + [L.Dense(10, activation="softmax")],
+        "mlp_32": lambda: pool() + [L.Dense(32, activation="relu"), L.Dense(10, activation="softmax")],
+        "mlp_64_dropout": lambda: pool() + [L.Dense(64, activation="relu"), L.Dropout(0.2),
+                                            L.Dense(10, activation="softmax")],
+        "mlp_16_16": lambda: pool() + [L.Dense(16, activation="relu"), L.Dense(16, activation="relu"),
+                                       L.Dense(10, activation="softmax")],
     }
 
 
@@ -134,8 +143,9 @@ class MemoryWatch:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=3000)
-    parser.add_argument("--iterations", type=int, default=3)
+    parser.add_argument("--rows", type=int, default=4000)
+    parser.add_argument("--iterations", type=int, default=4)
+    parser.add_argument("--base-iterations", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=32)
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -155,9 +165,10 @@ def main() -> None:
         conn.execute("SELECT load_keras_model('base_arch', %s::json, NULL, 'base_cnn')", (base_cnn().to_json(),))
         started = time.perf_counter()
         conn.execute("SELECT madlib_keras_fit('base_packed', 'base_model', 'base_arch', 1, "
-                     "$$loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.002)', "
-                     "metrics=['accuracy']$$, $$batch_size=32, epochs=1$$, 4)")
+                     "$$loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.001)', "
+                     "metrics=['accuracy']$$, $$batch_size=32, epochs=1$$, %s)", (args.base_iterations,))
         base_seconds = time.perf_counter() - started
+        base_accuracy = float(conn.execute("SELECT training_metrics_final FROM base_model_summary").fetchone()[0])
         base = base_cnn()
         weights = conn.execute("SELECT model_weights FROM base_model").fetchone()[0]
         offset = 0
@@ -175,7 +186,7 @@ def main() -> None:
                      "'rgb', 'task_packed')")
         models = {}
         for cut in CUTS:
-            for name, head in heads().items():
+            for name, head in heads(cut.startswith("pool_")).items():
                 model = transfer_model(base, cut, head(), SEED)
                 conn.execute("SELECT load_keras_model('transfer_arch', %s::json, %s, %s)", (
                     model.to_json(), flat_weights(model), f"{cut}+{name}"))
@@ -206,7 +217,9 @@ def main() -> None:
                     features[(v["pid"], v["segment"], v["staged"]["prefix"])] = v["staged"]["bytes"]
             accuracy = [float(r[0]) for r in conn.execute(
                 f"SELECT validation_metrics_final FROM models_{label}_info")]
-            runs[label] = {"seconds": seconds, "accuracy": accuracy,
+            parts = {part: sum(sum(v["seconds"].get(k, 0.0) for k in keys) for v in visits)
+                     for part, keys in PARTS.items()}
+            runs[label] = {"seconds": seconds, "accuracy": accuracy, "parts": parts, "visits": len(visits),
                            "weights": {k: bytes(w) for k, w in conn.execute(
                                f"SELECT mst_key, model_weights FROM models_{label}")},
                            "peak_worker_mb": max(watch.peak.get(p, 0) for p in pids),
@@ -234,9 +247,10 @@ def main() -> None:
 
     staged, unstaged = runs["staged"], runs["unstaged"]
     same = staged["weights"] == unstaged["weights"]
-    print(f"\nbase CNN ({base.count_params():,} parameters) trained in the database in {base_seconds:.1f} s; "
+    print(f"\nbase CNN ({base.count_params():,} parameters) trained in the database in {base_seconds:.1f} s "
+          f"(training accuracy {base_accuracy:.3f}); "
           f"new task: {args.rows:,} training and {args.rows // 4:,} validation images (32x32x3), "
-          f"2 segments, {len(CUTS)} cuts x {len(heads())} heads x {len(RATES)} learning rates = "
+          f"2 segments, {len(CUTS)} cuts x {len(heads(False))} heads x {len(RATES)} learning rates = "
           f"{len(models) * len(RATES)} models, {args.iterations} iterations, batch size {args.batch_size}\n")
     print("| run | seconds | vs staged | best val. accuracy | mean val. accuracy | peak worker memory |")
     print("|---|---|---|---|---|---|")
@@ -247,6 +261,11 @@ def main() -> None:
             ("plain Keras, one model after another", keras_seconds, keras_accuracy, None)):
         print(f"| {label} | {seconds:.1f} | {seconds / staged['seconds']:.2f}x | {max(accuracy):.3f} | "
               f"{np.mean(accuracy):.3f} | {'-' if memory is None else f'{memory:,.0f} MB'} |")
+    print("\n| run | sub-epochs | " + " | ".join(f"{part} (s)" for part in PARTS) + " |")
+    print("|---|---|" + "---|" * len(PARTS))
+    for label in ("staged", "unstaged"):
+        print(f"| {label} | {runs[label]['visits']} | "
+              + " | ".join(f"{runs[label]['parts'][part]:.1f}" for part in PARTS) + " |")
     print(f"\nstaged features: {staged['prefixes']} prefixes, {staged['feature_mb']:.1f} MiB over the workers "
           f"(the packed images: {args.rows * 32 * 32 * 3 * 4 / 2 ** 20:.1f} MiB); "
           f"staged and unstaged weights bitwise equal: {same}")
@@ -256,7 +275,8 @@ def main() -> None:
         "staged_seconds": staged["seconds"], "unstaged_seconds": unstaged["seconds"],
         "keras_seconds": keras_seconds, "staged_accuracy": staged["accuracy"],
         "unstaged_accuracy": unstaged["accuracy"], "keras_accuracy": keras_accuracy,
-        "same_weights": same, "feature_mb": staged["feature_mb"],
+        "same_weights": same, "feature_mb": staged["feature_mb"], "base_accuracy": base_accuracy,
+        "parts": {label: runs[label]["parts"] for label in runs},
         "peak_worker_mb": {"staged": staged["peak_worker_mb"], "unstaged": unstaged["peak_worker_mb"]}},
         indent=2))
 
