@@ -34,7 +34,7 @@ from madlib_mop.grammar import model_config
 from madlib_mop.job import outputs, temporary
 from madlib_mop.runtime import keras_json
 from madlib_mop.runtime.tf_runtime import worker_threads
-from madlib_mop.segment.models import ModelRef, build, trained_models
+from madlib_mop.segment.models import ModelRef, architecture_model, build, trained_models
 from madlib_mop.errors import MadlibMopError
 
 WORKERS_SETTING = "madlib_mop.segments"
@@ -243,24 +243,12 @@ def predict_byom(plpy: Any, model_arch_table: str, model_id: int, test_table: st
             f"dependent_count {dependent_count}: models with several outputs are not supported",
             sqlstate=errors.FEATURE_NOT_SUPPORTED, hint="Pass 1 (the default) or NULL.")
     class_values = _byom_class_values(class_values)
-    table = catalog.resolve_table(plpy, model_arch_table, argument="model_arch_table")
-    rows = plpy.execute(plpy.prepare(
-        f"SELECT model_arch::text AS model_arch, model_weights FROM {table.name} WHERE model_id = $1",
-        ["integer"]), [model_id])
-    if not rows:
-        raise MadlibMopError(f"model_id {model_id} is not in {table.name}",
-                             sqlstate=errors.INVALID_PARAMETER_VALUE,
-                             hint=f"SELECT model_id, name FROM {table.name}; lists the models.")
-    if rows[0]["model_weights"] is None:
-        raise MadlibMopError(f"model_id {model_id} of {table.name} has no weights",
-                             sqlstate=errors.NULL_VALUE_NOT_ALLOWED,
-                             hint="Load the model with its weights: load_keras_model(table, arch, weights).")
+    ref = architecture_model(plpy, model_arch_table, model_id)
     if normalizing_const is not None and not normalizing_const > 0:
         raise MadlibMopError("normalizing_const must be positive",
                              sqlstate=errors.INVALID_PARAMETER_VALUE, hint="Pass NULL for 1.0.")
-    ref = ModelRef(table.name, None, rows[0]["model_arch"], rows[0]["model_weights"], None,
-                   list(class_values) if class_values is not None else None,
-                   float(normalizing_const or 1.0), "dependent_var")
+    ref.class_values = list(class_values) if class_values is not None else None
+    ref.normalizing_const = float(normalizing_const or 1.0)
     if ref.class_values is None:  # MADlib: classes 0..n-1 when none are given
         outputs = build(ref, compile_model=False).output_shape[-1]
         ref.class_values = [str(i) for i in range(outputs)]

@@ -40,22 +40,8 @@ def materialize_features(plpy: Any, model_table: str, source_table: str, output_
 
 def materialize_features_byom(plpy: Any, model_arch_table: str, model_id: int, source_table: str,
                               output_table: str, layer: str) -> None:
-    table = catalog.resolve_table(plpy, model_arch_table, argument="model_arch_table")
-    rows = plpy.execute(plpy.prepare(
-        f"SELECT model_arch::text AS model_arch, model_weights FROM {table.name} WHERE model_id = $1",
-        ["integer"]), [model_id])
-    if not rows:
-        raise MadlibMopError(f"model_id {model_id} is not in {table.name}",
-                             sqlstate=errors.INVALID_PARAMETER_VALUE,
-                             hint=f"SELECT model_id, name FROM {table.name}; lists the models.")
-    if rows[0]["model_weights"] is None:
-        raise MadlibMopError(f"model_id {model_id} of {table.name} has no weights: its features "
-                             "would be those of a random network",
-                             sqlstate=errors.NULL_VALUE_NOT_ALLOWED,
-                             hint="Load the model with its weights: load_keras_model(table, arch, weights).")
-    ref = ModelRef(table.name, None, rows[0]["model_arch"], rows[0]["model_weights"], None, None, 1.0,
-                   "dependent_var")
-    _materialize(plpy, ref, f"{table.name} model_id {model_id}", source_table, output_table, layer)
+    ref = models.architecture_model(plpy, model_arch_table, model_id)
+    _materialize(plpy, ref, f"{ref.model_table} model_id {model_id}", source_table, output_table, layer)
 
 
 def _layer_index(model, layer: str, described: str) -> int:
@@ -168,15 +154,7 @@ def _base_model(plpy: Any, base_table: str, base_id: int | None) -> tuple[ModelR
     table = catalog.resolve_table(plpy, base_table, argument="base_table")
     found = catalog.summary_of(plpy, table)
     if found is None and {"model_id", "model_arch", "model_weights"} <= set(catalog.columns(plpy, table)):
-        rows = plpy.execute(plpy.prepare(
-            f"SELECT model_arch::text AS model_arch, model_weights FROM {table.name} WHERE model_id = $1",
-            ["integer"]), [base_id])
-        if not rows or rows[0]["model_weights"] is None:
-            raise MadlibMopError(f"{table.name} has no model_id {base_id} with weights",
-                                 sqlstate=errors.INVALID_PARAMETER_VALUE,
-                                 hint=f"SELECT model_id, name, model_weights IS NOT NULL FROM {table.name};")
-        return (ModelRef(table.name, None, rows[0]["model_arch"], rows[0]["model_weights"], None, None,
-                         1.0, "dependent_var"), f"{table.name} model_id {base_id}")
+        return models.architecture_model(plpy, table.name, base_id), f"{table.name} model_id {base_id}"
     resolved, mst_key = deployments.resolve(plpy, base_table, base_id)
     ref = models.trained_models(plpy, resolved, mst_key)[0]
     return ref, f"{ref.model_table}" + (f" mst_key {ref.mst_key}" if ref.mst_key is not None else "")

@@ -91,6 +91,25 @@ def trained_models(plpy: Any, model_table: str | int, mst_key: int | None, *, al
                      float(summary["normalizing_const"] or 1.0), label, table.oid) for r in rows]
 
 
+def architecture_model(plpy: Any, model_arch_table: str, model_id: int) -> ModelRef:
+    """A model loaded with its weights by load_keras_model (MADlib's BYOM): no compile
+    params, no class values, no normalizing (the callers that need them set them)."""
+    table = catalog.resolve_table(plpy, model_arch_table, argument="model_arch_table")
+    rows = plpy.execute(plpy.prepare(
+        f"SELECT model_arch::text AS model_arch, model_weights FROM {table.name} WHERE model_id = $1",
+        ["integer"]), [model_id])
+    if not rows:
+        raise MadlibMopError(f"model_id {model_id} is not in {table.name}",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint=f"SELECT model_id, name FROM {table.name}; lists the models.")
+    if rows[0]["model_weights"] is None:
+        raise MadlibMopError(f"model_id {model_id} of {table.name} has no weights",
+                             sqlstate=errors.NULL_VALUE_NOT_ALLOWED,
+                             hint="Load the model with its weights: load_keras_model(table, arch, weights).")
+    return ModelRef(table.name, None, rows[0]["model_arch"], rows[0]["model_weights"], None, None, 1.0,
+                    "dependent_var")
+
+
 def weights_in_pieces(plpy: Any, table: catalog.Table, mst_key: int) -> bytearray:
     """A model's weights too big for one value of `<out>`.model_weights: its pieces in
     `<out>_mop_weights`, read one at a time into one buffer (`job.outputs`)."""
