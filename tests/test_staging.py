@@ -43,6 +43,14 @@ def test_the_staged_prefix_is_the_first_frozen_deterministic_layers():
     assert staging.frozen_prefix(_config(L.Conv2D(4, 3), L.Flatten(), L.Dense(3))) == 0
     assert staging.frozen_prefix(_config(L.Flatten(), L.Dense(3))) == 0
     assert staging.frozen_prefix(_config(frozen_conv(), L.Flatten(), L.Dense(3, trainable=False))) == 0
+    # A mask travels beside the output, not in the features.
+    embedded = keras_json.parse_model_json(keras.Sequential([
+        keras.Input((5,)), L.Embedding(10, 4, trainable=False), L.Flatten(), L.Dense(3)]).to_json())
+    assert staging.frozen_prefix(embedded) == 2
+    masked = keras_json.parse_model_json(keras.Sequential([
+        keras.Input((5,)), L.Embedding(10, 4, mask_zero=True, trainable=False), L.GlobalAveragePooling1D(),
+        L.Dense(3)]).to_json())
+    assert staging.frozen_prefix(masked) == 0
     # A functional model is trained whole.
     inputs = keras.Input((4,))
     functional = keras.Model(inputs, L.Dense(3)(L.Dense(4, trainable=False)(inputs)))
@@ -312,6 +320,8 @@ def test_materialized_features_train_a_head_to_the_staged_jobs_weights(db, exten
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="is not a layer") as error:
         db.execute("SELECT materialize_features('staged_out', 'iris_packed', 'never', 'nope', %s)", (first,))
     assert layer in error.value.diag.message_detail
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="is not a layer"):
+        db.execute("SELECT materialize_features('staged_out', 'iris_packed', 'never', '--1', %s)", (first,))
     with pytest.raises(psycopg.errors.InvalidParameterValue, match="is the model's output"):
         db.execute("SELECT materialize_features('staged_out', 'iris_packed', 'never', '-1', %s)", (first,))
     with pytest.raises(psycopg.errors.DuplicateTable):
@@ -356,4 +366,6 @@ def test_load_transfer_model_freezes_a_stored_models_first_layers_under_a_new_he
              psycopg.errors.InvalidParameterValue, "name of a base layer")):
         with pytest.raises(error, match=text):
             db.execute("SELECT load_transfer_model('tl_arch', 'transfer_arch', 4, %s, %s)", (layer, bad_head))
+    with pytest.raises(psycopg.errors.NullValueNotAllowed, match="base_id is NULL"):
+        db.execute("SELECT load_transfer_model('tl_arch', 'transfer_arch', NULL, '0', %s)", (head,))
     assert db.execute("SELECT count(*) FROM tl_arch").fetchone()[0] == 4

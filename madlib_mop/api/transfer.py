@@ -13,6 +13,7 @@ take that input.
 from __future__ import annotations
 
 import json
+import re
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -35,7 +36,7 @@ def materialize_features(plpy: Any, model_table: str, source_table: str, output_
     model_table, mst_key = deployments.resolve(plpy, model_table, mst_key)
     ref = models.trained_models(plpy, model_table, mst_key)[0]
     described = f"{ref.model_table}" + (f" mst_key {ref.mst_key}" if ref.mst_key is not None else "")
-    _materialize(plpy, ref, described, source_table, output_table, layer)
+    _materialize(plpy, ref, described, source_table, output_table, layer, trained_on=ref.normalizing_const)
 
 
 def materialize_features_byom(plpy: Any, model_arch_table: str, model_id: int, source_table: str,
@@ -49,7 +50,7 @@ def _layer_index(model, layer: str, described: str) -> int:
     end, as in Python)."""
     names = [each.name for each in model.layers]
     text = str(layer or "").strip()
-    if text.lstrip("-").isdigit() and -len(names) <= int(text) < len(names):
+    if re.fullmatch(r"-?[0-9]+", text) and -len(names) <= int(text) < len(names):
         return int(text)
     if text in names:
         return names.index(text)
@@ -63,7 +64,7 @@ def _layer_model(ref: ModelRef, described: str, layer: str, summary: dict):
     import keras
 
     model = models.build(ref, compile_model=False)
-    shape = [int(d) for d in model.input_shape[1:]]
+    shape = keras_json.input_shape(model)  # (one input)
     if shape != [int(d) for d in summary["feature_shape"]]:
         raise MadlibMopError(
             f"{described} takes inputs of shape {shape}, {summary['packed_table']} holds "
@@ -95,8 +96,15 @@ def _source(plpy: Any, source_table: str) -> dict:
 
 
 def _materialize(plpy: Any, ref: ModelRef, described: str, source_table: str, output_table: str,
-                 layer: str) -> None:
+                 layer: str, trained_on: float | None = None) -> None:
+    """`trained_on`: the normalizing_const of the data the model was trained on, when known."""
     summary = _source(plpy, source_table)
+    if trained_on is not None and float(summary["normalizing_const"] or 1.0) != float(trained_on):
+        raise MadlibMopError(
+            f"{summary['packed_table']} was packed with normalizing_const {summary['normalizing_const']}, "
+            f"{described} was trained on data packed with {trained_on}",
+            sqlstate=errors.DATATYPE_MISMATCH,
+            hint="Pack the data with the normalizing_const of the model's training data.")
     out = catalog.new_table(plpy, output_table, argument="output_table")
     summary_out = out.sibling("_summary", plpy)
     out.must_not_exist(plpy)
@@ -141,7 +149,7 @@ def _write_summary(plpy: Any, summary: dict, summary_out: catalog.NewTable, out:
     source_summary = catalog.sibling_table(plpy, catalog.resolve_table(
         plpy, summary["packed_oid"], argument="source_table"), "_summary")
     plpy.execute(f"CREATE TABLE {summary_out.quoted} AS SELECT * FROM {source_summary.name}")
-    plpy.execute(f"ALTER TABLE {summary_out.quoted} ADD COLUMN features_of text")
+    plpy.execute(f"ALTER TABLE {summary_out.quoted} ADD COLUMN IF NOT EXISTS features_of text")
     plpy.execute(plpy.prepare(
         f"UPDATE {summary_out.quoted} SET source_table = $1, output_table = $2, feature_shape = $3, "
         "normalizing_const = 1.0, features_of = $4", ["text", "text", "integer[]", "text"]),
@@ -154,6 +162,10 @@ def _base_model(plpy: Any, base_table: str, base_id: int | None) -> tuple[ModelR
     table = catalog.resolve_table(plpy, base_table, argument="base_table")
     found = catalog.summary_of(plpy, table)
     if found is None and {"model_id", "model_arch", "model_weights"} <= set(catalog.columns(plpy, table)):
+        if base_id is None:
+            raise MadlibMopError(f"base_id is NULL: which model of {table.name}?",
+                                 sqlstate=errors.NULL_VALUE_NOT_ALLOWED,
+                                 hint=f"Pass its model_id: SELECT model_id, name FROM {table.name};")
         return models.architecture_model(plpy, table.name, base_id), f"{table.name} model_id {base_id}"
     resolved, mst_key = deployments.resolve(plpy, base_table, base_id)
     ref = models.trained_models(plpy, resolved, mst_key)[0]
@@ -181,8 +193,12 @@ def _head_layers(head: Any, input_shape: list[int], taken: list[str]) -> list:
                                  sqlstate=errors.INVALID_PARAMETER_VALUE,
                                  hint="Name the head's layers otherwise, or leave their names out.")
     layers[0]["config"]["batch_input_shape"] = [None] + list(input_shape)
-    model = keras_json.build_model(keras_json.parse_model_json(
-        {"class_name": "Sequential", "config": {"name": "head", "layers": layers}}))
+    try:
+        model = keras_json.build_model(keras_json.parse_model_json(
+            {"class_name": "Sequential", "config": {"name": "head", "layers": layers}}))
+    except MadlibMopError as error:  # said of the head, not of a model_arch
+        raise MadlibMopError(f"head: {error.message.replace('model_arch ', '')}", sqlstate=error.sqlstate,
+                             detail=error.detail, hint=error.hint) from None
     return list(model.layers)
 
 

@@ -8,9 +8,11 @@ trainable rest (the head) on them.  Models whose frozen prefixes are the same la
 same weights (several heads on one base network) share one copy of the features.
 
 The prefix staged is the longest run of first layers of a Sequential model that are frozen
-and deterministic (`DETERMINISTIC_LAYERS`, no regularizer); layers without weights (Flatten,
-pooling) join it whatever their flag.  A Dropout or a noise layer ends it: in training it
-draws anew at every step.  A functional model is trained whole.
+and deterministic (`DETERMINISTIC_LAYERS`, no regularizer, no mask); layers without weights
+(Flatten, pooling) join it whatever their flag.  Any other layer ends it: a Dropout or a
+noise layer (in training they draw anew at every step), an Embedding with mask_zero (the
+mask is not part of the features), a model nested as a layer.  A functional model is
+trained whole.
 
 The head shares the model's layers, variables and optimizer: a state is restored into the
 whole model and captured from it as for any model, so a staged model's state, hops, outputs
@@ -70,7 +72,11 @@ def frozen_prefix(config: dict) -> int:
         name, body = layer.get("class_name"), layer.get("config") or {}
         regularized = any(key.endswith("regularizer") and value is not None for key, value in body.items())
         frozen = body.get("trainable") is False
-        if name not in DETERMINISTIC_LAYERS or regularized or (name in WEIGHTED_LAYERS and not frozen):
+        # A mask (Embedding's mask_zero) goes from layer to layer beside the output, and
+        # features do not carry it.
+        masking = bool(body.get("mask_zero"))
+        if (name not in DETERMINISTIC_LAYERS or regularized or masking
+                or (name in WEIGHTED_LAYERS and not frozen)):
             break
         weighted = weighted or name in WEIGHTED_LAYERS
         cut += 1

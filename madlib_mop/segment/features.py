@@ -3,7 +3,8 @@ computed once per (packed table, segment, prefix digest) and kept for the job.
 
 They are kept decoded when they fit what the worker's memory budget leaves, else spilled
 to a temporary table of the worker's session (`pg_temp.mop_staged_features`, gone with the
-session) and read a buffer at a time, like a segment's buffers that do not fit.  A spill is
+session) and read a buffer at a time, like a segment's buffers that do not fit; they
+are removed when the session takes another job.  A spill is
 written by the call that computes it: if that call fails, its transaction and the rows go,
 and the next call computes them again (the transaction that wrote them is asked for).
 Without the right to create temporary tables the features are computed at every call (the
@@ -16,6 +17,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from madlib_mop import errors
+from madlib_mop.errors import MadlibMopError
 from madlib_mop.runtime.buffers import Buffer, decode
 from madlib_mop.runtime.staging import StagedProgram
 
@@ -59,8 +62,11 @@ def _spill(plpy: Any, job_id: int, key: tuple, raw: list[Buffer], program: Stage
     try:
         with plpy.subtransaction():
             plpy.execute(f"CREATE TEMPORARY TABLE IF NOT EXISTS {SPILL_TABLE.split('.')[1]} ("
-                         "job_id integer, source text, segment integer, prefix text, buffer integer, "
-                         "x bytea, xs integer[], y bytea, ys integer[])")
+                         "job_id bigint, source text, segment integer, prefix text, buffer integer, "
+                         "x bytea, xs integer[], y bytea, ys integer[], "
+                         "PRIMARY KEY (job_id, source, segment, prefix, buffer))")
+            # Float bytes do not compress: out of line without trying, as packed tables.
+            plpy.execute(f"ALTER TABLE {SPILL_TABLE} ALTER COLUMN x SET STORAGE EXTERNAL")
     except Exception as error:  # no TEMPORARY right on the database: computed per call
         if getattr(error, "sqlstate", None) == "42501":
             return None
@@ -68,13 +74,22 @@ def _spill(plpy: Any, job_id: int, key: tuple, raw: list[Buffer], program: Stage
     table, segment, digest = key
     plpy.execute(plpy.prepare(f"DELETE FROM {SPILL_TABLE} WHERE job_id <> $1 "
                               "OR (source = $2 AND segment = $3 AND prefix = $4)",
-                              ["integer", "text", "integer", "text"]), [job_id, table, segment, digest])
+                              ["bigint", "text", "integer", "text"]), [job_id, table, segment, digest])
     insert = plpy.prepare(f"INSERT INTO {SPILL_TABLE} VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-                          ["integer", "text", "integer", "text", "integer", "bytea", "integer[]",
+                          ["bigint", "text", "integer", "text", "integer", "bytea", "integer[]",
                            "bytea", "integer[]"])
     select = plpy.prepare(f"SELECT x, xs, y, ys FROM {SPILL_TABLE} WHERE job_id = $1 AND source = $2 "
                           "AND segment = $3 AND prefix = $4 AND buffer = $5",
-                          ["integer", "text", "integer", "text", "integer"])
+                          ["bigint", "text", "integer", "text", "integer"])
+
+    def read(number: int):
+        rows = plpy.execute(select, [job_id, table, segment, digest, number])
+        if not rows:  # (the transaction that wrote them is checked before every call's use)
+            raise MadlibMopError(f"job {job_id}: the spilled features of buffer {number} of segment "
+                                 f"{segment} are gone", sqlstate=errors.DATA_EXCEPTION,
+                                 hint="Resume the job: its workers compute them again.")
+        return decode(rows[0], classification)
+
     buffers, total = [], 0
     for number, buffer in enumerate(raw):
         x, y = buffer.load()
@@ -82,9 +97,7 @@ def _spill(plpy: Any, job_id: int, key: tuple, raw: list[Buffer], program: Stage
         plpy.execute(insert, [job_id, table, segment, digest, number, features.tobytes(),
                               list(features.shape), y.tobytes(), list(y.shape)])
         total += features.nbytes
-        buffers.append(Buffer(buffer.rows, lambda n=number: decode(
-            plpy.execute(select, [job_id, table, segment, digest, n])[0], classification),
-            in_memory=False))
+        buffers.append(Buffer(buffer.rows, lambda n=number: read(n), in_memory=False))
         del x, features
     xid = plpy.execute("SELECT pg_catalog.pg_current_xact_id()::text AS x")[0]["x"]
     return Staged(buffers, total, spilled_by=xid)
@@ -118,6 +131,12 @@ def staged_buffers(plpy: Any, cache: dict, job_id: int, key: tuple, raw: list[Bu
         cache[key] = staged
     return staged.buffers, Report(key[2], program.cut, computed, staged.spilled_by is not None,
                                   staged.bytes, time.perf_counter() - started)
+
+
+def forget(plpy: Any) -> None:
+    """Another job's spilled features go: a worker session is kept for its role's next job."""
+    if plpy.execute(f"SELECT pg_catalog.to_regclass('{SPILL_TABLE}') IS NOT NULL AS e")[0]["e"]:
+        plpy.execute(f"TRUNCATE {SPILL_TABLE}")
 
 
 def held_bytes(cache: dict) -> int:

@@ -69,12 +69,13 @@ _contexts: dict[tuple[int, str], JobContext] = {}  # (job_id, owner)
 _programs: dict[tuple, training.Program] = {}  # (program key, staged)
 
 
-def _adopt(ctx: "JobContext") -> None:
+def _adopt(plpy: Any, ctx: "JobContext") -> None:
     """`ctx` becomes the session's one job."""
     keys = {(spec.program_key, ctx.staged) for spec in ctx.specs.values()}
     for key in [k for k in _programs if k not in keys]:
         del _programs[key]
     _contexts.clear()
+    features.forget(plpy)
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ def ship(plpy: Any, description: dict) -> None:
                      staged=description.get("stage_frozen_layers", True))
     for m in description["models"]:
         ctx.specs[m["mst_key"]] = training.ModelSpec.of(m)
-    _adopt(ctx)
+    _adopt(plpy, ctx)
     _contexts[(ctx.job_id, role)] = ctx
     _shipped.add((ctx.job_id, role))
 
@@ -157,7 +158,7 @@ def context(plpy: Any, job_id: int) -> JobContext:
     ctx.budget_bytes = _budget_bytes(plpy, arguments.get("use_caching") is not False,
                                      memory.models_bytes(list(ctx.specs.values()), durable.sizes()))
     ctx.staged = arguments.get("stage_frozen_layers", True)
-    _adopt(ctx)  # a backend serves one job at a time: drop another job's caches
+    _adopt(plpy, ctx)  # a backend serves one job at a time: drop another job's caches
     _shipped.clear()
     _contexts[(job_id, job["owner"])] = ctx
     return ctx
