@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
+
 from madlib_mop.tools.demo import load_iris
 from madlib_mop.tools.embedded import REPO_ROOT
 
@@ -67,7 +69,8 @@ def test_readme_transfer_learning_runs(conn):
     assert conn.execute("SELECT model_id, name FROM transfer_arch ORDER BY 1").fetchall() == [
         (1, "conv_2 + linear"), (2, "conv_2 + mlp_32"), (3, "dense_1 + linear"), (4, "dense_1 + mlp_32")]
     assert any(n.startswith("8 of the 8 models train on the features of their frozen first layers")
-               and "3 layers: mst_key 1, 2, 3, 4; 5 layers: mst_key 5, 6, 7, 8" in n for n in notices), notices
+               and "3 frozen layers: mst_key 1, 2, 3, 4; 5 frozen layers: mst_key 5, 6, 7, 8" in n
+               for n in notices), notices
     ranking = results[-4]
     assert len(ranking) == 8 and max(float(r[3]) for r in ranking) > 0.8
     assert conn.execute("SELECT count(*) FROM transfer_models_mop_visits "
@@ -75,3 +78,18 @@ def test_readme_transfer_learning_runs(conn):
     assert results[-1] == [([64], "public.base_cnn, layers up to dense_1")]
     assert conn.execute("SELECT num_rows FROM new_packed_summary").fetchone() == \
         conn.execute("SELECT sum(image_shape[1]) FROM new_dense_1").fetchone()
+    # Trained whole, the same job ends within float rounding of the staged weights (oneDNN's
+    # convolutions round a row by the number of rows computed with it), its frozen weights
+    # unchanged and equal.
+    conn.execute("SET madlib_mop.stage_frozen_layers = off")
+    conn.execute("SELECT madlib_keras_fit_multiple_model('new_packed', 'transfer_whole', 'transfer_mst', 4, "
+                 "FALSE, 'new_valid')")
+    conn.execute("RESET madlib_mop.stage_frozen_layers")
+    frozen_bytes = 4 * (3 * 3 * 1 * 16 + 16 + 3 * 3 * 16 * 32 + 32)  # conv_1, conv_2
+    for staged, whole, arch in conn.execute(
+            "SELECT s.model_weights, w.model_weights, a.model_weights FROM transfer_models s "
+            "JOIN transfer_whole w USING (mst_key) JOIN transfer_models_info i USING (mst_key) "
+            "JOIN transfer_arch a USING (model_id)").fetchall():
+        staged, whole = np.frombuffer(staged, "<f4"), np.frombuffer(whole, "<f4")
+        assert bytes(staged[:frozen_bytes // 4]) == bytes(whole[:frozen_bytes // 4]) == bytes(arch)[:frozen_bytes]
+        assert np.abs(staged - whole).max() < 1e-4

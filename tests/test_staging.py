@@ -245,6 +245,11 @@ def test_features_over_the_memory_budget_spill_to_a_table_with_the_same_weights(
     _fit(extension_dsn, "spilled_out", staged=True, caching=False)
     _fit(extension_dsn, "whole_uncached_out", staged=False, caching=False)
     assert _weights(db, "spilled_out") == _weights(db, "whole_uncached_out")
+    # Again, in the worker sessions kept for the role, whose temporary table exists: they
+    # serve the job (no session lost, no retry) and empty it of the last job's features.
+    notices = _fit(extension_dsn, "spilled_again_out", staged=True, caching=False)
+    assert not [n for n in notices if "retrying" in n or "did not answer" in n], notices
+    assert _weights(db, "spilled_again_out") == _weights(db, "spilled_out")
     assert _validation(db, "spilled_out") == _validation(db, "whole_uncached_out")
     reports = [r for _, r, _, _ in _staged_visits(db, "spilled_out") if r]
     assert reports and all(r["spilled"] for r in reports)
@@ -362,10 +367,17 @@ def test_load_transfer_model_freezes_a_stored_models_first_layers_under_a_new_he
             (names[0], '{"class_name": "Dense"}', psycopg.errors.InvalidParameterValue, "JSON array"),
             (names[0], '[{"class_name": "Lambda", "config": {"function": "x"}}]',
              psycopg.errors.InvalidParameterValue, "Lambda"),
-            (names[0], json.dumps([{"class_name": "Dense", "config": {"units": 3, "name": names[1]}}]),
+            (names[0], json.dumps([{"class_name": "Dense", "config": {"units": 3, "name": names[0]}}]),
              psycopg.errors.InvalidParameterValue, "name of a base layer")):
         with pytest.raises(error, match=text):
             db.execute("SELECT load_transfer_model('tl_arch', 'transfer_arch', 4, %s, %s)", (layer, bad_head))
     with pytest.raises(psycopg.errors.NullValueNotAllowed, match="base_id is NULL"):
         db.execute("SELECT load_transfer_model('tl_arch', 'transfer_arch', NULL, '0', %s)", (head,))
-    assert db.execute("SELECT count(*) FROM tl_arch").fetchone()[0] == 4
+    with pytest.raises(psycopg.errors.NullValueNotAllowed, match="layer is NULL"):
+        db.execute("SELECT load_transfer_model('tl_arch', 'transfer_arch', 4, NULL, %s)", (head,))
+    # From a transfer model: the new head's layers are named apart from the base's head.
+    again = db.execute("SELECT load_transfer_model('tl_arch', 'tl_arch', 1, '0', %s)", (head,)).fetchone()[0]
+    layers = json.loads(db.execute("SELECT model_arch::text FROM tl_arch WHERE model_id = %s",
+                                   (again,)).fetchone()[0])["config"]["layers"]
+    assert layers[-1]["config"]["name"] == "head_1_dense_new" and len(layers) == 3  # input, frozen, head
+    assert db.execute("SELECT count(*) FROM tl_arch").fetchone()[0] == 5

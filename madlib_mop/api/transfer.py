@@ -49,14 +49,18 @@ def _layer_index(model, layer: str, described: str) -> int:
     """The index in model.layers of `layer`: a layer's name, or an index (negative from the
     end, as in Python)."""
     names = [each.name for each in model.layers]
-    text = str(layer or "").strip()
+    if layer is None:
+        raise MadlibMopError("layer is NULL", sqlstate=errors.NULL_VALUE_NOT_ALLOWED,
+                             detail=f"The layers of {described}: {', '.join(names)}.",
+                             hint="Pass a layer's name, or its index in that list (0 is the first).")
+    text = str(layer).strip()
     if re.fullmatch(r"-?[0-9]+", text) and -len(names) <= int(text) < len(names):
         return int(text)
     if text in names:
         return names.index(text)
     raise MadlibMopError(f"layer {layer!r} is not a layer of {described}",
                          sqlstate=errors.INVALID_PARAMETER_VALUE, detail=f"Its layers: {', '.join(names)}.",
-                         hint="Pass a layer's name, or its index in that list (0 is the first).")
+                         hint="Pass a layer's name, or its index in that list (0 is the first, -1 the last).")
 
 
 def _layer_model(ref: ModelRef, described: str, layer: str, summary: dict):
@@ -156,6 +160,10 @@ def _write_summary(plpy: Any, summary: dict, summary_out: catalog.NewTable, out:
         [summary["packed_table"], out.quoted, feature_shape, features_of])
 
 
+HEAD_HINT = ('Pass a JSON array of Keras layer configs, e.g. [{"class_name": "Flatten", "config": {}}, '
+             '{"class_name": "Dense", "config": {"units": 10, "activation": "softmax"}}].')
+
+
 def _base_model(plpy: Any, base_table: str, base_id: int | None) -> tuple[ModelRef, str]:
     """A stored model: a fit's output (base_id its mst_key) or a deployment's name, or an
     architecture table of load_keras_model's (base_id its model_id)."""
@@ -168,11 +176,15 @@ def _base_model(plpy: Any, base_table: str, base_id: int | None) -> tuple[ModelR
                                  hint=f"Pass its model_id: SELECT model_id, name FROM {table.name};")
         return models.architecture_model(plpy, table.name, base_id), f"{table.name} model_id {base_id}"
     resolved, mst_key = deployments.resolve(plpy, base_table, base_id)
+    if mst_key is None and found is not None and "compile_params" not in found[1][0]:
+        raise MadlibMopError(f"base_id is NULL: which model of {table.name}?",
+                             sqlstate=errors.NULL_VALUE_NOT_ALLOWED,
+                             hint=f"Pass its mst_key as base_id: SELECT mst_key FROM {table.name};")
     ref = models.trained_models(plpy, resolved, mst_key)[0]
     return ref, f"{ref.model_table}" + (f" mst_key {ref.mst_key}" if ref.mst_key is not None else "")
 
 
-def _head_layers(head: Any, input_shape: list[int], taken: list[str]) -> list:
+def _head_layers(head: Any, input_shape: list[int], taken: list[str], base_names: list[str]) -> list:
     """The head's layers, built on inputs of `input_shape`, from a JSON array of Keras layer
     configs (as Keras 2 wrote them, or Keras 3), through the architectures' safe loading."""
     import copy
@@ -180,14 +192,15 @@ def _head_layers(head: Any, input_shape: list[int], taken: list[str]) -> list:
     layers = json.loads(head) if isinstance(head, str) else head
     if not isinstance(layers, list) or not layers or not all(
             isinstance(x, dict) and isinstance(x.get("config", {}), dict) for x in layers):
-        raise MadlibMopError(
-            "head is not a JSON array of Keras layers", sqlstate=errors.INVALID_PARAMETER_VALUE,
-            hint='Pass a JSON array of layer configs, e.g. [{"class_name": "Flatten", "config": {}}, '
-                 '{"class_name": "Dense", "config": {"units": 10, "activation": "softmax"}}].')
+        raise MadlibMopError("head is not a JSON array of one or more Keras layers",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE, hint=HEAD_HINT)
     layers = copy.deepcopy(layers)
     for number, layer in enumerate(layers):
         config = layer.setdefault("config", {})
-        config.setdefault("name", f"head_{number + 1}_{str(layer.get('class_name', '')).lower()}")
+        if "name" not in config:  # a name no layer of the base has (a base may be a transfer model)
+            config["name"] = f"head_{number + 1}_{str(layer.get('class_name', '')).lower()}"
+            while config["name"] in base_names:
+                config["name"] += "_new"
         if config["name"] in taken:
             raise MadlibMopError(f"head layer {config['name']} has the name of a base layer",
                                  sqlstate=errors.INVALID_PARAMETER_VALUE,
@@ -198,7 +211,8 @@ def _head_layers(head: Any, input_shape: list[int], taken: list[str]) -> list:
             {"class_name": "Sequential", "config": {"name": "head", "layers": layers}}))
     except MadlibMopError as error:  # said of the head, not of a model_arch
         raise MadlibMopError(f"head: {error.message.replace('model_arch ', '')}", sqlstate=error.sqlstate,
-                             detail=error.detail, hint=error.hint) from None
+                             detail=error.detail, hint=HEAD_HINT if "to_json" in (error.hint or "")
+                             else error.hint) from None
     return list(model.layers)
 
 
@@ -219,7 +233,8 @@ def load_transfer_model(plpy: Any, model_arch_table: str, base_table: str, base_
     names = [each.name for each in base.layers]
     cut = _layer_index(base, layer, described) % len(names)
     training.seed_initialisers(training.derived_seed(int(seed or 0), 0x7EAD))
-    head_layers = _head_layers(head, [int(d) for d in base.layers[cut].output.shape[1:]], names)
+    head_layers = _head_layers(head, [int(d) for d in base.layers[cut].output.shape[1:]], names[:cut + 1],
+                               names)
     frozen = [(type(each).from_config(each.get_config() | {"trainable": False}), each)
               for each in base.layers[:cut + 1]]
     model = keras.Sequential([keras.Input(base.input_shape[1:])] + [copy for copy, _ in frozen]

@@ -242,9 +242,9 @@ def _note_staged(plpy: Any, configs: list[dict]) -> None:
     for mst_key, cut in sorted(cuts.items()):
         by_cut.setdefault(cut, []).append(mst_key)
     plpy.notice(f"{len(cuts)} of the {len(configs)} models train on the features of their frozen "
-                "first layers, computed once per segment for models of the same layers and weights ("
-                + "; ".join(f"{cut} layers: mst_key {', '.join(map(str, keys))}"
-                            for cut, keys in sorted(by_cut.items()))
+                "first layers, computed once per segment; models whose frozen layers have the same "
+                "weights share them (" + "; ".join(f"{cut} frozen layers: mst_key {', '.join(map(str, keys))}"
+                                                   for cut, keys in sorted(by_cut.items()))
                 + f"); SET {STAGING_SETTING} = off trains them whole")
 
 

@@ -17,9 +17,10 @@ trained whole.
 The head shares the model's layers, variables and optimizer: a state is restored into the
 whole model and captured from it as for any model, so a staged model's state, hops, outputs
 and replays are those of the unstaged model.  The features of a row are computed by the same
-layers and kernels as inside a training step; on this machine's TensorFlow they are the same
-bits whatever the number of rows computed at once (`tests/test_staging.py` checks it), so
-staged training gives the unstaged weights bit for bit.
+layers as inside a training step.  Where a row's output is the same bits whatever the number
+of rows computed with it (Dense layers; some convolutions), staged training gives the
+unstaged weights bit for bit; oneDNN picks other convolutions' algorithm by the number of
+rows, and the weights then agree within float rounding (see docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -59,14 +59,17 @@ def _still_there(plpy: Any, staged: Staged) -> bool:
 def _spill(plpy: Any, job_id: int, key: tuple, raw: list[Buffer], program: StagedProgram,
            classification: bool) -> Staged | None:
     """Features written to the session's temporary table; None when it cannot be made."""
+    # Not CREATE ... IF NOT EXISTS: its NOTICE would go to a session kept idle for its role,
+    # whose client is gone, and end it.
     try:
-        with plpy.subtransaction():
-            plpy.execute(f"CREATE TEMPORARY TABLE IF NOT EXISTS {SPILL_TABLE.split('.')[1]} ("
-                         "job_id bigint, source text, segment integer, prefix text, buffer integer, "
-                         "x bytea, xs integer[], y bytea, ys integer[], "
-                         "PRIMARY KEY (job_id, source, segment, prefix, buffer))")
-            # Float bytes do not compress: out of line without trying, as packed tables.
-            plpy.execute(f"ALTER TABLE {SPILL_TABLE} ALTER COLUMN x SET STORAGE EXTERNAL")
+        if not _spill_table_exists(plpy):
+            with plpy.subtransaction():
+                plpy.execute(f"CREATE TEMPORARY TABLE {SPILL_TABLE.split('.')[1]} ("
+                             "job_id bigint, source text, segment integer, prefix text, buffer integer, "
+                             "x bytea, xs integer[], y bytea, ys integer[], "
+                             "PRIMARY KEY (job_id, source, segment, prefix, buffer))")
+                # Float bytes do not compress: out of line without trying, as packed tables.
+                plpy.execute(f"ALTER TABLE {SPILL_TABLE} ALTER COLUMN x SET STORAGE EXTERNAL")
     except Exception as error:  # no TEMPORARY right on the database: computed per call
         if getattr(error, "sqlstate", None) == "42501":
             return None
@@ -133,9 +136,13 @@ def staged_buffers(plpy: Any, cache: dict, job_id: int, key: tuple, raw: list[Bu
                                   staged.bytes, time.perf_counter() - started)
 
 
+def _spill_table_exists(plpy: Any) -> bool:
+    return plpy.execute(f"SELECT pg_catalog.to_regclass('{SPILL_TABLE}') IS NOT NULL AS e")[0]["e"]
+
+
 def forget(plpy: Any) -> None:
     """Another job's spilled features go: a worker session is kept for its role's next job."""
-    if plpy.execute(f"SELECT pg_catalog.to_regclass('{SPILL_TABLE}') IS NOT NULL AS e")[0]["e"]:
+    if _spill_table_exists(plpy):
         plpy.execute(f"TRUNCATE {SPILL_TABLE}")
 
 
