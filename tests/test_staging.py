@@ -336,7 +336,7 @@ def test_materialized_features_train_a_head_to_the_staged_jobs_weights(db, exten
     assert db.execute("SELECT to_regclass('never'), to_regclass('never_summary')").fetchone() == (None, None)
 
 
-def test_load_transfer_model_freezes_a_stored_models_first_layers_under_a_new_head(db):
+def test_load_transfer_model_freezes_a_stored_models_first_layers_under_a_new_head(db, extension_dsn):
     """From an architecture table's model with weights (model 4: the base trainable whole):
     the layers up to the one named, frozen with their weights, then the head from its JSON,
     initialised from the seed.  The errors say what to pass."""
@@ -373,6 +373,18 @@ def test_load_transfer_model_freezes_a_stored_models_first_layers_under_a_new_he
             db.execute("SELECT load_transfer_model('tl_arch', 'transfer_arch', 4, %s, %s)", (layer, bad_head))
     with pytest.raises(psycopg.errors.NullValueNotAllowed, match="base_id is NULL"):
         db.execute("SELECT load_transfer_model('tl_arch', 'transfer_arch', NULL, '0', %s)", (head,))
+    # From a fit's output, by a deployment's name.
+    if db.execute("SELECT to_regclass('staged_out')").fetchone()[0] is None:
+        _fit(extension_dsn, "staged_out", staged=True)
+    db.execute("SELECT deploy_model('staged_out', 1, 'tl_prod')")
+    deployed = db.execute("SELECT load_transfer_model('tl_arch', 'tl_prod', NULL, '0', %s)", (head,)).fetchone()[0]
+    assert bytes(db.execute("SELECT model_weights FROM tl_arch WHERE model_id = %s", (deployed,)).fetchone()[0]
+                 )[:4 * 80] == bytes(db.execute("SELECT model_weights FROM staged_out WHERE mst_key = 1")
+                                     .fetchone()[0])[:4 * 80]
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="neither a fit's output"):
+        db.execute("SELECT load_transfer_model('tl_arch', 'iris', 4, '0', %s)", (head,))
+    with pytest.raises(psycopg.errors.NullValueNotAllowed, match="base_id is NULL"):
+        db.execute("SELECT load_transfer_model('tl_arch', 'staged_out', NULL, '0', %s)", (head,))
     with pytest.raises(psycopg.errors.NullValueNotAllowed, match="layer is NULL"):
         db.execute("SELECT load_transfer_model('tl_arch', 'transfer_arch', 4, NULL, %s)", (head,))
     # From a transfer model: the new head's layers are named apart from the base's head.
@@ -380,4 +392,4 @@ def test_load_transfer_model_freezes_a_stored_models_first_layers_under_a_new_he
     layers = json.loads(db.execute("SELECT model_arch::text FROM tl_arch WHERE model_id = %s",
                                    (again,)).fetchone()[0])["config"]["layers"]
     assert layers[-1]["config"]["name"] == "head_1_dense_new" and len(layers) == 3  # input, frozen, head
-    assert db.execute("SELECT count(*) FROM tl_arch").fetchone()[0] == 5
+    assert db.execute("SELECT count(*) FROM tl_arch").fetchone()[0] == 6

@@ -31,8 +31,8 @@ def _check_columns(plpy: Any, table: catalog.Table, expected: tuple, argument: s
 
 def load_keras_model(plpy: Any, keras_model_arch_table: str, model_arch: str | None,
                      model_weights: bytes | None = None, name: str | None = None,
-                     description: str | None = None) -> int:
-    """Adds the model; its model_id."""
+                     description: str | None = None, *, caller: str = "load_keras_model") -> int:
+    """Adds the model; its model_id.  `caller`: the function the NOTICEs name."""
     if model_arch is None:
         raise MadlibMopError("model_arch is NULL", sqlstate=errors.NULL_VALUE_NOT_ALLOWED,
                              hint="Pass model.to_json() of a Keras model.")
@@ -54,7 +54,7 @@ def load_keras_model(plpy: Any, keras_model_arch_table: str, model_arch: str | N
                 description text,
                 __internal_madlib_id__ text
             )""")
-        plpy.notice(f"load_keras_model: created model architecture table {target.quoted}")
+        plpy.notice(f"{caller}: created model architecture table {target.quoted}")
         quoted = target.quoted
     row = plpy.execute(plpy.prepare(
         f"INSERT INTO {quoted} (model_arch, model_weights, name, description, __internal_madlib_id__) "
@@ -62,7 +62,7 @@ def load_keras_model(plpy: Any, keras_model_arch_table: str, model_arch: str | N
         "RETURNING model_id", ["text", "bytea", "text", "text"]),
         [model_arch, model_weights, name, description])[0]
     plpy.notice(
-        f"load_keras_model: added model_id {row['model_id']} to {quoted} "
+        f"{caller}: added model_id {row['model_id']} to {quoted} "
         f"({model.count_params()} parameters, input shape {keras_json.input_shape(model)}"
         + (", with initial weights" if model_weights is not None else "") + ")")
     return row["model_id"]

@@ -167,19 +167,26 @@ HEAD_HINT = ('Pass a JSON array of Keras layer configs, e.g. [{"class_name": "Fl
 def _base_model(plpy: Any, base_table: str, base_id: int | None) -> tuple[ModelRef, str]:
     """A stored model: a fit's output (base_id its mst_key) or a deployment's name, or an
     architecture table of load_keras_model's (base_id its model_id)."""
-    table = catalog.resolve_table(plpy, base_table, argument="base_table")
-    found = catalog.summary_of(plpy, table)
-    if found is None and {"model_id", "model_arch", "model_weights"} <= set(catalog.columns(plpy, table)):
-        if base_id is None:
+    resolved, mst_key = deployments.resolve(plpy, base_table, base_id)
+    if resolved == base_table:  # (not a deployment's name)
+        table = catalog.resolve_table(plpy, base_table, argument="base_table")
+        found = catalog.summary_of(plpy, table)
+        if found is None:
+            if not {"model_id", "model_arch", "model_weights"} <= set(catalog.columns(plpy, table)):
+                raise MadlibMopError(
+                    f"base_table {table.name} is neither a fit's output nor an architecture table",
+                    sqlstate=errors.INVALID_PARAMETER_VALUE,
+                    hint="Pass a model_output_table of madlib_keras_fit(_multiple_model), a "
+                         "deployment's name, or a table of load_keras_model's.")
+            if base_id is None:
+                raise MadlibMopError(f"base_id is NULL: which model of {table.name}?",
+                                     sqlstate=errors.NULL_VALUE_NOT_ALLOWED,
+                                     hint=f"Pass its model_id: SELECT model_id, name FROM {table.name};")
+            return models.architecture_model(plpy, table.name, base_id), f"{table.name} model_id {base_id}"
+        if mst_key is None and "compile_params" not in found[1][0]:
             raise MadlibMopError(f"base_id is NULL: which model of {table.name}?",
                                  sqlstate=errors.NULL_VALUE_NOT_ALLOWED,
-                                 hint=f"Pass its model_id: SELECT model_id, name FROM {table.name};")
-        return models.architecture_model(plpy, table.name, base_id), f"{table.name} model_id {base_id}"
-    resolved, mst_key = deployments.resolve(plpy, base_table, base_id)
-    if mst_key is None and found is not None and "compile_params" not in found[1][0]:
-        raise MadlibMopError(f"base_id is NULL: which model of {table.name}?",
-                             sqlstate=errors.NULL_VALUE_NOT_ALLOWED,
-                             hint=f"Pass its mst_key as base_id: SELECT mst_key FROM {table.name};")
+                                 hint=f"Pass its mst_key as base_id: SELECT mst_key FROM {table.name};")
     ref = models.trained_models(plpy, resolved, mst_key)[0]
     return ref, f"{ref.model_table}" + (f" mst_key {ref.mst_key}" if ref.mst_key is not None else "")
 
@@ -244,5 +251,6 @@ def load_transfer_model(plpy: Any, model_arch_table: str, base_table: str, base_
     weights = b"".join(np.asarray(v.numpy(), "<f4").tobytes() for v in model.weights)
     model_id = model_catalog.load_keras_model(
         plpy, model_arch_table, model.to_json(), weights, name,
-        description or f"{described}, frozen up to {names[cut]}, and a new head")
+        description or f"{described}, frozen up to {names[cut]}, and a new head",
+        caller="load_transfer_model")
     return model_id
