@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import psycopg
 
+from madlib_mop.runtime import keras_json
 from madlib_mop.tools.demo import cifar_shaped_images, ensure_extension
 from madlib_mop.tools.embedded import configured_dsn
 
@@ -63,41 +64,22 @@ def base_cnn():
         name="base_cnn")
 
 
-def heads(spatial: bool):
-    """4 heads, as lists of new layers; on a convolution's output they start by averaging
-    over its positions (small heads on big features, as usual in transfer learning)."""
-    import keras
+def _dense(units: int, activation: str) -> dict:
+    return {"class_name": "Dense", "config": {"units": units, "activation": activation}}
 
-    L = keras.layers
-    pool = (lambda: [L.GlobalAveragePooling2D()]) if spatial else (lambda: [])
+
+def heads(spatial: bool) -> dict[str, list[dict]]:
+    """4 heads, as the Keras layer configs load_transfer_model takes; on a convolution's
+    output they start by averaging over its positions (small heads on big features, as usual
+    in transfer learning)."""
+    pool = [{"class_name": "GlobalAveragePooling2D", "config": {}}] if spatial else []
     return {
-        "linear": lambda: pool() + [L.Dense(10, activation="softmax")],
-        "mlp_32": lambda: pool() + [L.Dense(32, activation="relu"), L.Dense(10, activation="softmax")],
-        "mlp_64_dropout": lambda: pool() + [L.Dense(64, activation="relu"), L.Dropout(0.2),
-                                            L.Dense(10, activation="softmax")],
-        "mlp_16_16": lambda: pool() + [L.Dense(16, activation="relu"), L.Dense(16, activation="relu"),
-                                       L.Dense(10, activation="softmax")],
+        "linear": pool + [_dense(10, "softmax")],
+        "mlp_32": pool + [_dense(32, "relu"), _dense(10, "softmax")],
+        "mlp_64_dropout": pool + [_dense(64, "relu"), {"class_name": "Dropout", "config": {"rate": 0.2}},
+                                  _dense(10, "softmax")],
+        "mlp_16_16": pool + [_dense(16, "relu"), _dense(16, "relu"), _dense(10, "softmax")],
     }
-
-
-def transfer_model(base, cut: str, head: list, seed: int):
-    """The base's layers up to `cut`, frozen with their weights, then the head."""
-    import keras
-
-    keras.utils.set_random_seed(seed)
-    names = [layer.name for layer in base.layers]
-    frozen = []
-    for layer in base.layers[:names.index(cut) + 1]:
-        copy = layer.__class__.from_config(layer.get_config() | {"trainable": False})
-        frozen.append((copy, layer))
-    model = keras.Sequential([keras.Input((32, 32, 3))] + [c for c, _ in frozen] + head)
-    for copy, layer in frozen:
-        copy.set_weights(layer.get_weights())
-    return model
-
-
-def flat_weights(model) -> bytes:
-    return b"".join(np.asarray(v.numpy(), "<f4").tobytes() for v in model.weights)
 
 
 def load_images(conn, table: str, rows: int, seed: int, classes_seed: int) -> None:
@@ -169,13 +151,7 @@ def main() -> None:
                      "metrics=['accuracy']$$, $$batch_size=32, epochs=1$$, %s)", (args.base_iterations,))
         base_seconds = time.perf_counter() - started
         base_accuracy = float(conn.execute("SELECT training_metrics_final FROM base_model_summary").fetchone()[0])
-        base = base_cnn()
-        weights = conn.execute("SELECT model_weights FROM base_model").fetchone()[0]
-        offset = 0
-        for variable in base.weights:
-            size = int(np.prod(variable.shape))
-            variable.assign(np.frombuffer(weights, "<f4", size, offset * 4).reshape(variable.shape))
-            offset += size
+        base_parameters = base_cnn().count_params()
 
         # The new task, and 3 cuts x 4 heads x 2 learning rates.
         load_images(conn, "task_train", args.rows, 2, 1)
@@ -184,13 +160,11 @@ def main() -> None:
                      "buffer_size => 250, distribution_rules => '2')")
         conn.execute("SELECT validation_preprocessor_dl('task_valid', 'task_valid_packed', 'label', "
                      "'rgb', 'task_packed')")
-        models = {}
         for cut in CUTS:
             for name, head in heads(cut.startswith("pool_")).items():
-                model = transfer_model(base, cut, head(), SEED)
-                conn.execute("SELECT load_keras_model('transfer_arch', %s::json, %s, %s)", (
-                    model.to_json(), flat_weights(model), f"{cut}+{name}"))
-                models[f"{cut}+{name}"] = model
+                conn.execute("SELECT load_transfer_model('transfer_arch', 'base_model', NULL, %s, %s, %s, "
+                             "seed => %s)", (cut, json.dumps(head), f"{cut}+{name}", SEED))
+        models = conn.execute("SELECT model_arch::text, model_weights FROM transfer_arch ORDER BY model_id").fetchall()
         ids = [r[0] for r in conn.execute("SELECT model_id FROM transfer_arch ORDER BY model_id")]
         conn.execute("SELECT generate_model_configs('transfer_arch', 'transfer_mst', %s, %s, %s)", (
             ids, "{'loss': ['categorical_crossentropy'], 'optimizer_params_list': [{'optimizer': ['Adam'], "
@@ -233,10 +207,10 @@ def main() -> None:
     # Plain Keras: the 24 models one after another, the frozen layers in every step.
     started = time.perf_counter()
     keras_accuracy = []
-    for key, model in models.items():
+    for arch, weights in models:
         for rate in RATES:
-            fresh = keras.models.clone_model(model)
-            fresh.set_weights(model.get_weights())
+            fresh = keras_json.build_model(keras_json.parse_model_json(arch))
+            keras_json.set_flat_weights(fresh, weights)
             fresh.compile(optimizer=keras.optimizers.Adam(rate), loss="categorical_crossentropy",
                           metrics=["accuracy"])
             fresh.fit(x_train, keras.utils.to_categorical(y_train, 10), batch_size=args.batch_size,
@@ -247,7 +221,7 @@ def main() -> None:
 
     staged, unstaged = runs["staged"], runs["unstaged"]
     same = staged["weights"] == unstaged["weights"]
-    print(f"\nbase CNN ({base.count_params():,} parameters) trained in the database in {base_seconds:.1f} s "
+    print(f"\nbase CNN ({base_parameters:,} parameters) trained in the database in {base_seconds:.1f} s "
           f"(training accuracy {base_accuracy:.3f}); "
           f"new task: {args.rows:,} training and {args.rows // 4:,} validation images (32x32x3), "
           f"2 segments, {len(CUTS)} cuts x {len(heads(False))} heads x {len(RATES)} learning rates = "

@@ -2,9 +2,9 @@
 computed once per (packed table, segment, prefix digest) and kept for the job.
 
 They are kept decoded when they fit what the worker's memory budget leaves, else spilled
-to a temporary table of the worker's session (`pg_temp.mop_staged_features`, gone with the
-session) and read a buffer at a time, like a segment's buffers that do not fit; they
-are removed when the session takes another job.  A spill is
+to a temporary table of the worker's session (`pg_temp.mop_staged_features`) and read a
+buffer at a time, like a segment's buffers that do not fit; they are removed when the
+session takes another job (`forget`), or ends.  A spill is
 written by the call that computes it: if that call fails, its transaction and the rows go,
 and the next call computes them again (the transaction that wrote them is asked for).
 Without the right to create temporary tables the features are computed at every call (the
@@ -75,8 +75,10 @@ def _spill(plpy: Any, job_id: int, key: tuple, raw: list[Buffer], program: Stage
             return None
         raise
     table, segment, digest = key
-    plpy.execute(plpy.prepare(f"DELETE FROM {SPILL_TABLE} WHERE job_id <> $1 "
-                              "OR (source = $2 AND segment = $3 AND prefix = $4)",
+    # (only rows whose writer's status is no longer known can be there: replaced, not a
+    # primary key violation)
+    plpy.execute(plpy.prepare(f"DELETE FROM {SPILL_TABLE} WHERE job_id = $1 AND source = $2 "
+                              "AND segment = $3 AND prefix = $4",
                               ["bigint", "text", "integer", "text"]), [job_id, table, segment, digest])
     insert = plpy.prepare(f"INSERT INTO {SPILL_TABLE} VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
                           ["bigint", "text", "integer", "text", "integer", "bytea", "integer[]",
