@@ -83,7 +83,7 @@ def test_server_errors_carry_sqlstate_and_hint(mop):
         mop.madlib_keras_fit_multiple_model(source_table="no_such_table", model_output_table="x",
                                             model_selection_table="mst", num_iterations=1)
     assert error.value.sqlstate == "42P01"
-    assert 'source_table "no_such_table" does not exist' in error.value.message
+    assert "source_table: Input table 'no_such_table' does not exist" in error.value.message
     assert error.value.hint and "existing table" in error.value.hint
     with pytest.raises(TypeError, match="takes no such arguments"):
         mop.madlib_keras_fit_multiple_model(no_such_argument=1)

@@ -171,7 +171,8 @@ def test_evaluate_every_model_in_one_pass(conn, models):
     ("SELECT madlib_keras_predict('single', 'iris', 'id', 'width', 'bad_out')", "42804",
      "which is not a numeric array"),
     ("SELECT madlib_keras_predict('single', 'iris_wide', 'id', 'attributes', 'bad_out')",
-     "42804", "4 values per row, the model takes input of shape [3]"),
+     "22023", "Input shape [3] in the model architecture does not match the input shape [4] of "
+              "column attributes in table public.iris_wide"),
     ("SELECT madlib_keras_predict('single', 'iris', 'id', 'attributes', 'iris')", "42P07", "already exists"),
     ("SELECT madlib_keras_predict('single', 'iris', 'id', 'attributes', 'bad_out', 'maybe')", "22023",
      "pred_type 'maybe' is not valid"),

@@ -259,7 +259,7 @@ def _nothing_left(conn, *tables):
 
 
 @pytest.mark.parametrize(("setup", "args", "named", "sqlstate", "message"), [
-    (None, ("no_table", "out", "y", "x"), {}, "42P01", 'source_table "no_table" does not exist'),
+    (None, ("no_table", "out", "y", "x"), {}, "42P01", "source_table: Input table 'no_table' does not exist"),
     (None, ("iris", "out", "class_text", "no_column"), {}, "42703", 'independent_varname "no_column"'),
     (None, ("iris", "out", "no_label", "attributes"), {}, "42703", 'dependent_varname "no_label"'),
     ("CREATE TABLE bad AS SELECT ARRAY[1.0, NULL]::float8[] AS x, 'a' AS y",

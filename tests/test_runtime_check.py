@@ -57,7 +57,7 @@ def test_schema_qualified_and_quoted_names(conn, iris):
     ("args", "sqlstate", "message", "hint"),
     [
         (("no_such_table", "class_text", "attributes"), "42P01",
-         'source_table "no_such_table" does not exist', "existing table"),
+         "source_table: Input table 'no_such_table' does not exist", "existing table"),
         (("iris", "class_text", "Attributes"), "42703",
          'independent_varname "Attributes" is not a column of public.iris', "case-sensitive"),
         (("iris", "label", "attributes"), "42703",

@@ -216,4 +216,4 @@ def test_pg_cron_runs_a_nightly_fit_continues_it_after_an_interruption_and_repor
                             "'public.cron_models'").fetchone()[0] == 12
         status, message = broken_runs[0]
         assert status == "failed"
-        assert 'source_table "no_such_table" does not exist' in message, message
+        assert "source_table: Input table 'no_such_table' does not exist" in message, message

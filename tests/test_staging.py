@@ -331,7 +331,7 @@ def test_materialized_features_train_a_head_to_the_staged_jobs_weights(db, exten
         db.execute("SELECT materialize_features('staged_out', 'iris_packed', 'never', '-1', %s)", (first,))
     with pytest.raises(psycopg.errors.DuplicateTable):
         db.execute("SELECT materialize_features_byom('transfer_arch', 2, 'iris_packed', 'iris_features', '0')")
-    with pytest.raises(psycopg.errors.DatatypeMismatch, match="inputs of shape"):
+    with pytest.raises(psycopg.errors.InvalidParameterValue, match="does not match the input shape"):
         db.execute("SELECT materialize_features_byom('head_arch', 1, 'iris_packed', 'never', '0')")
     assert db.execute("SELECT to_regclass('never'), to_regclass('never_summary')").fetchone() == (None, None)
 

@@ -14,7 +14,6 @@ import contextlib
 import dataclasses
 import gc
 import json
-import math
 import os
 from typing import Any
 
@@ -34,6 +33,7 @@ from madlib_mop.grammar import model_config
 from madlib_mop.job import outputs, temporary
 from madlib_mop.runtime import keras_json
 from madlib_mop.runtime.tf_runtime import worker_threads
+from madlib_mop.segment.inference import PREDICT_SHAPE_HINT
 from madlib_mop.segment.models import ModelRef, architecture_model, build, trained_models
 from madlib_mop.errors import MadlibMopError
 
@@ -120,18 +120,16 @@ def _evaluate(plpy, model_table, test_table, output_table, use_gpus, mst_key, al
     out.must_not_exist(plpy)
     shape = keras_json.input_shape(build(dataclasses.replace(refs[0], weights=None), compile_model=True))
     gc.collect()  # (the model built for its shape: it may be GBs)
-    if list(shape) != list(test["feature_shape"]):
-        raise MadlibMopError(
-            f"the model takes input of shape {shape}, the features of "
-            f"{test['packed_table']} have shape {list(test['feature_shape'])}",
-            sqlstate=errors.DATATYPE_MISMATCH, hint="Evaluate on data packed like the training data.")
+    keras_json.require_input_shape(shape, test["feature_shape"], packed.packed_columns(test)[0],
+                                   test["packed_table"],
+                                   hint="Evaluate on data packed like the training data.")
     trained_for = "classification" if refs[0].class_values is not None else "regression"
     if test["label_kind"] != trained_for:
         raise MadlibMopError(
             f"the model was trained for {trained_for}, {test['packed_table']} holds "
             f"{test['label_kind']} labels", sqlstate=errors.DATATYPE_MISMATCH,
             hint="Evaluate on data packed like the model's training data.")
-    if test["label_kind"] == "classification" and \
+    if test["label_kind"] == "classification" and refs[0].class_values and \
             [str(v) for v in test["class_values"]] != [str(v) for v in refs[0].class_values]:
         raise MadlibMopError(f"{test['packed_table']} has other class values than the model",
                              sqlstate=errors.DATATYPE_MISMATCH,
@@ -277,16 +275,15 @@ def _predict_into(plpy, ref: ModelRef, test_table, id_col, independent_varname, 
     gc.collect()  # (it may be GBs)
     first = plpy.execute(f"SELECT {features.expression} AS x FROM {source.name} LIMIT 1")
     if not first:
-        raise MadlibMopError(f"test_table {source.name} is empty", sqlstate=errors.DATA_EXCEPTION,
+        raise MadlibMopError(f"test_table: Input table '{source.name}' is empty", sqlstate=errors.DATA_EXCEPTION,
                              hint="Predict on a table with rows.")
-    found = np.asarray(first[0]["x"], dtype=object).shape
-    if math.prod(found) != math.prod(shape):
-        raise MadlibMopError(
-            f"the features of {source.name} have {math.prod(found)} values per row, the model "
-            f"takes input of shape {shape} ({math.prod(shape)} values)",
-            sqlstate=errors.DATATYPE_MISMATCH,
-            hint="Pass the feature column the model was trained on.")
+    # The first row here, for a clear error before any worker starts; the workers check
+    # every row (`segment.inference.worker_predict`).
+    keras_json.require_input_shape(shape, np.asarray(first[0]["x"], dtype=object).shape,
+                                   independent_varname, source.name, hint=PREDICT_SHAPE_HINT)
     classification = ref.class_values is not None
+    if classification and not ref.class_values:  # one-hot labels, no num_classes: positions
+        ref.class_values = [str(i) for i in range(outputs_count)]
     if classification and outputs_count != len(ref.class_values):
         raise MadlibMopError(f"the model has {outputs_count} outputs but "
                              f"{len(ref.class_values)} class values",

@@ -100,7 +100,7 @@ def _preprocess(plpy, module, source_table, output_table, dependent_varname, ind
                                      "set_config('enable_partitionwise_aggregate', 'on', true)")[0]["v"]
     rows = plpy.execute(f"SELECT count(*) AS n FROM {table.name}")[0]["n"]
     if rows == 0:
-        raise MadlibMopError(f"source_table {table.name} is empty",
+        raise MadlibMopError(f"source_table: Input table '{table.name}' is empty",
                              sqlstate=errors.DATA_EXCEPTION, hint="Load rows into it first.")
 
     classes = _classes(plpy, table, label, num_classes, training, rows)

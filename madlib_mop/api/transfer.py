@@ -69,11 +69,9 @@ def _layer_model(ref: ModelRef, described: str, layer: str, summary: dict):
 
     model = models.build(ref, compile_model=False)
     shape = keras_json.input_shape(model)  # (one input)
-    if shape != [int(d) for d in summary["feature_shape"]]:
-        raise MadlibMopError(
-            f"{described} takes inputs of shape {shape}, {summary['packed_table']} holds "
-            f"{list(summary['feature_shape'])}",
-            sqlstate=errors.DATATYPE_MISMATCH, hint="Pass the packed table of the data the model was made for.")
+    keras_json.require_input_shape(shape, summary["feature_shape"], packed.packed_columns(summary)[0],
+                                   summary["packed_table"], who=f"{described}: ",
+                                   hint="Pass the packed table of the data the model was made for.")
     chosen = model.layers[_layer_index(model, layer, described)]
     if chosen is model.layers[-1]:
         raise MadlibMopError(f"layer {chosen.name} is the model's output: its features are its predictions",

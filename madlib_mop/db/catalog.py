@@ -77,7 +77,8 @@ def _described(plpy: Any, oid: int | None, name: str, argument: str) -> Table:
     rows = plpy.execute(plpy.prepare(_DESCRIBE, ["oid"]), [oid]) if oid is not None else []
     if not rows:
         raise MadlibMopError(
-            f'{argument} "{name}" does not exist',
+            # MADlib's phrase: scripts look for it
+            f"{argument}: Input table '{name}' does not exist",
             sqlstate=errors.UNDEFINED_TABLE,
             hint="Give the name of an existing table, schema-qualified if its schema "
                  "is not on the search_path.",
@@ -233,7 +234,7 @@ class NewTable:
     def must_not_exist(self, plpy: Any) -> None:
         if self.exists(plpy):
             raise MadlibMopError(
-                f"{self.argument} {self.quoted} already exists",
+                f"{self.argument}: Output table '{self.quoted}' already exists",  # (MADlib's phrase)
                 sqlstate=errors.DUPLICATE_TABLE,
                 hint="Drop it first, or pass another name.",
             )

@@ -45,6 +45,9 @@ def read_summary(plpy: Any, packed_table: str | int, *, argument: str) -> dict:
         width = _label_width(plpy, table, summary["dependent_varname"][0])
         summary["num_classes"], summary["class_values"] = [width], list(range(width))
     summary["class_values"] = values or summary.get("class_values") or []
+    if summary["label_kind"] == "classification" and not summary["class_values"]:
+        # NULL class values with a num_classes (MADlib's one-hot summaries): positions
+        summary["class_values"] = list(range(summary["num_classes"][0]))
     return summary
 
 

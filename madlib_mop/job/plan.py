@@ -37,9 +37,11 @@ class Plan:
     info_labels: dict = field(default_factory=dict)  # mst_key -> extra _info columns
 
 
-def _check_model(plpy: Any, config: dict, source: dict, built: dict) -> None:
-    """Does the model fit the data: input shape, output width, loss?  `built`: the Keras
-    models built so far, by architecture (configurations share few architectures)."""
+def _check_model(plpy: Any, config: dict, source: dict, built: dict,
+                 validation: dict | None = None) -> None:
+    """Does the model fit the data (and the validation data's features): input shape,
+    output width, loss?  `built`: the Keras models built so far, by architecture
+    (configurations share few architectures)."""
     spec = training.ModelSpec.of(config)
     fit = spec.fit
     for key in ("steps_per_epoch", "initial_epoch"):
@@ -53,12 +55,12 @@ def _check_model(plpy: Any, config: dict, source: dict, built: dict) -> None:
         built[arch] = keras_json.build_model(keras_json.parse_model_json(arch), initialised=False)
     model = built[arch]
     shape = keras_json.input_shape(model)
-    if [d for d in shape] != list(source["feature_shape"]):
-        raise MadlibMopError(
-            f"model {config['model_id']} (mst_key {config['mst_key']}) takes input of shape "
-            f"{shape}, the features of {source['packed_table']} have shape {list(source['feature_shape'])}",
-            sqlstate=errors.DATATYPE_MISMATCH,
-            hint="Load an architecture whose input shape is the feature shape.")
+    for data in (source, validation) if validation is not None else (source,):
+        keras_json.require_input_shape(
+            shape, data["feature_shape"], packed.packed_columns(data)[0], data["packed_table"],
+            who=f"model {config['model_id']} (mst_key {config['mst_key']}): ",
+            hint="Load an architecture whose input shape is the feature shape, or pack the "
+                 "features in the model's shape.")
     outputs = model.output_shape[-1]
     params = spec.compile
     classification = source["label_kind"] == "classification"
@@ -151,7 +153,8 @@ def plan_job(plpy: Any, source_table: str, model_output_table: str, model_select
               if summary}
     catalog.committed(plpy, inputs, packed=tuple(inputs))
     if validation is not None:
-        for key in ("label_kind", "feature_shape", "normalizing_const", "class_values", "num_classes"):
+        # (its feature shape is checked against each model's input: `_check_model`)
+        for key in ("label_kind", "normalizing_const", "class_values", "num_classes"):
             if key == "class_values" and _one_hot_of_same_classes(plpy, source, validation):
                 continue
             if validation[key] != source[key]:
@@ -270,7 +273,7 @@ def check_models(plpy: Any, plan: Plan) -> dict[str, int]:
     nothing heavy: a fit starts its workers in between."""
     built: dict = {}
     for config in plan.configs:
-        _check_model(plpy, config, plan.source, built)
+        _check_model(plpy, config, plan.source, built, plan.validation)
     weight_bytes = {arch: sum(int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize
                               for v in model.weights) for arch, model in built.items()}
     built.clear()

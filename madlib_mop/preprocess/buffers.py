@@ -44,6 +44,7 @@ class Encoding:
                 # numeric's values go as text: JSON has no decimal, and a float is another value
                 "class_values": [str(v) if isinstance(v, Decimal) else v
                                  for v in self.label.class_values],
+                "null_unmatched": self.label.null_unmatched,
                 "expected_shape": self.expected_shape}
 
 

@@ -43,6 +43,9 @@ class Label:
     expression: str  # SQL: the native value (classes) or a real[] (one-hot rows, targets)
     class_values: list = field(default_factory=list)
     one_hot: bool = False  # a numeric array label: already one-hot (MADlib's meaning)
+    # Validation rows whose NULL label is no class of the training data: packed with an
+    # all-zero one-hot label, as MADlib packs them (`class_values_of`).
+    null_unmatched: bool = False
 
     @property
     def as_codes(self) -> bool:
@@ -218,9 +221,10 @@ def class_values_of(plpy, table, label, training) -> list:
     order = "v COLLATE \"C\"" if label.base_type in ("text", "character varying", "character") else "v"
     # NULL is a class (MADlib's meaning), the first: trailing NULLs of a summary's class values
     # are num_classes' padding.
-    found = [row["v"] for row in plpy.execute(
-        f"SELECT v FROM (SELECT {label.expression} AS v FROM {table.name} GROUP BY 1) d "
-        f"ORDER BY {order} NULLS FIRST")]
+    counted = plpy.execute(
+        f"SELECT v, n FROM (SELECT {label.expression} AS v, count(*) AS n FROM {table.name} "
+        f"GROUP BY 1) d ORDER BY {order} NULLS FIRST")
+    found = [row["v"] for row in counted]
     if any(isinstance(v, (float, Decimal)) and v != v for v in found):  # NaN is not equal to itself
         raise MadlibMopError(f"{table.name} has NaN labels", sqlstate=errors.DATA_EXCEPTION,
                              hint="Remove those rows, or give them a label (NULL is a class).")
@@ -235,6 +239,17 @@ def class_values_of(plpy, table, label, training) -> list:
     known = training["class_values"]
     known_text = {as_text(v) for v in known}
     unknown = [v for v in found if v not in known and as_text(v) not in known_text]
+    if unknown[:1] == [None]:
+        # MADlib one-hot encodes a validation label by `label IS NOT DISTINCT FROM class` for
+        # each training class: a NULL that is no class gets a row of zeros.  So does this.
+        unknown.pop(0)
+        label.null_unmatched = True
+        plpy.notice(
+            f"{table.name}: {counted[0]['n']} rows have a NULL label, which is no class of "
+            f"{training['packed_table']}: they are packed with an all-zero one-hot label, as "
+            "MADlib packs them (they add nothing to a cross-entropy loss; accuracy compares "
+            "their prediction with the first class). Leave them out with a view "
+            f"WHERE {plpy.quote_ident(label.name)} IS NOT NULL to measure without them.")
     if unknown:
         raise MadlibMopError(
             f"{table.name} has labels that the training data does not have: "
@@ -298,6 +313,10 @@ def class_count(class_values: list, num_classes: list | None, training: dict | N
 
 
 def encode(values: list, class_index: dict, table_name: str, label) -> np.ndarray:
+    """Each value's position among the class values; -1 for a NULL that is no class
+    (`Label.null_unmatched`): no position, an all-zero one-hot row."""
+    if label.null_unmatched:
+        class_index = {**class_index, None: -1}
     try:
         return np.fromiter((class_index[v] for v in values), dtype=np.int64, count=len(values))
     except KeyError as error:  # a row was added after the class values were read

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import re
 from typing import Any, Iterator
 
@@ -184,6 +185,25 @@ def build_model(config: dict, initialised: bool = True):
             hint="Give the model an input shape, e.g. keras.Input(shape=(4,)) as its first layer.",
         )
     return model
+
+
+def require_input_shape(model_shape: list, data_shape: Any, column: str, table: str,
+                        *, who: str = "", hint: str) -> None:
+    """Refuse data whose rows' shape is not the model's input shape.  The same number of
+    values in another shape (images packed as (3, 32, 32) for a model of (32, 32, 3)) would
+    reshape without error and train or predict on scrambled inputs; MADlib refuses it with
+    the phrase this message carries."""
+    model_shape, data_shape = [int(d) for d in model_shape], [int(d) for d in data_shape]
+    if model_shape == data_shape:
+        return
+    same_size = math.prod(model_shape) == math.prod(data_shape)
+    raise MadlibMopError(
+        f"{who}Input shape {model_shape} in the model architecture does not match the input "
+        f"shape {data_shape} of column {column} in table {table}",
+        sqlstate=errors.INVALID_PARAMETER_VALUE,
+        detail=(f"Both hold {math.prod(model_shape)} values per row, in another arrangement: "
+                "reshaping them would give wrong answers." if same_size else None),
+        hint=hint)
 
 
 def input_shape(model) -> list[int | None]:

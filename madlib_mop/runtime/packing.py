@@ -88,6 +88,9 @@ def buffer_layout(rows: int, buffer_size: int, segments: int, *, full: bool = Fa
 
 
 def one_hot(codes: np.ndarray, classes: int) -> np.ndarray:
+    """Rows of `classes` zeros with a one at each code; a code of -1 (a label that is no
+    class) stays all zeros."""
     encoded = np.zeros((codes.size, classes), dtype=np.float32)
-    encoded[np.arange(codes.size), codes] = 1.0
+    rows = np.flatnonzero(codes >= 0)
+    encoded[rows, codes[rows]] = 1.0
     return encoded

@@ -20,6 +20,8 @@ from madlib_mop.segment.models import ModelRef, build, trained_models
 
 
 PREDICT_BATCH = 4096
+PREDICT_SHAPE_HINT = ("Pass the feature column the model was trained on, each row an array of "
+                      "the model's input shape.")
 # A model this big stays built in an idle worker for the session's next prediction; a
 # bigger one is built per call rather than held (idle workers count against the server's
 # memory, `engine.server_pool`).
@@ -120,7 +122,10 @@ def worker_predict(plpy: Any, task: str, first_block: int, last_block: int, weig
         if not row["n"]:
             continue
         n = row["n"]
-        x = packing.unpack_float4(row["x"], n).reshape((n, *shape)) / np.float32(task["normalizing_const"])
+        x = packing.unpack_float4(row["x"], n)  # (float4_pack: every row of a chunk has one shape)
+        keras_json.require_input_shape(shape, x.shape[1:], task["independent_varname"], source.name,
+                                       hint=PREDICT_SHAPE_HINT)
+        x = x / np.float32(task["normalizing_const"])
         predictions = model.predict(x, batch_size=PREDICT_BATCH, verbose=0).reshape(n, -1)
         if classification:
             _insert_classes(plpy, insert, kind, row["ids"], predictions, task["class_values"],

@@ -81,14 +81,26 @@ def trained_models(plpy: Any, model_table: str | int, mst_key: int | None, *, al
         raise MadlibMopError(f"mst_key {mst_key} is not in {table.name}",
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
                              hint=f"SELECT mst_key FROM {table.name}; lists the models.")
-    values = summary.get(f"{label}_class_values")
-    values = list(values) if values is not None else None
-    while values and values[-1] is None:
-        values.pop()
+    values = class_values(summary, label)
     return [ModelRef(table.name, None if single else r["mst_key"], r["model_arch"],
                      r["model_weights"] if r["model_weights"] is not None
                      else weights_in_pieces(plpy, table, r["mst_key"]), r["compile_params"], values,
                      float(summary["normalizing_const"] or 1.0), label, table.oid) for r in rows]
+
+
+def class_values(summary: dict, label: str) -> list | None:
+    """A fit summary's classes: its class values without num_classes' padding (trailing
+    NULLs); None for regression.  One-hot labels have none (MADlib writes NULL, or NULLs):
+    their classes are the positions '0' .. 'n-1', as MADlib predicts them; [] when the
+    summary has no num_classes either (the caller takes the model's outputs)."""
+    values = summary.get(f"{label}_class_values")
+    classes = (summary.get("num_classes") or [None])[0]
+    if values is None and not classes:
+        return None
+    values = list(values or [])
+    while values and values[-1] is None:
+        values.pop()
+    return values or [str(i) for i in range(classes or 0)]
 
 
 def architecture_model(plpy: Any, model_arch_table: str, model_id: int) -> ModelRef:

@@ -41,6 +41,7 @@ def pack_segment(plpy: Any, task: str) -> str:
             hint="Give the segment servers' tables the column types of the foreign tables.")
     label.class_values = [Decimal(v) if label.base_type == "numeric" and v is not None else v
                           for v in given["class_values"]]
+    label.null_unmatched = bool(given.get("null_unmatched"))
     encoding = Encoding(label, given["classes"], given["normalizing_const"],
                         budget(plpy),
                         given["expected_shape"])
