@@ -78,6 +78,25 @@ def run_pure(plpy: Any, function: Callable[..., Any], *args: Any) -> Any:
         raise _reported(plpy, error) from None
 
 
+@dataclass(frozen=True)
+class SpiError:
+    """What a plpy.SPIError says: PL/Python keeps the DETAIL and HINT of the error in its
+    `spidata` tuple (internal position, detail, hint, ...), not in attributes."""
+
+    sqlstate: str | None
+    message: str
+    detail: str | None
+    hint: str | None
+
+    @staticmethod
+    def of(error: Any) -> "SpiError":
+        spidata = getattr(error, "spidata", None) or ()
+        return SpiError(getattr(error, "sqlstate", None),
+                        str(error.args[0]) if error.args else str(error),
+                        spidata[1] if len(spidata) > 1 else None,
+                        spidata[2] if len(spidata) > 2 else None)
+
+
 def _reported(plpy: Any, error: MadlibMopError) -> Exception:
     """The PL/Python error that reports `error` with its SQLSTATE, detail and hint."""
     reported = _error_class(plpy)(error.message)

@@ -1,8 +1,8 @@
 -- MADlib deep-learning functions outside the model-selection workflow.  The converters of
--- MADlib's packed tables are implemented.  The functions madlib_mop leaves out on purpose
--- (custom Python objects, the GPU inventory) exist with MADlib's signatures so that a MADlib
--- script stops at a clear error (SQLSTATE 0A000, feature_not_supported) saying why and what
--- to do instead, rather than at "function does not exist".
+-- MADlib's packed tables are implemented.  The function madlib_mop leaves out on purpose
+-- (the GPU inventory) exists with MADlib's signatures so that a MADlib script stops at a
+-- clear error (SQLSTATE 0A000, feature_not_supported) saying why and what to do instead,
+-- rather than at "function does not exist".
 
 -- ---- Converters: arrays <-> the bytes of MADlib's packed buffers -------------------------
 -- NumPy's tobytes() and frombuffer(), as MADlib's own (madlib_mop/api/converters.py): tables
@@ -57,12 +57,9 @@ $python$;
 COMMENT ON FUNCTION @extschema@.convert_bytea_to_smallint_array(bytea) IS
     'MADlib''s unpacking of int16 bytes in machine order (NumPy''s tobytes()) as a one-dimensional smallint[]';
 
--- ---- Refused: custom Python objects and GPUs --------------------------------------------
--- MADlib's custom functions are dill-pickled Python callables stored in a table and
--- unpickled by the training code: loading one runs whatever code the bytes hold, inside the
--- database server, as the server's operating-system user.  madlib_mop never unpickles
--- anything from the database; its losses and metrics are Keras' built-in ones, named in
--- compile_params, top-k accuracy included.  It trains on CPUs: there is no GPU to inventory.
+-- ---- Refused: GPUs ------------------------------------------------------------------------
+-- madlib_mop trains on CPUs: there is no GPU to inventory.  (MADlib's custom functions are
+-- sql/55_custom_functions.sql.)
 
 -- Why a MADlib function is not supported, and what to use instead (one place for the texts).
 CREATE FUNCTION @extschema@._unsupported_madlib_function(function_name text, OUT message text,
@@ -73,29 +70,10 @@ AS $$
     SELECT 'madlib_mop: ' || function_name || ' is not supported: ' || CASE function_name
             WHEN 'gpu_configuration' THEN
                 'madlib_mop trains on CPUs, so there is no GPU configuration to report'
-            WHEN 'load_top_k_accuracy_function' THEN
-                'it stores a custom function, and custom functions are pickled Python code '
-                'stored in a table: loading them would run arbitrary code inside the database '
-                'server'
-            ELSE
-                'custom functions are pickled Python code stored in a table: loading them '
-                'would run arbitrary code inside the database server'
             END,
         CASE function_name
             WHEN 'gpu_configuration' THEN
                 'madlib_mop trains on CPUs; pass use_gpus => FALSE (the default).'
-            WHEN 'load_top_k_accuracy_function' THEN
-                'Ask for metrics=[''top_3_accuracy''] (any k) in compile_params: top-k accuracy '
-                'is built in.'
-            WHEN 'delete_custom_function' THEN
-                'madlib_mop keeps no custom functions, so there is none to delete.  For losses '
-                'and metrics, name built-in Keras ones in compile_params, e.g. '
-                'loss=''categorical_crossentropy'' and metrics=[''accuracy''].'
-            ELSE
-                'Name a built-in Keras loss or metric in compile_params instead, e.g. '
-                'loss=''categorical_crossentropy'' (or ''mean_squared_error'', ''huber'', '
-                '''binary_crossentropy'') and metrics=[''accuracy''] (or ''mae'', '
-                '''top_k_categorical_accuracy'', ''top_3_accuracy'').'
         END
 $$;
 
@@ -122,11 +100,6 @@ DECLARE
     f record;
 BEGIN
     FOR f IN SELECT * FROM (VALUES
-        ('load_custom_function', 'object_table varchar, object bytea, name text, description text'),
-        ('load_custom_function', 'object_table varchar, object bytea, name text'),
-        ('delete_custom_function', 'object_table varchar, id integer'),
-        ('delete_custom_function', 'object_table varchar, name text'),
-        ('load_top_k_accuracy_function', 'object_table varchar, k integer'),
         ('gpu_configuration', 'output_table text, source text'),
         ('gpu_configuration', 'output_table text')) AS v(name, parameters)
     LOOP
@@ -139,9 +112,6 @@ BEGIN
                        (SELECT u.message FROM @extschema@._unsupported_madlib_function(f.name) u));
     END LOOP;
     FOR f IN SELECT * FROM (VALUES
-        ('load_custom_function', 'message varchar DEFAULT '''''),
-        ('delete_custom_function', 'message varchar DEFAULT '''''),
-        ('load_top_k_accuracy_function', 'message varchar DEFAULT '''''),
         ('gpu_configuration', '')) AS v(name, parameters)
     LOOP
         EXECUTE format(

@@ -19,7 +19,8 @@ BEGIN
         'delete_keras_model', 'generate_model_configs', 'load_model_selection_table',
         'madlib_keras_fit_multiple_model', 'madlib_keras_fit', 'madlib_keras_evaluate',
         'madlib_keras_predict', 'madlib_keras_predict_byom', 'madlib_keras_automl',
-        'hyperband_schedule']
+        'hyperband_schedule', 'load_custom_function', 'delete_custom_function',
+        'load_top_k_accuracy_function']
     LOOP
         EXECUTE format(
             'CREATE OR REPLACE FUNCTION %I.%I(message varchar DEFAULT %L) RETURNS varchar '

@@ -140,8 +140,10 @@ CASES = [
     Case("gen: log distribution from 0", f"{GEN}('arch', 'g1', ARRAY[1], $${{'loss': ['mse'], "
          "'optimizer_params_list': [{'optimizer': ['Adam'], 'lr': [0, 0.1, 'log']}], "
          f"'metrics': []}}$$, {FIT_GRID}, 'random', 2)", "22023"),
-    Case("gen: object_table", f"{GEN}('arch', 'g1', ARRAY[1], {GRID}, {FIT_GRID}, "
-         "object_table => 'custom_functions')", "0A000"),
+    Case("gen: missing object_table", f"{GEN}('arch', 'g1', ARRAY[1], {GRID}, {FIT_GRID}, "
+         "object_table => 'custom_functions')", "42P01"),
+    Case("gen: object_table that holds no functions", f"{GEN}('arch', 'g1', ARRAY[1], {GRID}, "
+         f"{FIT_GRID}, object_table => 'src')", "42703"),
     Case("gen: append models of another catalog", f"{GEN}('arch2', 'mst', ARRAY[1], {GRID}, "
          f"{FIT_GRID})", "22023"),
     Case("gen: injection in output name", f"{GEN}('arch', 'g1; DROP TABLE src', ARRAY[1], {GRID}, "
@@ -207,8 +209,8 @@ CASES = [
          "'id', 'x', 'p1')", "42P01"),
     Case("fit procedure: zero iterations", "CALL fit_multiple('packed', 'f1', 'mst', 0)", "22023"),
     Case("resume_job: no such job", "SELECT resume_job(987654321)", "22023"),
-    Case("fit single: object_table", f"SELECT madlib_keras_fit('packed', 'f1', 'arch', 1, $${COMPILE}$$, "
-         "'batch_size=8', 1, object_table => 'custom_functions')", "0A000"),
+    Case("fit single: missing object_table", f"SELECT madlib_keras_fit('packed', 'f1', 'arch', 1, "
+         f"$${COMPILE}$$, 'batch_size=8', 1, object_table => 'custom_functions')", "42P01"),
     # packing and unpacking (C)
     Case("unpack: bytes that are no float32 values", "SELECT float4_unpack('\\x010203'::bytea)", "22P03"),
     Case("unpack: bytes that are no int32 values", "SELECT int4_unpack('\\x0102030405'::bytea)", "22P03"),

@@ -124,7 +124,7 @@ def test_rows_of_another_shape_after_the_first_are_refused(dsn):
     assert error["sqlstate"] in ("22000", "22023"), error
     if error["sqlstate"] == "22000":
         assert "differ in shape" in error["message"], error
-    assert "[3, 4, 4]" in error["message"] + (error["detail"] or "")
+    assert "[3, 4, 4]" in error["message"] + (error["detail"] or ""), error
     assert not _exists(dsn, "p_mixed")
 
 

@@ -1,6 +1,7 @@
 """MADlib's functions outside model selection: the bytea converters of its packed tables (read
-and written byte for byte as MADlib does), and the functions refused on purpose (custom
-Python objects, GPUs), which stop with SQLSTATE 0A000 and a HINT naming what to use."""
+and written byte for byte as MADlib does), the function refused on purpose (the GPU
+inventory), which stops with SQLSTATE 0A000 and a HINT naming what to use, and the
+signatures of MADlib's custom function catalog (tests/test_custom_functions.py tries it)."""
 
 from __future__ import annotations
 
@@ -10,38 +11,15 @@ import pytest
 
 S = "madlib_mop"
 
-# MADlib's overloads (apache/madlib, madlib_keras_custom_function.sql_in and
-# madlib_keras_gpu_info.sql_in), each called as a MADlib script calls it.
+# MADlib's overloads (apache/madlib, madlib_keras_gpu_info.sql_in), each called as a MADlib
+# script calls it.
 REFUSED = [
-    ("load_custom_function", f"{S}.load_custom_function('custom_function_table', "
-     "'\\x80'::bytea, 'squared_error', 'squared error')"),
-    ("load_custom_function", f"{S}.load_custom_function('custom_function_table', "
-     "'\\x80'::bytea, 'rmse')"),
-    ("load_custom_function", f"{S}.load_custom_function(object_table => 'custom_function_table', "
-     "object => '\\x80'::bytea, name => 'rmse', description => NULL)"),
-    ("delete_custom_function", f"{S}.delete_custom_function('custom_function_table', 1)"),
-    ("delete_custom_function", f"{S}.delete_custom_function('custom_function_table', 'rmse')"),
-    ("delete_custom_function", f"{S}.delete_custom_function(object_table => 'custom_function_table', "
-     "id => 2)"),
-    ("load_top_k_accuracy_function", f"{S}.load_top_k_accuracy_function('custom_function_table', 3)"),
-    ("load_top_k_accuracy_function", f"{S}.load_top_k_accuracy_function("
-     "object_table => 'custom_function_table', k => 10)"),
     ("gpu_configuration", f"{S}.gpu_configuration('host_gpu_mapping_tf')"),
     ("gpu_configuration", f"{S}.gpu_configuration('host_gpu_mapping_nvidia', 'nvidia')"),
     ("gpu_configuration", f"{S}.gpu_configuration(output_table => 'gpus', source => 'tensorflow')"),
 ]
-HINTS = {
-    "load_custom_function": "categorical_crossentropy",
-    "delete_custom_function": "categorical_crossentropy",
-    "load_top_k_accuracy_function": "metrics=['top_3_accuracy'] (any k) in compile_params",
-    "gpu_configuration": "use_gpus => FALSE",
-}
-REASONS = {
-    "load_custom_function": "arbitrary code",
-    "delete_custom_function": "arbitrary code",
-    "load_top_k_accuracy_function": "arbitrary code",
-    "gpu_configuration": "CPU",
-}
+HINTS = {"gpu_configuration": "use_gpus => FALSE"}
+REASONS = {"gpu_configuration": "CPU"}
 
 REALS = [0.0, 1.0, -1.0, 0.1, -2.5, 1234.5678, -0.000123, 3.4e38, -3.4e38, 1.2e-38, 1e-45]
 SMALLINTS = [0, 1, -1, 2, 255, 256, 258, -256, 32767, -32768, 12345, -12345]
@@ -67,19 +45,22 @@ def test_refused_functions_say_why_and_what_instead(conn, function, statement):
     assert f"{function} is not supported" in diag.message_primary
     assert REASONS[function] in diag.message_primary
     assert diag.message_hint and HINTS[function] in diag.message_hint, diag.message_hint
-    # Nothing was made: no object table, no GPU table.
-    assert _value(conn, "to_regclass('public.custom_function_table') IS NULL "
-                        "AND to_regclass('public.host_gpu_mapping_tf') IS NULL")
+    # Nothing was made: no GPU table.
+    assert _value(conn, "to_regclass('public.host_gpu_mapping_tf') IS NULL")
+
+
+def test_help_form_explains_the_refusal(conn):
+    text = _value(conn, f"{S}.gpu_configuration()")
+    assert "is not supported" in text and "\n" in text
 
 
 @pytest.mark.parametrize("statement", [
     f"{S}.load_custom_function()", f"{S}.load_custom_function('help')",
     f"{S}.delete_custom_function()", f"{S}.delete_custom_function('usage')",
-    f"{S}.load_top_k_accuracy_function()", f"{S}.load_top_k_accuracy_function('?')",
-    f"{S}.gpu_configuration()"])
-def test_help_forms_explain_the_refusal(conn, statement):
+    f"{S}.load_top_k_accuracy_function()", f"{S}.load_top_k_accuracy_function('?')"])
+def test_custom_function_help_forms(conn, statement):
     text = _value(conn, statement)
-    assert "is not supported" in text and "\n" in text
+    assert "SELECT " in text and "object_table" in text
 
 
 def test_signatures_are_madlibs(conn):
@@ -92,8 +73,7 @@ def test_signatures_are_madlibs(conn):
         "'convert_bytea_to_smallint_array')")}
     assert found == {
         "load_custom_function(object_table character varying, object bytea, name text, "
-        "description text) void",
-        "load_custom_function(object_table character varying, object bytea, name text) void",
+        "description text DEFAULT NULL::text) void",
         "load_custom_function(message character varying DEFAULT ''::character varying) "
         "character varying",
         "delete_custom_function(object_table character varying, id integer) void",

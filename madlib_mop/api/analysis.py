@@ -114,7 +114,7 @@ def results_of(plpy: Any, model_output_table: str, objective: str | None) -> Job
         direction = {"max": "maximize", "min": "minimize"}.get(words[-1].lower()) if len(words) == 2 else None
         results.objective = objective_from(
             words[0], direction, has_validation,
-            [model_config.parse_compile_params(c).metrics for c in compile_params], "objective")
+            [model_config.parse_compile_params(c, custom_names=None).metrics for c in compile_params], "objective")
     return results
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from psycopg import sql
 
 from madlib_mop import errors
-from madlib_mop.api.model_catalog import SELECTION_TABLES, arch_table_with_ids, no_object_table
+from madlib_mop.api.model_catalog import SELECTION_TABLES, arch_table_with_ids, object_table_names
 from madlib_mop.db import catalog
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.job import lifecycle, store, temporary
@@ -87,6 +87,18 @@ def _metric_choices(compile_grid: dict) -> list[list[str]]:
     return [list(c) if isinstance(c, (list, tuple)) else [c] for c in choices]
 
 
+def _named_functions(compile_grid: dict, custom_names: tuple[str, ...]) -> tuple[str, ...]:
+    """The custom functions the grid's losses and metrics name (each checked: built in, or a
+    function of the object table); later proposals of the search may use any of them."""
+    losses = compile_grid.get("loss", [])
+    named = set()
+    for loss in losses if isinstance(losses, (list, tuple)) else [losses]:
+        for metrics in _metric_choices(compile_grid):
+            named.update(model_config.compile_params_from(
+                {"loss": loss, "metrics": metrics}, "compile_params_grid", custom_names).named())
+    return tuple(sorted(named & set(custom_names)))
+
+
 def madlib_keras_automl(plpy: Any, source_table: str, model_output_table: str, model_arch_table: str,
                         model_selection_table: str, model_id_list: list, compile_params_grid: str,
                         fit_params_grid: str, automl_method: str | None = "hyperband",
@@ -102,7 +114,7 @@ def madlib_keras_automl(plpy: Any, source_table: str, model_output_table: str, m
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
                              hint="Pass automl_method => 'hyperband' or 'hyperopt'.")
     params = _params(method, automl_params)
-    no_object_table(object_table)
+    object_table, custom_names = object_table_names(plpy, object_table)
     for argument, table in (("model_output_table", model_output_table),
                             ("model_selection_table", model_selection_table)):
         if temporary.is_temporary(plpy, table, argument):
@@ -138,7 +150,8 @@ def madlib_keras_automl(plpy: Any, source_table: str, model_output_table: str, m
                     use_gpus, validation_table, metrics_compute_frequency, False, name,
                     description, use_caching, seed, given=(mst.quoted, arch.name, entries),
                     extra={"automl": automl, "initial_models": len(entries)},
-                    info_labels=proposal.info_labels)
+                    info_labels=proposal.info_labels, object_table=object_table,
+                    named=_named_functions(compile_grid, custom_names))
     if store.find_job(plpy, plan.out.quoted, unfinished=True) is None:
         for table in (mst, mst_summary):
             table.must_not_exist(plpy)
@@ -147,7 +160,7 @@ def madlib_keras_automl(plpy: Any, source_table: str, model_output_table: str, m
         table = sql.Identifier(mst.schema, mst.name)
         for statement in SELECTION_TABLES:
             db.execute(sql.SQL(statement).format(table, sql.Identifier(mst_summary.schema, mst_summary.name),
-                                                 sql.Literal(arch.name)))
+                                                 sql.Literal(arch.name), sql.Literal(object_table)))
         for entry in entries:
             db.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s)").format(table),
                        (entry["mst_key"], entry["model_id"], entry["compile_params"], entry["fit_params"]))

@@ -30,7 +30,7 @@ from madlib_mop.engine.local import LocalEngine
 from madlib_mop.engine.pool import run_all
 from madlib_mop.preprocess.source import feature_columns
 from madlib_mop.grammar import model_config
-from madlib_mop.job import outputs, temporary
+from madlib_mop.job import outputs, plan, temporary
 from madlib_mop.runtime import keras_json
 from madlib_mop.runtime.tf_runtime import worker_threads
 from madlib_mop.segment.inference import PREDICT_SHAPE_HINT
@@ -135,6 +135,8 @@ def _evaluate(plpy, model_table, test_table, output_table, use_gpus, mst_key, al
                              sqlstate=errors.DATATYPE_MISMATCH,
                              hint="Pack the test data with validation_preprocessor_dl() against "
                                   "the model's training table.")
+    # Custom losses and metrics of the fit: checked here, loaded by the workers.
+    custom = plan.custom_functions_of(plpy, refs[0].object_table, [r.compile_params for r in refs], test)
     engine = engine_for(plpy, test["packed_oid"], lambda: LocalEngine(plpy))
     if isinstance(engine, ClusterEngine) or ship_weights:
         if _too_big_to_ship(refs):
@@ -149,10 +151,12 @@ def _evaluate(plpy, model_table, test_table, output_table, use_gpus, mst_key, al
                             "compile_params": r.compile_params} for r in refs],
                 "columns": [x_col, y_col, test["label_kind"] == "classification",
                             packed.partition_modulus(test)],
-                "partitions": partitions, "weights": [r.weights for r in refs]}
+                "partitions": partitions, "weights": [r.weights for r in refs],
+                "custom_functions": custom}
     else:
         task = {"model_table": refs[0].model_oid, "mst_keys": [r.mst_key for r in refs],
-                "test_table": test["packed_oid"], "modulus": packed.partition_modulus(test)}
+                "test_table": test["packed_oid"], "modulus": packed.partition_modulus(test),
+                "custom_functions": custom}
     parts = _run_parallel(plpy, [lambda worker, p=p: worker.evaluate_models(task, p)
                                  for p in range(test["num_segments"])], engine)
     rows = []
@@ -161,7 +165,7 @@ def _evaluate(plpy, model_table, test_table, output_table, use_gpus, mst_key, al
         total = sum(p["rows"] for p in per_model)
         means = {k: sum(p["metrics"][k] * p["rows"] for p in per_model) / total
                  for k in per_model[0]["metrics"]}
-        params = model_config.parse_compile_params(ref.compile_params)
+        params = model_config.parse_compile_params(ref.compile_params, custom_names=None)
         metrics = list(params.metrics)
         rows.append((ref.mst_key, means.get("loss"), means.get(metrics[0]) if metrics else None,
                      metrics or None, params.loss, json.dumps(means)))

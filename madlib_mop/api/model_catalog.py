@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from madlib_mop import errors
-from madlib_mop.db import catalog
+from madlib_mop.db import catalog, custom_functions
 from madlib_mop.grammar import model_config
 from madlib_mop.runtime import keras_json
 from madlib_mop.errors import MadlibMopError
@@ -105,31 +105,36 @@ def arch_table_with_ids(plpy: Any, model_arch_table: str, model_id_list: list | 
     return table, ids
 
 
-def no_object_table(object_table: str | None) -> None:
-    if object_table is not None:
-        raise MadlibMopError(
-            "object_table (custom Keras objects) is not supported",
-            sqlstate=errors.FEATURE_NOT_SUPPORTED,
-            detail="Custom losses and metrics would be code loaded from the database.",
-            hint="Use built-in Keras losses and metrics, and pass object_table => NULL.")
+def object_table_names(plpy: Any, object_table: str | None) -> tuple[str | None, tuple[str, ...]]:
+    """(qualified name, function names) of an object table of custom functions
+    (load_custom_function); (None, ()) without one.  Whether its functions may run is
+    decided when a job starts (`job.plan.custom_functions_of`)."""
+    if object_table is None or not object_table.strip():
+        return None, ()
+    table, names = custom_functions.names(plpy, object_table)
+    return table.name, tuple(names)
 
 
 # The model selection table and its summary, declared once: {0} the table, {1} its summary,
-# {2} the model_arch_table's name as a literal.  Made by generate_model_configs and
-# load_model_selection_table, and by madlib_keras_automl in its job's creating transaction.
+# {2} the model_arch_table's name and {3} the object_table's (or NULL) as literals.  Made by
+# generate_model_configs and load_model_selection_table, and by madlib_keras_automl in its
+# job's creating transaction.
 SELECTION_TABLES = (
     "CREATE TABLE {0} (mst_key serial PRIMARY KEY, model_id integer NOT NULL, "
     "compile_params varchar NOT NULL, fit_params varchar NOT NULL, "
     "UNIQUE (model_id, compile_params, fit_params))",
     "CREATE TABLE {1} (model_arch_table varchar, object_table varchar)",
-    "INSERT INTO {1} VALUES ({2}, NULL)",
+    "INSERT INTO {1} VALUES ({2}, {3})",
 )
 
 
 def _create_mst_tables(plpy: Any, out: catalog.NewTable, summary: catalog.NewTable,
-                       arch_table: catalog.Table, summary_only: bool = False) -> None:
+                       arch_table: catalog.Table, object_table: str | None,
+                       summary_only: bool = False) -> None:
+    objects = "NULL" if object_table is None else plpy.quote_literal(object_table)
     for statement in SELECTION_TABLES[1:] if summary_only else SELECTION_TABLES:
-        plpy.execute(statement.format(out.quoted, summary.quoted, plpy.quote_literal(arch_table.name)))
+        plpy.execute(statement.format(out.quoted, summary.quoted, plpy.quote_literal(arch_table.name),
+                                      objects))
 
 
 def _insert_configs(plpy: Any, table: str, configs: list[model_config.Config]) -> int:
@@ -149,7 +154,7 @@ def generate_model_configs(plpy: Any, model_arch_table: str, model_selection_tab
                            model_id_list: list, compile_params_grid: str, fit_params_grid: str,
                            search_type: str | None = "grid", num_configs: int | None = None,
                            random_state: int | None = None, object_table: str | None = None) -> None:
-    no_object_table(object_table)
+    object_table, custom_names = object_table_names(plpy, object_table)
     arch, ids = arch_table_with_ids(plpy, model_arch_table, model_id_list)
     compile_grid = model_config.parse_grid(compile_params_grid, "compile_params_grid")
     fit_grid = model_config.parse_fit_grid(fit_params_grid)
@@ -171,6 +176,8 @@ def generate_model_configs(plpy: Any, model_arch_table: str, model_selection_tab
         raise MadlibMopError(f"search_type '{search_type}' is neither 'grid' nor 'random'",
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
                              hint="Pass search_type => 'grid' or 'random'.")
+    for config in configs:  # built-in losses and metrics, or the object table's
+        model_config.parse_compile_params(config.compile_params, custom_names)
 
     out = catalog.new_table(plpy, model_selection_table, argument="model_selection_table")
     summary = out.sibling("_summary", plpy)
@@ -178,8 +185,13 @@ def generate_model_configs(plpy: Any, model_arch_table: str, model_selection_tab
         # MADlib appends to an existing model selection table; mst_key continues.
         table = catalog.resolve_table(plpy, out.quoted, argument="model_selection_table")
         _check_columns(plpy, table, MST_COLUMNS, "model_selection_table", "generate_model_configs")
-        recorded = plpy.execute(f"SELECT model_arch_table FROM {summary.quoted}") \
+        recorded = plpy.execute(f"SELECT model_arch_table, object_table FROM {summary.quoted}") \
             if summary.exists(plpy) else []
+        if recorded and recorded[0]["object_table"] != object_table:
+            raise MadlibMopError(
+                f"{table.name} was made with object_table {recorded[0]['object_table']}, not "
+                f"{object_table}", sqlstate=errors.INVALID_PARAMETER_VALUE,
+                hint="Pass the same object_table, or a new model_selection_table.")
         if recorded and recorded[0]["model_arch_table"] != arch.name:
             raise MadlibMopError(
                 f"{table.name} holds models of {recorded[0]['model_arch_table']}, not {arch.name}",
@@ -187,11 +199,11 @@ def generate_model_configs(plpy: Any, model_arch_table: str, model_selection_tab
                 hint=f"Use model_arch_table => '{recorded[0]['model_arch_table']}', or a new "
                      "model_selection_table.")
         if not summary.exists(plpy):  # dropped: made again, as MADlib does
-            _create_mst_tables(plpy, out, summary, arch, summary_only=True)
+            _create_mst_tables(plpy, out, summary, arch, object_table, summary_only=True)
         quoted = table.name
     else:
         summary.must_not_exist(plpy)
-        _create_mst_tables(plpy, out, summary, arch)
+        _create_mst_tables(plpy, out, summary, arch, object_table)
         quoted = out.quoted
     added = _insert_configs(plpy, quoted, configs)
     plpy.notice(f"generate_model_configs: added {added} configurations to {quoted}"
@@ -201,7 +213,7 @@ def generate_model_configs(plpy: Any, model_arch_table: str, model_selection_tab
 def load_model_selection_table(plpy: Any, model_arch_table: str, model_selection_table: str,
                                model_id_list: list, compile_params_list: list | None,
                                fit_params_list: list | None, object_table: str | None = None) -> None:
-    no_object_table(object_table)
+    object_table, custom_names = object_table_names(plpy, object_table)
     arch, ids = arch_table_with_ids(plpy, model_arch_table, model_id_list)
     for argument, values in (("compile_params_list", compile_params_list),
                              ("fit_params_list", fit_params_list)):
@@ -211,13 +223,13 @@ def load_model_selection_table(plpy: Any, model_arch_table: str, model_selection
                                  hint="e.g. ARRAY['batch_size=32,epochs=1'].")
     # Validate every string; keep the user's text as given, one per distinct meaning
     # whatever the order of its keys (MADlib keeps the last of equivalent strings).
-    compiles = {str(model_config.parse_compile_params(t)): t for t in compile_params_list}
+    compiles = {str(model_config.parse_compile_params(t, custom_names)): t for t in compile_params_list}
     fits = {model_config.fit_params_meaning(t): t for t in fit_params_list}
     out = catalog.new_table(plpy, model_selection_table, argument="model_selection_table")
     summary = out.sibling("_summary", plpy)
     out.must_not_exist(plpy)
     summary.must_not_exist(plpy)
-    _create_mst_tables(plpy, out, summary, arch)
+    _create_mst_tables(plpy, out, summary, arch, object_table)
     configs = [model_config.Config(m, c, f) for m in ids for c in compiles.values()
                for f in fits.values()]
     added = _insert_configs(plpy, out.quoted, configs)

@@ -71,11 +71,14 @@ def _request(plpy: Any, job: dict, action: str, mst_key: int | None, params: dic
 
 
 def _check_config(plpy: Any, job: dict, config: dict) -> None:
-    """The configuration parses and its model fits the job's data (as a searcher's does)."""
-    model_config.parse_compile_params(config["compile_params"])
+    """The configuration parses and its model fits the job's data (as a searcher's does);
+    its losses and metrics are built in or functions the job's object table holds."""
+    arguments = json.loads(job["arguments"])
+    model_config.parse_compile_params(config["compile_params"], custom_names=tuple(
+        (arguments.get("custom_functions") or {}).get("digests", ())))
     model_config.fit_params_from(model_config.parse_keyword_text(config["fit_params"], "fit_params"),
                                  config["fit_params"] or "")
-    plan.check_config(plpy, config, job["source_table"])
+    plan.check_config(plpy, config, job["source_table"], arguments)
 
 
 def stop_model(plpy: Any, job_id: int, mst_key: int) -> int:

@@ -90,7 +90,8 @@ SELECT generate_model_configs(
     search_type           varchar DEFAULT 'grid',  -- 'grid' or 'random'
     num_configs           integer DEFAULT NULL,    -- random search: how many
     random_state          integer DEFAULT NULL,    -- random search: seed
-    object_table          varchar DEFAULT NULL     -- custom objects: not supported
+    object_table          varchar DEFAULT NULL     -- custom losses and metrics
+                                                   --   (load_custom_function)
 );
 Grids are Python dict literals or JSON; every value is a list of choices.  Random search
 also takes [low, high, 'linear' | 'log' | 'log_near_one'].  A metrics choice may be a
@@ -160,7 +161,7 @@ SELECT madlib_keras_automl(
         --            optionally parallelism=<segments>, startup_configs=...
         -- either: metric=validation_loss (default; training_loss without validation), direction=...
     random_state              integer DEFAULT NULL,   -- NULL: 0
-    object_table              varchar DEFAULT NULL,   -- not supported
+    object_table              varchar DEFAULT NULL,   -- custom losses and metrics
     use_gpus                  boolean DEFAULT FALSE,  -- not supported
     validation_table          varchar DEFAULT NULL,
     metrics_compute_frequency integer DEFAULT NULL,
@@ -200,7 +201,7 @@ SELECT madlib_keras_fit(
     warm_start                boolean DEFAULT FALSE,
     name                      varchar DEFAULT NULL,
     description               varchar DEFAULT NULL,
-    object_table              varchar DEFAULT NULL,   -- custom objects: not supported
+    object_table              varchar DEFAULT NULL,   -- custom losses and metrics
     seed                      integer DEFAULT 0
 );
 """,
@@ -253,6 +254,37 @@ SELECT madlib_keras_predict_byom(
     dependent_count     integer DEFAULT 1                  -- outputs of the model: 1
 );
 pred_type as in madlib_keras_predict.
+""",
+    "load_custom_function": """
+load_custom_function: store a custom loss or metric (a Python function of (y_true, y_pred),
+serialised by dill) in an object table, for compile_params to name it.
+
+SELECT load_custom_function(
+    object_table varchar,   -- created if it does not exist (id, name, description, object,
+                            --   written_by), readable by every role
+    object       bytea,     -- dill.dumps(function)
+    name         text,      -- how compile_params names it, e.g. loss='focal_loss'
+    description  text DEFAULT NULL
+);
+Only a superuser or a member of pg_execute_server_program may load a function: unpickling
+runs code as the server's operating-system user.  Analysts then pass object_table to
+load_model_selection_table, generate_model_configs, madlib_keras_fit or
+madlib_keras_automl.  A worker runs an object only from a table such a role owns, from a
+row such a role wrote (the table's trigger records the writer in written_by).
+""",
+    "delete_custom_function": """
+delete_custom_function: delete a function from an object table (by id or by name); the
+table is dropped with its last function when the caller owns it.
+
+SELECT delete_custom_function(object_table varchar, id integer);
+SELECT delete_custom_function(object_table varchar, name text);
+""",
+    "load_top_k_accuracy_function": """
+load_top_k_accuracy_function: store Keras' top-k categorical accuracy for one k as the
+custom metric top_<k>_accuracy (as load_custom_function; the same roles may load it).
+
+SELECT load_top_k_accuracy_function(object_table varchar, k integer);
+(metrics=['top_3_accuracy'] also works without an object table: it is built in.)
 """,
 }
 

@@ -48,7 +48,7 @@ from madlib_mop import __version__
 from madlib_mop.db import catalog
 from madlib_mop.db.worker_session import FORWARDED_SETTINGS
 from madlib_mop.errors import MadlibMopError
-from madlib_mop.plpy_bridge import renew_pin
+from madlib_mop.plpy_bridge import SpiError, renew_pin
 from madlib_mop.runtime import tf_runtime
 
 SOCKET_DIRECTORY = "pgsql_tmp_madlib_mop_idle"  # under the data directory, a backend's cwd
@@ -408,9 +408,10 @@ def _run(plpy: Any, schema: str, plans: dict, function: str, args: list) -> dict
     except plpy.SPIError as error:
         plpy.rollback()
         renew_pin(plpy)
-        return {"kind": "error", "sqlstate": getattr(error, "sqlstate", None) or "XX000",
-                "message": str(error.args[0] if error.args else error).replace("madlib_mop: ", ""),
-                "detail": getattr(error, "detail", None), "hint": getattr(error, "hint", None)}
+        said = SpiError.of(error)
+        return {"kind": "error", "sqlstate": said.sqlstate or "XX000",
+                "message": said.message.replace("madlib_mop: ", ""),
+                "detail": said.detail, "hint": said.hint}
 
 
 def _plan(plpy: Any, schema: str, function: str, count: int) -> Any:

@@ -18,7 +18,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Collection, Iterable
 
 from madlib_mop import errors
 from madlib_mop.errors import MadlibMopError
@@ -270,6 +270,10 @@ class CompileParams:
     extra: tuple[tuple[str, Any], ...] = ()  # loss_weights, weighted_metrics
     ignored: tuple[str, ...] = ()  # Keras 2 arguments given with their default (DROPPED_COMPILE_KEYS)
 
+    def named(self) -> tuple[str, ...]:
+        """The loss's and metrics' names (any of which an object table may hold)."""
+        return (self.loss, *self.metrics)
+
     def __str__(self) -> str:
         parts = [f"optimizer='{self.optimizer}'", f"loss='{self.loss}'"]
         if self.metrics:
@@ -278,15 +282,22 @@ class CompileParams:
         return ",".join(parts)
 
 
-def _check_name(value: Any, allowed: frozenset, kind: str, text: str) -> str:
-    if not isinstance(value, str) or (value not in allowed and not (
-            kind == "metric" and TOP_K_ACCURACY.fullmatch(value))):
-        raise MadlibMopError(
-            f"{kind} {value!r} is not supported",
-            sqlstate=errors.INVALID_PARAMETER_VALUE, detail=f"Got: {text[:300]}",
-            hint=f"Use a built-in Keras {kind}: " + ", ".join(sorted(allowed))
-                 + (", or top_<k>_accuracy (e.g. top_3_accuracy)" if kind == "metric" else "") + ".")
-    return value
+def _check_name(value: Any, allowed: frozenset, kind: str, text: str,
+                custom_names: Collection[str] | None) -> str:
+    """A built-in name, or a custom function's (`custom_names`: the names an object table
+    holds; None: any name, for configurations checked when they were made)."""
+    built_in = isinstance(value, str) and (
+        value in allowed or (kind == "metric" and TOP_K_ACCURACY.fullmatch(value)))
+    if built_in or (isinstance(value, str) and (
+            custom_names is None and value.isidentifier() or value in (custom_names or ()))):
+        return value
+    raise MadlibMopError(
+        f"{kind} {value!r} is not supported",
+        sqlstate=errors.INVALID_PARAMETER_VALUE, detail=f"Got: {text[:300]}",
+        hint=f"Use a built-in Keras {kind}: " + ", ".join(sorted(allowed))
+             + (", or top_<k>_accuracy (e.g. top_3_accuracy)" if kind == "metric" else "")
+             + "; or a custom function loaded by load_custom_function(), with object_table => "
+               "its table.")
 
 
 def top_k(metric: str) -> int | None:
@@ -304,7 +315,7 @@ def check_keys(params: dict, allowed: tuple, what: str, text: str) -> None:
                 hint=f"{what} takes: " + ", ".join(allowed) + ".")
 
 
-def compile_params_from(params: dict, text: str) -> CompileParams:
+def compile_params_from(params: dict, text: str, custom_names: Collection[str] | None = ()) -> CompileParams:
     check_keys(params, COMPILE_KEYS, "compile_params", text)
     params = dict(params)
     ignored = []
@@ -324,7 +335,7 @@ def compile_params_from(params: dict, text: str) -> CompileParams:
                              hint="Add e.g. loss='categorical_crossentropy'.")
     optimizer = params.get("optimizer", f"{DEFAULT_OPTIMIZER}()")
     optimizer = optimizer if isinstance(optimizer, Optimizer) else parse_optimizer(optimizer)
-    loss = _check_name(params["loss"], LOSSES, "loss", text)
+    loss = _check_name(params["loss"], LOSSES, "loss", text, custom_names)
     metrics = params.get("metrics", [])
     if isinstance(metrics, str):
         metrics = [metrics]
@@ -332,7 +343,7 @@ def compile_params_from(params: dict, text: str) -> CompileParams:
         raise MadlibMopError("metrics must be a list, e.g. metrics=['accuracy']",
                              sqlstate=errors.INVALID_PARAMETER_VALUE, detail=f"Got: {text[:300]}",
                              hint="Pass one or more metric names in a list.")
-    metrics = tuple(_check_name(m, METRICS, "metric", text) for m in metrics)
+    metrics = tuple(_check_name(m, METRICS, "metric", text, custom_names) for m in metrics)
     extra = tuple((k, params[k]) for k in ("loss_weights", "weighted_metrics") if k in params)
     for key, value in extra:
         if not isinstance(value, (list, dict)):
@@ -342,10 +353,13 @@ def compile_params_from(params: dict, text: str) -> CompileParams:
     return CompileParams(optimizer, loss, metrics, extra, tuple(ignored))
 
 
-def parse_compile_params(text: str | None) -> CompileParams:
+def parse_compile_params(text: str | None, custom_names: Collection[str] | None = ()) -> CompileParams:
+    """Compile parameters; losses and metrics are built-in names, or names of `custom_names`
+    (custom functions of an object table).  None: any name is taken as a custom function's,
+    for configurations that were checked against their object table when they were made."""
     params = parse_keyword_text(text, "compile_params", names_are_strings=True,
                                 call_keys=("optimizer",))
-    return compile_params_from(params, text or "")
+    return compile_params_from(params, text or "", custom_names)
 
 
 def _is_int(value: Any) -> bool:

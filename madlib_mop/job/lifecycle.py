@@ -23,7 +23,7 @@ from madlib_mop.errors import MadlibMopError
 from madlib_mop.job import memory, outputs, store
 from madlib_mop.job import tables as job_tables
 from madlib_mop.job.coordinator import Coordinator, start_pool
-from madlib_mop.job.plan import Plan, check_models
+from madlib_mop.job.plan import Plan, check_models, check_recorded_functions, custom_of
 from madlib_mop.job.state_store import HopFiles
 from madlib_mop.job.tables import identifiers
 from madlib_mop.runtime import state, training
@@ -50,7 +50,8 @@ def initial_states(plpy: Any, plan: Plan, previous: dict[int, bytes],
     optimizer then starts afresh.  So does one whose compile_params changed (another
     learning rate or optimizer: `previous_compile`, the previous job's).  Weights of other
     shapes are refused here, before the job exists."""
-    specs = [training.ModelSpec.of(c) for c in plan.configs]
+    custom = custom_of(plan.arguments)
+    specs = [training.ModelSpec.of(c, custom) for c in plan.configs]
     seed = plan.arguments["seed"]
     expected: dict[tuple, list] = {}  # per program key: it depends on architecture and optimizer
     for spec in specs:
@@ -165,8 +166,10 @@ def engine_of(plpy: Any, packed_table: str) -> Engine:
 
 def run_job(plpy: Any, job_id: int, can_commit: bool, engine: Engine | None = None,
             pool=None) -> None:
+    job = store.own_job(plpy, job_id)
+    check_recorded_functions(plpy, json.loads(job["arguments"]))
     if engine is None:
-        engine = engine_of(plpy, store.own_job(plpy, job_id)["source_table"])
+        engine = engine_of(plpy, job["source_table"])
     try:
         coordinator = Coordinator(plpy, job_id, can_commit, engine, pool)
     except BaseException:

@@ -77,7 +77,7 @@ def add_model(db: psycopg.Connection, t: dict[str, sql.Identifier], config: dict
               labels: dict | None = None) -> None:
     """A model's rows in `<out>` (its initial weights) and `<out>_info`."""
     key = config["mst_key"]
-    params = model_config.parse_compile_params(config["compile_params"])
+    params = model_config.parse_compile_params(config["compile_params"], custom_names=None)
     weights = state.madlib_weights(blob)
     db.execute(sql.SQL("INSERT INTO {} VALUES (%s, NULL, %s)").format(t["output"]),
                (key, config["model_arch"]))
@@ -167,13 +167,15 @@ def _create_summary(db, table: sql.Identifier, plan, info_name: str, job_id: int
             metrics_iters integer[], job_id bigint, num_segments integer, seed integer)""").format(
         table, class_column, sql.SQL(class_type)))
     arguments = plan.arguments
-    db.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s, %s, %s, %s, %s, NULL, %s, %s, %s, "
+    custom = arguments.get("custom_functions")
+    object_table = custom["name"] if custom else None
+    db.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
                        "%s, %s, now(), NULL, %s, %s, %s::{}, %s, %s, %s, %s, %s, %s)").format(
         table, sql.SQL(class_type)), (
         arguments["source_table"], arguments["validation_table"],
         arguments["model_output_table"], info_name, source["dependent_varname"],
         source["independent_varname"], plan.model_arch_table, plan.model_selection_table,
-        plan.num_iterations, plan.frequency, arguments["warm_start"], arguments["name"],
+        object_table, plan.num_iterations, plan.frequency, arguments["warm_start"], arguments["name"],
         arguments["description"], f"madlib_mop {madlib_mop.__version__}",
         source["num_classes"], _class_values(source, label), source["dependent_vartype"],
         source["normalizing_const"],
@@ -203,7 +205,7 @@ def _create_summary(db, table: sql.Identifier, plan, info_name: str, job_id: int
 def publish(store, model, curves: metrics.Curves, partitions: int, single: bool) -> None:
     """A model's `_info` row (and madlib_keras_fit's summary) from its curves so far."""
     t = store.tables
-    names = list(model_config.parse_compile_params(model.compile_params).metrics)
+    names = list(model_config.parse_compile_params(model.compile_params, custom_names=None).metrics)
     first = names[0] if names else None
     training, validation = curves.training, curves.validation
     # Time the model's sub-epochs took, without each worker's one-off start-up.

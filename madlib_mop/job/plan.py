@@ -10,12 +10,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from madlib_mop import errors
-from madlib_mop.db import catalog, packed, settings
+from madlib_mop.db import catalog, custom_functions, packed, segments, settings
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.job import versions
 from madlib_mop.job.tables import SUFFIXES_LONGEST_FIRST
 from madlib_mop.grammar import model_config
 from madlib_mop.runtime import keras_json, staging, training
+from madlib_mop.runtime.custom_functions import CustomFunctions
 from madlib_mop.search import setup
 
 
@@ -38,11 +39,14 @@ class Plan:
 
 
 def _check_model(plpy: Any, config: dict, source: dict, built: dict,
-                 validation: dict | None = None) -> None:
+                 validation: dict | None = None, custom: CustomFunctions | None = None) -> None:
     """Does the model fit the data (and the validation data's features): input shape,
     output width, loss?  `built`: the Keras models built so far, by architecture
-    (configurations share few architectures)."""
-    spec = training.ModelSpec.of(config)
+    (configurations share few architectures); `custom`: the job's custom functions."""
+    spec = training.ModelSpec.of(config, custom)
+    # Built-in names, or functions of the job's object table (a row edited by hand too).
+    model_config.parse_compile_params(config["compile_params"],
+                                      custom_names=tuple(custom.digests) if custom else ())
     fit = spec.fit
     for key in ("steps_per_epoch", "initial_epoch"):
         if key in fit:
@@ -88,8 +92,9 @@ def _check_model(plpy: Any, config: dict, source: dict, built: dict,
                 hint="Use a regression loss such as mean_squared_error.")
 
 
-def _configs(plpy: Any, model_selection_table: str) -> tuple[str, str, list[dict]]:
-    """The model selection table's configurations, with their architectures."""
+def _configs(plpy: Any, model_selection_table: str) -> tuple[str, str, list[dict], str | None]:
+    """The model selection table's configurations, with their architectures, and the object
+    table of custom functions its summary names."""
     mst = catalog.resolve_table(plpy, model_selection_table, argument="model_selection_table")
     missing = [c for c in ("mst_key", "model_id", "compile_params", "fit_params")
                if c not in catalog.columns(plpy, mst)]
@@ -116,7 +121,7 @@ def _configs(plpy: Any, model_selection_table: str) -> tuple[str, str, list[dict
                                  f"arch found in table {arch.name} with id {config['model_id']}",
                                  sqlstate=errors.INVALID_PARAMETER_VALUE,
                                  hint="Load the architecture with load_keras_model().")
-    return mst.name, arch.name, configs
+    return mst.name, arch.name, configs, summary_row.get("object_table")
 
 
 def plan_job(plpy: Any, source_table: str, model_output_table: str, model_selection_table: str,
@@ -124,9 +129,12 @@ def plan_job(plpy: Any, source_table: str, model_output_table: str, model_select
              metrics_compute_frequency: int | None, warm_start: bool | None, name: str | None,
              description: str | None, use_caching: bool | None, seed: int | None, *,
              given: tuple[str, str, list[dict]] | None = None, extra: dict | None = None,
-             policy: str = "error", info_labels: dict | None = None) -> Plan:
+             policy: str = "error", info_labels: dict | None = None,
+             object_table: str | None = None, named: tuple[str, ...] = ()) -> Plan:
     """`given`: (model selection table, model_arch_table, configurations) of a search that
-    proposes them itself (madlib_keras_automl), instead of reading the model selection table.
+    proposes them itself (madlib_keras_automl), instead of reading the model selection table,
+    with its `object_table` of custom functions (and the functions its grid `named`: later
+    proposals may use them); else the model selection table's summary names the object table.
     `extra`: more arguments the job records (a pruner, automl's search, single); `policy`:
     if_output_exists; `info_labels`: mst_key -> extra `_info` columns."""
     if use_gpus:
@@ -153,19 +161,9 @@ def plan_job(plpy: Any, source_table: str, model_output_table: str, model_select
               if summary}
     catalog.committed(plpy, inputs, packed=tuple(inputs))
     if validation is not None:
-        # (its feature shape is checked against each model's input: `_check_model`)
-        for key in ("label_kind", "normalizing_const", "class_values", "num_classes"):
-            if key == "class_values" and _one_hot_of_same_classes(plpy, source, validation):
-                continue
-            if validation[key] != source[key]:
-                raise MadlibMopError(
-                    f"validation_table {validation['packed_table']} does not match "
-                    f"{source['packed_table']}: {key} differs",
-                    sqlstate=errors.DATATYPE_MISMATCH,
-                    hint="Pack the validation data with validation_preprocessor_dl(..., "
-                         f"training_preprocessor_table => '{source_table}').")
+        _check_validation(plpy, source, validation, source_table)
     if given is None:
-        mst_name, arch_name, configs = _configs(plpy, model_selection_table)
+        mst_name, arch_name, configs, object_table = _configs(plpy, model_selection_table)
     else:
         mst_name, arch_name, configs = given
     out = catalog.new_table(plpy, model_output_table, argument="model_output_table")
@@ -178,6 +176,10 @@ def plan_job(plpy: Any, source_table: str, model_output_table: str, model_select
                  "warm_start": bool(warm_start), "name": name, "description": description,
                  "use_caching": use_caching is not False, "seed": int(seed or 0)}
     arguments.update(extra or {})
+    recorded = custom_functions_of(plpy, object_table, [c["compile_params"] for c in configs],
+                                   source, also=named)
+    if recorded:
+        arguments["custom_functions"] = recorded
     if not stage_frozen_layers(plpy):
         arguments["stage_frozen_layers"] = False
     if policy == "new_version":
@@ -195,6 +197,21 @@ def plan_job(plpy: Any, source_table: str, model_output_table: str, model_select
     return Plan(source, validation, mst_name, arch_name, configs, num_iterations, frequency,
                 epochs, out, arguments, frozenset(search.pruner.required_iterations()),
                 info_labels or {})
+
+
+def _check_validation(plpy: Any, source: dict, validation: dict, source_table: str) -> None:
+    """The validation data is packed like the training data (its feature shape is checked
+    against each model's input: `_check_model`)."""
+    for key in ("label_kind", "normalizing_const", "class_values", "num_classes"):
+        if key == "class_values" and _one_hot_of_same_classes(plpy, source, validation):
+            continue
+        if validation[key] != source[key]:
+            raise MadlibMopError(
+                f"validation_table {validation['packed_table']} does not match "
+                f"{source['packed_table']}: {key} differs",
+                sqlstate=errors.DATATYPE_MISMATCH,
+                hint="Pack the validation data with validation_preprocessor_dl(..., "
+                     f"training_preprocessor_table => '{source_table}').")
 
 
 def _one_hot_of_same_classes(plpy: Any, source: dict, validation: dict) -> bool:
@@ -215,7 +232,7 @@ def _one_hot_of_same_classes(plpy: Any, source: dict, validation: dict) -> bool:
 def note_ignored_compile_params(plpy: Any, texts: list[str]) -> None:
     """A NOTICE, once per call, for Keras 2 compile arguments given with their default,
     which Keras 3 no longer has (MADlib's scripts write sample_weight_mode=None)."""
-    ignored = sorted({key for text in texts for key in model_config.parse_compile_params(text).ignored})
+    ignored = sorted({key for text in texts for key in model_config.parse_compile_params(text, custom_names=None).ignored})
     if ignored:
         plpy.notice(f"compile_params: {', '.join(k + '=None' for k in ignored)} is Keras 2's "
                     "default and Keras 3 has no such argument: ignored")
@@ -273,7 +290,7 @@ def check_models(plpy: Any, plan: Plan) -> dict[str, int]:
     nothing heavy: a fit starts its workers in between."""
     built: dict = {}
     for config in plan.configs:
-        _check_model(plpy, config, plan.source, built, plan.validation)
+        _check_model(plpy, config, plan.source, built, plan.validation, custom_of(plan.arguments))
     weight_bytes = {arch: sum(int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize
                               for v in model.weights) for arch, model in built.items()}
     built.clear()
@@ -281,6 +298,63 @@ def check_models(plpy: Any, plan: Plan) -> dict[str, int]:
     return weight_bytes
 
 
-def check_config(plpy: Any, config: dict, source_table: str) -> None:
-    """One configuration against the packed training data (a searcher's new proposal)."""
-    _check_model(plpy, config, packed.read_summary(plpy, source_table, argument="source_table"), {})
+def check_config(plpy: Any, config: dict, source_table: str, arguments: dict) -> None:
+    """One configuration against the packed training data (a searcher's new proposal, or a
+    steering action's), with the custom functions the job recorded (`arguments`)."""
+    _check_model(plpy, config, packed.read_summary(plpy, source_table, argument="source_table"), {},
+                 custom=custom_of(arguments))
+
+
+def custom_functions_of(plpy: Any, object_table: str | None, texts: list[str],
+                        source: dict, also: tuple[str, ...] = ()) -> dict | None:
+    """What a job records of its custom functions: the object table and the SHA-256 of each
+    function its compile parameters name (`texts`; `also`: more names, a search grid's that
+    later proposals may use), once the table and those rows pass the
+    trust rule (`db.custom_functions`; nothing is unpickled here).  A worker checks them
+    again, and the digests, before it unpickles (`segment.models.custom_functions`)."""
+    if object_table is None or not str(object_table).strip():
+        return None
+    table, held = custom_functions.names(plpy, object_table)
+    named = {n for t in texts for n in model_config.parse_compile_params(t, custom_names=None).named()}
+    named.update(also)
+    used = sorted(named & set(held))
+    if used and segments.placement(plpy, catalog.resolve_table(plpy, source["packed_oid"])) is not None:
+        raise MadlibMopError(
+            f"custom functions ({', '.join(used)}) are not supported with segment servers",
+            sqlstate=errors.FEATURE_NOT_SUPPORTED,
+            hint="Train with built-in losses and metrics there, or on a packed table of this server.")
+    rows = custom_functions.trusted_rows(plpy, table, used, with_objects=False)
+    return {"table": catalog.name_parts(plpy, table.oid), "name": table.name,
+            "digests": {name: rows[name]["digest"] for name in used}}
+
+
+def recorded_functions(plpy: Any, recorded: dict, *, with_objects: bool) -> tuple[catalog.Table, dict]:
+    """The rows of the custom functions a job recorded, once the table and each row pass
+    the trust rule again (now, as the current role) and hold the bytes the job recorded: a
+    job runs the functions it started with, or nothing."""
+    table = catalog.resolve_table(plpy, catalog.qualified_name(plpy, recorded["table"]),
+                                  argument="object_table")
+    rows = custom_functions.trusted_rows(plpy, table, recorded["digests"], with_objects=with_objects)
+    changed = sorted(n for n, d in recorded["digests"].items() if rows[n]["digest"] != d)
+    if changed:
+        raise MadlibMopError(
+            f"custom function {', '.join(map(repr, changed))} of {table.name} changed since the "
+            "job started", sqlstate=errors.OBJECT_NOT_IN_PREREQUISITE_STATE,
+            hint="A job runs the functions it started with (the same model for the same "
+                 "configuration): put the function back to resume it, or load the new one under "
+                 "another name and start a new job.")
+    return table, rows
+
+
+def check_recorded_functions(plpy: Any, arguments: dict) -> None:
+    """Before a job runs or resumes: its custom functions are still there, trusted and
+    unchanged (workers check again before they unpickle)."""
+    if arguments.get("custom_functions"):
+        recorded_functions(plpy, arguments["custom_functions"], with_objects=False)
+
+
+def custom_of(arguments: dict) -> CustomFunctions | None:
+    """The job's custom functions as recorded (names and digests: enough to parse and
+    check its configurations; workers load the callables)."""
+    recorded = arguments.get("custom_functions")
+    return CustomFunctions(recorded["name"], dict(recorded["digests"])) if recorded else None

@@ -113,8 +113,9 @@ class JobSearch:
         entry = {"mst_key": key, "model_id": config.model_id, "model_arch": arch,
                  "compile_params": config.compile_params, "fit_params": config.fit_params,
                  "weights": weights}
-        plan.check_config(self.plpy, entry, self.job["source_table"])
-        blob = training.initial_states([training.ModelSpec.of(entry)], self.job["seed"])[key]
+        plan.check_config(self.plpy, entry, self.job["source_table"], self.args)
+        blob = training.initial_states([training.ModelSpec.of(entry, plan.custom_of(self.args))],
+                                       self.job["seed"])[key]
         self.store.add_model(entry, blob)
         return self.store.model_record(key, config.model_id, config.compile_params,
                                        config.fit_params)

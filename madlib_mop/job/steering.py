@@ -233,7 +233,7 @@ class JobSteering:
             entry = {"mst_key": key, "model_id": origin.model_id, "model_arch": arch,
                      "compile_params": request.params["compile_params"],
                      "fit_params": request.params["fit_params"], "weights": None}
-        plan.check_config(self.plpy, entry, job["source_table"])
+        plan.check_config(self.plpy, entry, job["source_table"], job["arguments"])
         blob = self._initial_state(entry, source, at)
         rounds = job["arguments"]["num_iterations"] * training.ModelSpec.of(entry).epochs
         iteration = None if source is None else at // self.models[source].per_iteration
@@ -262,7 +262,8 @@ class JobSteering:
             if entry["compile_params"] == self.models[source].compile_params:
                 return blob
             entry["weights"] = bytes(state.madlib_weights(blob))
-        return training.initial_states([training.ModelSpec.of(entry)], self.store.job["seed"])[entry["mst_key"]]
+        return training.initial_states([training.ModelSpec.of(entry, plan.custom_of(self.store.job["arguments"]))],
+                                       self.store.job["seed"])[entry["mst_key"]]
 
     def _record(self, request: Request, iteration: int | None, new_key: int | None, outcome: str) -> None:
         request.applied, request.applied_iteration, request.new_mst_key = True, iteration, new_key

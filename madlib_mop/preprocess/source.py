@@ -14,6 +14,7 @@ import numpy as np
 from madlib_mop import errors
 from madlib_mop.db import catalog, scan
 from madlib_mop.errors import MadlibMopError
+from madlib_mop.plpy_bridge import SpiError
 from madlib_mop.runtime import packing
 
 
@@ -204,15 +205,11 @@ class SourceReader:
 
 def source_error(error: Any, table: catalog.Table) -> Exception:
     """float4_pack's errors (NULL, shape, NaN, type) restated with the table's name."""
-    sqlstate = getattr(error, "sqlstate", None)
-    message = str(error.args[0]) if error.args else str(error)
-    if sqlstate not in ("22004", "22000", "22003", "42804") or "madlib_mop:" not in message:
+    said = SpiError.of(error)
+    if said.sqlstate not in ("22004", "22000", "22003", "42804") or "madlib_mop:" not in said.message:
         return error
-    spidata = getattr(error, "spidata", None) or ()
-    detail = spidata[1] if len(spidata) > 1 else None
-    hint = spidata[2] if len(spidata) > 2 else None
-    return MadlibMopError(f"{table.name}: {message.split('madlib_mop: ', 1)[1]}",
-                          sqlstate=sqlstate, detail=detail, hint=hint)
+    return MadlibMopError(f"{table.name}: {said.message.split('madlib_mop: ', 1)[1]}",
+                          sqlstate=said.sqlstate, detail=said.detail, hint=said.hint)
 
 
 def class_values_of(plpy, table, label, training) -> list:

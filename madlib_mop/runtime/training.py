@@ -22,8 +22,9 @@ from typing import Any, Iterable, Iterator, Mapping
 import numpy as np
 
 from madlib_mop.grammar import model_config
-from madlib_mop.runtime import keras_json, state
+from madlib_mop.runtime import custom_functions, keras_json, state
 from madlib_mop.runtime.buffers import Buffer
+from madlib_mop.runtime.custom_functions import CustomFunctions
 from madlib_mop.runtime.tf_runtime import import_tensorflow
 
 SPARSE_LOSSES = {"sparse_categorical_crossentropy"}
@@ -43,13 +44,16 @@ class ModelSpec:
     compile_params: str
     fit_params: str
     initial_weights: bytes | None = None
+    # The job's custom losses and metrics (`runtime.custom_functions`): in a worker, the
+    # callables compile; in the calling session, stand-ins (for initial states).
+    custom: CustomFunctions | None = None
 
     @classmethod
-    def of(cls, row: Mapping[str, Any]) -> "ModelSpec":
+    def of(cls, row: Mapping[str, Any], custom: CustomFunctions | None = None) -> "ModelSpec":
         """From any record of a configuration: a plan's entry (`weights`), a job's models row
         (`initial_weights`) or a segment server's shipped description (neither)."""
         return cls(row["mst_key"], row["model_arch"], row["compile_params"], row["fit_params"],
-                   row.get("initial_weights", row.get("weights")))
+                   row.get("initial_weights", row.get("weights")), custom)
 
     # Parsed once: a worker asks at every sub-epoch.
     @functools.cached_property
@@ -63,7 +67,9 @@ class ModelSpec:
 
     @functools.cached_property
     def compile(self) -> model_config.CompileParams:
-        return model_config.parse_compile_params(self.compile_params)
+        # (any name: configurations are checked against their object table where they are
+        # made, `job.plan`; a name that is no custom function here is Keras' to refuse)
+        return model_config.parse_compile_params(self.compile_params, custom_names=None)
 
     @functools.cached_property
     def program_key(self) -> tuple:
@@ -128,21 +134,26 @@ def build_model(spec: ModelSpec, seed: int | None):
         keras_json.set_flat_weights(model, spec.initial_weights)
     params = spec.compile
     optimizer = getattr(keras.optimizers, params.optimizer.name)(**optimizer_arguments(params.optimizer))
-    model.compile(optimizer=optimizer, loss=params.loss, metrics=keras_metrics(params),
-                  **dict(params.extra))
+    objects = custom_functions.callables(spec.custom, params.named())
+    model.compile(optimizer=optimizer, loss=objects.get(params.loss, params.loss),
+                  metrics=keras_metrics(params, objects), **dict(params.extra))
     optimizer.build(model.trainable_variables)
     return model
 
 
-def keras_metrics(params: model_config.CompileParams) -> list:
-    """The metrics to compile: their names, but top_<k>_accuracy, which Keras does not know
-    by name: its top-k accuracy (sparse with a sparse loss), named as written, so results,
-    _info tables and evaluations report it under that name."""
+def keras_metrics(params: model_config.CompileParams, objects: Mapping[str, Any] | None = None) -> list:
+    """The metrics to compile: their names, but custom functions (`objects`, from an object
+    table) and top_<k>_accuracy, which Keras does not know by name: its top-k accuracy
+    (sparse with a sparse loss).  Each is named as written, so results, _info tables and
+    evaluations report it under that name."""
     import keras
 
+    objects = objects or {}
     metric = (keras.metrics.SparseTopKCategoricalAccuracy if params.loss in SPARSE_LOSSES
               else keras.metrics.TopKCategoricalAccuracy)
-    return [name if model_config.top_k(name) is None else metric(k=model_config.top_k(name), name=name)
+    return [custom_functions.keras_metric(name, objects[name]) if name in objects
+            else name if model_config.top_k(name) is None
+            else metric(k=model_config.top_k(name), name=name)
             for name in params.metrics]
 
 
@@ -157,7 +168,8 @@ def program_key(spec: ModelSpec) -> tuple:
     arguments = tuple(sorted((k, v) for k, v in params.optimizer.written_arguments().items()
                              if k != "learning_rate" or scheduled))
     return (_canonical_architecture(spec.model_arch), params.optimizer.name, arguments,
-            params.loss, params.metrics, repr(params.extra))
+            params.loss, params.metrics, repr(params.extra),
+            spec.custom.key(params.named()) if spec.custom else ())
 
 
 def _canonical_architecture(model_arch: str) -> str:

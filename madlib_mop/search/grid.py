@@ -80,7 +80,8 @@ def optimizer_from(choice: dict, text: str) -> Optimizer:
 
 
 def compile_params_text(optimizer: Optimizer, values: dict, text: str) -> str:
-    return str(compile_params_from({"optimizer": optimizer, **values}, text))
+    # (names a grid's object table holds are checked by its caller: `api.model_catalog`, a job)
+    return str(compile_params_from({"optimizer": optimizer, **values}, text, custom_names=None))
 
 
 def _flat_items(grid: dict):

@@ -23,7 +23,7 @@ def objective_for(metric: str | None, direction: str | None, compile_params: Map
                   has_validation: bool, argument: str) -> Objective:
     texts = compile_params.values() if isinstance(compile_params, Mapping) else compile_params
     return objective_from(metric, direction, has_validation,
-                          [model_config.parse_compile_params(t).metrics for t in texts], argument)
+                          [model_config.parse_compile_params(t, custom_names=None).metrics for t in texts], argument)
 
 
 def hyperband_brackets(R: int, eta: int, skip_last: int) -> dict[int, int]:

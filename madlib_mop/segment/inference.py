@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 
 from madlib_mop.db import catalog, packed, scan
-from madlib_mop.preprocess.source import feature_columns
+from madlib_mop.preprocess.source import feature_columns, source_error
 from madlib_mop.runtime import keras_json, packing, training
 from madlib_mop.runtime.buffers import PackedColumns, scan_partition
-from madlib_mop.segment.models import ModelRef, build, trained_models
+from madlib_mop.segment.models import ModelRef, build, custom_functions, trained_models
 
 
 PREDICT_BATCH = 4096
@@ -37,6 +37,9 @@ def worker_evaluate(plpy: Any, task: str, partition: int) -> str:
     buffers = scan_partition(plpy, test["packed_table"], PackedColumns(
         x_col, y_col, classification, task["modulus"]), partition)
     refs = [trained_models(plpy, task["model_table"], k, all_models=True)[0] for k in task["mst_keys"]]
+    custom = custom_functions(plpy, task.get("custom_functions"))
+    for ref in refs:
+        ref.custom = custom
     return _evaluate_on(refs, buffers, classification)
 
 
@@ -47,8 +50,10 @@ def segment_evaluate(plpy: Any, task: str, partition: int, weights: list[bytes])
     columns = PackedColumns(*task["columns"])
     buffers = scan_partition(plpy, catalog.qualified_name(plpy, task["partitions"][str(partition)]),
                              columns, partition)
+    # (custom functions only where the object table is: this server, a temporary model table)
+    custom = custom_functions(plpy, task.get("custom_functions"))
     refs = [ModelRef(None, m["mst_key"], m["model_arch"], bytes(w), m["compile_params"], None,
-                     1.0, columns.label) for m, w in zip(task["models"], weights)]
+                     1.0, columns.label, custom=custom) for m, w in zip(task["models"], weights)]
     return _evaluate_on(refs, buffers, columns.classification)
 
 
@@ -118,7 +123,10 @@ def worker_predict(plpy: Any, task: str, first_block: int, last_block: int, weig
             [ids_type, "bytea", "integer"])
     rows_done, started = 0, time.perf_counter()
     for bounds in scan.block_chunks(first_block, last_block):
-        row = plpy.execute(chunk, list(bounds))[0]
+        try:
+            row = plpy.execute(chunk, list(bounds))[0]
+        except plpy.SPIError as error:  # float4_pack's: NULL features, rows of several shapes
+            raise source_error(error, source) from None
         if not row["n"]:
             continue
         n = row["n"]

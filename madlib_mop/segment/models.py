@@ -10,8 +10,10 @@ from typing import Any
 from madlib_mop import errors
 from madlib_mop.db import catalog
 from madlib_mop.errors import MadlibMopError
+from madlib_mop.job import plan
 from madlib_mop.job.tables import TABLE_SUFFIXES
 from madlib_mop.runtime import keras_json, training
+from madlib_mop.runtime.custom_functions import CustomFunctions, unpickle
 
 
 
@@ -28,10 +30,12 @@ class ModelRef:
     normalizing_const: float
     dependent_varname: str
     model_oid: int | None = None
+    object_table: str | None = None  # custom functions (the fit's summary names the table)
+    custom: CustomFunctions | None = None  # in a worker: those functions, loaded
 
     def spec(self) -> training.ModelSpec:
         return training.ModelSpec(self.mst_key or 0, self.model_arch,
-                                  self.compile_params or "loss='mse'", "", None)
+                                  self.compile_params or "loss='mse'", "", None, self.custom)
 
 
 def summary_of(plpy: Any, table: catalog.Table) -> dict:
@@ -85,7 +89,28 @@ def trained_models(plpy: Any, model_table: str | int, mst_key: int | None, *, al
     return [ModelRef(table.name, None if single else r["mst_key"], r["model_arch"],
                      r["model_weights"] if r["model_weights"] is not None
                      else weights_in_pieces(plpy, table, r["mst_key"]), r["compile_params"], values,
-                     float(summary["normalizing_const"] or 1.0), label, table.oid) for r in rows]
+                     float(summary["normalizing_const"] or 1.0), label, table.oid,
+                     summary.get("object_table")) for r in rows]
+
+
+_loaded: dict[tuple, dict] = {}  # (object table oid, name, digest) -> callable, per session
+
+
+def custom_functions(plpy: Any, recorded: dict | None) -> CustomFunctions | None:
+    """The custom functions a job recorded (`job.plan.custom_functions_of`), loaded in this
+    worker session: the object table and each row pass the trust rule again, now and as this
+    session's role, and hold the bytes the job recorded; only then are they unpickled."""
+    if not recorded:
+        return None
+    table, rows = plan.recorded_functions(plpy, recorded, with_objects=True)
+    digests = dict(recorded["digests"])
+    objects = {}
+    for name, expected in digests.items():
+        key = (table.oid, name, expected)
+        if key not in _loaded:
+            _loaded[key] = unpickle(name, rows[name]["object"], table.name)
+        objects[name] = _loaded[key]
+    return CustomFunctions(table.name, digests, objects)
 
 
 def class_values(summary: dict, label: str) -> list | None:

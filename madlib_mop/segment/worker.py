@@ -36,7 +36,8 @@ from madlib_mop.engine.base import VisitRecord, finite_json
 from madlib_mop.job import memory, store
 from madlib_mop.job import state_store
 from madlib_mop.runtime import staging, training
-from madlib_mop.segment import features
+from madlib_mop.runtime.custom_functions import CustomFunctions
+from madlib_mop.segment import features, models
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.runtime.buffers import Buffer, PackedColumns, scan_partition
 from madlib_mop.runtime.tf_runtime import import_tensorflow, worker_threads
@@ -60,6 +61,7 @@ class JobContext:
     staged: bool = True
     features: dict[tuple, features.Staged] = field(default_factory=dict)
     digests: dict[int, str] = field(default_factory=dict)  # mst_key -> its prefix's digest
+    custom: CustomFunctions | None = None  # the job's custom losses and metrics, loaded
 
 
 _contexts: dict[tuple[int, str], JobContext] = {}  # (job_id, owner)
@@ -149,12 +151,13 @@ def context(plpy: Any, job_id: int) -> JobContext:
                      _packed(plpy, job["validation_table"], job["validation_partitions"])
                      if job["validation_table"] else None,
                      0)
+    arguments = json.loads(job["arguments"])
+    ctx.custom = models.custom_functions(plpy, arguments.get("custom_functions"))
     for row in store.job_models(plpy, tables["models"]):
-        ctx.specs[row["mst_key"]] = training.ModelSpec.of(row)
+        ctx.specs[row["mst_key"]] = training.ModelSpec.of(row, ctx.custom)
     durable = state_store.StateTable(state_store.plpy_executor(plpy), tables["state"])
     ctx.states = state_store.StateStore(
         durable, state_store.HopFiles.of(lambda q: plpy.execute(q)[0].popitem()[1], job_id))
-    arguments = json.loads(job["arguments"])
     ctx.budget_bytes = _budget_bytes(plpy, arguments.get("use_caching") is not False,
                                      memory.models_bytes(list(ctx.specs.values()), durable.sizes()))
     ctx.staged = arguments.get("stage_frozen_layers", True)
@@ -169,7 +172,7 @@ def _spec(plpy: Any, ctx: JobContext, mst_key: int) -> training.ModelSpec:
     is read now (a segment server's session is shipped the job again instead)."""
     if mst_key not in ctx.specs and ctx.tables:
         for row in store.job_models(plpy, ctx.tables["models"], mst_key):
-            ctx.specs[mst_key] = training.ModelSpec.of(row)
+            ctx.specs[mst_key] = training.ModelSpec.of(row, ctx.custom)
     if mst_key not in ctx.specs:
         raise MadlibMopError(f"job {ctx.job_id} has no model {mst_key}", sqlstate=errors.DATA_EXCEPTION,
                              hint="The job's tables were changed; start the job again.")

@@ -17,12 +17,13 @@ import sys
 import numpy as np
 import psycopg
 from psycopg.rows import dict_row, tuple_row
-from psycopg.sql import SQL
+from psycopg.sql import SQL, Identifier
 
 from madlib_mop.db import packed
 from madlib_mop.job import outputs, tables as job_tables
 from madlib_mop.job.store import identifiers
 from madlib_mop.runtime import training
+from madlib_mop.runtime.custom_functions import CustomFunctions, digest, unpickle
 from madlib_mop.runtime.buffers import Buffer, PackedColumns, in_memory
 from madlib_mop.tools.embedded import configured_dsn
 
@@ -67,7 +68,8 @@ def replay(conn: psycopg.Connection, model_output_table: str, mst_key: int) -> n
     if spec_row is None:
         raise LookupError(f"mst_key {mst_key} is not a model of {model_output_table}")
     spec = training.ModelSpec(mst_key, _json_text(spec_row["model_arch"]), spec_row["compile_params"],
-                              spec_row["fit_params"], spec_row["initial_weights"])
+                              spec_row["fit_params"], spec_row["initial_weights"],
+                              _custom_functions(conn, job["arguments"]))
     summary_name = conn.execute(
         "SELECT format('%%I.%%I', n.nspname, c.relname || '_summary') AS s FROM pg_class c "
         "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass(%s)",
@@ -88,6 +90,26 @@ def replay(conn: psycopg.Connection, model_output_table: str, mst_key: int) -> n
         training.train_subepoch(program, spec, buffers[segment], job["seed"], visit["step"],
                                 classification)
     return np.concatenate([w.ravel() for w in program.model.get_weights()]).astype(np.float32)
+
+
+def _custom_functions(conn: psycopg.Connection, arguments) -> CustomFunctions | None:
+    """The job's custom functions, the bytes it recorded (by digest), loaded in this process
+    (the caller's own Python: replaying runs the job's loss and metrics here)."""
+    import json
+
+    recorded = (json.loads(arguments) if isinstance(arguments, str) else arguments).get("custom_functions")
+    if not recorded:
+        return None
+    table = Identifier(*recorded["table"])
+    rows = {r["name"]: r["object"] for r in conn.execute(
+        SQL("SELECT name, object FROM {} WHERE name = ANY(%s)").format(table), (list(recorded["digests"]),))}
+    objects = {}
+    for name, expected in recorded["digests"].items():
+        if name not in rows or digest(rows[name]) != expected:
+            raise LookupError(f"custom function {name!r} of {'.'.join(recorded['table'])} is gone "
+                              "or changed since the job ran")
+        objects[name] = unpickle(name, rows[name], ".".join(recorded["table"]))
+    return CustomFunctions(".".join(recorded["table"]), dict(recorded["digests"]), objects)
 
 
 def _json_text(value) -> str:
