@@ -164,8 +164,8 @@ def test_generate_model_configs_random_is_reproducible(conn, arch):
     (("arch_m", "mst_bad", [1], COMPILE_GRID, "{'batch_size': [0]}"), "22023", "positive integer"),
     (("arch_m", "mst_bad", [1], COMPILE_GRID, FIT_GRID, "exhaustive"), "22023", "neither 'grid' nor 'random'"),
     (("arch_m", "mst_bad", [1], COMPILE_GRID, FIT_GRID, "grid", 3), "22023", "for random search"),
-    (("arch_m", "mst_bad", [1], COMPILE_GRID, FIT_GRID, "grid", None, None, "objs"), "0A000",
-     "object_table"),
+    (("arch_m", "mst_bad", [1], COMPILE_GRID, FIT_GRID, "grid", None, None, "objs"), "42P01",
+     "object_table: Input table 'objs' does not exist"),
 ])
 def test_generate_model_configs_bad_input(conn, arch, args, sqlstate, message):
     placeholders = sql.SQL(", ").join([sql.Placeholder()] * len(args))

@@ -93,3 +93,26 @@ def test_readme_transfer_learning_runs(conn):
         staged, whole = np.frombuffer(staged, "<f4"), np.frombuffer(whole, "<f4")
         assert bytes(staged[:frozen_bytes // 4]) == bytes(whole[:frozen_bytes // 4]) == bytes(arch)[:frozen_bytes]
         assert np.abs(staged - whole).max() < 1e-4
+
+
+def _readme_python(heading: str) -> str:
+    text = (REPO_ROOT / "README.md").read_text()
+    return re.search(r"```python\n(.*?)```", text[text.index(heading):], re.S).group(1)
+
+
+def test_readme_custom_functions_run(conn, extension_dsn):
+    """The section's Python (as a notebook runs it: module __main__) loads the loss; its SQL
+    trains and evaluates with it and with a top-k metric loaded from SQL."""
+    if conn.execute("SELECT to_regclass('public.iris_packed')").fetchone()[0] is None:
+        test_readme_session_runs(conn)
+    exec(compile(_readme_python("## Custom losses and metrics"), "README", "exec"),
+         {"__name__": "__main__", "dsn": extension_dsn})
+    results = [conn.execute(statement).fetchall() if statement.strip().startswith("SELECT")
+               else conn.execute(statement) and None
+               for statement in _readme_block("## Custom losses and metrics").split(";\n")
+               if statement.strip()]
+    functions, evaluation = results[2], results[-1]
+    assert [(r[0], r[1]) for r in functions] == [(1, "focal_crossentropy"), (2, "top_2_accuracy")]
+    (loss_type, metrics), = evaluation
+    assert loss_type == "focal_crossentropy" and 0.0 < metrics["top_2_accuracy"] <= 1.0
+    assert 0.0 < metrics["loss"] < 2.0

@@ -15,6 +15,40 @@ from madlib_mop.runtime.buffers import Buffer
 COMPILE = "optimizer='Adam(learning_rate=0.01)',loss='categorical_crossentropy',metrics=['accuracy']"
 
 
+def _rows_change_bits() -> bool:
+    """Does this machine compute a row of a Dense or convolution layer differently with
+    other rows beside it?  oneDNN picks kernels by the number of rows on some CPUs (seen on
+    an AMD EPYC): there staged training equals whole training within float rounding, not
+    bit for bit, as the README and docs/architecture.md say; elsewhere, bit for bit."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    L = keras.layers
+    probe = keras.Sequential([keras.Input((12, 12, 3)), L.Conv2D(6, 3), L.Flatten(), L.Dense(16)])
+    x = np.random.default_rng(0).normal(size=(40, 12, 12, 3)).astype("float32")
+    together = np.asarray(probe(x, training=False))
+    alone = np.concatenate([np.asarray(probe(x[i:i + 1], training=False)) for i in range(len(x))])
+    return not np.array_equal(together, alone)
+
+
+ROWS_CHANGE_BITS = _rows_change_bits()
+
+
+def _same(a, b) -> bool:
+    """Equal bit for bit, or within float rounding where rows change bits."""
+    if not ROWS_CHANGE_BITS:
+        return a == b if not isinstance(a, np.ndarray) else np.array_equal(a, b)
+    if a is None or b is None:
+        return a is b
+    if isinstance(a, (bytes, bytearray)):
+        a, b = np.frombuffer(a, "<f4"), np.frombuffer(b, "<f4")
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return bool(np.allclose(a, b, rtol=1e-4, atol=1e-5))
+
+
 def _config(*layers) -> dict:
     import keras
 
@@ -100,8 +134,8 @@ def test_staged_training_gives_the_whole_models_state_bit_for_bit():
         metrics.append(training.evaluate(program, spec, used, True).means())
         blob = bytes(program.capture())
         results.append((metrics, blob[state.split(blob)[1]:]))
-    assert results[0][0] == results[1][0]
-    assert results[0][1] == results[1][1]  # the payload: the names in the header differ
+    assert _same(results[0][0], results[1][0])
+    assert _same(results[0][1], results[1][1])  # the payload: the names in the header differ
 
 
 def test_features_are_the_same_bits_whatever_the_rows_computed_at_once(monkeypatch):
@@ -112,9 +146,9 @@ def test_features_are_the_same_bits_whatever_the_rows_computed_at_once(monkeypat
     x = np.concatenate([b.load()[0] for b in _buffers()])
     together = staged.features(x)
     monkeypatch.setattr(staging, "FEATURE_ROWS", 7)
-    assert np.array_equal(together, staged.features(x))
+    assert _same(together, staged.features(x))
     one_by_one = np.concatenate([staged.features(x[i:i + 1]) for i in range(len(x))])
-    assert np.array_equal(together, one_by_one)
+    assert _same(together, one_by_one)
     assert together.shape == (len(x),) + staged.feature_shape == (len(x), 54)
 
 
@@ -220,8 +254,8 @@ def test_a_job_trains_staged_models_to_the_unstaged_weights(db, extension_dsn):
     _fit(extension_dsn, "whole_out", staged=False)
     staged, whole = _weights(db, "staged_out"), _weights(db, "whole_out")
     assert staged.keys() == whole.keys() and len(staged) == 8
-    assert staged == whole
-    assert _validation(db, "staged_out") == _validation(db, "whole_out")
+    assert _same(staged, whole)
+    assert _same(_validation(db, "staged_out"), _validation(db, "whole_out"))
     visits = _staged_visits(db, "staged_out")
     prefixes = {}
     for model_id, report, _, _ in visits:
@@ -244,13 +278,13 @@ def test_features_over_the_memory_budget_spill_to_a_table_with_the_same_weights(
     temporary table, and are read back a buffer at a time."""
     _fit(extension_dsn, "spilled_out", staged=True, caching=False)
     _fit(extension_dsn, "whole_uncached_out", staged=False, caching=False)
-    assert _weights(db, "spilled_out") == _weights(db, "whole_uncached_out")
+    assert _same(_weights(db, "spilled_out"), _weights(db, "whole_uncached_out"))
     # Again, in the worker sessions kept for the role, whose temporary table exists: they
     # serve the job (no session lost, no retry) and empty it of the last job's features.
     notices = _fit(extension_dsn, "spilled_again_out", staged=True, caching=False)
     assert not [n for n in notices if "retrying" in n or "did not answer" in n], notices
     assert _weights(db, "spilled_again_out") == _weights(db, "spilled_out")
-    assert _validation(db, "spilled_out") == _validation(db, "whole_uncached_out")
+    assert _same(_validation(db, "spilled_out"), _validation(db, "whole_uncached_out"))
     reports = [r for _, r, _, _ in _staged_visits(db, "spilled_out") if r]
     assert reports and all(r["spilled"] for r in reports)
     computed = [r for r in reports if r["computed"]]

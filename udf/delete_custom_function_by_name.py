@@ -1,4 +1,4 @@
-from madlib_mop.api.custom_functions import delete_custom_function
+from madlib_mop.api.custom_functions import delete_custom_function_by_name
 from madlib_mop.plpy_bridge import run
 
-run(plpy, delete_custom_function, object_table, name=name)
+run(plpy, delete_custom_function_by_name, object_table, name)

@@ -63,8 +63,15 @@ def _object_table(plpy: Any, object_table: str | None) -> str:
     return new.quoted
 
 
-def delete_custom_function(plpy: Any, object_table: str, id: int | None = None,
-                           name: str | None = None) -> None:
+def delete_custom_function(plpy: Any, object_table: str, id: int | None) -> None:
+    _delete(plpy, object_table, id, None)
+
+
+def delete_custom_function_by_name(plpy: Any, object_table: str, name: str | None) -> None:
+    _delete(plpy, object_table, None, name)
+
+
+def _delete(plpy: Any, object_table: str, id: int | None, name: str | None) -> None:
     table = catalog.resolve_table(plpy, object_table, argument="object_table")
     custom_functions.check_columns(plpy, table)
     if id is None and name is None:

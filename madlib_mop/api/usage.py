@@ -276,14 +276,19 @@ row such a role wrote (the table's trigger records the writer in written_by).
 delete_custom_function: delete a function from an object table (by id or by name); the
 table is dropped with its last function when the caller owns it.
 
-SELECT delete_custom_function(object_table varchar, id integer);
-SELECT delete_custom_function(object_table varchar, name text);
+SELECT delete_custom_function(
+    object_table varchar,
+    id           integer   -- the function's id; or, as name text, its name
+);
 """,
     "load_top_k_accuracy_function": """
 load_top_k_accuracy_function: store Keras' top-k categorical accuracy for one k as the
 custom metric top_<k>_accuracy (as load_custom_function; the same roles may load it).
 
-SELECT load_top_k_accuracy_function(object_table varchar, k integer);
+SELECT load_top_k_accuracy_function(
+    object_table varchar,   -- created if it does not exist, as by load_custom_function
+    k            integer    -- the function is named top_<k>_accuracy
+);
 (metrics=['top_3_accuracy'] also works without an object table: it is built in.)
 """,
 }

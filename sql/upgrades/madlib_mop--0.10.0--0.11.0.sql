@@ -3,10 +3,10 @@
 
 -- MADlib's custom functions are built (sql/55_custom_functions.sql) instead of refused: the
 -- refusing three-argument load_custom_function goes (the new one's description has a
--- default), and the refusals' comments with it.
-DROP FUNCTION @extschema@.load_custom_function(varchar, bytea, text);
+-- default), and, after this version's routines, the refusals' comments.
+DROP FUNCTION IF EXISTS @extschema@.load_custom_function(varchar, bytea, text);
+-- @routines
 COMMENT ON FUNCTION @extschema@.load_custom_function(varchar, bytea, text, text) IS NULL;
 COMMENT ON FUNCTION @extschema@.delete_custom_function(varchar, integer) IS NULL;
 COMMENT ON FUNCTION @extschema@.delete_custom_function(varchar, text) IS NULL;
 COMMENT ON FUNCTION @extschema@.load_top_k_accuracy_function(varchar, integer) IS NULL;
--- @routines

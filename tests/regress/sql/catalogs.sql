@@ -58,7 +58,7 @@ SELECT convert_bytea_to_real_array(convert_array_to_bytea(ARRAY[1.5, -2, 0.25]::
 SELECT int4_unpack(substring(p FROM 1 FOR 8)) AS header, float4_unpack(substring(p FROM 9)) AS values
 FROM (SELECT float4_pack(x) AS p FROM (VALUES (ARRAY[1, 2]::real[]), (ARRAY[3, 4.5]::real[])) AS t(x)) AS packed;
 SELECT float4_pack(x) FROM (VALUES (ARRAY[1, 2]::real[]), (ARRAY[3, 'NaN']::real[])) AS t(x);
--- refused for safety, with the safe alternative
+-- bytes that are no pickle are refused without running them; GPUs are refused
 SELECT load_custom_function('cat_objects', '\x00'::bytea, 'fn');
 SELECT gpu_configuration('cat_gpu');
 -- written_in_transaction: what the open-transaction check of the inputs asks
