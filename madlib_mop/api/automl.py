@@ -194,7 +194,10 @@ def _hyperband(params: dict, ids: list, compile_grid: dict, fit_grid: dict, seed
     count = sum(r[0].n_i for r in rungs.values())
     configs = grid.all_configs(grid.RandomSearcher(ids, compile_grid, fit_grid, count, seed))
     brackets = setup.hyperband_brackets(params["R"], params["eta"], params["skip_last"])
-    return Proposal(configs, params["R"], {key: {"s": s, "i": 0} for key, s in brackets.items()},
+    # The most iterations a model trains: R, or less when skip_last drops the last rounds
+    # (MADlib's num_iterations and metrics_compute_frequency then say so too).
+    most = max(rung.r_i for bracket in rungs.values() for rung in bracket)
+    return Proposal(configs, most, {key: {"s": s, "i": 0} for key, s in brackets.items()},
                     len(rungs))
 
 
