@@ -92,6 +92,26 @@ def psql_script(dsn: str, script: str) -> subprocess.CompletedProcess:
                               capture_output=True, text=True, timeout=600)
 
 
+def psql_rows(dsn: str, script: str) -> list[str]:
+    """The rows `script` prints (run as `psql_script` runs it), unaligned (`a|b`); it must
+    succeed."""
+    done = psql_script(dsn, "\\pset format unaligned\n\\pset tuples_only on\n" + script)
+    assert done.returncode == 0, done.stderr
+    return [line for line in done.stdout.splitlines() if line]
+
+
+def psql_error(dsn: str, script: str) -> dict:
+    """The error `script` ends with (run as `psql_script` runs it): sqlstate, message,
+    detail and hint, as psql prints them with VERBOSITY verbose."""
+    done = psql_script(dsn, "\\set VERBOSITY verbose\n" + script)
+    assert done.returncode != 0, f"not refused: {script}"
+    found = re.search(r"ERROR:  (\w{5}): (.*)", done.stderr)
+    assert found, done.stderr
+    detail, hint = (re.search(rf"{word}:  (.*)", done.stderr) for word in ("DETAIL", "HINT"))
+    return {"sqlstate": found.group(1), "message": found.group(2),
+            "detail": detail.group(1) if detail else None, "hint": hint.group(1) if hint else None}
+
+
 @contextlib.contextmanager
 def held_job(conn: psycopg.Connection, out: str, done: int, timeout: float = 120.0):
     """The job writing public.<out>, held still once it has `done` sub-epochs, until the block

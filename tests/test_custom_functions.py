@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import re
 import uuid
 
 import dill
@@ -18,7 +17,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from tests.conftest import connect, coordinator_killed_mid_job, psql_script
+from tests.conftest import connect, coordinator_killed_mid_job, psql_error, psql_rows
 
 PASSWORD = "custom-fn-" + uuid.uuid4().hex[:8]
 COMPILE = ("loss='scaled_crossentropy', optimizer='Adam(lr=0.05)', "
@@ -110,18 +109,11 @@ def _dsn(dsn: str, role: str | None) -> str:
 
 
 def _script(dsn: str, script: str, role: str | None = None) -> list[str]:
-    done = psql_script(_dsn(dsn, role), "\\pset format unaligned\n\\pset tuples_only on\n" + script)
-    assert done.returncode == 0, done.stderr
-    return [line for line in done.stdout.splitlines() if line]
+    return psql_rows(_dsn(dsn, role), script)
 
 
 def _error(dsn: str, script: str, role: str | None = None) -> dict:
-    done = psql_script(_dsn(dsn, role), "\\set VERBOSITY verbose\n" + script)
-    assert done.returncode != 0, f"not refused: {script}"
-    found = re.search(r"ERROR:  (\w{5}): (.*)", done.stderr)
-    assert found, done.stderr
-    hint = re.search(r"HINT:  (.*)", done.stderr)
-    return {"sqlstate": found.group(1), "message": found.group(2), "hint": hint.group(1) if hint else None}
+    return psql_error(_dsn(dsn, role), script)
 
 
 def _fit(out: str, object_table: str = "fns", compile_params: str = COMPILE, iterations: int = 3) -> str:

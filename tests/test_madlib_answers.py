@@ -7,12 +7,11 @@ packs it, and the error texts carry MADlib's phrases."""
 from __future__ import annotations
 
 import json
-import re
 
 import numpy as np
 import pytest
 
-from tests.conftest import connect, psql_script
+from tests.conftest import connect, psql_error, psql_rows, psql_script
 
 # A model of images of 4x4 pixels and 3 channels (channels last): 48 values per row.
 IMAGE_MODEL = json.dumps({"class_name": "Sequential", "config": {"name": "img", "layers": [
@@ -53,27 +52,10 @@ def dsn(extension_dsn):
     return extension_dsn
 
 
-def _script(dsn: str, script: str) -> list[str]:
-    """The script's result rows, unaligned (`a|b`)."""
-    done = psql_script(dsn, "\\pset format unaligned\n\\pset tuples_only on\n" + script)
-    assert done.returncode == 0, done.stderr
-    return [line for line in done.stdout.splitlines() if line]
-
-
-def _error(dsn: str, statement: str) -> dict:
-    """The error a statement of a script ends with: SQLSTATE, message, DETAIL, HINT."""
-    done = psql_script(dsn, "\\set VERBOSITY verbose\n" + statement)
-    assert done.returncode != 0, f"not refused: {statement}"
-    found = re.search(r"ERROR:  (\w{5}): (.*)", done.stderr)
-    assert found, done.stderr
-    detail = re.search(r"DETAIL:  (.*)", done.stderr)
-    hint = re.search(r"HINT:  (.*)", done.stderr)
-    return {"sqlstate": found.group(1), "message": found.group(2),
-            "detail": detail.group(1) if detail else None, "hint": hint.group(1) if hint else None}
 
 
 def _exists(dsn: str, table: str) -> bool:
-    return _script(dsn, f"SELECT to_regclass('{table}') IS NOT NULL;") == ["t"]
+    return psql_rows(dsn, f"SELECT to_regclass('{table}') IS NOT NULL;") == ["t"]
 
 
 # ---- 1. data of another shape than the model's input ---------------------------------------
@@ -96,7 +78,7 @@ def _exists(dsn: str, table: str) -> bool:
 def test_another_shape_of_the_same_values_is_refused(dsn, what, statement, found):
     """The model takes (4, 4, 3); the same 48 values as (3, 4, 4) or flat would reshape
     without an error and give wrong answers: refused with both shapes, as MADlib does."""
-    error = _error(dsn, statement)
+    error = psql_error(dsn, statement)
     assert error["sqlstate"] == "22023", error
     assert "Input shape [4, 4, 3] in the model architecture does not match the input shape " \
            f"{found} of column x in table" in error["message"], error
@@ -105,7 +87,7 @@ def test_another_shape_of_the_same_values_is_refused(dsn, what, statement, found
 
 
 def test_the_right_shape_predicts(dsn):
-    rows = _script(dsn, """
+    rows = psql_rows(dsn, """
         SELECT madlib_keras_predict('image_model', 'images', 'id', 'x', 'p_ok', 'response');
         SELECT count(*), count(DISTINCT id) FROM p_ok;
         DROP TABLE p_ok;""")
@@ -116,11 +98,11 @@ def test_rows_of_another_shape_after_the_first_are_refused(dsn):
     """Predict checks the first row before any worker starts; every later row is checked
     where it is read (a chunk whose rows differ in shape is refused by the packing
     aggregate, a chunk of rows of another shape by the worker)."""
-    _script(dsn, """
+    psql_rows(dsn, """
         CREATE TABLE images_mixed AS SELECT * FROM images WHERE id < 20;
         INSERT INTO images_mixed SELECT id + 100, x, y FROM images_chw;
         INSERT INTO images_mixed SELECT id + 200, x, y FROM images_chw;""")
-    error = _error(dsn, "SELECT madlib_keras_predict('image_model', 'images_mixed', 'id', 'x', 'p_mixed')")
+    error = psql_error(dsn, "SELECT madlib_keras_predict('image_model', 'images_mixed', 'id', 'x', 'p_mixed')")
     assert error["sqlstate"] in ("22000", "22023"), error
     if error["sqlstate"] == "22000":
         assert "differ in shape" in error["message"], error
@@ -134,7 +116,7 @@ def test_rows_of_another_shape_after_the_first_are_refused(dsn):
 def one_hot_model(dsn):
     """A model fit on one-hot label arrays of 5 classes, its summary's class values then
     set as MADlib's test scripts set them for one-hot data: NULL."""
-    _script(dsn, f"""
+    psql_rows(dsn, f"""
         CREATE TABLE five AS SELECT i AS id,
             ARRAY[i % 5, (i / 5) % 3, i % 7, i % 2]::real[] AS attributes,
             (SELECT array_agg((k = i % 5)::int ORDER BY k) FROM generate_series(0, 4) k)::smallint[] AS y
@@ -158,7 +140,7 @@ def test_one_hot_models_predict_positions(one_hot_model, model, class_values, nu
     positions '0' .. '4' (num_classes of them, else the model's outputs).  (A NULL array
     and no num_classes is a regression model's summary.)"""
     mst = ", NULL, 1" if model == "five_multi" else ""
-    rows = _script(one_hot_model, f"""
+    rows = psql_rows(one_hot_model, f"""
         UPDATE {model}_summary SET y_class_values = {class_values}, num_classes = {num_classes};
         SELECT madlib_keras_predict('{model}', 'five', 'id', 'attributes', 'five_prob', 'prob'{mst});
         SELECT count(*), count(DISTINCT id), string_agg(DISTINCT class_value, ',' ORDER BY class_value)
@@ -188,7 +170,7 @@ def test_null_validation_label_is_packed_as_madlib_packs_it(dsn):
     assert done.returncode == 0, done.stderr
     assert "3 rows have a NULL label, which is no class of" in done.stderr
     assert "all-zero one-hot label, as MADlib packs them" in done.stderr
-    rows = _script(dsn, """
+    rows = psql_rows(dsn, """
         SELECT num_rows FROM images_valid_packed_summary;
         SELECT y_class_values FROM images_valid_packed_summary;
         SELECT validation_loss_final IS NOT NULL FROM image_valid_model_summary;""")
@@ -202,11 +184,11 @@ def test_null_validation_label_is_packed_as_madlib_packs_it(dsn):
 
 
 def test_other_unknown_validation_labels_are_still_refused(dsn):
-    _script(dsn, """
+    psql_rows(dsn, """
         CREATE TABLE images_other AS SELECT * FROM images WHERE id < 10;
         UPDATE images_other SET y = 'grey' WHERE id < 2;
         UPDATE images_other SET y = NULL WHERE id = 5;""")
-    error = _error(dsn, "SELECT validation_preprocessor_dl('images_other', 'images_other_packed', "
+    error = psql_error(dsn, "SELECT validation_preprocessor_dl('images_other', 'images_other_packed', "
                         "'y', 'x', 'images_packed')")
     assert error["sqlstate"] == "22023" and "'grey'" in error["message"], error
     assert not _exists(dsn, "images_other_packed")
@@ -233,7 +215,7 @@ def test_other_unknown_validation_labels_are_still_refused(dsn):
      "Input table 'public.empty_images' is empty"),
 ])
 def test_madlib_phrases(dsn, statement, sqlstate, phrase):
-    error = _error(dsn, statement)
+    error = psql_error(dsn, statement)
     assert error["sqlstate"] == sqlstate and phrase in error["message"], error
     assert error["hint"]
     assert not _exists(dsn, "x_out")

@@ -27,7 +27,7 @@ import re
 import dill
 import pytest
 
-from tests.conftest import connect, psql_script
+from tests.conftest import connect, psql_error, psql_rows
 
 # MADlib's iris set-up: model 1 trains, model 2 has every layer frozen (Keras 2.1.6 JSON).
 def _dense(name: str, units: int, activation: str, trainable: bool, first: bool = False) -> dict:
@@ -85,7 +85,7 @@ def dsn(extension_dsn):
         with conn.cursor().copy("COPY iris_data (attributes, class_text) FROM STDIN") as copy:
             for x, y in sorted(zip(iris.data.tolist(), iris.target.tolist()), key=lambda r: r[1]):
                 copy.write_row(([str(v) for v in x], names[y]))
-    _script(extension_dsn, f"""
+    psql_rows(extension_dsn, f"""
         CREATE TABLE iris_data_one_hot_encoded AS SELECT id, attributes,
             ARRAY[(class_text = 'Iris-setosa')::int, (class_text = 'Iris-versicolor')::int,
                   (class_text = 'Iris-virginica')::int] AS class_one_hot_encoded FROM iris_data;
@@ -104,22 +104,15 @@ def dsn(extension_dsn):
     return extension_dsn
 
 
-def _script(dsn: str, script: str) -> list[str]:
-    done = psql_script(dsn, "\\pset format unaligned\n\\pset tuples_only on\n" + script)
-    assert done.returncode == 0, done.stderr
-    return [line for line in done.stdout.splitlines() if line]
-
 
 def _refused(dsn: str, script: str) -> str:
     """MADlib's trap_error(...) = 1: the last statement fails (its SQLSTATE)."""
-    done = psql_script(dsn, "\\set VERBOSITY verbose\n" + script)
-    assert done.returncode != 0, f"not refused: {script}"
-    return re.search(r"ERROR:  (\w{5})", done.stderr).group(1)
+    return psql_error(dsn, script)["sqlstate"]
 
 
 def _counts(dsn: str) -> list[str]:
     """automl_mst_table, its summary, automl_output_summary, automl_output, automl_output_info."""
-    return _script(dsn, "SELECT (SELECT count(*) FROM automl_mst_table) || '/' || "
+    return psql_rows(dsn, "SELECT (SELECT count(*) FROM automl_mst_table) || '/' || "
                         "(SELECT count(*) FROM automl_mst_table_summary) || '/' || "
                         "(SELECT count(*) FROM automl_output_summary) || '/' || "
                         "(SELECT count(*) FROM automl_output) || '/' || "
@@ -136,7 +129,7 @@ MST_A = ("SELECT load_model_selection_table('iris_model_arch', 'pg_temp.mst_tabl
 
 
 def test_e2e_fit_multiple_into_another_schema_then_predict_and_evaluate(dsn):
-    rows = _script(dsn, f"""
+    rows = psql_rows(dsn, f"""
         {MST_A}
         CREATE SCHEMA deep_learning_schema;
         SELECT madlib_keras_fit_multiple_model('iris_data_packed', 'deep_learning_schema.iris_multiple_model',
@@ -162,7 +155,7 @@ def test_e2e_fit_multiple_into_another_schema_then_predict_and_evaluate(dsn):
 
 
 def test_e2e_one_hot_labels(dsn):
-    rows = _script(dsn, f"""
+    rows = psql_rows(dsn, f"""
         {MST_A}
         SELECT madlib_keras_fit_multiple_model('iris_data_one_hot_encoded_packed', 'iris_multiple_model',
                                                'pg_temp.mst_table', 3, FALSE);
@@ -192,7 +185,7 @@ def test_e2e_custom_loss_and_top_k_metric(dsn):
     namespace = {"__name__": "__main__"}
     exec(compile(FOCAL, "<script>", "exec"), namespace)
     focal = dill.dumps(namespace["focal_loss"], recurse=True)
-    rows = _script(dsn, f"""
+    rows = psql_rows(dsn, f"""
         SELECT load_custom_function('test_custom_function_table', '\\x{focal.hex()}'::bytea,
                                     'test_custom_fn', 'returns test_custom_fn');
         SELECT load_top_k_accuracy_function('test_custom_function_table', 4);
@@ -244,7 +237,7 @@ SUMMARY = ("SELECT source_table = 'iris_data_packed' AND validation_table IS NUL
 def test_automl_hyperopt_random_with_callbacks_and_caching(dsn):
     """MADlib's first two hyperopt blocks in one job: its callbacks grid and use_caching."""
     params = "num_configs=5, num_iterations=6, algorithm=rand"
-    rows = _script(dsn, DROP + f"""
+    rows = psql_rows(dsn, DROP + f"""
         {AUTOML}ARRAY[1], {G1}, {F1CB}, 'hyperopt', '{params}', NULL, NULL, FALSE, NULL, 1,
                  'test1', 'test1 descr', TRUE);
         {SUMMARY.format(method='hyperopt', params=params, frequency=1, name="= 'test1'",
@@ -259,7 +252,7 @@ def test_automl_hyperopt_random_with_callbacks_and_caching(dsn):
 
 
 def test_automl_hyperopt_tpe(dsn):
-    _script(dsn, DROP + f"{AUTOML}ARRAY[1, 2], {G2LIN}, {F2}, 'hyperopt', "
+    psql_rows(dsn, DROP + f"{AUTOML}ARRAY[1, 2], {G2LIN}, {F2}, 'hyperopt', "
                         "'num_configs=4, num_iterations=1, algorithm=tpe');")
     assert _counts(dsn) == ["1/1/1/4/4"]
 
@@ -300,39 +293,44 @@ def test_automl_bad_calls_fail(dsn, before, source, arguments):
     assert _refused(dsn, DROP + before + "\n" + call)
     outputs = ["automl_output", "automl_output_summary", "automl_output_info", "automl_mst_table",
                "automl_mst_table_summary"]
-    left = [t for t in outputs if t not in before and _script(dsn, f"SELECT to_regclass('{t}') IS NOT NULL;") == ["t"]]
+    left = [t for t in outputs if t not in before and psql_rows(dsn, f"SELECT to_regclass('{t}') IS NOT NULL;") == ["t"]]
     assert left == []
-    _script(dsn, DROP)
+    psql_rows(dsn, DROP)
 
 
 def test_automl_hyperopt_takes_log_near_one(dsn):
     """MADlib's hyperopt refuses 'log_near_one' (hyperopt has no such distribution); ours
     draws it as generate_model_configs' random search does: values near one, within the
     range (README, *Differences from MADlib*)."""
-    _script(dsn, DROP + f"{AUTOML}{HYPEROPT_BAD.replace(G2LIN, G2LNO)});")
+    psql_rows(dsn, DROP + f"{AUTOML}{HYPEROPT_BAD.replace(G2LIN, G2LNO)});")
     assert _counts(dsn) == ["1/1/1/5/5"]
-    found = [float(v) for r in _script(dsn, "SELECT compile_params FROM automl_output_info;")
+    found = [float(v) for r in psql_rows(dsn, "SELECT compile_params FROM automl_output_info;")
              for v in re.findall(r"epsilon=([0-9.e-]+)", r)]
     assert all(0.3 <= v <= 0.5 for v in found)
 
 
-def test_automl_hyperopt_same_seed_same_configurations(dsn):
-    """MADlib runs it three times and compares 1 and 3 with 2; two runs show the same."""
+def _same_seed_same_configurations(dsn: str, grid: str, method: str, params: str, mst_key: int) -> list[str]:
+    """MADlib runs a search three times with random_state 42 and compares runs 1 and 3 with
+    run 2 at one mst_key; two runs show the same."""
     for run in (1, 2):
-        _script(dsn, f"DROP TABLE IF EXISTS automl_output{run}, automl_output{run}_info, "
+        psql_rows(dsn, f"DROP TABLE IF EXISTS automl_output{run}, automl_output{run}_info, "
                      f"automl_output{run}_summary, automl_mst_table{run}, automl_mst_table{run}_summary;\n"
                      f"SELECT madlib_keras_automl('iris_data_packed', 'automl_output{run}', 'iris_model_arch', "
-                     f"'automl_mst_table{run}', ARRAY[1, 2], {G2LIN}, {F2}, 'hyperopt', "
-                     "'num_configs=4, num_iterations=2, algorithm=tpe', 42, NULL, FALSE, NULL, NULL, NULL, NULL);")
-    rows = _script(dsn, "SELECT a.model_id = b.model_id AND a.compile_params = b.compile_params "
+                     f"'automl_mst_table{run}', ARRAY[1, 2], {grid}, {F2}, '{method}', '{params}', 42, "
+                     "NULL, FALSE, NULL, NULL, NULL, NULL);")
+    return psql_rows(dsn, "SELECT a.model_id = b.model_id AND a.compile_params = b.compile_params "
                         "AND a.fit_params = b.fit_params FROM automl_output1_info a, automl_output2_info b "
-                        "WHERE a.mst_key = 3 AND b.mst_key = 3;")
-    assert rows == ["t"]
+                        f"WHERE a.mst_key = {mst_key} AND b.mst_key = {mst_key};")
+
+
+def test_automl_hyperopt_same_seed_same_configurations(dsn):
+    assert _same_seed_same_configurations(
+        dsn, G2LIN, "hyperopt", "num_configs=4, num_iterations=2, algorithm=tpe", 3) == ["t"]
 
 
 def test_automl_hyperopt_on_two_segments_trains_two_configurations_at_a_time(dsn):
     """Greenplum's two segments of gp_segment_configuration: a table packed over two."""
-    rows = _script(dsn, DROP + f"""
+    rows = psql_rows(dsn, DROP + f"""
         DROP TABLE IF EXISTS iris_data_2seg_packed, iris_data_2seg_packed_summary;
         SELECT training_preprocessor_dl('iris_data', 'iris_data_2seg_packed', 'class_text', 'attributes',
                                         NULL, 255, NULL, '2');
@@ -350,7 +348,7 @@ def test_automl_hyperopt_on_two_segments_trains_two_configurations_at_a_time(dsn
 
 def test_automl_hyperband_defaults(dsn):
     f2cb = F2.replace("'epochs': [3]", "'epochs': [3], 'callbacks': ['[TensorBoard(log_dir=\"/tmp/tensorflow/scalars/\")]']")
-    rows = _script(dsn, DROP + f"""
+    rows = psql_rows(dsn, DROP + f"""
         {AUTOML}ARRAY[1, 2], {G2LNO}, {f2cb});
         {SUMMARY.format(method='hyperband', params='R=6, eta=3, skip_last=0', frequency=6,
                         name='IS NULL', description='IS NULL')}""")
@@ -359,7 +357,7 @@ def test_automl_hyperband_defaults(dsn):
 
 
 def test_automl_hyperband_with_caching(dsn):
-    rows = _script(dsn, DROP + f"""
+    rows = psql_rows(dsn, DROP + f"""
         {AUTOML}ARRAY[1, 2], {G2LNO}, {F2}, 'hyperband', 'R=5, eta=5, skip_last=1', NULL, NULL, FALSE,
                  NULL, NULL, NULL, NULL, TRUE);
         {SUMMARY.format(method='hyperband', params='R=5, eta=5, skip_last=1', frequency=1,
@@ -379,26 +377,17 @@ def test_automl_hyperband_with_caching(dsn):
 
 @pytest.mark.parametrize(("params", "models"), [("R=5, eta=5, skip_last=1", 5), ("R=5, eta=5, skip_last=0", 7)])
 def test_automl_hyperband_counts(dsn, params, models):
-    _script(dsn, DROP + f"{AUTOML}{HYPERBAND_BAD.replace('R=9, eta=3, skip_last=0', params)}, "
+    psql_rows(dsn, DROP + f"{AUTOML}{HYPERBAND_BAD.replace('R=9, eta=3, skip_last=0', params)}, "
                         "NULL, NULL, FALSE, NULL, NULL, NULL, NULL);")
     assert _counts(dsn) == [f"1/1/1/{models}/{models}"]
 
 
 def test_automl_hyperband_same_seed_same_configurations(dsn):
-    for run in (1, 2):
-        _script(dsn, f"DROP TABLE IF EXISTS automl_output{run}, automl_output{run}_info, "
-                     f"automl_output{run}_summary, automl_mst_table{run}, automl_mst_table{run}_summary;\n"
-                     f"SELECT madlib_keras_automl('iris_data_packed', 'automl_output{run}', 'iris_model_arch', "
-                     f"'automl_mst_table{run}', ARRAY[1, 2], {G2LNO}, {F2}, 'hyperband', "
-                     "'R=3, eta=2, skip_last=1', 42, NULL, FALSE, NULL, NULL, NULL, NULL);")
-    rows = _script(dsn, "SELECT a.model_id = b.model_id AND a.compile_params = b.compile_params "
-                        "AND a.fit_params = b.fit_params FROM automl_output1_info a, automl_output2_info b "
-                        "WHERE a.mst_key = 2 AND b.mst_key = 2;")
-    assert rows == ["t"]
+    assert _same_seed_same_configurations(dsn, G2LNO, "hyperband", "R=3, eta=2, skip_last=1", 2) == ["t"]
 
 
 def test_hyperband_schedule_of_81(dsn):
-    assert _script(dsn, "DROP TABLE IF EXISTS schedule_table;\n"
+    assert psql_rows(dsn, "DROP TABLE IF EXISTS schedule_table;\n"
                         "SELECT hyperband_schedule('schedule_table', 81);\n"
                         "SELECT count(*) FROM schedule_table;") == ["15"]
     assert _refused(dsn, "SELECT hyperband_schedule('schedule_table', 81);") == "42P07"

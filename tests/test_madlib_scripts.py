@@ -13,7 +13,7 @@ import numpy as np
 import psycopg
 import pytest
 
-from tests.conftest import connect, iris_table, psql_script
+from tests.conftest import connect, iris_table, psql_rows, psql_script
 
 COMPILE = "loss='categorical_crossentropy', optimizer='Adam(lr=0.05)', metrics=['accuracy']"
 
@@ -52,12 +52,6 @@ def dsn(extension_dsn):
     return extension_dsn
 
 
-def _script(dsn: str, script: str) -> list[str]:
-    """The script's result rows, unaligned (`a|b`)."""
-    done = psql_script(dsn, "\\pset format unaligned\n\\pset tuples_only on\n" + script)
-    assert done.returncode == 0, done.stderr
-    return [line for line in done.stdout.splitlines() if line]
-
 
 def _refused(dsn: str, statement: str) -> psycopg.errors.Error:
     with connect(dsn) as conn, pytest.raises(psycopg.Error) as raised:
@@ -73,7 +67,7 @@ def _weights(conn, table: str, where: str = "") -> np.ndarray:
 # ---- functional Keras 2 models, and warm start across architectures -----------------------
 
 def test_keras2_functional_models_train_hop_warm_start_and_predict(dsn):
-    out = _script(dsn, f"""
+    out = psql_rows(dsn, f"""
         SELECT training_preprocessor_dl('iris', 'f_packed', 'class_text', 'attributes',
                                         distribution_rules => '2');
         SELECT madlib_keras_fit('f_packed', 'f_model', 'arch', 1, $${COMPILE}$$,
@@ -152,7 +146,7 @@ def test_distribution_rules_naming_a_table_of_segments(dsn):
 def test_tables_with_fewer_rows_than_segments(dsn):
     """A one-row validation table and a three-row training table on 4 segments: empty
     segments train, validate and predict nothing, and the job finishes."""
-    out = _script(dsn, f"""
+    out = psql_rows(dsn, f"""
         CREATE TABLE one_row AS SELECT * FROM iris WHERE id = 7;
         CREATE TABLE three_rows AS SELECT * FROM iris WHERE id IN (7, 60, 120);
         SELECT training_preprocessor_dl('three_rows', 'e_packed', 'class_text', 'attributes',
@@ -174,7 +168,7 @@ def test_tables_with_fewer_rows_than_segments(dsn):
 def test_summary_without_num_classes(dsn):
     """A table packed by MADlib 1.x: its summary has a class_values column and no
     num_classes; both are taken from what is there."""
-    out = _script(dsn, f"""
+    out = psql_rows(dsn, f"""
         SELECT training_preprocessor_dl('iris', 'n_ours', 'class_text', 'attributes');
         CREATE TABLE n_old AS SELECT attributes, class_text, attributes_shape, class_text_shape,
                                      buffer_id FROM n_ours;
@@ -192,7 +186,7 @@ def test_outputs_in_pg_temp(dsn):
     """Models, evaluations and predictions written into the session's pg_temp: the work
     is done in ordinary tables that are copied into pg_temp and dropped; a temporary input
     is refused with a HINT."""
-    out = _script(dsn, f"""
+    out = psql_rows(dsn, f"""
         SELECT training_preprocessor_dl('iris', 't_packed', 'class_text', 'attributes');
         SELECT madlib_keras_fit('t_packed', 'pg_temp.iris_model', 'arch', 1, $${COMPILE}$$,
                                 'batch_size=10', 2);
@@ -230,7 +224,7 @@ def test_outputs_in_pg_temp(dsn):
 
 
 def test_summaries_hold_what_madlib_writes(dsn):
-    out = _script(dsn, """
+    out = psql_rows(dsn, """
         SELECT training_preprocessor_dl('iris', 's_packed', 'class_text', 'attributes');
         SELECT madlib_keras_fit('s_packed', 's_model', 'arch', 1,
                                 $$ loss='categorical_crossentropy', optimizer='adam' $$,
@@ -254,7 +248,7 @@ def test_summaries_hold_what_madlib_writes(dsn):
 
 
 def test_model_selection_tables_as_madlib_keeps_them(dsn):
-    out = _script(dsn, """
+    out = psql_rows(dsn, """
         SELECT load_model_selection_table('arch', 'm_mst', ARRAY[1],
             ARRAY[$$loss='categorical_crossentropy', optimizer='Adam(lr=0.01)', metrics=['accuracy']$$,
                   $$optimizer='Adam(lr=0.01)', metrics=['accuracy'], loss='categorical_crossentropy'$$],
