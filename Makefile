@@ -1,7 +1,7 @@
 # madlib_mop: set-up, extension build and install, the embedded server, demo and tests.
 #
 #   make demo     install what is missing, start the embedded PostgreSQL, run the demo
-#   make test     the same set-up, then the whole test suite
+#   make test     the same set-up, the linter (make lint), then the whole test suite
 #   make dsn      print the connection string in use:  psql "$(make -s dsn)"
 #   make cluster  a coordinator and two segment servers on this machine (.cluster/):
 #                 psql "$(make -s cluster-dsn)"; make cluster-stop; make cluster-kill-segment
@@ -33,12 +33,12 @@ BROWSER_PACKAGES := chromium chromium-driver
 # Optional dependency groups installed into the runtime (the Docker image uses none).
 PIP_EXTRAS    ?= test,bench,client
 
-.PHONY: help deps browser venv build install installcheck demo test bench bench-cluster db-start db-stop db-status db-destroy dsn \
+.PHONY: help deps browser venv build install installcheck demo test lint bench bench-cluster db-start db-stop db-status db-destroy dsn \
         cluster cluster-dsn cluster-stop cluster-status cluster-kill-segment cluster-destroy clean \
         docker-engine images compose-up compose-dsn compose-kill-segment compose-down test-containers
 
 help:
-	@echo "make demo | make test | make installcheck | make bench | make dsn | make install | make db-start | make db-stop | make db-status | make db-destroy | make cluster | make cluster-dsn | make cluster-stop | make cluster-status | make cluster-kill-segment | make cluster-destroy | make images | make compose-up | make compose-dsn | make compose-kill-segment | make compose-down | make test-containers | make clean"
+	@echo "make demo | make test | make lint | make installcheck | make bench | make dsn | make install | make db-start | make db-stop | make db-status | make db-destroy | make cluster | make cluster-dsn | make cluster-stop | make cluster-status | make cluster-kill-segment | make cluster-destroy | make images | make compose-up | make compose-dsn | make compose-kill-segment | make compose-down | make test-containers | make clean"
 
 # ---- Debian packages (as root) ------------------------------------------------
 # $(call install_debs,PACKAGES,TARGET,APT OPTIONS): install those of PACKAGES that are missing.
@@ -177,8 +177,12 @@ test-containers: $(STAMPS)/venv install images
 demo: $(STAMPS)/venv install db-start
 	$(PY) -m madlib_mop.tools.demo
 
-test: $(STAMPS)/venv $(STAMPS)/browser installcheck
+test: $(STAMPS)/venv $(STAMPS)/browser lint installcheck
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The linter ([tool.ruff] in pyproject.toml): mistakes pyflakes, pycodestyle and bugbear find.
+lint: $(STAMPS)/venv
+	$(PY) -m ruff check .
 
 # Benchmarks: not part of the tests; each prints a markdown table.
 # bench-cluster: W1 and packing on `make cluster` against the embedded server (about 25 min).

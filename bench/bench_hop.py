@@ -184,8 +184,8 @@ def main() -> None:
             continue
         measured = result["hops"]
 
-        def ms(key: str) -> str:
-            values = [h[key] * 1000 for h in measured]
+        def ms(key: str, hops: list = measured) -> str:
+            values = [h[key] * 1000 for h in hops]
             return f"{statistics.mean(values):.0f} ({max(values):.0f})"
         overhead = statistics.mean(h["overhead"] for h in measured)
         print(f"| {label} | {result['hidden']} | {ms('overhead')} | "

@@ -278,7 +278,7 @@ def _sample_worker_memory(dsn: str, stop: threading.Event, peaks: dict) -> None:
                                        "LIKE 'madlib_mop worker job %'").fetchall():
                 try:
                     status = Path(f"/proc/{pid}/status").read_text()
-                    rss = int(next(l for l in status.splitlines() if l.startswith("VmRSS")).split()[1])
+                    rss = int(next(line for line in status.splitlines() if line.startswith("VmRSS")).split()[1])
                     peaks[pid] = max(peaks.get(pid, 0), rss / 1024)
                 except (OSError, StopIteration):
                     pass

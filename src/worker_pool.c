@@ -5,7 +5,7 @@
  * every job and role.  Declared here as a PGC_SUSET variable, so that SET by another role
  * is refused ("permission denied to set parameter"), and a value such a role set before
  * this library was loaded in its session is dropped with a WARNING when it is loaded.
- * 0, the default, means "from the machine" (madlib_mop.engine.slots computes it).
+ * 0, the default, means "from the machine" (madlib_mop.engine.server_pool.machine_cap).
  */
 #include "postgres.h"
 

@@ -5,7 +5,6 @@ the views intermediate_values and optimization_history on a job with pruning."""
 
 from __future__ import annotations
 
-import json
 import math
 import uuid
 

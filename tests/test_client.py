@@ -201,7 +201,7 @@ def test_cli_jobs_and_watch(fitted, extension_dsn):
     job, _ = fitted
     listed = _cli(extension_dsn, "jobs", env_dsn=True)
     assert listed.returncode == 0, listed.stderr
-    line = next(l for l in listed.stdout.splitlines() if l.split()[:1] == [str(job.job_id)])
+    line = next(row for row in listed.stdout.splitlines() if row.split()[:1] == [str(job.job_id)])
     assert "finished" in line and "public.fitted" in line
     watched = _cli(extension_dsn, "watch", str(job.job_id))
     assert watched.returncode == 0, watched.stderr

@@ -206,7 +206,7 @@ def test_pareto_front_marks_and_labels_the_front():
     front = pd.DataFrame({"mst_key": [1, 2]})
     fig = plots.pareto_front(board, front, ["inference_ms_per_row min", "validation_metrics_final max"])
     ax = fig.axes[0]
-    line = next(l for l in ax.get_lines() if l.get_label() == "Pareto front")
+    line = next(drawn for drawn in ax.get_lines() if drawn.get_label() == "Pareto front")
     assert sorted(line.get_xdata()) == sorted(board.loc[board["mst_key"].isin([1, 2]), "inference_ms_per_row"])
     assert "mst_key 1" in texts(fig) and "mst_key 3" not in texts(fig)
     assert "2 of 6 models" in texts(fig) and ax.get_xlabel() == "inference_ms_per_row (lower is better)"
@@ -223,7 +223,7 @@ def test_optimization_history_shows_every_value_and_the_best_so_far():
                             "best_value": np.minimum.accumulate(values)})
     fig = plots.optimization_history(history)
     ax = fig.axes[0]
-    best = next(l for l in ax.get_lines() if l.get_label() == "best so far")
+    best = next(drawn for drawn in ax.get_lines() if drawn.get_label() == "best so far")
     assert list(best.get_ydata()) == [1.2, 0.9, 0.9, 0.5, 0.5]
     assert ax.get_ylabel() == "validation_loss" and "5 values of 2 models" in texts(fig)
     assert "no data yet" in texts(plots.optimization_history(history.iloc[:0]))

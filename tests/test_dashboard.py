@@ -333,7 +333,7 @@ def test_after_the_search_importance_and_pareto_front(prepared, analysts, browse
     _open(browser, f"{url}#job={job_id}")
     outcome = {}
     for panel in ("importance", "pareto"):
-        outcome[panel] = _wait(browser, lambda d: d.execute_script(
+        outcome[panel] = _wait(browser, lambda d, panel=panel: d.execute_script(
             "const div = document.getElementById(arguments[0]);"
             "return div.dataset.job == arguments[1] && div.dataset.outcome;", panel, job_id),
             what=f"the {panel} panel")

@@ -86,9 +86,10 @@ def reference(data):
 def test_outputs_follow_madlib(data, reference):
     weights, notices = reference
     with _connect(data) as conn:
-        columns = lambda t: [r[0] for r in conn.execute(
-            "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
-            "AND NOT attisdropped ORDER BY attnum", (t,))]
+        def columns(table: str) -> list[str]:
+            return [r[0] for r in conn.execute(
+                "SELECT attname FROM pg_attribute WHERE attrelid = %s::regclass AND attnum > 0 "
+                "AND NOT attisdropped ORDER BY attnum", (table,))]
         assert columns("ref") == ["mst_key", "model_weights", "model_arch"]
         assert columns("ref_info")[:17] == [
             "mst_key", "model_id", "compile_params", "fit_params", "model_type", "model_size",

@@ -191,7 +191,7 @@ def _transfer_models() -> list[tuple[str, bytes]]:
     keras.utils.set_random_seed(3)
     L = keras.layers
     first, second = L.Dense(16, activation="relu"), L.Dense(8, activation="relu")
-    base = keras.Sequential([keras.Input((4,)), first, second])
+    keras.Sequential([keras.Input((4,)), first, second])  # builds the shared layers on 4 inputs
     models = []
     for kept, frozen, head in (((first,), True, [L.Dense(6, activation="relu"), L.Dense(3, activation="softmax")]),
                                ((first,), True, [L.Dense(3, activation="softmax")]),

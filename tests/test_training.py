@@ -76,7 +76,7 @@ def test_models_sharing_a_program_train_as_each_alone():
     for key, program in alone.items():
         program.restore(states[key])
     for rows in (slice(0, 30), slice(30, 61)):  # two hops each, interleaved on one program
-        for key, spec in ((1, fast), (2, slow)):
+        for key in (1, 2):
             shared.restore(states[key])
             shared.train(x[rows], y[rows], 8)
             states[key] = shared.capture()

@@ -56,7 +56,8 @@ def _model(plpy: Any, job: dict, mst_key: int | None) -> dict:
     if not found:
         raise MadlibMopError(f"mst_key {mst_key} is not a model of job {job['job_id']}",
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
-                             hint=f"SELECT mst_key, status FROM {catalog.qualified_name(plpy, json.loads(job['tables'])['info'])};")
+                             hint=f"SELECT mst_key, status FROM "
+                                  f"{catalog.qualified_name(plpy, json.loads(job['tables'])['info'])};")
     return found[0]
 
 

@@ -1,11 +1,12 @@
 """Which worker runs what next: a job's calls (sub-epochs and validation passes) given to
 its free worker sessions.
 
-A job may have fewer workers than segments (the server's pool of worker sessions is
-capped, `engine.server_pool`; `job.worker_supply` gets the job its workers): a free worker then serves any segment whose data it may
-read (on this server, every one), preferring the segment it served last, whose buffers it
-holds decoded.  Which worker runs a call never changes its result (the contract of
-`engine.base.Worker`), so the weights are the same bits on any number of workers.
+A job may have fewer workers than segments (the server's pool of worker sessions is capped,
+`engine.server_pool`; `job.worker_supply` gets the job its workers): a free worker then
+serves any segment whose data it may read (on this server, every one), preferring the
+segment it served last, whose buffers it holds decoded.  Which worker runs a call never
+changes its result (the contract of `engine.base.Worker`), so the weights are the same bits
+on any number of workers.
 """
 
 from __future__ import annotations

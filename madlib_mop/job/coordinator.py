@@ -120,9 +120,8 @@ class Coordinator:
         for mst_key in self.failures.lost:  # diverged before the job was resumed
             self.schedule.stop(mst_key)
             self.search.lost(mst_key)
-        self.work = WorkAssignment(self.schedule, self.S, self.job_id,
-                                   lambda k: state_for_call(self.engine, self.store, k,
-                                                            len(self.models[k].visits)))
+        self.work = WorkAssignment(self.schedule, self.S, self.job_id, lambda k: state_for_call(
+            self.engine, self.store, k, len(self.models[k].visits)))
         self.progress = JobProgress(self.models, self.schedule, self.S, max(rounds.values()),
                                     self.search.stopped, self.failures,
                                     self.search.searcher is not None or self.search.pruning,
@@ -136,7 +135,8 @@ class Coordinator:
                 self._queue_evals(model, iteration)
             self._publish(model)
             iteration, within = divmod(len(model.visits), model.per_iteration)
-            if not within and self.search.decided_at(iteration) and not self.search.decisions.has(model.mst_key, iteration):
+            if (not within and self.search.decided_at(iteration)
+                    and not self.search.decisions.has(model.mst_key, iteration)):
                 self.schedule.hold(model.mst_key)  # its validation, then the decision, come first
         self.search.ask()
         self.progress.report_to(self.store)

@@ -232,7 +232,8 @@ def _one_hot_of_same_classes(plpy: Any, source: dict, validation: dict) -> bool:
 def note_ignored_compile_params(plpy: Any, texts: list[str]) -> None:
     """A NOTICE, once per call, for Keras 2 compile arguments given with their default,
     which Keras 3 no longer has (MADlib's scripts write sample_weight_mode=None)."""
-    ignored = sorted({key for text in texts for key in model_config.parse_compile_params(text, custom_names=None).ignored})
+    ignored = sorted({key for text in texts
+                      for key in model_config.parse_compile_params(text, custom_names=None).ignored})
     if ignored:
         plpy.notice(f"compile_params: {', '.join(k + '=None' for k in ignored)} is Keras 2's "
                     "default and Keras 3 has no such argument: ignored")

@@ -4,9 +4,10 @@ Every model visits every segment exactly once per epoch.  Its order of visits is
 advance from the job's seed (`visit_orders`), so that its weights do not depend on timing:
 a retried, resumed or concurrent run replays the same orders and ends with the same
 weights.  Dispatch is dynamic and has no barrier (`Dispatcher`): whenever a segment is free
-it is given an idle model whose next planned segment it is, preferring a pruner's promoted models, then the model with the most work left (remaining
-sub-epochs times its observed sub-epoch time), so that the slowest models do not finish
-last and alone; a model never waits for the other models to finish their epoch.
+it is given an idle model whose next planned segment it is, preferring a pruner's promoted
+models, then the model with the most work left (remaining sub-epochs times its observed
+sub-epoch time), so that the slowest models do not finish last and alone; a model never
+waits for the other models to finish their epoch.
 
 The orders of the models a job starts with are rotations (model i starts at offset i mod S
 and moves one segment on each hop) of a segment labelling drawn afresh each epoch, with

@@ -1,1 +1,2 @@
-"""What runs inside the server: the sub-epoch, model state, Keras JSON, parameters, TensorFlow set-up, the PL/Python bridge."""
+"""What runs inside the server: the sub-epoch, model state, Keras JSON, parameters,
+TensorFlow set-up, the PL/Python bridge."""

@@ -126,7 +126,6 @@ class StagedProgram(training.Program):
 
     def __init__(self, model, spec: training.ModelSpec, cut: int, description: str):
         import keras
-        import tensorflow as tf
 
         super().__init__(model)
         self.cut = cut

@@ -31,7 +31,8 @@ from madlib_mop.tools.embedded import configured_dsn
 def _job(conn: psycopg.Connection, model_output_table: str) -> dict:
     conn.row_factory = dict_row
     schema = conn.execute("SELECT quote_ident(n.nspname) AS s FROM pg_extension e "
-                          "JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'madlib_mop'").fetchone()["s"]
+                          "JOIN pg_namespace n ON n.oid = e.extnamespace "
+                          "WHERE e.extname = 'madlib_mop'").fetchone()["s"]
     job = conn.execute(
         f"SELECT j.* FROM {schema}.jobs j WHERE j.model_output_table = ("
         "SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname) FROM pg_class c "
