@@ -14,7 +14,6 @@ running job as far as it has gone.
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
@@ -22,6 +21,7 @@ from madlib_mop import errors
 from madlib_mop.db import catalog
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.grammar import model_config
+from madlib_mop.json_values import json_value
 from madlib_mop.search import importance as importance_of, pareto
 from madlib_mop.search.objective import Objective, direction_of, objective_from
 from madlib_mop.search.setup import search_of_job
@@ -31,10 +31,6 @@ _COSTS = ("inference_ms_per_row", "parameter_count", "training_seconds", "model_
 _INFO = ("SELECT mst_key, model_id, compile_params, fit_params, metrics_iters, metrics_elapsed_time, "
          "training_metrics_all, validation_metrics_all, metrics_type, "
          "to_jsonb(i)->>'status' AS status, stopped_iteration FROM {} i ORDER BY mst_key")
-
-
-def _json(value: Any) -> Any:
-    return json.loads(value) if isinstance(value, str) else value
 
 
 def _finite(value: Any) -> bool:
@@ -51,8 +47,8 @@ class JobResults:
     def series(self, model: dict) -> list[tuple[int, float | None, dict, dict]]:
         """(iteration, elapsed seconds, training metrics, validation metrics) per computed
         iteration of a model."""
-        training = _json(model["training_metrics_all"]) or {}
-        validation = _json(model["validation_metrics_all"]) or {}
+        training = json_value(model["training_metrics_all"]) or {}
+        validation = json_value(model["validation_metrics_all"]) or {}
         elapsed = model["metrics_elapsed_time"] or []
         rows = []
         for k, iteration in enumerate(model["metrics_iters"] or []):
@@ -81,7 +77,7 @@ def _job_objective(job: dict | None, compile_params: list[str], has_validation: 
     a job row, the loss, as a job without either."""
     if job is not None:
         try:
-            return search_of_job(_json(job["arguments"]), dict(enumerate(compile_params)),
+            return search_of_job(json_value(job["arguments"]), dict(enumerate(compile_params)),
                                  has_validation).objective
         except MadlibMopError:  # a job whose arguments an earlier version recorded
             pass
@@ -105,7 +101,7 @@ def info_of(plpy: Any, table: catalog.Table) -> catalog.Table:
 def results_of(plpy: Any, model_output_table: str, objective: str | None) -> JobResults:
     table = catalog.resolve_table(plpy, model_output_table, argument="model_output_table")
     results = JobResults(plpy, info_of(plpy, table).name, Objective("loss", "training", False))
-    has_validation = any(_json(m["validation_metrics_all"]) for m in results.models)
+    has_validation = any(json_value(m["validation_metrics_all"]) for m in results.models)
     compile_params = [m["compile_params"] for m in results.models]
     if objective is None or not objective.strip():
         results.objective = _job_objective(job_of(plpy, table), compile_params, has_validation)
@@ -225,7 +221,7 @@ def _job_results(plpy: Any, job_id: int) -> JobResults | None:
         "WHERE job_id = $1", ["bigint"]), [job_id])
     if not rows:
         return None
-    schema, name = _json(rows[0]["tables"])["info"]
+    schema, name = json_value(rows[0]["tables"])["info"]
     found = plpy.execute(plpy.prepare(
         "SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
         "WHERE n.nspname = $1 AND c.relname = $2 AND has_table_privilege(c.oid, 'SELECT')",

@@ -12,7 +12,6 @@ take that input.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from types import SimpleNamespace
@@ -24,6 +23,7 @@ from madlib_mop import errors
 from madlib_mop.api import deployments, model_catalog
 from madlib_mop.db import catalog, packed
 from madlib_mop.errors import MadlibMopError
+from madlib_mop.json_values import json_value
 from madlib_mop.preprocess.output import PackedOutput
 from madlib_mop.runtime import keras_json, staging, training
 from madlib_mop.runtime.buffers import decode
@@ -194,7 +194,7 @@ def _head_layers(head: Any, input_shape: list[int], taken: list[str], base_names
     configs (as Keras 2 wrote them, or Keras 3), through the architectures' safe loading."""
     import copy
 
-    layers = json.loads(head) if isinstance(head, str) else head
+    layers = json_value(head)
     if not isinstance(layers, list) or not layers or not all(
             isinstance(x, dict) and isinstance(x.get("config", {}), dict) for x in layers):
         raise MadlibMopError("head is not a JSON array of one or more Keras layers",

@@ -13,7 +13,6 @@ parameters are read by the extension's literal-only parser.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -22,6 +21,7 @@ import pandas as pd
 import sqlalchemy as sa
 
 from madlib_mop.grammar import model_config
+from madlib_mop.json_values import json_value
 from madlib_mop.search.objective import direction_of
 
 
@@ -47,10 +47,6 @@ def quote(identifier: str) -> str:
     return '"' + identifier.replace('"', '""') + '"'
 
 
-def _json(value: Any) -> Any:
-    return json.loads(value) if isinstance(value, str) else value
-
-
 def job_ref(conn: sa.Connection, schema: str, job: int | str) -> JobRef:
     """The role's job `job`: a job id, or a model_output_table name (its latest job)."""
     if isinstance(job, int) or (isinstance(job, str) and job.strip().isdigit()):
@@ -69,8 +65,8 @@ def job_ref(conn: sa.Connection, schema: str, job: int | str) -> JobRef:
     if row is None:
         raise LookupError(f"no job {job!r} of yours: see `madlib-mop jobs` or "
                           f"SELECT * FROM {schema}.job_progress")
-    return JobRef(row["job_id"], row["state"], row["model_output_table"], _json(row["tables"]),
-                  _json(row["arguments"]), row["validation_table"])
+    return JobRef(row["job_id"], row["state"], row["model_output_table"], json_value(row["tables"]),
+                  json_value(row["arguments"]), row["validation_table"])
 
 
 def jobs(conn: sa.Connection, schema: str) -> pd.DataFrame:
@@ -128,7 +124,7 @@ def curves(conn: sa.Connection, job: JobRef) -> pd.DataFrame:
         iterations = model["metrics_iters"] or []
         elapsed = model["metrics_elapsed_time"] or []
         for split in ("training", "validation"):
-            for metric, values in (_json(model[f"{split}_metrics_all"]) or {}).items():
+            for metric, values in (json_value(model[f"{split}_metrics_all"]) or {}).items():
                 for k, value in enumerate(values):
                     if k < len(iterations):
                         rows.append((model["mst_key"], iterations[k], split, metric, value,
@@ -154,7 +150,7 @@ def visits(conn: sa.Connection, job: JobRef) -> pd.DataFrame:
         "ORDER BY mst_key, step")).all()
     rows = []
     for mst_key, step, segment, result in found:
-        result = _json(result)
+        result = json_value(result)
         seconds = result.get("seconds", {})
         total = seconds.get("total", seconds.get("call"))
         finished = result.get("finished_at")

@@ -39,13 +39,12 @@ reached the same way (docs/architecture.md).
 from __future__ import annotations
 
 import abc
-import json
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
 from madlib_mop import errors
 from madlib_mop.errors import MadlibMopError
+from madlib_mop.json_values import finite_json, json_value
 
 
 @dataclass
@@ -167,24 +166,6 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def inference_workers(self, count: int) -> list[Worker]: ...
 
-
-def finite_json(value: Any) -> str:
-    """JSON text of `value` with every NaN or infinite float as null: PostgreSQL's json
-    has no such numbers, and a diverged model's metrics must not break what is stored."""
-    def finite(item: Any) -> Any:
-        if isinstance(item, float):
-            return item if math.isfinite(item) else None
-        if isinstance(item, dict):
-            return {key: finite(v) for key, v in item.items()}
-        if isinstance(item, (list, tuple)):
-            return [finite(v) for v in item]
-        return item
-    return json.dumps(finite(value))
-
-
-def json_value(value: Any) -> Any:
-    """A worker function's JSON result, whether the driver decoded it already or not."""
-    return json.loads(value) if isinstance(value, (str, bytes)) else value
 
 
 def failure_sqlstate(error: BaseException) -> str | None:

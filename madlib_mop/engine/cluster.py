@@ -18,7 +18,8 @@ from psycopg.types.json import Jsonb
 from madlib_mop import errors
 from madlib_mop.db import catalog, packed, segments, worker_session
 from madlib_mop.db.segments import Partition, SegmentServer
-from madlib_mop.engine.base import Engine, Worker, as_error, json_value
+from madlib_mop.engine.base import Engine, Worker, as_error
+from madlib_mop.json_values import json_value
 from madlib_mop.engine.local import LocalWorker
 from madlib_mop.errors import MadlibMopError
 

@@ -16,7 +16,8 @@ from madlib_mop import errors
 from madlib_mop.db import catalog, worker_session
 from madlib_mop.engine import idle_workers, server_pool
 from madlib_mop.engine.idle_workers import Adopted
-from madlib_mop.engine.base import Engine, VisitRecord, Worker, json_value
+from madlib_mop.engine.base import Engine, VisitRecord, Worker
+from madlib_mop.json_values import json_value
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.runtime.tf_runtime import worker_threads
 

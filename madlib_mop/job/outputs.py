@@ -18,7 +18,7 @@ import psycopg
 from psycopg import sql
 
 import madlib_mop
-from madlib_mop.engine.base import finite_json
+from madlib_mop.json_values import finite_json
 from madlib_mop.job import metrics
 from madlib_mop.grammar import model_config
 from madlib_mop.job.state_store import PIECE_BYTES, pieces

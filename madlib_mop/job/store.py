@@ -24,7 +24,8 @@ from psycopg import sql
 
 from madlib_mop import errors
 from madlib_mop.db import catalog, worker_session
-from madlib_mop.engine.base import VisitRecord, finite_json
+from madlib_mop.engine.base import VisitRecord
+from madlib_mop.json_values import finite_json
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.job import outputs, tables as job_tables
 from madlib_mop.job.state_store import DurableWriter, HopFiles, StateStore, found

@@ -22,6 +22,7 @@ from typing import Any, Iterable, Iterator, Mapping
 import numpy as np
 
 from madlib_mop.grammar import model_config
+from madlib_mop.json_values import json_value
 from madlib_mop.runtime import custom_functions, keras_json, state
 from madlib_mop.runtime.buffers import Buffer
 from madlib_mop.runtime.custom_functions import CustomFunctions
@@ -178,7 +179,7 @@ def _canonical_architecture(model_arch: str) -> str:
     models were made in the process, and the names change nothing in what it computes.
     Every occurrence of a name is replaced (layers refer to each other by name), so different
     networks stay different."""
-    config = json.loads(model_arch) if isinstance(model_arch, str) else model_arch
+    config = json_value(model_arch)
     names: dict[str, str] = {}
 
     def collect(node) -> None:

@@ -32,7 +32,8 @@ from typing import Any, Iterator
 
 from madlib_mop import errors
 from madlib_mop.db import catalog, packed
-from madlib_mop.engine.base import VisitRecord, finite_json
+from madlib_mop.engine.base import VisitRecord
+from madlib_mop.json_values import finite_json
 from madlib_mop.job import memory, store
 from madlib_mop.job import state_store
 from madlib_mop.runtime import staging, training

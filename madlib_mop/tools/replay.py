@@ -22,6 +22,7 @@ from psycopg.sql import SQL, Identifier
 from madlib_mop.db import packed
 from madlib_mop.job import outputs, tables as job_tables
 from madlib_mop.job.store import identifiers
+from madlib_mop.json_values import json_value
 from madlib_mop.runtime import training
 from madlib_mop.runtime.custom_functions import CustomFunctions, digest, unpickle
 from madlib_mop.runtime.buffers import Buffer, PackedColumns, in_memory
@@ -96,9 +97,8 @@ def replay(conn: psycopg.Connection, model_output_table: str, mst_key: int) -> n
 def _custom_functions(conn: psycopg.Connection, arguments) -> CustomFunctions | None:
     """The job's custom functions, the bytes it recorded (by digest), loaded in this process
     (the caller's own Python: replaying runs the job's loss and metrics here)."""
-    import json
 
-    recorded = (json.loads(arguments) if isinstance(arguments, str) else arguments).get("custom_functions")
+    recorded = json_value(arguments).get("custom_functions")
     if not recorded:
         return None
     table = Identifier(*recorded["table"])
