@@ -225,12 +225,15 @@ class LocalEngine(Engine):
         workers: list[Worker] = []
         try:
             while len(workers) < count and time.monotonic() - queue.since < server_pool.RECLAIM_SECONDS:
+                # Idle holders counted before the free slots: a session that ends between
+                # the two looks is then among the free, never missed by both.
+                holders = queue.idle_holders()
                 position, free, waiting = queue.turn(self.cap)
                 taken = self.new_workers(server_pool.share(position, free, waiting, count - len(workers)),
                                          first + len(workers), label) if position <= free else []
                 workers += taken
                 # Nothing more to come: no idle session left to end, no slot left free.
-                if not server_pool.idle_holders(self.plpy) and free - len(taken) <= 0:
+                if not holders and free - len(taken) <= 0:
                     break
                 self.plpy.execute("SELECT pg_catalog.pg_sleep(0.1)")
         finally:

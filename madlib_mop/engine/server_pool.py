@@ -105,7 +105,9 @@ def take_slot(db: psycopg.Connection, schema: str, cap_value: int) -> int | None
 
 
 def idle_holders(plpy: Any) -> int:
-    """Idle worker sessions holding slots (they end as soon as a call is queued)."""
+    """Idle worker sessions holding slots (they end as soon as a call is queued), as of
+    now: the call's transaction would otherwise see pg_stat_activity as of its first look."""
+    plpy.execute(idle_workers.FRESH)
     return plpy.execute(f"SELECT count(*) AS n {SLOT_LOCKS} AND a.application_name = '{IDLE_NAME}'")[0]["n"]
 
 
@@ -139,6 +141,12 @@ class Queue:
             sql.SQL(WAITING).format(self.schema)), (self.ticket,)).fetchone()
         held = self.db.execute(sql.SQL(f"SELECT coalesce(sum(slots), 0) FROM ({HOLDERS}) h")).fetchone()[0]
         return position, cap_value - int(held), waiting
+
+    def idle_holders(self) -> int:
+        """Idle worker sessions holding slots, as of now (this session autocommits: a
+        call's own transaction would see pg_stat_activity as of its first look)."""
+        return self.db.execute(sql.SQL(f"SELECT count(*) {SLOT_LOCKS} AND a.application_name = %s"),
+                               (IDLE_NAME,)).fetchone()[0]
 
     def leave(self) -> None:
         try:
