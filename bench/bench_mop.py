@@ -218,7 +218,7 @@ def _train(config: dict, epochs: int, x, y, x_valid, y_valid, loop: str) -> dict
     else:
         spec = training.ModelSpec(0, arch, f"optimizer='Adam(lr={config['lr']})',"
                                   "loss='categorical_crossentropy',metrics=['accuracy']", "")
-        program = training.Program(training.build_model(spec, 0))
+        program = training.Program(training.compiled_model(spec, 0))
         model, losses, rng = program.model, [], np.random.default_rng(0)
         for _ in range(epochs):
             order = rng.permutation(len(x))

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import psycopg
 
-from madlib_mop.runtime import keras_json
+from madlib_mop.runtime import keras_json, model_state
 from madlib_mop.tools.demo import cifar_shaped_images, ensure_extension
 from madlib_mop.tools.embedded import configured_dsn
 
@@ -209,8 +209,8 @@ def main() -> None:
     keras_accuracy = []
     for arch, weights in models:
         for rate in RATES:
-            fresh = keras_json.build_model(keras_json.parse_model_json(arch))
-            keras_json.set_flat_weights(fresh, weights)
+            fresh = keras_json.model_from_config(keras_json.parse_model_json(arch))
+            model_state.set_flat_weights(fresh, weights)
             fresh.compile(optimizer=keras.optimizers.Adam(rate), loss="categorical_crossentropy",
                           metrics=["accuracy"])
             fresh.fit(x_train, keras.utils.to_categorical(y_train, 10), batch_size=args.batch_size,

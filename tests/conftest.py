@@ -59,17 +59,23 @@ def mlp_json(inputs: int, hidden: int, classes: int) -> str:
                              keras.layers.Dense(classes, activation="softmax")]).to_json()
 
 
-def iris_table(conn: psycopg.Connection, table: str = "iris") -> None:
-    """scikit-learn's iris as MADlib's walkthrough has it: (id, attributes float8[],
-    class_text), in table `table` of the connection's first schema."""
+def iris_table(conn: psycopg.Connection, table: str = "iris", *, features: str = "float8[]",
+               label: str = "class_text", label_type: str = "text", madlib_names: bool = False,
+               rows: range = range(150), first_id: int = 0) -> None:
+    """scikit-learn's iris as MADlib's walkthrough has it: (id, attributes <features>,
+    <label> <label_type>), in table `table` of the connection's first schema.  The classes
+    are named as scikit-learn names them (setosa), or as MADlib's data set does (Iris-setosa);
+    `rows`: which of the 150, each with id `first_id` + its place among them."""
     from sklearn.datasets import load_iris
 
     iris = load_iris()
-    conn.execute(sql.SQL("CREATE TABLE {} (id int, attributes float8[], class_text text)").format(
-        sql.Identifier(table)))
+    conn.execute(sql.SQL("CREATE TABLE {} (id int, attributes {}, {} {})").format(
+        sql.Identifier(table), sql.SQL(features), sql.Identifier(label), sql.SQL(label_type)))
     with conn.cursor().copy(sql.SQL("COPY {} FROM STDIN").format(sql.Identifier(table))) as copy:
-        for i, (x, y) in enumerate(zip(iris.data, iris.target)):
-            copy.write_row((i, [float(v) for v in x], str(iris.target_names[y])))
+        for row in rows:
+            name = str(iris.target_names[iris.target[row]])
+            copy.write_row((first_id + row, [float(v) for v in iris.data[row]],
+                            f"Iris-{name}" if madlib_names else name))
 
 
 def packed_iris(conn: psycopg.Connection) -> None:

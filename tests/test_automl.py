@@ -12,8 +12,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from madlib_mop.job import tables as job_tables
 from madlib_mop.runtime import state
-from tests.conftest import connect as _connect, held_job
+from tests.conftest import connect as _connect, held_job, iris_table
 
 # MADlib's automl example: two MLPs as Keras 2.1.6 wrote them (a list of layers).
 def _madlib_mlp(hidden_layers: int) -> str:
@@ -46,14 +47,8 @@ DOC_FIT_GRID = "{'batch_size': [4, 8], 'epochs': [1]}"
 
 @pytest.fixture(scope="module")
 def data(extension_dsn):
-    from sklearn.datasets import load_iris
-
-    iris = load_iris()
     with _connect(extension_dsn) as conn:
-        conn.execute("CREATE TABLE iris_data (id serial, attributes numeric[], class_text varchar)")
-        with conn.cursor().copy("COPY iris_data (attributes, class_text) FROM STDIN") as copy:
-            for x, y in zip(iris.data, iris.target):
-                copy.write_row(([float(v) for v in x], f"Iris-{iris.target_names[y]}"))
+        iris_table(conn, "iris_data", features="numeric[]", label_type="varchar", madlib_names=True, first_id=1)
         # MADlib's train_test_split(0.8): a fixed split here.
         conn.execute("CREATE TABLE iris_train AS SELECT * FROM iris_data WHERE id % 5 <> 0")
         conn.execute("CREATE TABLE iris_test AS SELECT * FROM iris_data WHERE id % 5 = 0")
@@ -152,7 +147,14 @@ def test_madlibs_hyperband_example(data):
         assert info[0] is not None and info[1] is not None and info[2] == [1]
         weights = conn.execute("SELECT model_weights FROM automl_output WHERE mst_key = %s",
                                (pruned[0],)).fetchone()[0]
-        assert weights is not None
+        # Its weights are those of its last state, the one after its stop's iteration.
+        trained = conn.execute("SELECT count(*) FROM automl_output_mop_visits WHERE mst_key = %s",
+                               (pruned[0],)).fetchone()[0]
+        segments = conn.execute("SELECT num_segments FROM automl_output_summary").fetchone()[0]
+        assert trained == segments  # one iteration of one epoch, then stopped
+        states = job_tables.state_table(conn, sql.Identifier("automl_output_mop_state"))
+        assert states.last_step(pruned[0], 10 ** 6) == trained
+        assert bytes(weights) == bytes(state.madlib_weights(states.read(pruned[0], trained)))
         progress = conn.execute("SELECT state, models, models_stopped, models_finished, models_waiting, "
                                 "percent_done FROM job_progress WHERE model_output_table = "
                                 "'public.automl_output'").fetchone()

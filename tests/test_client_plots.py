@@ -16,6 +16,7 @@ from PIL import Image
 from madlib_mop.client import plots
 from madlib_mop.client.errors import ServerError
 from madlib_mop.client.frames import JobRef
+from madlib_mop.job.record import JobArguments, JobState
 
 
 def make_curves(keys=(1, 2, 3), iterations=5) -> pd.DataFrame:
@@ -260,7 +261,8 @@ class FakeClient:
     """What write_report reads of a Client, from the frames above."""
 
     def job(self, job):
-        return JobRef(7, "finished", "public.out", {}, {"source_table": "src"}, "public.valid")
+        arguments = JobArguments("src", "public.out", "mst", 3, "public.valid", 3, False, None, None, True, 0)
+        return JobRef(7, JobState.FINISHED, "public.out", {}, arguments, "public.valid")
 
     def jobs(self):
         return pd.DataFrame([{"job_id": 7, "models": 6, "models_stopped": 2, "epochs_done": 4.5,

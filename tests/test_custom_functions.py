@@ -17,7 +17,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from tests.conftest import connect, coordinator_killed_mid_job, psql_error, psql_rows
+from tests.conftest import connect, coordinator_killed_mid_job, iris_table, psql_error, psql_rows
 
 PASSWORD = "custom-fn-" + uuid.uuid4().hex[:8]
 COMPILE = ("loss='scaled_crossentropy', optimizer='Adam(lr=0.05)', "
@@ -64,16 +64,10 @@ def setup(extension_dsn, allow_worker_role):
     """Iris in `iris` (packed over 2 segments, and as validation data), the MLP, the two
     functions loaded by the superuser into `fns`; an analyst and a loader (a member of
     pg_execute_server_program, no superuser), allowed as worker roles."""
-    from sklearn.datasets import load_iris
-
     suffix = uuid.uuid4().hex[:6]
     roles = {"analyst": f"analyst_{suffix}", "loader": f"loader_{suffix}"}
-    iris = load_iris()
     with connect(extension_dsn) as admin:
-        admin.execute("CREATE TABLE iris (id int, attributes real[], species text)")
-        with admin.cursor().copy("COPY iris FROM STDIN") as copy:
-            for i, (x, y) in enumerate(zip(iris.data, iris.target)):
-                copy.write_row((i, [float(v) for v in x], str(iris.target_names[y])))
+        iris_table(admin, features="real[]", label="species")
         admin.execute("SELECT training_preprocessor_dl('iris', 'iris_packed', 'species', 'attributes', "
                       "distribution_rules => '2')")
         admin.execute("SELECT validation_preprocessor_dl('iris', 'iris_valid', 'species', 'attributes', "
@@ -134,12 +128,12 @@ def _weights(conn, table: str) -> bytes:
 
 def _expected_on_validation(conn, model: str) -> tuple[float, float]:
     """The custom loss and metric of `model` on iris_valid, computed here in plain Keras."""
-    from madlib_mop.runtime import keras_json
+    from madlib_mop.runtime import keras_json, model_state
     from madlib_mop.runtime.buffers import decode
 
     arch = conn.execute(f"SELECT model_arch::text FROM {model}").fetchone()[0]
-    net = keras_json.build_model(keras_json.parse_model_json(arch), initialised=False)
-    keras_json.set_flat_weights(net, _weights(conn, model))
+    net = keras_json.model_from_config(keras_json.parse_model_json(arch), initialised=False)
+    model_state.set_flat_weights(net, _weights(conn, model))
     rows = conn.execute("SELECT attributes AS x, species AS y, attributes_shape AS xs, "
                         "species_shape AS ys FROM iris_valid ORDER BY buffer_id").fetchall()
     decoded = [decode(dict(zip(("x", "y", "xs", "ys"), r)), True) for r in rows]

@@ -561,5 +561,7 @@ def test_readme_screenshot(prepared, analysts, browser, dashboard):
         for panel in ("curves", "schedule", "importance", "pareto")), what="every panel")
     time.sleep(1.0)  # Plotly's transitions
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(_full_page_png(browser))
+    picture = _full_page_png(browser)
+    assert picture.startswith(b"\x89PNG\r\n\x1a\n") and len(picture) > 10_000  # a page, not a blank
+    path.write_bytes(picture)
     _no_errors(browser)

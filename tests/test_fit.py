@@ -15,7 +15,7 @@ from psycopg.rows import dict_row
 
 from madlib_mop.job import state_store
 from madlib_mop.tools.replay import replay
-from tests.conftest import connect as _connect, coordinator_killed_mid_job, held_job, mlp_json
+from tests.conftest import connect as _connect, coordinator_killed_mid_job, held_job, iris_table, mlp_json
 from madlib_mop.job.schedule import visit_orders
 
 import keras  # noqa: E402  (a missing Keras fails these tests, it does not skip them)
@@ -27,15 +27,12 @@ FIT_GRID = "{'batch_size': [8, 16], 'epochs': [1]}"
 
 @pytest.fixture(scope="module")
 def data(extension_dsn):
-    from sklearn.datasets import load_digits, load_iris
+    from sklearn.datasets import load_digits
 
-    iris, digits = load_iris(), load_digits()
+    digits = load_digits()
     with psycopg.connect(extension_dsn, autocommit=True) as conn:
         conn.execute("SET search_path = public, madlib_mop")
-        conn.execute("CREATE TABLE iris (id int, attributes float8[], class_text text)")
-        with conn.cursor().copy("COPY iris FROM STDIN") as copy:
-            for i, (x, y) in enumerate(zip(iris.data, iris.target)):
-                copy.write_row((i, [float(v) for v in x], str(iris.target_names[y])))
+        iris_table(conn)
         conn.execute("CREATE TABLE digits (id int, pixels real[], digit int)")
         with conn.cursor().copy("COPY digits FROM STDIN") as copy:
             for i, (x, y) in enumerate(zip(digits.data, digits.target)):

@@ -127,7 +127,7 @@ def _batch_norm_statistics(weights: bytes) -> list[np.ndarray]:
     cut out of its weights as Keras orders them."""
     from madlib_mop.runtime import keras_json
 
-    model = keras_json.build_model(keras_json.parse_model_json(residual_json()))
+    model = keras_json.model_from_config(keras_json.parse_model_json(residual_json()))
     flat, offset, statistics = np.frombuffer(weights, dtype=np.float32), 0, []
     for variable in model.weights:
         size = int(np.prod(variable.shape))
@@ -176,7 +176,7 @@ def test_madlibs_cifar10_cnn_trains_unchanged(images):
         # MADlib's model_weights: every weight of the network, float32, in Keras' order.
         from madlib_mop.runtime import keras_json
 
-        parameters = keras_json.build_model(keras_json.parse_model_json(madlib_cifar10_cnn_json())).count_params()
+        parameters = keras_json.model_from_config(keras_json.parse_model_json(madlib_cifar10_cnn_json())).count_params()
         assert conn.execute("SELECT octet_length(model_weights) FROM cifar_cnn").fetchone()[0] == 4 * parameters
         conn.execute("SELECT madlib_keras_evaluate('cifar_cnn', 'cifar_valid', 'cifar_cnn_eval')")
         loss, accuracy = conn.execute("SELECT loss, metric FROM cifar_cnn_eval").fetchone()

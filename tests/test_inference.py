@@ -7,7 +7,7 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from madlib_mop.runtime import keras_json
+from madlib_mop.runtime import keras_json, model_state
 
 import keras  # noqa: E402  (a missing Keras fails these tests, it does not skip them)
 
@@ -62,8 +62,8 @@ def _keras_model(conn, table, mst_key=None, compile_params=None):
     arch, weights = conn.execute(
         f"SELECT model_arch::text, model_weights FROM {table}"
         + (" WHERE mst_key = %s" if mst_key else ""), (mst_key,) if mst_key else None).fetchone()
-    model = keras_json.build_model(keras_json.parse_model_json(arch))
-    keras_json.set_flat_weights(model, weights)
+    model = keras_json.model_from_config(keras_json.parse_model_json(arch))
+    model_state.set_flat_weights(model, weights)
     return model
 
 
@@ -121,7 +121,7 @@ def test_predict_byom(conn, models):
     conn.execute("SELECT load_keras_model('byom', %s::json, %s)", (_mlp(3, 3), flat.tobytes()))
     conn.execute("SELECT madlib_keras_predict_byom('byom', 1, 'iris', 'id', 'attributes', 'p_byom', "
                  "'response', FALSE, ARRAY['a', 'b', 'c'], 2.0)")
-    keras_json.set_flat_weights(model, flat.tobytes())
+    model_state.set_flat_weights(model, flat.tobytes())
     expected = np.array(["a", "b", "c"])[np.argmax(model.predict(_features(iris), verbose=0), axis=1)]
     got = dict(conn.execute("SELECT id, class_value FROM p_byom").fetchall())
     assert [got[i] for i in range(150)] == expected.tolist()

@@ -12,8 +12,8 @@ import psycopg
 import pytest
 from psycopg.rows import dict_row
 
-from madlib_mop.runtime import keras_json, training
-from tests.conftest import connect
+from madlib_mop.runtime import keras_json, model_state, training
+from tests.conftest import connect, iris_table
 
 ARCH = keras.Sequential([keras.Input((4,)), keras.layers.Dense(6, activation="relu"),
                          keras.layers.Dense(3, activation="softmax")]).to_json()
@@ -45,8 +45,8 @@ def test_a_decayed_pass_is_keras_fit_and_keras2s_rate(loss):
     x, onehot, classes = _data()
     y = classes if loss.startswith("sparse") else onehot
     spec = _spec(1, "Adam(lr=0.05,decay=0.5)", "['top_2_accuracy', 'accuracy']", loss)
-    reference, program = training.build_model(spec, 0), training.Program.for_spec(spec)
-    program.restore(training.capture_state(reference))
+    reference, program = training.compiled_model(spec, 0), training.Program.for_spec(spec)
+    program.restore(model_state.capture_state(reference))
     reported = program.train(x, y, 8)
     history = reference.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0).history
     assert set(reported) == {"loss", "top_2_accuracy", "accuracy"}
@@ -78,10 +78,7 @@ def fitted(extension_dsn):
     with connect(extension_dsn) as conn:
         conn.add_notice_handler(lambda d: warnings.append(d.message_primary)
                                 if d.severity_nonlocalized == "WARNING" else None)
-        conn.execute("CREATE TABLE iris (id int, attributes float8[], class_text text)")
-        with conn.cursor().copy("COPY iris FROM STDIN") as copy:
-            for i in range(0, 150, 5):
-                copy.write_row((i, [float(v) for v in iris.data[i]], str(iris.target_names[iris.target[i]])))
+        iris_table(conn, rows=range(0, 150, 5))
         conn.execute("SELECT training_preprocessor_dl('iris', 'iris_packed', 'class_text', "
                      "'attributes', distribution_rules => '2')")
         conn.execute("SELECT validation_preprocessor_dl('iris', 'iris_valid', 'class_text', "
@@ -121,8 +118,8 @@ def test_top_k_accuracy_is_reported_by_its_name(fitted):
         row = conn.cursor(row_factory=dict_row).execute("SELECT * FROM kt_eval").fetchone()
         weights = conn.execute("SELECT model_weights FROM kt").fetchone()[0]
     assert set(row["metrics"]) == {"loss", "top_3_accuracy", "top_2_accuracy"} and row["metric"] == 1.0
-    model = keras_json.build_model(keras_json.parse_model_json(ARCH))
-    keras_json.set_flat_weights(model, weights)
+    model = keras_json.model_from_config(keras_json.parse_model_json(ARCH))
+    model_state.set_flat_weights(model, weights)
     rows = list(range(0, 150, 5))
     scores = model.predict(iris.data[rows].astype(np.float32), verbose=0)
     top2 = np.mean([c in np.argsort(p)[-2:] for p, c in zip(scores, iris.target[rows])])

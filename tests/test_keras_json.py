@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from madlib_mop.runtime import keras_json
+from madlib_mop.runtime import keras_json, model_state
 from madlib_mop.errors import MadlibMopError
 
 import keras  # noqa: E402  (a missing Keras fails these tests, it does not skip them)
@@ -32,7 +32,7 @@ KERAS2_SEQUENTIAL = {
 
 
 def _build(config):
-    return keras_json.build_model(keras_json.parse_model_json(json.dumps(config)))
+    return keras_json.model_from_config(keras_json.parse_model_json(json.dumps(config)))
 
 
 def test_keras3_json_builds():
@@ -104,7 +104,7 @@ def test_weights_are_checked_and_loaded():
     model = _build(KERAS2_SEQUENTIAL)
     flat = np.arange(model.count_params(), dtype=np.float32)
     keras_json.check_weights(model, flat.tobytes())
-    keras_json.set_flat_weights(model, flat.tobytes())
+    model_state.set_flat_weights(model, flat.tobytes())
     assert np.array_equal(np.concatenate([w.ravel() for w in model.get_weights()]), flat)
     with pytest.raises(MadlibMopError, match="has 8 bytes, the architecture needs 332") as raised:
         keras_json.check_weights(model, b"\0" * 8)

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from madlib_mop.runtime import keras_json, staging, state, training
+from madlib_mop.runtime import keras_json, model_state, staging, state, training
 from madlib_mop.runtime.buffers import Buffer
 
 COMPILE = "optimizer='Adam(learning_rate=0.01)',loss='categorical_crossentropy',metrics=['accuracy']"
@@ -120,7 +120,7 @@ def test_staged_training_gives_the_whole_models_state_bit_for_bit():
     and an evaluation: the same metrics and the same state bytes, staged or not."""
     arch, flat = _base_and_flat()
     spec = training.ModelSpec(3, arch, COMPILE, "batch_size=16", flat)
-    start = training.capture_state(training.build_model(spec, 11))
+    start = model_state.capture_state(training.compiled_model(spec, 11))
     buffers = _buffers()
     whole = training.Program.for_spec(spec)
     staged = staging.StagedProgram.for_spec(spec)
@@ -141,7 +141,7 @@ def test_staged_training_gives_the_whole_models_state_bit_for_bit():
 def test_features_are_the_same_bits_whatever_the_rows_computed_at_once(monkeypatch):
     arch, flat = _base_and_flat()
     staged = staging.StagedProgram.for_spec(training.ModelSpec(1, arch, COMPILE, "batch_size=8", flat))
-    staged.restore(training.capture_state(training.build_model(
+    staged.restore(model_state.capture_state(training.compiled_model(
         training.ModelSpec(1, arch, COMPILE, "batch_size=8", flat), 0)))
     x = np.concatenate([b.load()[0] for b in _buffers()])
     together = staged.features(x)
@@ -159,7 +159,7 @@ def test_the_digest_is_the_prefix_layers_and_their_weights():
     for a, w in ((arch, flat), (arch, flat), (other_arch, other_flat)):
         spec = training.ModelSpec(1, a, COMPILE, "batch_size=8", w)
         program = staging.StagedProgram.for_spec(spec)
-        program.restore(training.capture_state(training.build_model(spec, 9)))
+        program.restore(model_state.capture_state(training.compiled_model(spec, 9)))
         digests.append(program.digest())
     assert digests[0] == digests[1] != digests[2]
     # The head's weights are not part of it.
@@ -167,7 +167,7 @@ def test_the_digest_is_the_prefix_layers_and_their_weights():
     head_changed[-4:] = np.float32(7).tobytes()
     spec = training.ModelSpec(1, arch, COMPILE, "batch_size=8", bytes(head_changed))
     program = staging.StagedProgram.for_spec(spec)
-    program.restore(training.capture_state(training.build_model(spec, 9)))
+    program.restore(model_state.capture_state(training.compiled_model(spec, 9)))
     assert program.digest() == digests[0]
     assert json.loads(program.description)[0]["class_name"] == "InputLayer"
 

@@ -8,7 +8,7 @@ import keras
 import numpy as np
 import pytest
 
-from madlib_mop.runtime import state, training
+from madlib_mop.runtime import model_state, state, training
 
 
 def _architecture(dropout: bool) -> str:
@@ -47,8 +47,8 @@ def test_a_pass_is_keras_fit_bit_for_bit(case):
                  else "categorical_crossentropy", dropout=case == "dropout")
     y = classes.astype(np.int32) if case == "sparse" else onehot
     class_weight = {0: 1.0, 1: 2.5, 2: 0.5} if case == "class_weight" else None
-    reference, program = training.build_model(spec, 0), training.Program.for_spec(spec)
-    program.restore(training.capture_state(reference))
+    reference, program = training.compiled_model(spec, 0), training.Program.for_spec(spec)
+    program.restore(model_state.capture_state(reference))
     reported = program.train(x, y, 8, training.class_weights(y, class_weight))
     second = program.train(x[:40], y[:40], 8, training.class_weights(y[:40], class_weight))
     history = reference.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0,
@@ -71,7 +71,7 @@ def test_models_sharing_a_program_train_as_each_alone():
     assert renamed.model_arch != fast.model_arch
     assert training.program_key(renamed) == training.program_key(fast)
     shared = training.Program.for_spec(fast)
-    states = {k: training.capture_state(training.build_model(s, 0)) for k, s in ((1, fast), (2, slow))}
+    states = {k: model_state.capture_state(training.compiled_model(s, 0)) for k, s in ((1, fast), (2, slow))}
     alone = {k: training.Program.for_spec(s) for k, s in ((1, fast), (2, slow))}
     for key, program in alone.items():
         program.restore(states[key])
@@ -92,15 +92,15 @@ def test_models_sharing_a_program_train_as_each_alone():
 
 def test_evaluate_is_keras_evaluate():
     x, y, _ = _data(rows=2500)
-    program = training.Program(training.build_model(_spec(1, 0.01), 0))
+    program = training.Program(training.compiled_model(_spec(1, 0.01), 0))
     program.train(x, y, 32)
     expected = program.model.evaluate(x, y, batch_size=1024, verbose=0, return_dict=True)
     assert program.evaluate(x, y) == pytest.approx(expected, rel=0, abs=0)
 
 
 def test_a_state_of_another_model_is_refused():
-    program = training.Program(training.build_model(_spec(1, 0.01), 0))
-    other = training.capture_state(training.build_model(_spec(2, 0.01, dropout=True), 0))
+    program = training.Program(training.compiled_model(_spec(1, 0.01), 0))
+    other = model_state.capture_state(training.compiled_model(_spec(2, 0.01, dropout=True), 0))
     with pytest.raises(ValueError, match="does not fit this model"):
         program.restore(other)
 
@@ -115,7 +115,7 @@ def test_initial_states_are_those_of_models_built_one_by_one(optimizer):
                                 "loss='categorical_crossentropy'", "") for k in (1, 2, 3, 4)]
     states = training.initial_states(specs, seed=5)
     for spec in specs:
-        expected = state.decode(training.capture_state(training.build_model(spec, 5)))[0]
+        expected = state.decode(model_state.capture_state(training.compiled_model(spec, 5)))[0]
         found = state.decode(states[spec.mst_key])[0]
         assert state.layout_of(found) == state.layout_of(expected)
         for a, b in zip(found, expected, strict=True):
@@ -125,12 +125,12 @@ def test_initial_states_are_those_of_models_built_one_by_one(optimizer):
 def test_state_bytes_go_in_and_out_whole():
     """The program's one-call restore and capture give the bytes of `capture_state` and the
     model's values; a truncated state is refused."""
-    program = training.Program(training.build_model(_spec(1, 0.01, dropout=True), 0))
+    program = training.Program(training.compiled_model(_spec(1, 0.01, dropout=True), 0))
     x, y, _ = _data()
     program.train(x, y, 8)
     blob = program.capture()
-    assert blob == training.capture_state(program.model)
-    other = training.Program(training.build_model(_spec(2, 0.01, dropout=True), 3))
+    assert blob == model_state.capture_state(program.model)
+    other = training.Program(training.compiled_model(_spec(2, 0.01, dropout=True), 3))
     other.restore(blob)
     assert other.capture()[-200:] == blob[-200:]  # names differ in the header, not the values
     for found, expected in zip(_weights(other.model), _weights(program.model), strict=True):

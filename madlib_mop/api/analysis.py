@@ -21,6 +21,8 @@ from madlib_mop import errors
 from madlib_mop.db import catalog
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.grammar import model_config
+from madlib_mop.job import repository
+from madlib_mop.job.record import JobRecord
 from madlib_mop.json_values import json_value
 from madlib_mop.search import importance as importance_of, pareto
 from madlib_mop.search.objective import Objective, direction_of, objective_from
@@ -63,22 +65,23 @@ class JobResults:
         return float(value) if _finite(value) else None
 
 
-def job_of(plpy: Any, table: catalog.Table) -> dict | None:
-    """The caller's latest job that wrote `table` (None: another role's, or not a job's)."""
-    rows = plpy.execute(plpy.prepare(
-        f"SELECT job_id, arguments, validation_table FROM {catalog.extension_schema(plpy)}.jobs "
-        "WHERE tables->'output' = to_jsonb($1::text[]) ORDER BY job_id DESC LIMIT 1", ["text[]"]),
-        [catalog.name_parts(plpy, table.oid)])
-    return dict(rows[0]) if rows else None
+def job_of(plpy: Any, table: catalog.Table) -> JobRecord | None:
+    """The caller's latest job that wrote `table` (None: another role's, not a job's, or a
+    row whose arguments are not a job's: an analysis reads what it can)."""
+    try:
+        return repository.job_writing(plpy, catalog.name_parts(plpy, table.oid))
+    except MadlibMopError:
+        return None
 
 
-def _job_objective(job: dict | None, compile_params: list[str], has_validation: bool) -> Objective:
+def _job_objective(job: JobRecord | None, compile_params: list[str], has_validation: bool) -> Objective:
     """The objective the job judged its models by (its pruner's or automl's metric); without
     a job row, the loss, as a job without either."""
     if job is not None:
+        arguments = job.arguments
         try:
-            return search_of_job(json_value(job["arguments"]), dict(enumerate(compile_params)),
-                                 has_validation).objective
+            return search_of_job(arguments.automl, arguments.pruner, arguments.num_iterations,
+                                 dict(enumerate(compile_params)), has_validation).objective
         except MadlibMopError:  # a job whose arguments an earlier version recorded
             pass
     return Objective("loss", "validation" if has_validation else "training", False)
@@ -216,12 +219,13 @@ def pareto_front(plpy: Any, model_output_table: str, objectives: list[str] | Non
 def _job_results(plpy: Any, job_id: int) -> JobResults | None:
     """A job of the caller's, as `JobResults`; None when its `_info` is gone or unreadable
     (a view over every job never fails for one job's tables)."""
-    rows = plpy.execute(plpy.prepare(
-        f"SELECT arguments, tables, validation_table FROM {catalog.extension_schema(plpy)}.jobs "
-        "WHERE job_id = $1", ["bigint"]), [job_id])
-    if not rows:
+    try:
+        job = repository.job_results_of(plpy, job_id)
+    except MadlibMopError:  # a row whose arguments are not a job's
         return None
-    schema, name = json_value(rows[0]["tables"])["info"]
+    if job is None or "info" not in job.table_names:
+        return None
+    schema, name = job.table_names["info"]
     found = plpy.execute(plpy.prepare(
         "SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
         "WHERE n.nspname = $1 AND c.relname = $2 AND has_table_privilege(c.oid, 'SELECT')",
@@ -230,8 +234,8 @@ def _job_results(plpy: Any, job_id: int) -> JobResults | None:
         return None
     info_name = f"{plpy.quote_ident(schema)}.{plpy.quote_ident(name)}"
     results = JobResults(plpy, info_name, Objective("loss", "training", False))
-    results.objective = _job_objective(dict(rows[0]), [m["compile_params"] for m in results.models],
-                                       rows[0]["validation_table"] is not None)
+    results.objective = _job_objective(job, [m["compile_params"] for m in results.models],
+                                       job.validation_table is not None)
     return results
 
 

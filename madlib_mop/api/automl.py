@@ -23,7 +23,7 @@ from madlib_mop import errors
 from madlib_mop.api.model_catalog import SELECTION_TABLES, arch_table_with_ids, object_table_names
 from madlib_mop.db import catalog
 from madlib_mop.errors import MadlibMopError
-from madlib_mop.job import lifecycle, store, temporary
+from madlib_mop.job import lifecycle, repository, temporary
 from madlib_mop.job.plan import plan_job
 from madlib_mop.grammar import model_config
 from madlib_mop.search import grid, hyperband, setup
@@ -152,7 +152,7 @@ def madlib_keras_automl(plpy: Any, source_table: str, model_output_table: str, m
                     extra={"automl": automl, "initial_models": len(entries)},
                     info_labels=proposal.info_labels, object_table=object_table,
                     named=_named_functions(compile_grid, custom_names))
-    if store.find_job(plpy, plan.out.quoted, unfinished=True) is None:
+    if repository.find_job(plpy, plan.out.quoted, unfinished=True) is None:
         for table in (mst, mst_summary):
             table.must_not_exist(plpy)
 

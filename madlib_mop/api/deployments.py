@@ -105,7 +105,7 @@ def _record(plpy: Any, name: str | None, table: catalog.Table, row: dict, strate
         f"INSERT INTO {registry} (name, version, model_table, mst_key, job_id, strategy, objective, "
         "metrics) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
         ["text", "integer", "text", "integer", "bigint", "text", "text", "jsonb"]),
-        [target.name, version, table.name, row.get("mst_key"), job["job_id"] if job else None,
+        [target.name, version, table.name, row.get("mst_key"), job.job_id if job else None,
          strategy, objective, json.dumps({k: row.get(k) for k in _METRICS})])
     plpy.notice(f"deployed {target.quoted} version {version}: {table.name} mst_key {row.get('mst_key')} "
                 f"({why})")

@@ -36,7 +36,7 @@ def load_keras_model(plpy: Any, keras_model_arch_table: str, model_arch: str | N
     if model_arch is None:
         raise MadlibMopError("model_arch is NULL", sqlstate=errors.NULL_VALUE_NOT_ALLOWED,
                              hint="Pass model.to_json() of a Keras model.")
-    model = keras_json.build_model(keras_json.parse_model_json(model_arch), initialised=False)
+    model = keras_json.model_from_config(keras_json.parse_model_json(model_arch), initialised=False)
     keras_json.check_weights(model, model_weights)
 
     target = catalog.new_table(plpy, keras_model_arch_table, argument="keras_model_arch_table")

@@ -22,64 +22,65 @@ from madlib_mop import errors
 from madlib_mop.db import catalog
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.grammar import model_config
-from madlib_mop.job import plan, store
+from madlib_mop.job import plan, repository, store
+from madlib_mop.job.record import JobRecord, JobState
 
-_OPEN = ("created", "queued", "running", "interrupted", "failed")
+_OPEN = frozenset(JobState) - {JobState.FINISHED}
 MAX_ITERATIONS_FACTOR = 10  # a model's iterations: at most this many times the job's
 
 
-def _job(plpy: Any, job_id: int | None) -> dict:
+def _job(plpy: Any, job_id: int | None) -> JobRecord:
     if job_id is None:
         raise MadlibMopError("job_id must name a job", sqlstate=errors.NULL_VALUE_NOT_ALLOWED,
                              hint=f"SELECT job_id, model_output_table FROM "
                                   f"{catalog.extension_schema(plpy)}.job_progress; lists your jobs.")
-    job = store.own_job(plpy, job_id)
-    if job["state"] not in _OPEN:
-        raise MadlibMopError(f"job {job_id} is {job['state']}: there is nothing left to steer",
+    job = repository.own_job(plpy, job_id)
+    if job.state not in _OPEN:
+        raise MadlibMopError(f"job {job_id} is {job.state}: there is nothing left to steer",
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
                              hint="Steer a job while it runs, or before it is resumed; warm_start "
                                   "continues a finished one.")
-    arguments = json.loads(job["arguments"])
-    if arguments.get("automl") or arguments.get("pruner"):
+    arguments = job.arguments
+    if arguments.automl or arguments.pruner:
         # Their searcher and pruner decide from every model's reports: a person's models and
         # stops would change what they decided, and a resumed job would decide otherwise.
         raise MadlibMopError(f"job {job_id} is steered by its "
-                             + ("automl search" if arguments.get("automl") else "pruner"),
+                             + ("automl search" if arguments.automl else "pruner"),
                              sqlstate=errors.FEATURE_NOT_SUPPORTED,
                              hint="Steer a madlib_keras_fit_multiple_model job without a pruner.")
     return job
 
 
-def _model(plpy: Any, job: dict, mst_key: int | None) -> dict:
-    models = catalog.qualified_name(plpy, json.loads(job["tables"])["models"])
+def _model(plpy: Any, job: JobRecord, mst_key: int | None) -> dict:
+    models = catalog.qualified_name(plpy, list(job.table_names["models"]))
     found = store.job_models(plpy, models, mst_key) if mst_key is not None else []
     if not found:
-        raise MadlibMopError(f"mst_key {mst_key} is not a model of job {job['job_id']}",
+        raise MadlibMopError(f"mst_key {mst_key} is not a model of job {job.job_id}",
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
                              hint=f"SELECT mst_key, status FROM "
-                                  f"{catalog.qualified_name(plpy, json.loads(job['tables'])['info'])};")
+                                  f"{catalog.qualified_name(plpy, list(job.table_names['info']))};")
     return found[0]
 
 
-def _request(plpy: Any, job: dict, action: str, mst_key: int | None, params: dict, when: str) -> int:
+def _request(plpy: Any, job: JobRecord, action: str, mst_key: int | None, params: dict, when: str) -> int:
     action_id = plpy.execute(plpy.prepare(
         f"INSERT INTO {catalog.extension_schema(plpy)}.steering (job_id, action, mst_key, params) "
         "VALUES ($1, $2, $3, $4) RETURNING action_id", ["bigint", "text", "integer", "jsonb"]),
-        [job["job_id"], action, mst_key, json.dumps(params)])[0]["action_id"]
-    plpy.notice(f"steering action {action_id} recorded: job {job['job_id']} applies it {when}"
-                + ("" if job["state"] in ("running", "queued") else " once it is resumed"))
+        [job.job_id, action, mst_key, json.dumps(params)])[0]["action_id"]
+    plpy.notice(f"steering action {action_id} recorded: job {job.job_id} applies it {when}"
+                + ("" if job.state in (JobState.RUNNING, JobState.QUEUED) else " once it is resumed"))
     return action_id
 
 
-def _check_config(plpy: Any, job: dict, config: dict) -> None:
+def _check_config(plpy: Any, job: JobRecord, config: dict) -> None:
     """The configuration parses and its model fits the job's data (as a searcher's does);
     its losses and metrics are built in or functions the job's object table holds."""
-    arguments = json.loads(job["arguments"])
+    arguments = job.arguments
     model_config.parse_compile_params(config["compile_params"], custom_names=tuple(
-        (arguments.get("custom_functions") or {}).get("digests", ())))
+        (arguments.custom_functions or {}).get("digests", ())))
     model_config.fit_params_from(model_config.parse_keyword_text(config["fit_params"], "fit_params"),
                                  config["fit_params"] or "")
-    plan.check_config(plpy, config, job["source_table"], arguments)
+    plan.check_config(plpy, config, job.source_table, arguments)
 
 
 def stop_model(plpy: Any, job_id: int, mst_key: int) -> int:
@@ -91,7 +92,7 @@ def stop_model(plpy: Any, job_id: int, mst_key: int) -> int:
 def set_model_iterations(plpy: Any, job_id: int, mst_key: int, num_iterations: int) -> int:
     job = _job(plpy, job_id)
     _model(plpy, job, mst_key)
-    most = MAX_ITERATIONS_FACTOR * json.loads(job["arguments"])["num_iterations"]
+    most = MAX_ITERATIONS_FACTOR * job.arguments.num_iterations
     if num_iterations is None or not 1 <= num_iterations <= most:
         raise MadlibMopError(f"num_iterations must be between 1 and {most}, not {num_iterations}",
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
@@ -131,14 +132,14 @@ def add_model_config(plpy: Any, job_id: int, model_id: int, compile_params: str,
                      "compile_params": compile_params, "fit_params": fit_params}, "at once")
 
 
-def _architecture_table(plpy: Any, job: dict) -> int:
+def _architecture_table(plpy: Any, job: JobRecord) -> int:
     """The oid of the job's architecture table: automl's, or the one its model selection
     table's summary names."""
-    arguments = json.loads(job["arguments"])
-    if arguments.get("automl"):
-        return catalog.resolve_table(plpy, catalog.qualified_name(plpy, arguments["automl"]["model_arch_table"]),
+    arguments = job.arguments
+    if arguments.automl:
+        return catalog.resolve_table(plpy, catalog.qualified_name(plpy, arguments.automl["model_arch_table"]),
                                      argument="model_arch_table").oid
-    selection = catalog.resolve_table(plpy, job["model_selection_table"], argument="model_selection_table")
+    selection = catalog.resolve_table(plpy, job.model_selection_table, argument="model_selection_table")
     found = catalog.summary_of(plpy, selection)
     if not found or not found[1] or "model_arch_table" not in found[1][0]:
         raise MadlibMopError(f"{selection.name} has no summary naming its model_arch_table",

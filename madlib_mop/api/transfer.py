@@ -212,7 +212,7 @@ def _head_layers(head: Any, input_shape: list[int], taken: list[str], base_names
                                  hint="Name the head's layers otherwise, or leave their names out.")
     layers[0]["config"]["batch_input_shape"] = [None] + list(input_shape)
     try:
-        model = keras_json.build_model(keras_json.parse_model_json(
+        model = keras_json.model_from_config(keras_json.parse_model_json(
             {"class_name": "Sequential", "config": {"name": "head", "layers": layers}}))
     except MadlibMopError as error:  # said of the head, not of a model_arch
         raise MadlibMopError(f"head: {error.message.replace('model_arch ', '')}", sqlstate=error.sqlstate,

@@ -22,6 +22,8 @@ import argparse
 import os
 import sys
 
+from madlib_mop.job.record import JobState
+
 EXIT_OK, EXIT_JOB_NOT_FINISHED, EXIT_ERROR = 0, 1, 2
 
 
@@ -120,7 +122,7 @@ def _jobs(client, limit: int) -> int:
     with pd.option_context("display.width", 200, "display.max_columns", None,
                            "display.max_colwidth", 40):
         print(shown.to_string(index=False))
-    failed = frame[frame["last_error"].notna() & (frame["state"] != "finished")]
+    failed = frame[frame["last_error"].notna() & (frame["state"] != JobState.FINISHED)]
     for _, row in failed.iterrows():
         print(f"job {row['job_id']} ({row['state']}): {row['last_error']}")
     return EXIT_OK
@@ -146,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
                 state = client.watch(args.job, interval=args.interval)
                 ref = client.job(args.job)
                 print(f"job {ref.job_id}: {state} ({ref.model_output_table})")
-                return EXIT_OK if state == "finished" else EXIT_JOB_NOT_FINISHED
+                return EXIT_OK if state == JobState.FINISHED else EXIT_JOB_NOT_FINISHED
             if args.command == "report":
                 from madlib_mop.client.report import write_report
 

@@ -40,6 +40,7 @@ from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 from madlib_mop.client import frames
 from madlib_mop.client.errors import ServerError, server_error
 from madlib_mop.client.session import Client, make_engine
+from madlib_mop.job.record import JobState
 from madlib_mop.search import importance
 
 PAGE = Path(__file__).with_name("dashboard_page")
@@ -48,7 +49,7 @@ POLL_SECONDS = 2.0  # the page's polling interval, also shown on it
 # outputs) and runs this long at most, so that a poll never piles up behind another.
 LOCK_TIMEOUT, STATEMENT_TIMEOUT = "5s", "30s"
 LOOPBACK_NAMES = ("127.0.0.1", "localhost")
-FINISHED = "finished"
+FINISHED = JobState.FINISHED
 # undefined_function: the extension has no such function (yet), or not with these parameters.
 UNDEFINED_FUNCTION = "42883"
 

@@ -21,6 +21,7 @@ import pandas as pd
 import sqlalchemy as sa
 
 from madlib_mop.grammar import model_config
+from madlib_mop.job.record import JobArguments, JobState
 from madlib_mop.json_values import json_value
 from madlib_mop.search.objective import direction_of
 
@@ -30,10 +31,10 @@ class JobRef:
     """What the client needs of a job: its row of `jobs` (tables as [schema, table])."""
 
     job_id: int
-    state: str
+    state: JobState
     model_output_table: str
     tables: dict[str, list[str]]
-    arguments: dict[str, Any]
+    arguments: JobArguments
     validation_table: str | None
 
     def table(self, key: str) -> str:
@@ -65,8 +66,8 @@ def job_ref(conn: sa.Connection, schema: str, job: int | str) -> JobRef:
     if row is None:
         raise LookupError(f"no job {job!r} of yours: see `madlib-mop jobs` or "
                           f"SELECT * FROM {schema}.job_progress")
-    return JobRef(row["job_id"], row["state"], row["model_output_table"], json_value(row["tables"]),
-                  json_value(row["arguments"]), row["validation_table"])
+    return JobRef(row["job_id"], JobState(row["state"]), row["model_output_table"],
+                  json_value(row["tables"]), JobArguments.of(row["arguments"]), row["validation_table"])
 
 
 def jobs(conn: sa.Connection, schema: str) -> pd.DataFrame:

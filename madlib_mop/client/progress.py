@@ -20,8 +20,9 @@ from tqdm.auto import tqdm
 
 from madlib_mop.client import frames
 from madlib_mop.client.errors import JobCancelled
+from madlib_mop.job.record import JobState
 
-RUNNING = ("created", "running")
+RUNNING = (JobState.CREATED, JobState.RUNNING)
 
 
 class JobProgress:
@@ -47,10 +48,11 @@ class JobProgress:
         if self.job_id is None and self.coordinator_pid is not None:
             self.job_id = self._conn.execute(sa.text(
                 f"SELECT job_id FROM {frames.quote(self.schema)}.jobs "
-                "WHERE coordinator_pid = :pid AND state IN ('running', 'finished', 'interrupted') "
+                "WHERE coordinator_pid = :pid AND state IN (:running, :finished, :interrupted) "
                 "AND updated_at >= :since "
                 "ORDER BY job_id DESC LIMIT 1"),
-                {"pid": self.coordinator_pid, "since": self._since}).scalar()
+                {"pid": self.coordinator_pid, "since": self._since, "running": JobState.RUNNING.value,
+                 "finished": JobState.FINISHED.value, "interrupted": JobState.INTERRUPTED.value}).scalar()
         return self.job_id
 
     def _read(self) -> None:

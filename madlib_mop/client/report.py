@@ -110,9 +110,9 @@ def _facts(ref: frames.JobRef, progress: dict[str, Any]) -> list[tuple[str, str]
     # job_progress's state: a job whose coordinator's session ended shows as interrupted
     facts = [("job", str(ref.job_id)), ("state", progress.get("state") or ref.state),
              ("output table", ref.model_output_table),
-             ("source table", str(ref.arguments.get("source_table") or "")),
+             ("source table", ref.arguments.source_table),
              ("validation table", ref.validation_table or "none")]
-    automl = ref.arguments.get("automl")
+    automl = ref.arguments.automl
     if automl:
         facts.append(("search", f"{automl.get('method')} ({automl.get('params_text') or ''})"))
     if progress:

@@ -157,7 +157,7 @@ class Engine(abc.ABC):
         """The job ended with these workers idle: an engine may keep them for the
         session's next job."""
 
-    def prepare_job(self, plpy: Any, job: dict, models: Callable[[], list[dict]]) -> None:
+    def prepare_job(self, plpy: Any, job: Any, models: Callable[[], list[dict]]) -> None:
         """Called in the coordinator's thread before the job's first call, and when models
         join: an engine whose workers cannot read the job's row gives them what they need
         of `job` (its `jobs` row) and `models()` (its models table's rows, read only by an

@@ -109,7 +109,7 @@ class ClusterEngine(Engine):
         self._workers.append(worker)
         return worker
 
-    def prepare_job(self, plpy: Any, job: dict, models: Callable[[], list[dict]]) -> None:
+    def prepare_job(self, plpy: Any, job: Any, models: Callable[[], list[dict]]) -> None:
         self.job = job_description(plpy, job, models(), self.partitions)
         for worker in self._workers:
             worker.job = self.job
@@ -156,22 +156,22 @@ def _shipped_data(plpy: Any, table_name: str, partitions: dict[int, Partition],
             "partitions": {str(p): part.name for p, part in partitions.items()}}
 
 
-def job_description(plpy: Any, job: dict, models: list[dict], partitions: dict[int, Partition]) -> dict:
-    """What a segment server's worker needs of a job: its `jobs` row (as the coordinator's
-    store reads it) and its models (mst_key, model_arch, compile_params, fit_params)."""
+def job_description(plpy: Any, job: Any, models: list[dict], partitions: dict[int, Partition]) -> dict:
+    """What a segment server's worker needs of a job: its `jobs` row (`job.record.JobRecord`,
+    as the coordinator's store reads it) and its models (mst_key, model_arch, compile_params, fit_params)."""
     validation = None
-    if job["validation_table"]:
-        table = catalog.resolve_table(plpy, job["validation_table"], argument="validation_table")
+    if job.validation_table:
+        table = catalog.resolve_table(plpy, job.validation_table, argument="validation_table")
         placed = segments.placement(plpy, table)
         if placed is None:
             raise MadlibMopError(
                 f"validation table {table.name} is on this server, the training data on "
                 "segment servers", sqlstate=errors.FEATURE_NOT_SUPPORTED,
                 hint="Pack it with validation_preprocessor_dl() against the training table.")
-        validation = _shipped_data(plpy, job["validation_table"], placed, partitions)
-    return {"job_id": job["job_id"], "seed": job["seed"], "segments": job["num_segments"],
-            "use_caching": job["arguments"].get("use_caching") is not False,
-            "stage_frozen_layers": job["arguments"].get("stage_frozen_layers", True),
-            "train": _shipped_data(plpy, job["source_table"], partitions, None),
+        validation = _shipped_data(plpy, job.validation_table, placed, partitions)
+    return {"job_id": job.job_id, "seed": job.seed, "segments": job.num_segments,
+            "use_caching": job.arguments.use_caching is not False,
+            "stage_frozen_layers": job.arguments.stage_frozen_layers,
+            "train": _shipped_data(plpy, job.source_table, partitions, None),
             "validation": validation,
             "models": models}

@@ -44,7 +44,7 @@ from typing import Any
 
 import psycopg
 
-from madlib_mop import __version__
+from madlib_mop import __version__, errors
 from madlib_mop.db import catalog
 from madlib_mop.db.worker_session import FORWARDED_SETTINGS
 from madlib_mop.errors import MadlibMopError
@@ -398,7 +398,8 @@ def _run(plpy: Any, schema: str, plans: dict, function: str, args: list) -> dict
     if function not in plans:
         plans[function] = _plan(plpy, schema, function, len(args))
     if plans[function] is None:
-        return {"kind": "error", "sqlstate": "42883", "message": f"{function} is not a worker function",
+        return {"kind": "error", "sqlstate": errors.UNDEFINED_FUNCTION,
+                "message": f"{function} is not a worker function",
                 "hint": "An idle worker session runs only the extension's worker functions."}
     try:
         rows = plpy.execute(plans[function], args)

@@ -15,6 +15,7 @@ import os
 import time
 from typing import Any
 
+from madlib_mop import errors
 from madlib_mop.db import catalog, worker_session
 from madlib_mop.engine.base import Engine
 from madlib_mop.engine.pool import WorkerPool
@@ -59,7 +60,7 @@ def commit_call(plpy: Any) -> None:
         if getattr(error, "sqlstate", None) != "2D000":
             raise
         raise MadlibMopError(
-            "CALL fit_multiple cannot run inside a transaction block", sqlstate="25001",
+            "CALL fit_multiple cannot run inside a transaction block", sqlstate=errors.ACTIVE_SQL_TRANSACTION,
             hint="Run CALL outside BEGIN ... COMMIT, or use SELECT "
                  "madlib_keras_fit_multiple_model(...).") from None
 
@@ -80,8 +81,8 @@ class Coordinator:
         self.plpy, self.can_commit, self.engine, self.pool = plpy, can_commit, engine, pool
         self.store = JobStore(worker_session.conninfo(plpy), catalog.extension_schema_name(plpy), job_id)
         self.job, self.job_id = self.store.job, job_id
-        self.args, self.S = self.job["arguments"], self.job["num_segments"]
-        self.partitions = self.job["validation_partitions"] or 0
+        self.args, self.S = self.job.arguments, self.job.num_segments
+        self.partitions = self.job.validation_partitions or 0
         self.retry = RetryPolicy.for_job(plpy, job_id)
         self._notice = lambda text: plpy.notice(f"madlib_keras_fit_multiple_model: {text}")
 
@@ -108,15 +109,15 @@ class Coordinator:
         requests = steering.resumed(self.store, self.models)  # a person's, applied as before
         rounds = {m.mst_key: m.iterations * m.epochs for m in self.models.values()}
         self.schedule = schedule.dispatcher_for(rounds, {k: len(m.visits) for k, m in self.models.items()},
-                                                self.S, self.job["seed"],
-                                                self.args.get("initial_models"), steering.added(requests))
+                                                self.S, self.job.seed,
+                                                self.args.initial_models, steering.added(requests))
         self.started_epoch = self.store.mark_running(os.getpid())
         self.search = JobSearch(self.plpy, self.store, self.engine, self.models, self.schedule,
                                 bool(self.partitions), self._notice)
-        self.steering = steering.JobSteering(self.plpy, self.store, requests, self._notice, (
-            self.models, self.schedule, self.search, self.engine,
-            (self._queue_evals, self._publish, lambda: self.progress.report_to(self.store))))
-        self.failures = ModelFailures(self.store, self._notice)
+        self.steering = steering.JobSteering(self.plpy, self.store, requests, self._notice,
+                                             models=self.models, dispatcher=self.schedule,
+                                             search=self.search, engine=self.engine, events=self)
+        self.failures = ModelFailures(self.store, self._notice, events=self)
         for mst_key in self.failures.lost:  # diverged before the job was resumed
             self.schedule.stop(mst_key)
             self.search.lost(mst_key)
@@ -126,14 +127,13 @@ class Coordinator:
                                     self.search.stopped, self.failures,
                                     self.search.searcher is not None or self.search.pruning,
                                     self._notice)
-        self.failures.progress, self.failures.search = self.progress, self.search
         if self.can_commit:
             commit_call(self.plpy)
         for model in list(self.models.values()):
             finished = len(model.visits) // model.per_iteration
             for iteration in range(1, finished + 1):
-                self._queue_evals(model, iteration)
-            self._publish(model)
+                self.queue_evals(model, iteration)
+            self.publish(model)
             iteration, within = divmod(len(model.visits), model.per_iteration)
             if (not within and self.search.decided_at(iteration)
                     and not self.search.decisions.has(model.mst_key, iteration)):
@@ -178,18 +178,14 @@ class Coordinator:
             boundary = completed % model.per_iteration == 0
             iteration = completed // model.per_iteration
             if boundary and self.search.decided_at(iteration):
-                # The pruner decides on this iteration's report, once its validation is done:
-                # until then the model trains no further (a model it stops has no extra work).
+                # The pruner decides once its validation is done; the model waits (no extra work).
                 self.schedule.hold(task.mst_key)
             if not boundary:
-                # The segment's next sub-epoch starts while this one is recorded.  Its
-                # result is handled after this one's commit; if the commit fails the job
-                # stops and nothing after it counts.  Not at an iteration boundary, where
-                # the pruner may stop or hold the model first.
+                # The segment's next sub-epoch starts while this one is recorded (a failed commit
+                # stops the job); not at a boundary, where the pruner may stop or hold the model.
                 self._dispatch()
-        # The result, the outputs it changes and the progress: one transaction, its statements
-        # sent together.  Within an iteration a hop changes no output but the progress: the
-        # model's rows are published when it completes an iteration or is validated.
+        # The result, the outputs it changes and the progress: one transaction, sent together.
+        # Rows are published when a model completes an iteration or is validated.
         with self.store.atomic(pipelined=True):
             if task.kind == "evaluate":
                 self.store.record_eval(task.mst_key, task.step, task.partition, value)
@@ -197,9 +193,9 @@ class Coordinator:
             else:
                 self.store.record_visit(task.mst_key, task.step, task.segment, result)
                 if boundary:
-                    self._queue_evals(model, completed // model.per_iteration)
+                    self.queue_evals(model, completed // model.per_iteration)
             if task.kind == "evaluate" or boundary:
-                self._publish(model)
+                self.publish(model)
             self.progress.report_to(self.store)
         self.search.ask()
         if task.kind == "train":
@@ -229,8 +225,15 @@ class Coordinator:
             task.attempt = attempt
             self.work.pending_evals.append(task)
 
-    def _queue_evals(self, model: ModelRecord, iteration: int) -> None:
-        if not self.partitions or not metrics.due(iteration, self.args["metrics_compute_frequency"],
+    # ---- JobEvents (`job.events`): what the coordinator's parts tell it ----
+    def report_progress(self) -> None:
+        self.progress.report_to(self.store)
+
+    def model_lost(self, mst_key: int) -> None:
+        self.search.lost(mst_key)
+
+    def queue_evals(self, model: ModelRecord, iteration: int) -> None:
+        if not self.partitions or not metrics.due(iteration, self.args.metrics_compute_frequency,
                                                   model.iterations, self.search.also_due):
             return
         step = iteration * model.per_iteration
@@ -239,13 +242,12 @@ class Coordinator:
         self.work.pending_evals += [Task("evaluate", model.mst_key, step, p % self.S, p, state)
                                for p in missing]
 
-    # ---- iteration boundaries ----
-    def _publish(self, model: ModelRecord) -> None:
+    def publish(self, model: ModelRecord) -> None:
         """Bring the model's output rows up to date, then hand its new reports to search."""
         curves = metrics.curves(model.visits, model.evals, self.S, model.epochs,
-                                self.args["metrics_compute_frequency"], model.iterations,
+                                self.args.metrics_compute_frequency, model.iterations,
                                 self.partitions, self.started_epoch, self.search.also_due)
-        outputs.publish(self.store, model, curves, self.partitions, bool(self.args.get("single")))
+        outputs.publish(self.store, model, curves, self.partitions, self.args.single)
         finished = len(model.visits) // model.per_iteration
         if not finished:
             return
@@ -256,7 +258,6 @@ class Coordinator:
                 self.search.decisions.report(Report(model.mst_key, iteration, curves.training[index],
                                     curves.validation[index] if self.partitions else None))
 
-    # ---- session, progress ----
     def _finish(self) -> None:
         self.steering.finish()
         self.progress.report_to(self.store)

@@ -15,6 +15,7 @@ from madlib_mop import errors
 from madlib_mop.db import catalog, settings
 from madlib_mop.engine.base import failure_sqlstate
 from madlib_mop.errors import MadlibMopError
+from madlib_mop.job.events import JobEvents
 from madlib_mop.job.store import JobStore
 
 # A model's status in `<out>_info` once it stopped for a cause of its own.
@@ -40,8 +41,8 @@ class RetryPolicy:
     # privileges (42), authentication (28), the database or schema (3D, 3F), the server's
     # files (58: a job's state files, `job.state_store`) and a full disk.
     JOB_CLASSES = ("42", "28", "3D", "3F", "58")
-    JOB_STATES = (errors.DISK_FULL,)
-    LOST_STATES = ("57P01", "57P02", "57P03")
+    JOB_SQLSTATES = (errors.DISK_FULL,)
+    SESSION_LOST_SQLSTATES = (errors.ADMIN_SHUTDOWN, errors.CRASH_SHUTDOWN, errors.CANNOT_CONNECT_NOW)
     WAIT_SETTING = "madlib_mop.segment_wait_seconds"
     DEFAULT_WAIT_SECONDS = 300
     MAX_DELAY = 10.0
@@ -65,13 +66,13 @@ class RetryPolicy:
         sqlstate = failure_sqlstate(error)
         if sqlstate is None:
             return isinstance(error, psycopg.OperationalError)
-        return sqlstate[:2] == "08" or sqlstate in cls.LOST_STATES
+        return sqlstate[:2] == "08" or sqlstate in cls.SESSION_LOST_SQLSTATES
 
     @classmethod
     def connecting(cls, error: BaseException) -> bool:
         """The session could not be opened: the call did not run."""
         sqlstate = failure_sqlstate(error)
-        return sqlstate == "57P03" or (isinstance(error, MadlibMopError)
+        return sqlstate == errors.CANNOT_CONNECT_NOW or (isinstance(error, MadlibMopError)
                                       and sqlstate == errors.CONNECTION_FAILURE)
 
     def answered(self, segment: int) -> None:
@@ -115,12 +116,12 @@ class RetryPolicy:
         """A final error that no model can train past: a table, a privilege, the server."""
         sqlstate = failure_sqlstate(error)
         return cls.lost(error) or (sqlstate is not None and (sqlstate[:2] in cls.JOB_CLASSES
-                                                             or sqlstate in cls.JOB_STATES))
+                                                             or sqlstate in cls.JOB_SQLSTATES))
 
     def check(self, task: Any, error: BaseException, message: str) -> None:
         """Raises if the call is not to be run again."""
         sqlstate = failure_sqlstate(error)
-        final = sqlstate is not None and (sqlstate[:2] in self.FINAL_CLASSES or sqlstate in self.JOB_STATES)
+        final = sqlstate is not None and (sqlstate[:2] in self.FINAL_CLASSES or sqlstate in self.JOB_SQLSTATES)
         if task.attempt >= self.MAX_ATTEMPTS or final:
             raise MadlibMopError(
                 f"job {self.job_id}: {task.kind} of mst_key {task.mst_key} on segment "
@@ -137,9 +138,8 @@ class ModelFailures:
     (its calls failed on every retry) trains again when the job is resumed: its cause may
     have been fixed meanwhile; a diverged one would diverge again, the same bits."""
 
-    def __init__(self, store: JobStore, notice: Callable[[str], None]):
-        self.store, self.notice = store, notice
-        self.progress = self.search = None  # the coordinator's, once it has them
+    def __init__(self, store: JobStore, notice: Callable[[str], None], events: JobEvents):
+        self.store, self.notice, self.events = store, notice, events
         self.lost: dict[int, str] = {}  # mst_key -> what happened, as recorded
         for mst_key, status, reason in store.model_statuses():
             if status == DIVERGED:
@@ -172,8 +172,8 @@ class ModelFailures:
                  if task.kind == "train" else f"in the validation of iteration {iteration}")
         with self.store.atomic():
             self.stop(task.mst_key, status, len(model.visits) // model.per_iteration, where, reason)
-            self.progress.report_to(self.store)
-        self.search.lost(task.mst_key)
+            self.events.report_progress()
+        self.events.model_lost(task.mst_key)
 
     def check_at_end(self, models: int, warning: Callable[[str], None]) -> None:
         """At the job's end: an error if no model is left, else a WARNING naming those that

@@ -20,24 +20,25 @@ from madlib_mop.engine.base import Engine
 from madlib_mop.engine.cluster import engine_for
 from madlib_mop.engine.local import LocalEngine
 from madlib_mop.errors import MadlibMopError
-from madlib_mop.job import memory, outputs, store
+from madlib_mop.job import memory, outputs, repository, store
 from madlib_mop.job import tables as job_tables
 from madlib_mop.job.coordinator import Coordinator, start_pool
+from madlib_mop.job.record import JobRecord, JobState
 from madlib_mop.job.plan import Plan, check_models, check_recorded_functions, custom_of
 from madlib_mop.job.state_store import HopFiles
 from madlib_mop.job.tables import identifiers
 from madlib_mop.runtime import state, training
 
 
-def refuse_if_running(plpy: Any, job: dict, out: catalog.NewTable) -> None:
+def refuse_if_running(plpy: Any, job: JobRecord, out: catalog.NewTable) -> None:
     """A running job keeps its tables: they are not the caller's to drop or replace, even
     when its output table was dropped meanwhile."""
-    if store.is_running(plpy, job["job_id"]):
+    if repository.is_running(plpy, job.job_id):
         raise MadlibMopError(
-            f"job {job['job_id']} is still training into {out.quoted}",
+            f"job {job.job_id} is still training into {out.quoted}",
             sqlstate=errors.OBJECT_IN_USE,
             hint=f"Wait for it (SELECT * FROM {catalog.extension_schema(plpy)}.job_progress), or "
-                 f"cancel it: SELECT pg_cancel_backend({job['coordinator_pid']}).")
+                 f"cancel it: SELECT pg_cancel_backend({job.coordinator_pid}).")
 
 
 def initial_states(plpy: Any, plan: Plan, previous: dict[int, bytes],
@@ -52,7 +53,7 @@ def initial_states(plpy: Any, plan: Plan, previous: dict[int, bytes],
     shapes are refused here, before the job exists."""
     custom = custom_of(plan.arguments)
     specs = [training.ModelSpec.of(c, custom) for c in plan.configs]
-    seed = plan.arguments["seed"]
+    seed = plan.arguments.seed
     expected: dict[tuple, list] = {}  # per program key: it depends on architecture and optimizer
     for spec in specs:
         if spec.mst_key in previous and spec.program_key not in expected:
@@ -93,8 +94,8 @@ def _weight_shapes(layout: list) -> list[list[int]]:
     return [list(shape) for kind, shape in layout if kind == "weights"]
 
 
-def create_job(plpy: Any, plan: Plan, previous_job: dict | None, prepare=None,
-               left_by: dict | None = None, weight_bytes: dict[str, int] | None = None
+def create_job(plpy: Any, plan: Plan, previous_job: JobRecord | None, prepare=None,
+               left_by: JobRecord | None = None, weight_bytes: dict[str, int] | None = None
                ) -> tuple[int, memory.WorkerMemory]:
     """The jobs row, the output and per-job tables, and every model's initial state, in one
     transaction of a session of its own: a failed start leaves nothing.  Refused when its
@@ -111,13 +112,13 @@ def create_job(plpy: Any, plan: Plan, previous_job: dict | None, prepare=None,
     with worker_session.connect(worker_session.conninfo(plpy), autocommit=False,
                                 application_name="madlib_mop coordinator") as db:
         if previous_job is not None:  # warm start: continue from the last states
-            old = identifiers(json.loads(previous_job["tables"]))
+            old = identifiers(previous_job.table_names)
             previous_states = store.last_states(db, old["state"])
             previous_compile = store.compile_params_of(db, old["models"])
             job_tables.drop(db, old.values())
         if left_by is not None:
-            job_tables.drop(db, identifiers(json.loads(left_by["tables"])).values())
-            HopFiles.of(lambda q: db.execute(q).fetchone()[0], left_by["job_id"]).remove_job()
+            job_tables.drop(db, identifiers(left_by.table_names).values())
+            HopFiles.of(lambda q: db.execute(q).fetchone()[0], left_by.job_id).remove_job()
         for key, table in t.items():
             if db.execute("SELECT to_regclass(%s)", (table.as_string(db),)).fetchone()[0]:
                 raise MadlibMopError(
@@ -125,21 +126,21 @@ def create_job(plpy: Any, plan: Plan, previous_job: dict | None, prepare=None,
                     hint="Drop it, pass another model_output_table, or warm_start => TRUE to "
                          "continue a finished job.")
         S = plan.source["num_segments"]
-        job_id = store.insert_job(db, catalog.extension_schema_name(plpy), {
+        job_id = repository.insert_job(db, catalog.extension_schema_name(plpy), {
             "model_output_table": plan.out.quoted, "source_table": plan.source["packed_table"],
             "validation_table": plan.validation["packed_table"] if plan.validation else None,
             "model_selection_table": plan.model_selection_table,
-            "arguments": json.dumps(plan.arguments), "tables": json.dumps(names),
+            "arguments": json.dumps(plan.arguments.as_json()), "tables": json.dumps(names),
             "num_models": len(plan.configs), "num_segments": S,
             "validation_partitions": plan.validation["num_segments"] if plan.validation else None,
-            "seed": plan.arguments["seed"],
+            "seed": plan.arguments.seed,
             "subepochs_total": sum(plan.num_iterations * plan.epochs[c["mst_key"]] * S
                                    for c in plan.configs)})
         job_tables.create(db, t)
         outputs.create(db, t, plan, job_id, plan.out.sibling("_info", plpy).quoted)
         configs, sizes = {c["mst_key"]: c for c in plan.configs}, {}
         packed_tables = [p["packed_table"] for p in (plan.source, plan.validation) if p]
-        caching = plan.arguments.get("use_caching") is not False
+        caching = plan.arguments.use_caching is not False
         if weight_bytes:
             memory.check(memory.estimate(plpy, plan.configs, {
                 c["mst_key"]: memory.estimated_state_bytes(c, weight_bytes[c["model_arch"]])
@@ -166,10 +167,10 @@ def engine_of(plpy: Any, packed_table: str) -> Engine:
 
 def run_job(plpy: Any, job_id: int, can_commit: bool, engine: Engine | None = None,
             pool=None) -> None:
-    job = store.own_job(plpy, job_id)
-    check_recorded_functions(plpy, json.loads(job["arguments"]))
+    job = repository.own_job(plpy, job_id)
+    check_recorded_functions(plpy, job.arguments)
     if engine is None:
-        engine = engine_of(plpy, job["source_table"])
+        engine = engine_of(plpy, job.source_table)
     try:
         coordinator = Coordinator(plpy, job_id, can_commit, engine, pool)
     except BaseException:
@@ -187,23 +188,23 @@ def run_job(plpy: Any, job_id: int, can_commit: bool, engine: Engine | None = No
 def run_plan(plpy: Any, plan: Plan, warm_start: bool, can_commit: bool, caller: str,
              prepare=None) -> None:
     """Continue the unfinished job of the same call, or create the job and run it."""
-    unfinished = store.find_job(plpy, plan.out.quoted, unfinished=True)
-    if unfinished is not None and not store.tables_exist(plpy, unfinished):
+    unfinished = repository.find_job(plpy, plan.out.quoted, unfinished=True)
+    if unfinished is not None and not repository.tables_exist(plpy, unfinished):
         refuse_if_running(plpy, unfinished, plan.out)
-        store.abandon(plpy, unfinished["job_id"], "its tables were dropped")
+        repository.abandon(plpy, unfinished.job_id, "its tables were dropped")
         unfinished = None
     if unfinished is not None:
-        if json.loads(unfinished["arguments"]) == json.loads(json.dumps(plan.arguments)):
-            plpy.notice(f"{caller}: continuing job {unfinished['job_id']} "
-                        f"({unfinished['subepochs_done']} of {unfinished['subepochs_total']} "
+        if unfinished.arguments == plan.arguments:
+            plpy.notice(f"{caller}: continuing job {unfinished.job_id} "
+                        f"({unfinished.subepochs_done} of {unfinished.subepochs_total} "
                         "sub-epochs done)")
-            run_job(plpy, unfinished["job_id"], can_commit)
+            run_job(plpy, unfinished.job_id, can_commit)
             return
         raise MadlibMopError(
-            f"{plan.out.quoted} belongs to unfinished job {unfinished['job_id']}, started with "
+            f"{plan.out.quoted} belongs to unfinished job {unfinished.job_id}, started with "
             "other arguments", sqlstate=errors.DUPLICATE_TABLE,
             hint=f"Continue it with CALL {catalog.extension_schema(plpy)}.resume("
-                 f"{unfinished['job_id']}), or drop its tables and pass another name.")
+                 f"{unfinished.job_id}), or drop its tables and pass another name.")
     previous = left_by = None
     if plan.out.exists(plpy):
         if not warm_start:
@@ -213,7 +214,7 @@ def run_plan(plpy: Any, plan: Plan, warm_start: bool, can_commit: bool, caller: 
                                       "continue training its models, or (fit_multiple) "
                                       "if_output_exists => 'new_version' to train into "
                                       "<name>_v2, _v3, ...")
-        previous = store.find_job(plpy, plan.out.quoted, unfinished=False)
+        previous = repository.find_job(plpy, plan.out.quoted, unfinished=False)
         if previous is None:
             raise MadlibMopError(f"{plan.out.quoted} was not made by madlib_mop",
                                  sqlstate=errors.INVALID_PARAMETER_VALUE,
@@ -241,26 +242,26 @@ def run_plan(plpy: Any, plan: Plan, warm_start: bool, can_commit: bool, caller: 
     run_job(plpy, job_id, can_commit, engine, pool)
 
 
-def left_by_dropped_output(plpy: Any, out: catalog.NewTable) -> dict | None:
+def left_by_dropped_output(plpy: Any, out: catalog.NewTable) -> JobRecord | None:
     """The latest earlier job of this output (which does not exist), when some of its other
     tables remain: a MADlib script drops `<out>` and `<out>_summary` (the tables
     MADlib makes) and trains into the same name again, so the `_info` and per-job tables
     the earlier job left are the caller's to replace.  (An unfinished job whose tables were
     dropped is abandoned first, in run_plan.)"""
-    job = store.latest_job(plpy, out.quoted, ("finished", "failed"))
+    job = repository.latest_job(plpy, out.quoted, (JobState.FINISHED, JobState.FAILED))
     if job is None:
         return None
-    left = store.existing_tables(plpy, job)
+    left = repository.existing_tables(plpy, job)
     if not left:
         return None
-    plpy.notice(f"{out.quoted} was dropped: replacing what job {job['job_id']} left of it "
+    plpy.notice(f"{out.quoted} was dropped: replacing what job {job.job_id} left of it "
                 f"({', '.join(left)})")
     return job
 
 
 def resume(plpy: Any, job_id: int, *, can_commit: bool = False) -> None:
-    job = store.own_job(plpy, job_id)
-    if job["state"] == "finished":
+    job = repository.own_job(plpy, job_id)
+    if job.finished:
         plpy.notice(f"madlib_mop: job {job_id} is already finished")
         return
     run_job(plpy, job_id, can_commit)

@@ -66,7 +66,7 @@ def create(db: psycopg.Connection, t: dict[str, sql.Identifier], plan, job_id: i
     # Float weights do not compress: not trying saves a pass over them at every iteration.
     db.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN model_weights SET STORAGE EXTERNAL")
                .format(t["output"]))
-    automl = plan.arguments.get("automl")
+    automl = plan.arguments.automl
     columns = INFO_COLUMNS + (HYPERBAND_INFO_COLUMNS if automl and automl["method"] == "hyperband" else [])
     db.execute(sql.SQL("CREATE TABLE {} ({})").format(t["info"], sql.SQL(", ").join(
         sql.SQL("{} {}").format(sql.Identifier(name), sql.SQL(kind)) for name, kind in columns)))
@@ -167,34 +167,34 @@ def _create_summary(db, table: sql.Identifier, plan, info_name: str, job_id: int
             metrics_iters integer[], job_id bigint, num_segments integer, seed integer)""").format(
         table, class_column, sql.SQL(class_type)))
     arguments = plan.arguments
-    custom = arguments.get("custom_functions")
+    custom = arguments.custom_functions
     object_table = custom["name"] if custom else None
     db.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
                        "%s, %s, now(), NULL, %s, %s, %s::{}, %s, %s, %s, %s, %s, %s)").format(
         table, sql.SQL(class_type)), (
-        arguments["source_table"], arguments["validation_table"],
-        arguments["model_output_table"], info_name, source["dependent_varname"],
+        arguments.source_table, arguments.validation_table,
+        arguments.model_output_table, info_name, source["dependent_varname"],
         source["independent_varname"], plan.model_arch_table, plan.model_selection_table,
-        object_table, plan.num_iterations, plan.frequency, arguments["warm_start"], arguments["name"],
-        arguments["description"], f"madlib_mop {madlib_mop.__version__}",
+        object_table, plan.num_iterations, plan.frequency, arguments.warm_start, arguments.name,
+        arguments.description, f"madlib_mop {madlib_mop.__version__}",
         source["num_classes"], _class_values(source, label), source["dependent_vartype"],
         source["normalizing_const"],
         metrics.due_iterations(plan.num_iterations, plan.frequency, plan.num_iterations,
                                plan.also_due),
-        job_id, source["num_segments"], arguments["seed"]))
-    if arguments.get("automl"):
+        job_id, source["num_segments"], arguments.seed))
+    if arguments.automl:
         # MADlib's automl summary: the method, its parameters and the seed.
-        automl = arguments["automl"]
+        automl = arguments.automl
         for name in ("automl_method", "automl_params", "random_state"):
             db.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} text").format(table, sql.Identifier(name)))
         db.execute(sql.SQL("ALTER TABLE {} ADD COLUMN use_gpus boolean DEFAULT false").format(table))
         db.execute(sql.SQL("UPDATE {} SET automl_method = %s, automl_params = %s, random_state = %s")
                    .format(table), (automl["method"], automl["params_text"],
                                     None if automl["random_state"] is None else str(automl["random_state"])))
-    if arguments.get("pruner"):
+    if arguments.pruner:
         db.execute(sql.SQL("ALTER TABLE {} ADD COLUMN pruner text").format(table))
-        db.execute(sql.SQL("UPDATE {} SET pruner = %s").format(table), (arguments["pruner"],))
-    if arguments.get("single"):
+        db.execute(sql.SQL("UPDATE {} SET pruner = %s").format(table), (arguments.pruner,))
+    if arguments.single:
         # madlib_keras_fit keeps its one model's results in the summary (MADlib's layout).
         for name, kind in INFO_COLUMNS[1:]:
             if name != "metrics_iters":  # the summary has it already
@@ -262,6 +262,6 @@ def keep_best(store, models, objective, segments: int, frequency: int, iteration
             reports.append(Report(model.mst_key, curves.iterations[-1], curves.training[-1],
                                   curves.validation[-1] if partitions else None))
     best = min(reports, key=objective.rank_key).mst_key
-    table = sql.Identifier(*store.job["arguments"]["automl"]["model_selection_table"])
+    table = sql.Identifier(*store.job.arguments.automl["model_selection_table"])
     store.q(sql.SQL("DELETE FROM {} WHERE mst_key <> %s").format(table), (best,))
     return best

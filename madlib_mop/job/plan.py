@@ -13,6 +13,7 @@ from madlib_mop import errors
 from madlib_mop.db import catalog, custom_functions, packed, segments, settings
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.job import versions
+from madlib_mop.job.record import JobArguments
 from madlib_mop.job.tables import SUFFIXES_LONGEST_FIRST
 from madlib_mop.grammar import model_config
 from madlib_mop.runtime import keras_json, staging, training
@@ -33,7 +34,7 @@ class Plan:
     frequency: int
     epochs: dict  # mst_key -> fit epochs (passes per iteration)
     out: catalog.NewTable
-    arguments: dict
+    arguments: JobArguments  # as the job records them
     also_due: frozenset = frozenset()  # iterations a pruner decides at (metrics computed)
     info_labels: dict = field(default_factory=dict)  # mst_key -> extra _info columns
 
@@ -56,7 +57,7 @@ def _check_model(plpy: Any, config: dict, source: dict, built: dict,
                 hint="Every sub-epoch is one pass over a segment; remove it from fit_params.")
     arch = config["model_arch"]  # text: plan_job reads it as model_arch::text
     if arch not in built:
-        built[arch] = keras_json.build_model(keras_json.parse_model_json(arch), initialised=False)
+        built[arch] = keras_json.model_from_config(keras_json.parse_model_json(arch), initialised=False)
     model = built[arch]
     shape = keras_json.input_shape(model)
     for data in (source, validation) if validation is not None else (source,):
@@ -184,18 +185,20 @@ def plan_job(plpy: Any, source_table: str, model_output_table: str, model_select
         arguments["stage_frozen_layers"] = False
     if policy == "new_version":
         out = versions.versioned_output(plpy, out, arguments)
+    recorded = JobArguments.of(arguments)
     # The search is checked now (a bad pruner fails before anything is written); its pruner
     # decides at these iterations too.  The coordinator builds it again from the recorded
     # arguments, as it does for a resumed job.
-    search = setup.search_of_job(arguments, {c["mst_key"]: c["compile_params"] for c in configs},
+    search = setup.search_of_job(recorded.automl, recorded.pruner, num_iterations,
+                                 {c["mst_key"]: c["compile_params"] for c in configs},
                                  validation is not None)
     epochs = {c["mst_key"]: model_config.fit_epochs(c["fit_params"]) for c in configs}
     _warn_of_callbacks(plpy, configs, out)
-    if arguments.get("stage_frozen_layers", True):
+    if recorded.stage_frozen_layers:
         _note_staged(plpy, configs)
     note_ignored_compile_params(plpy, [c["compile_params"] for c in configs])
     return Plan(source, validation, mst_name, arch_name, configs, num_iterations, frequency,
-                epochs, out, arguments, frozenset(search.pruner.required_iterations()),
+                epochs, out, recorded, frozenset(search.pruner.required_iterations()),
                 info_labels or {})
 
 
@@ -299,7 +302,7 @@ def check_models(plpy: Any, plan: Plan) -> dict[str, int]:
     return weight_bytes
 
 
-def check_config(plpy: Any, config: dict, source_table: str, arguments: dict) -> None:
+def check_config(plpy: Any, config: dict, source_table: str, arguments: JobArguments) -> None:
     """One configuration against the packed training data (a searcher's new proposal, or a
     steering action's), with the custom functions the job recorded (`arguments`)."""
     _check_model(plpy, config, packed.read_summary(plpy, source_table, argument="source_table"), {},
@@ -347,15 +350,15 @@ def recorded_functions(plpy: Any, recorded: dict, *, with_objects: bool) -> tupl
     return table, rows
 
 
-def check_recorded_functions(plpy: Any, arguments: dict) -> None:
+def check_recorded_functions(plpy: Any, arguments: JobArguments) -> None:
     """Before a job runs or resumes: its custom functions are still there, trusted and
     unchanged (workers check again before they unpickle)."""
-    if arguments.get("custom_functions"):
-        recorded_functions(plpy, arguments["custom_functions"], with_objects=False)
+    if arguments.custom_functions:
+        recorded_functions(plpy, arguments.custom_functions, with_objects=False)
 
 
-def custom_of(arguments: dict) -> CustomFunctions | None:
+def custom_of(arguments: JobArguments) -> CustomFunctions | None:
     """The job's custom functions as recorded (names and digests: enough to parse and
     check its configurations; workers load the callables)."""
-    recorded = arguments.get("custom_functions")
+    recorded = arguments.custom_functions
     return CustomFunctions(recorded["name"], dict(recorded["digests"])) if recorded else None

@@ -26,9 +26,10 @@ class JobSearch:
                  dispatcher: schedule.Dispatcher, validated: bool, notice: Callable[[str], None]):
         self.plpy, self.store, self.engine, self.notice = plpy, store, engine, notice
         self.models, self.schedule = models, dispatcher
-        self.job, self.args = store.job, store.job["arguments"]
-        self.searcher, self.pruner, self.objective = setup.search_of_job(self.args, {
-            k: m.compile_params for k, m in models.items()}, validated)
+        self.job, self.args = store.job, store.job.arguments
+        self.searcher, self.pruner, self.objective = setup.search_of_job(
+            self.args.automl, self.args.pruner, self.args.num_iterations,
+            {k: m.compile_params for k, m in models.items()}, validated)
         self.pruner.start(sorted(models))
         self.also_due = frozenset(self.pruner.required_iterations())
         self.asked = 0  # configurations the searcher proposed in this run
@@ -45,22 +46,31 @@ class JobSearch:
         if self.searcher is not None:
             self.searcher.lost(mst_key)
 
+    def record_stops(self, stops: dict[int, tuple[int, str]]) -> None:
+        """Models a person stopped (steering): mst_key -> (its last iteration, why)."""
+        self.stopped.update(stops)
+
+    def trains_on(self, mst_key: int) -> bool:
+        """A stopped model trains on (a person gave it more iterations); whether it was
+        stopped."""
+        return self.stopped.pop(mst_key, None) is not None
+
     def keep_best(self, partitions: int) -> None:
         """madlib_keras_automl's end: the model selection table keeps the best model only
         (among those that did not diverge or fail).  Other jobs keep their tables as they are."""
-        if not self.args.get("automl"):
+        if not self.args.automl:
             return
         kept = {k: m for k, m in self.models.items() if k not in self.gone}
-        best = outputs.keep_best(self.store, kept, self.objective, self.job["num_segments"],
-                                 self.args["metrics_compute_frequency"], self.args["num_iterations"],
+        best = outputs.keep_best(self.store, kept, self.objective, self.job.num_segments,
+                                 self.args.metrics_compute_frequency, self.args.num_iterations,
                                  partitions, self.also_due)
         self.notice(f"best configuration: mst_key {best} by {self.objective.describe()}; "
-                    f"kept in {self.job['model_selection_table']}")
+                    f"kept in {self.job.model_selection_table}")
 
     def decided_at(self, iteration: int) -> bool:
         """Does the pruner decide after this iteration (its metrics are computed)?"""
-        return self.pruning and 0 < iteration < self.args["num_iterations"] and metrics.due(
-            iteration, self.args["metrics_compute_frequency"], self.args["num_iterations"],
+        return self.pruning and 0 < iteration < self.args.num_iterations and metrics.due(
+            iteration, self.args.metrics_compute_frequency, self.args.num_iterations,
             self.also_due)
 
     def _decided(self, report: Report, decision: Decision, why: str | None) -> None:
@@ -91,14 +101,14 @@ class JobSearch:
             if model is not None:
                 if Config(model.model_id, model.compile_params, model.fit_params) != config:
                     raise MadlibMopError(
-                        f"job {self.job['job_id']}: the searcher proposed {config} as mst_key {key}, "
+                        f"job {self.job.job_id}: the searcher proposed {config} as mst_key {key}, "
                         f"which the job recorded as {model.model_id}, {model.compile_params}, "
                         f"{model.fit_params}", sqlstate=errors.DATA_EXCEPTION,
                         hint="The job's tables were changed; start the job again.")
                 continue
             self.models[key] = self._add_model(key, config)
-            rounds = self.args["num_iterations"] * self.models[key].epochs
-            self.schedule.add(key, schedule.added_model_orders(key, self.job["num_segments"], rounds, self.job["seed"]))
+            rounds = self.args.num_iterations * self.models[key].epochs
+            self.schedule.add(key, schedule.added_model_orders(key, self.job.num_segments, rounds, self.job.seed))
             self.pruner.start(sorted(self.models))
             added = True
             self.notice(f"mst_key {key} enters: model_id {config.model_id}, "
@@ -113,9 +123,9 @@ class JobSearch:
         entry = {"mst_key": key, "model_id": config.model_id, "model_arch": arch,
                  "compile_params": config.compile_params, "fit_params": config.fit_params,
                  "weights": weights}
-        plan.check_config(self.plpy, entry, self.job["source_table"], self.args)
+        plan.check_config(self.plpy, entry, self.job.source_table, self.args)
         blob = training.initial_states([training.ModelSpec.of(entry, plan.custom_of(self.args))],
-                                       self.job["seed"])[key]
+                                       self.job.seed)[key]
         self.store.add_model(entry, blob)
         return self.store.model_record(key, config.model_id, config.compile_params,
                                        config.fit_params)

@@ -28,6 +28,9 @@ from psycopg import sql
 
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.job import plan, schedule
+from madlib_mop.engine.base import Engine
+from madlib_mop.job.events import JobEvents
+from madlib_mop.job.search_driver import JobSearch
 from madlib_mop.job.store import JobStore, ModelRecord
 from madlib_mop.runtime import state, training
 
@@ -101,13 +104,14 @@ class JobSteering:
     models they act on reach iteration boundaries."""
 
     def __init__(self, plpy: Any, store: JobStore, requests: list[Request], notice: Callable[[str], None],
-                 job_parts: tuple):
-        """`job_parts`: the coordinator's models, dispatcher, search and engine, and what it
-        calls when a model's iterations change: (queue its validation passes of an iteration,
-        publish its rows, report the job's progress)."""
+                 *, models: dict[int, ModelRecord], dispatcher: schedule.Dispatcher, search: JobSearch,
+                 engine: Engine, events: JobEvents):
+        """The coordinator's models, dispatcher, search and engine; `events`: what it is
+        told when a model's iterations change."""
         self.plpy, self.store, self.notice = plpy, store, notice
-        self.models, self.schedule, self.search, self.engine, self.callbacks = job_parts
-        self.search.stopped.update({k: v for k, v in stops(requests).items() if k in self.models})
+        self.models, self.schedule, self.search, self.engine = models, dispatcher, search, engine
+        self.events = events
+        self.search.record_stops({k: v for k, v in stops(requests).items() if k in self.models})
         self.added = added(requests)  # models made by requests: their visit orders are their own
         self.pending = [r for r in requests if not r.applied]
         self.seen = {r.action_id for r in requests}  # ids are drawn at insert, not commit
@@ -146,10 +150,9 @@ class JobSteering:
     def changed(self, model: ModelRecord) -> None:
         """The model's iterations changed (or it was added): its new last iteration may be
         the one it has ended, whose validation is then due; its rows and the job's totals."""
-        queue_evals, publish, report = self.callbacks
-        queue_evals(model, len(model.visits) // model.per_iteration)
-        publish(model)
-        report()
+        self.events.queue_evals(model, len(model.visits) // model.per_iteration)
+        self.events.publish(model)
+        self.events.report_progress()
 
     def _between_iterations(self, key: int) -> bool:
         model, progress = self.models[key], self.schedule.progress[key]
@@ -159,7 +162,7 @@ class JobSteering:
         """Apply the request if it can be now; one the job cannot apply (rows are written by
         the role, not only through api.steering) is recorded as refused, and the job goes on."""
         try:
-            if set(self.store.job["arguments"]) & {"automl", "pruner"}:  # as api.steering refuses
+            if self.store.job.arguments.automl or self.store.job.arguments.pruner:  # as api.steering refuses
                 raise MadlibMopError("a job of a searcher or a pruner is not steered")
             if request.action == "iterations" and not _whole(request.params.get("num_iterations")):
                 raise MadlibMopError(f"num_iterations {request.params.get('num_iterations')!r} is not "
@@ -192,11 +195,11 @@ class JobSteering:
         self.changed(model)  # its last iteration may be the one it has just ended
         with self.store.atomic():
             if request.action == "stop":
-                self.search.stopped[key] = (wanted, stop_reason(request))
+                self.search.record_stops({key: (wanted, stop_reason(request))})
                 self.store.record_stop(key, wanted, stop_reason(request), {})
                 self._record(request, wanted, None, f"trains no further than iteration {wanted}")
             else:
-                if self.search.stopped.pop(key, None) is not None:  # it trains on
+                if self.search.trains_on(key):  # it was stopped
                     self.store.update_info(key, {"status": "training", "stopped_iteration": None,
                                                  "stop_reason": None})
                 self._record(request, wanted, None, f"trains {wanted} iterations in all")
@@ -209,11 +212,11 @@ class JobSteering:
         rounds = iterations * model.epochs
         orders = None
         if rounds > len(self.schedule.orders[model.mst_key]):
-            initial = schedule.started_with(self.models, self.store.job["arguments"].get("initial_models"),
+            initial = schedule.started_with(self.models, self.store.job.arguments.initial_models,
                                             self.added)
-            orders = schedule.model_orders(model.mst_key, initial, self.store.job["num_segments"], rounds,
-                                           self.store.job["seed"])
-        self.schedule.limit(model.mst_key, rounds * self.store.job["num_segments"], orders)
+            orders = schedule.model_orders(model.mst_key, initial, self.store.job.num_segments, rounds,
+                                           self.store.job.seed)
+        self.schedule.limit(model.mst_key, rounds * self.store.job.num_segments, orders)
         model.iterations = iterations
 
     def _new_model(self, request: Request, source: int | None) -> bool:
@@ -233,9 +236,9 @@ class JobSteering:
             entry = {"mst_key": key, "model_id": origin.model_id, "model_arch": arch,
                      "compile_params": request.params["compile_params"],
                      "fit_params": request.params["fit_params"], "weights": None}
-        plan.check_config(self.plpy, entry, job["source_table"], job["arguments"])
+        plan.check_config(self.plpy, entry, job.source_table, job.arguments)
         blob = self._initial_state(entry, source, at)
-        rounds = job["arguments"]["num_iterations"] * training.ModelSpec.of(entry).epochs
+        rounds = job.arguments.num_iterations * training.ModelSpec.of(entry).epochs
         iteration = None if source is None else at // self.models[source].per_iteration
         with self.store.atomic():
             self.store.add_model(entry, blob)
@@ -245,7 +248,7 @@ class JobSteering:
         self.added.add(key)
         self.models[key] = self.store.model_record(key, entry["model_id"], entry["compile_params"],
                                                    entry["fit_params"])
-        self.schedule.add(key, schedule.added_model_orders(key, job["num_segments"], rounds, job["seed"]))
+        self.schedule.add(key, schedule.added_model_orders(key, job.num_segments, rounds, job.seed))
         self.search.pruner.start(sorted(self.models))
         self.engine.prepare_job(self.plpy, job, self.store.model_rows)  # segment servers learn it
         self.changed(self.models[key])
@@ -262,8 +265,8 @@ class JobSteering:
             if entry["compile_params"] == self.models[source].compile_params:
                 return blob
             entry["weights"] = bytes(state.madlib_weights(blob))
-        return training.initial_states([training.ModelSpec.of(entry, plan.custom_of(self.store.job["arguments"]))],
-                                       self.store.job["seed"])[entry["mst_key"]]
+        return training.initial_states([training.ModelSpec.of(entry, plan.custom_of(self.store.job.arguments))],
+                                       self.store.job.seed)[entry["mst_key"]]
 
     def _record(self, request: Request, iteration: int | None, new_key: int | None, outcome: str) -> None:
         request.applied, request.applied_iteration, request.new_mst_key = True, iteration, new_key

@@ -6,15 +6,14 @@ failure loses nothing recorded).  A sub-epoch counts once `record_visit` has com
 visit's record; its new state is then in the job's store (`job.state_store`: between hops
 in a file of the server, at each iteration's end also in the state table).
 
-The job's tables are declared in `job.tables`.  The module's functions are the calling
-session's SQL on `jobs` (through PL/Python: finding, creating and abandoning jobs); the
-running job's goes through `JobStore`.
+The job's tables are declared in `job.tables`; its `jobs` row is read and written by
+`job.repository` alone (`JobStore.job` is its `JobRecord`).  The module's functions read a
+job's per-job tables from the calling session.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,11 +22,11 @@ from psycopg.pq import TransactionStatus
 from psycopg import sql
 
 from madlib_mop import errors
-from madlib_mop.db import catalog, worker_session
+from madlib_mop.db import worker_session
 from madlib_mop.engine.base import VisitRecord
 from madlib_mop.json_values import finite_json
 from madlib_mop.errors import MadlibMopError
-from madlib_mop.job import outputs, tables as job_tables
+from madlib_mop.job import outputs, repository, tables as job_tables
 from madlib_mop.job.state_store import DurableWriter, HopFiles, StateStore, found
 from madlib_mop.job.tables import identifiers
 from madlib_mop.grammar import model_config
@@ -49,71 +48,7 @@ class ModelRecord:
     pruned_below: int = 1  # states of steps 1 .. pruned_below - 1 are deleted
 
 
-class JobRowUpdates:
-    """The job's `jobs` row as its coordinator changes it (a part of `JobStore`): state,
-    progress, workers and queue position, errors."""
-
-    schema: sql.Identifier
-    job_id: int
-    db: psycopg.Connection
-
-    def q(self, statement: sql.Composable | str, params: tuple = ()) -> psycopg.Cursor:
-        return self.db.execute(statement, params)
-
-    def _update_job(self, assignments: str, params: tuple = ()) -> psycopg.Cursor:
-        return self.q(sql.SQL("UPDATE {}.jobs SET " + assignments + ", updated_at = now() "
-                              "WHERE job_id = %s").format(self.schema), params + (self.job_id,))
-
-    def mark_running(self, pid: int) -> float:
-        """State 'running'; returns when the job first started (epoch seconds)."""
-        cursor = self.q(sql.SQL(
-            "UPDATE {}.jobs SET state = 'running', coordinator_pid = %s, "
-            "started_at = coalesce(started_at, now()), last_error = NULL, updated_at = now() "
-            "WHERE job_id = %s RETURNING extract(epoch FROM started_at)::float8").format(self.schema),
-            (pid, self.job_id))
-        return cursor.fetchone()[0]
-
-    def queued(self, position: int) -> None:
-        """Waiting for a worker session: its place in the server's queue (1 is next)."""
-        self._update_job("state = 'queued', queue_position = %s", (position,))
-
-    def running_on(self, workers: int) -> None:
-        self._update_job("state = 'running', queue_position = NULL, workers = %s", (workers,))
-
-    def progress(self, subepochs_done: int, subepochs_total: int, counts: dict[str, int]) -> None:
-        """Sub-epochs done and planned (pruners and searchers change the plan), and the
-        models training, waiting, stopped (by a pruner), finished and failed (diverged, or
-        failed on every retry)."""
-        self._update_job("subepochs_done = %s, subepochs_total = %s, num_models = %s, "
-                         "models_training = %s, models_waiting = %s, models_stopped = %s, "
-                         "models_finished = %s, models_failed = %s",
-                         (subepochs_done, subepochs_total, sum(counts.values()),
-                          counts["models_training"], counts["models_waiting"],
-                          counts["models_stopped"], counts["models_finished"],
-                          counts["models_failed"]))
-
-    def note_error(self, text: str) -> None:
-        self._update_job("last_error = %s", (text,))
-
-    def finish(self) -> None:
-        self.states.writer.drain()
-        self._update_job("state = 'finished', finished_at = now(), last_error = NULL")
-        self.states.hops.remove_job()  # every state it still needs is in its state table
-
-    def close(self, error: BaseException | None = None) -> None:
-        if error is not None and not self.db.closed:
-            try:
-                self.q(sql.SQL("UPDATE {}.jobs SET state = %s, last_error = coalesce(%s, last_error), "
-                               "updated_at = now() WHERE job_id = %s AND state <> 'finished'")
-                       .format(self.schema),
-                       ("failed" if isinstance(error, MadlibMopError) else "interrupted",
-                        str(error)[:2000], self.job_id))
-            except psycopg.Error:
-                pass
-        self.db.close()
-
-
-class JobStore(JobRowUpdates):
+class JobStore(repository.JobRowUpdates):
     """Contract: opened for a job of the current role (another role's job is refused) and
     holding the job's advisory lock for as long as it is open (a second coordinator is
     refused); every write is committed when the method returns; `record_visit` writes the
@@ -127,9 +62,9 @@ class JobStore(JobRowUpdates):
         self.db = worker_session.connect(conninfo,
                                          application_name=f"madlib_mop coordinator job {job_id}")
         try:
-            self.job = self._job_row()
-            self.tables = identifiers(self.job["tables"])
-            self._lock()
+            self.job = repository.read_own(self.db, schema, job_id)
+            self.tables = identifiers(self.job.table_names)
+            repository.lock(self.db, self.schema, job_id)
             table = job_tables.state_table(self.db, self.tables["state"])
             hops = HopFiles.of(lambda q: self.q(q).fetchone()[0], job_id)
             hops.remove_other_runs({oid for (oid,) in self.q("SELECT oid FROM pg_catalog.pg_database")})
@@ -143,36 +78,20 @@ class JobStore(JobRowUpdates):
             self.db.close()
             raise
 
+    def finish(self) -> None:
+        self.states.writer.drain()
+        self.mark_finished()
+        self.states.hops.remove_job()  # every state it still needs is in its state table
+
     def close(self, error: BaseException | None = None) -> None:
         if hasattr(self, "states"):
             self.states.writer.close(abandon=error is not None)
         super().close(error)
 
-    def _job_row(self) -> dict:
-        cursor = self.q(sql.SQL("SELECT * FROM {}.jobs WHERE job_id = %s AND owner = current_user")
-                        .format(self.schema), (self.job_id,))
-        row = cursor.fetchone()
-        if row is None:
-            raise MadlibMopError(f"job {self.job_id} does not exist (or is another role's)",
-                                 sqlstate=errors.INVALID_PARAMETER_VALUE,
-                                 hint="SELECT * FROM madlib_mop.job_progress; lists your jobs.")
-        return dict(zip([c.name for c in cursor.description], row))
-
-    def _lock(self) -> None:
-        # lock_key: a random number only the owner can read, so no other role can take the
-        # lock first and block the job.
-        locked = self.q(sql.SQL("SELECT pg_try_advisory_lock(lock_key) FROM {}.jobs "
-                                "WHERE job_id = %s").format(self.schema), (self.job_id,)).fetchone()[0]
-        if not locked:
-            raise MadlibMopError(f"job {self.job_id} is running in another session",
-                                 sqlstate=errors.INVALID_PARAMETER_VALUE,
-                                 hint="Watch it in madlib_mop.job_progress; it is resumable "
-                                      "if that session ends.")
-
     def display(self, key: str) -> str:
         """One of the job's tables as users write its name (quoted only where needed)."""
         return self.q("SELECT quote_ident(%s) || '.' || quote_ident(%s)",
-                      tuple(self.job["tables"][key])).fetchone()[0]
+                      tuple(self.job.table_names[key])).fetchone()[0]
 
     # ---- reading ----
     def load_models(self) -> dict[int, ModelRecord]:
@@ -197,7 +116,7 @@ class JobStore(JobRowUpdates):
                      fit_params: str) -> ModelRecord:
         epochs = model_config.fit_epochs(fit_params)
         return ModelRecord(mst_key, model_id, compile_params, fit_params, epochs,
-                           epochs * self.job["num_segments"], self.job["arguments"]["num_iterations"])
+                           epochs * self.job.num_segments, self.job.arguments.num_iterations)
 
     def model_rows(self) -> list[dict]:
         """The models table's configurations (model_arch as JSON text), without their
@@ -265,16 +184,12 @@ class JobStore(JobRowUpdates):
         with self.atomic():
             self.update_info(mst_key, {"status": status or "training",
                                        "stopped_iteration": completed, "stop_reason": reason})
-            failures = (sql.SQL("coalesce(model_failures, '{}') || jsonb_build_object(%s::text, %s::text)")
-                        if status else sql.SQL("model_failures - %s::text"))
-            params = (mst_key, reason) if status else (mst_key,)
-            self.q(sql.SQL("UPDATE {}.jobs SET model_failures = {} WHERE job_id = %s").format(
-                self.schema, failures), params + (self.job_id,))
+            self.note_model_failure(mst_key, status is not None, reason)
 
     def architecture(self, model_id: int, table: list[str] | None = None) -> tuple[str, bytes | None]:
         """An architecture of the job's model_arch_table (madlib_keras_automl's, or `table`:
         the [schema, table] a steering request recorded): its JSON and initial weights."""
-        arch_table = sql.Identifier(*(table or self.job["arguments"]["automl"]["model_arch_table"]))
+        arch_table = sql.Identifier(*(table or self.job.arguments.automl["model_arch_table"]))
         row = self.q(sql.SQL("SELECT model_arch::text, model_weights FROM {} WHERE model_id = %s")
                      .format(arch_table), (model_id,)).fetchone()
         if row is None:
@@ -290,7 +205,7 @@ class JobStore(JobRowUpdates):
         table (a fit's is the user's input: left as it is), in one transaction."""
         from madlib_mop.job import outputs
 
-        automl = self.job["arguments"].get("automl")
+        automl = self.job.arguments.automl
         config = (entry["mst_key"], entry["model_id"], entry["compile_params"], entry["fit_params"])
         with self.atomic():
             job_tables.add_model(self.db, self.tables, entry, blob)
@@ -305,86 +220,11 @@ class JobStore(JobRowUpdates):
         return self.q(sql.SQL("SELECT model_arch::text FROM {} WHERE mst_key = %s").format(
             self.tables["models"]), (mst_key,)).fetchone()[0]
 
-# ---- the calling session's SQL on `jobs` (PL/Python) ------------------------------------------
-
-def own_job(plpy: Any, job_id: int) -> dict:
-    """The `jobs` row of one of the current role's jobs (`tables` and `arguments` as JSON
-    text, as PL/Python reads them)."""
-    schema = catalog.extension_schema(plpy)
-    rows = plpy.execute(plpy.prepare(f"SELECT * FROM {schema}.jobs WHERE job_id = $1 "
-                                     "AND owner = current_user", ["bigint"]), [job_id])
-    if not rows:
-        raise MadlibMopError(f"job {job_id} does not exist (or is another role's)",
-                             sqlstate=errors.INVALID_PARAMETER_VALUE,
-                             hint=f"SELECT * FROM {schema}.job_progress; lists your jobs. A job "
-                                  "runs as its owner: SET ROLE to it to resume another's.")
-    return dict(rows[0])
-
-
 def job_models(plpy: Any, models_table: str, mst_key: int | None = None) -> list[dict]:
     """A job's models table's rows (`models_table` quoted), or the one of `mst_key`."""
     return [dict(r) for r in plpy.execute(plpy.prepare(
         f"SELECT * FROM {models_table} WHERE $1::integer IS NULL OR mst_key = $1 ORDER BY mst_key",
         ["integer"]), [mst_key])]
-
-
-def latest_job(plpy: Any, output: str, states: tuple[str, ...] | None = None,
-               unfinished: bool = False) -> dict | None:
-    """The current role's latest job of the output table `output` (quoted, as jobs record
-    it): in one of `states`, or unfinished.  owner: row-level security does not bind a
-    superuser, who must not continue a job another role recorded (its stored table names
-    would run with the superuser's rights)."""
-    which = "state <> 'finished'" if unfinished else "state = ANY($2)"
-    rows = plpy.execute(plpy.prepare(
-        f"SELECT * FROM {catalog.extension_schema(plpy)}.jobs WHERE model_output_table = $1 "
-        f"AND owner = current_user AND {which} ORDER BY job_id DESC LIMIT 1", ["text", "text[]"]),
-        [output, list(states or ())])
-    return dict(rows[0]) if rows else None
-
-
-def find_job(plpy: Any, output: str, unfinished: bool) -> dict | None:
-    """The current role's latest unfinished, or finished, job of the output table."""
-    return latest_job(plpy, output, ("finished",), unfinished=unfinished)
-
-
-def tables_exist(plpy: Any, job: dict) -> bool:
-    """Whether the tables a job cannot go on without exist."""
-    tables = json.loads(job["tables"])
-    present = set(existing_tables(plpy, job))
-    return all(catalog.qualified_name(plpy, tables[t]) in present
-               for t in ("output", "info", "state", "visits"))
-
-
-def unfinished_of_family(plpy: Any, family: str) -> list[dict]:
-    """The current role's unfinished jobs of one output family (if_output_exists =>
-    'new_version'), latest first."""
-    return [dict(r) for r in plpy.execute(plpy.prepare(
-        f"SELECT job_id, arguments, tables FROM {catalog.extension_schema(plpy)}.jobs "
-        "WHERE owner = current_user AND state <> 'finished' "
-        "AND arguments->>'output_family' = $1 ORDER BY job_id DESC", ["text"]), [family])]
-
-
-def output_recorded(plpy: Any, output: str) -> bool:
-    """Whether a job of the current role records `output` as its output table."""
-    return bool(plpy.execute(plpy.prepare(
-        f"SELECT 1 FROM {catalog.extension_schema(plpy)}.jobs WHERE owner = current_user "
-        "AND model_output_table = $1", ["text"]), [output]))
-
-
-def is_running(plpy: Any, job_id: int) -> bool:
-    """job_progress's state: its coordinator's session is alive."""
-    return plpy.execute(plpy.prepare(
-        f"SELECT state FROM {catalog.extension_schema(plpy)}.job_progress WHERE job_id = $1",
-        ["bigint"]), [job_id])[0]["state"] == "running"
-
-
-def existing_tables(plpy: Any, job: dict) -> list[str]:
-    """The job's tables that exist, quoted."""
-    return plpy.execute(plpy.prepare(
-        "SELECT coalesce(array_agg(format('%I.%I', v->>0, v->>1)), '{}') AS names "
-        "FROM jsonb_each($1::jsonb) AS t(k, v) "
-        "WHERE to_regclass(format('%I.%I', v->>0, v->>1)) IS NOT NULL", ["text"]),
-        [job["tables"]])[0]["names"]
 
 
 def _back_to_a_kept_state(store: JobStore, model: ModelRecord) -> None:
@@ -417,16 +257,6 @@ def _make_latest_durable(store: JobStore, model: ModelRecord) -> None:
         store.states.writer.submit(model.mst_key, end)
 
 
-def abandon(plpy: Any, job_id: int, why: str) -> None:
-    """An unfinished job whose tables are gone cannot continue: record why, through a
-    session of its own so that it stays recorded whatever the calling one does next."""
-    schema = sql.Identifier(catalog.extension_schema_name(plpy))
-    with worker_session.connect(worker_session.conninfo(plpy)) as db:
-        db.execute(sql.SQL("UPDATE {}.jobs SET state = 'failed', last_error = %s, updated_at = now() "
-                           "WHERE job_id = %s").format(schema), (f"abandoned: {why}", job_id))
-        HopFiles.of(lambda q: db.execute(q).fetchone()[0], job_id).remove_job()
-
-
 def last_states(db: psycopg.Connection, state_table: sql.Identifier) -> dict[int, bytes]:
     """Every model's latest durable state in a job's state table (none if the table is
     gone)."""
@@ -443,10 +273,3 @@ def compile_params_of(db: psycopg.Connection, models_table: sql.Identifier) -> d
     if not db.execute("SELECT to_regclass(%s)", (models_table.as_string(db),)).fetchone()[0]:
         return {}
     return dict(db.execute(sql.SQL("SELECT mst_key, compile_params FROM {}").format(models_table)).fetchall())
-
-
-def insert_job(db: psycopg.Connection, schema: str, values: dict) -> int:
-    """A new `jobs` row (in the creating transaction of `db`); its job_id."""
-    return db.execute(sql.SQL("INSERT INTO {}.jobs ({}) VALUES ({}) RETURNING job_id").format(
-        sql.Identifier(schema), sql.SQL(", ").join(map(sql.Identifier, values)),
-        sql.SQL(", ").join(sql.Placeholder() * len(values))), tuple(values.values())).fetchone()[0]

@@ -12,7 +12,6 @@ output is not resumed.
 from __future__ import annotations
 
 import contextlib
-import json
 import secrets
 from typing import Any, Iterator
 
@@ -21,6 +20,7 @@ import psycopg
 from madlib_mop import errors
 from madlib_mop.db import catalog, worker_session
 from madlib_mop.errors import MadlibMopError
+from madlib_mop.job import repository
 
 PREFIX = "_mop_tmp"
 
@@ -102,15 +102,13 @@ def _drop(plpy: Any, staged: catalog.NewTable, suffixes: tuple[str, ...], job_ou
     outputs = [staged.sibling(suffix, plpy).quoted for suffix in suffixes]
     tables = [] if copied else list(outputs)
     if job_output:
-        from madlib_mop.job import store
-
-        job = store.find_job(plpy, staged.quoted, unfinished=True)
+        job = repository.find_job(plpy, staged.quoted, unfinished=True)
         if job is not None:
-            store.abandon(plpy, job["job_id"], "its output was temporary")
-        for found in (job, store.find_job(plpy, staged.quoted, unfinished=False)):
+            repository.abandon(plpy, job.job_id, "its output was temporary")
+        for found in (job, repository.find_job(plpy, staged.quoted, unfinished=False)):
             if found is not None:
                 tables += [".".join(plpy.quote_ident(p) for p in parts)
-                           for parts in json.loads(found["tables"]).values()]
+                           for parts in found.table_names.values()]
     here = outputs if copied else []
     with worker_session.connect(worker_session.conninfo(plpy)) as db:
         db.execute("SET lock_timeout = '5s'")  # a lock this call holds after all: below

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from madlib_mop.db import catalog
-from madlib_mop.job import store
+from madlib_mop.job import repository
+from madlib_mop.job.record import JobArguments
 from madlib_mop.job.tables import SUFFIXES_LONGEST_FIRST, TABLE_SUFFIXES
 
 
@@ -22,21 +22,21 @@ def versioned_output(plpy: Any, out: catalog.NewTable, arguments: dict) -> catal
     call's, as the job will record them) get the policy and the family."""
     for suffix in SUFFIXES_LONGEST_FIRST:
         out.sibling(VERSION_ROOM + suffix, plpy)  # the versions' names will fit
-    own = store.find_job(plpy, out.quoted, unfinished=True)
-    if own is not None and "output_family" not in json.loads(own["arguments"]):
+    own = repository.find_job(plpy, out.quoted, unfinished=True)
+    if own is not None and own.arguments.output_family is None:
         return out
     family = out.quoted
     arguments["if_output_exists"] = "new_version"
     arguments["output_family"] = family
-    for job in store.unfinished_of_family(plpy, family):
-        if not store.tables_exist(plpy, job):
+    for job in repository.unfinished_of_family(plpy, family):
+        if not repository.tables_exist(plpy, job):
             continue
-        recorded = json.loads(job["arguments"])
-        if same_call(recorded, arguments):
-            arguments["model_output_table"] = recorded["model_output_table"]
-            return catalog.new_table(plpy, recorded["model_output_table"],
+        recorded = job.arguments
+        if same_call(recorded, JobArguments.of(arguments)):
+            arguments["model_output_table"] = recorded.model_output_table
+            return catalog.new_table(plpy, recorded.model_output_table,
                                      argument="model_output_table")
-        plpy.notice(f"job {job['job_id']} ({recorded['model_output_table']}) is unfinished but "
+        plpy.notice(f"job {job.job_id} ({recorded.model_output_table}) is unfinished but "
                     "was started with other arguments: it is left as it is")
     version = 1
     candidate = out
@@ -55,14 +55,12 @@ def versioned_output(plpy: Any, out: catalog.NewTable, arguments: dict) -> catal
     return candidate
 
 
-def same_call(recorded: dict, arguments: dict) -> bool:
-    """The same call but for the version it wrote (arguments as a job records them)."""
-    def without_output(values: dict) -> dict:
-        return {k: v for k, v in values.items() if k != "model_output_table"}
-    return without_output(recorded) == without_output(json.loads(json.dumps(arguments)))
+def same_call(recorded: JobArguments, arguments: JobArguments) -> bool:
+    """The same call but for the version it wrote."""
+    return recorded.replace(model_output_table="") == arguments.replace(model_output_table="")
 
 
 def taken(plpy: Any, out: catalog.NewTable) -> bool:
     """Whether the output or any of its sibling tables exists, or a job records it."""
     return any(out.sibling(suffix, plpy).exists(plpy) if suffix else out.exists(plpy)
-               for suffix in TABLE_SUFFIXES.values()) or store.output_recorded(plpy, out.quoted)
+               for suffix in TABLE_SUFFIXES.values()) or repository.output_recorded(plpy, out.quoted)

@@ -206,7 +206,9 @@ class SourceReader:
 def source_error(error: Any, table: catalog.Table) -> Exception:
     """float4_pack's errors (NULL, shape, NaN, type) restated with the table's name."""
     said = SpiError.of(error)
-    if said.sqlstate not in ("22004", "22000", "22003", "42804") or "madlib_mop:" not in said.message:
+    restated = (errors.NULL_VALUE_NOT_ALLOWED, errors.DATA_EXCEPTION, errors.NUMERIC_VALUE_OUT_OF_RANGE,
+                errors.DATATYPE_MISMATCH)
+    if said.sqlstate not in restated or "madlib_mop:" not in said.message:
         return error
     return MadlibMopError(f"{table.name}: {said.message.split('madlib_mop: ', 1)[1]}",
                           sqlstate=said.sqlstate, detail=said.detail, hint=said.hint)

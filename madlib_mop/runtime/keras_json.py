@@ -3,7 +3,7 @@
 MADlib users keep architectures written by tf.keras / Keras 2 (`model.to_json()`), whose
 layout differs from Keras 3's: no `module` keys, `batch_input_shape` on the first layer of a
 Sequential, and in Keras <= 2.2 a Sequential whose `config` is the bare list of layers.
-`upgrade_legacy_json` rewrites those into what Keras 3 reads; `build_model` then builds the
+`upgrade_legacy_json` rewrites those into what Keras 3 reads; `model_from_config` then builds the
 model with Keras' safe deserialization after our own check, which refuses Lambda layers and
 anything that is not a built-in Keras class (no code from the database ever runs).
 """
@@ -14,10 +14,11 @@ import copy
 import json
 import math
 import re
-from typing import Any, Iterator
+from typing import Any
 
 from madlib_mop import errors
 from madlib_mop.errors import MadlibMopError
+from madlib_mop.json_values import json_value
 from madlib_mop.runtime.tf_runtime import import_tensorflow
 
 MODEL_CLASSES = {"Sequential", "Functional", "Model"}
@@ -149,7 +150,7 @@ def _upgrade_legacy_arguments(node: Any) -> None:
             _upgrade_legacy_arguments(value)
 
 
-def build_model(config: dict, initialised: bool = True):
+def model_from_config(config: dict, initialised: bool = True):
     """Build the Keras model in safe mode; unknown classes are a clear error.
     `initialised` False: every variable starts at zero, for a model whose values are set
     right after (a state restored, weights loaded) or whose shapes alone are wanted: a
@@ -234,21 +235,6 @@ def check_weights(model, weights: bytes | None) -> None:
         )
 
 
-def set_flat_weights(model, weights: bytes) -> None:
-    """Load MADlib-format weights (float32, concatenated) into the model."""
-    import numpy as np
-
-    flat = np.frombuffer(weights, dtype=np.float32)
-    offset = 0
-    # One variable at a time, in slices when big (not set_weights(get_weights()-shaped
-    # arrays): copies of them all, maybe GBs).
-    for variable in model.weights:
-        shape = tuple(variable.shape)
-        size = int(np.prod(shape, dtype=np.int64))
-        assign_variable(variable, flat[offset:offset + size].reshape(shape).astype(variable.dtype, copy=False))
-        offset += size
-
-
 def _zero_initialisers(config: Any) -> Any:
     """The config with every layer's `*_initializer` set to zeros."""
     if isinstance(config, dict):
@@ -259,57 +245,31 @@ def _zero_initialisers(config: Any) -> Any:
     return config
 
 
-# A variable bigger than SLICED_VARIABLE_BYTES is read and assigned VARIABLE_CHUNK_BYTES of
-# rows at a time: whole, the copy TensorFlow makes on the way in or out is one more
-# allocation of its size.  Smaller ones go whole: the sliced ops are sparse accesses, after
-# which TensorFlow copies the variable at every dense read (each training step's), which
-# made a 1 GB MLP's hops 12% slower; the biggest variables (embeddings) are read sparsely
-# by their training anyway.
-SLICED_VARIABLE_BYTES = 512 * 1024 * 1024
-VARIABLE_CHUNK_BYTES = 64 * 1024 * 1024
+def canonical_architecture(model_arch: str) -> str:
+    """The architecture with its model's and layers' names replaced by their order of
+    appearance: `to_json()` of the same network names it sequential_3 / dense_7 after other
+    models were made in the process, and the names change nothing in what it computes.
+    Every occurrence of a name is replaced (layers refer to each other by name), so different
+    networks stay different."""
+    config = json_value(model_arch)
+    names: dict[str, str] = {}
 
+    def collect(node) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "name" and isinstance(value, str):
+                    names.setdefault(value, f"\x00{len(names)}")
+                collect(value)
+        elif isinstance(node, list):
+            for value in node:
+                collect(value)
 
-def _row_slices(variable) -> list[slice | None]:
-    """The slices of rows a variable is read and assigned by (None: whole)."""
-    import numpy as np
+    def rename(node):
+        if isinstance(node, dict):
+            return {key: rename(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [rename(value) for value in node]
+        return names.get(node, node) if isinstance(node, str) else node
 
-    shape = tuple(variable.shape)
-    size = int(np.prod(shape, dtype=np.int64)) * np.dtype(variable.dtype).itemsize
-    if len(shape) == 0 or size <= SLICED_VARIABLE_BYTES or shape[0] < 2:
-        return [None]
-    rows = max(1, VARIABLE_CHUNK_BYTES // max(1, size // shape[0]))
-    return [slice(start, min(start + rows, shape[0])) for start in range(0, shape[0], rows)]
-
-
-# Slices go through the variable's handle: a gather of rows and a strided assignment touch
-# those rows alone, where `variable[rows]` reads the whole variable first (and, once a
-# sparse update such as an Embedding's has run, copies it).
-def variable_parts(variable) -> Iterator:
-    """A variable's values as little-endian arrays of at most VARIABLE_CHUNK_BYTES (but for
-    a single row bigger than that), in order."""
-    import numpy as np
-    import tensorflow as tf
-
-    for rows in _row_slices(variable):
-        if rows is None:
-            part = np.asarray(variable.numpy())
-        else:
-            part = tf.raw_ops.ResourceGather(
-                resource=variable.handle, indices=tf.range(rows.start, rows.stop, dtype=tf.int64),
-                dtype=variable.value.dtype).numpy()
-        yield part.astype(part.dtype.newbyteorder("<"), copy=False)
-
-
-def assign_variable(variable, array) -> None:
-    """`variable.assign(array)`, a slice of rows at a time when it is big."""
-    import tensorflow as tf
-
-    for rows in _row_slices(variable):
-        if rows is None:
-            variable.assign(array)
-            continue
-        shape = list(variable.shape)
-        tf.raw_ops.ResourceStridedSliceAssign(
-            ref=variable.handle, begin=[rows.start] + [0] * (len(shape) - 1),
-            end=[rows.stop] + shape[1:], strides=[1] * len(shape),
-            value=tf.constant(array[rows], dtype=variable.value.dtype))
+    collect(config)
+    return json.dumps(rename(config), sort_keys=True)

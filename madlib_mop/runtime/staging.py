@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from madlib_mop.runtime import training
+from madlib_mop.runtime import keras_json, training
 
 # Layers whose output in training is their output in inference when they are frozen (a
 # frozen BatchNormalization runs in inference mode in Keras 3).
@@ -92,7 +92,7 @@ def prefix_description(config: dict, cut: int) -> str:
     body = config["config"]
     layers = [layer for layer in body["layers"] if layer.get("class_name") == "InputLayer"]
     layers += _layers(config)[:cut]
-    return training._canonical_architecture(json.dumps(layers))
+    return keras_json.canonical_architecture(json.dumps(layers))
 
 
 class LayerOutput:
@@ -149,7 +149,7 @@ class StagedProgram(training.Program):
         cut = frozen_prefix(config)
         if not cut:
             return training.Program.for_spec(spec)
-        return cls(training.build_model(spec, None), spec, cut, prefix_description(config, cut))
+        return cls(training.compiled_model(spec, None), spec, cut, prefix_description(config, cut))
 
     def digest(self) -> str:
         """What the restored model's features are a function of: the prefix's layers and

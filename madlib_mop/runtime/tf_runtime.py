@@ -86,12 +86,13 @@ def _refuse_next_to_jit() -> None:
     except OSError:
         return
     if loaded:
+        from madlib_mop import errors
         from madlib_mop.errors import MadlibMopError
 
         raise MadlibMopError(
             "this session has used PostgreSQL's JIT compiler, which cannot share a process "
             "with TensorFlow",
-            sqlstate="55000",
+            sqlstate=errors.OBJECT_NOT_IN_PREREQUISITE_STATE,
             detail="Both bring their own LLVM; loading TensorFlow now would crash the server.",
             hint="Run the call in a new session, and turn JIT off where madlib_mop runs: "
                  "ALTER DATABASE ... SET jit = off (or jit = off in postgresql.conf).")

@@ -11,10 +11,8 @@ whether the buffers are cached in memory or streamed from the table.
 from __future__ import annotations
 
 import functools
-import json
 import math
 import random
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping
@@ -22,8 +20,7 @@ from typing import Any, Iterable, Iterator, Mapping
 import numpy as np
 
 from madlib_mop.grammar import model_config
-from madlib_mop.json_values import json_value
-from madlib_mop.runtime import custom_functions, keras_json, state
+from madlib_mop.runtime import custom_functions, keras_json, model_state, state
 from madlib_mop.runtime.buffers import Buffer
 from madlib_mop.runtime.custom_functions import CustomFunctions
 from madlib_mop.runtime.tf_runtime import import_tensorflow
@@ -120,7 +117,7 @@ def seed_initialisers(seed: int) -> None:
     global_state.set_global_attribute(GLOBAL_SEED_GENERATOR, None)
 
 
-def build_model(spec: ModelSpec, seed: int | None):
+def compiled_model(spec: ModelSpec, seed: int | None):
     """The compiled Keras model with its optimizer built; initialised from the seed (or the
     architecture table's initial weights).  seed None: the initial values do not matter (a
     state is restored into the model before it is used)."""
@@ -129,10 +126,10 @@ def build_model(spec: ModelSpec, seed: int | None):
 
     if seed is not None:
         seed_initialisers(derived_seed(seed, spec.mst_key, 0x1A17))
-    model = keras_json.build_model(keras_json.parse_model_json(spec.model_arch),
+    model = keras_json.model_from_config(keras_json.parse_model_json(spec.model_arch),
                                    initialised=seed is not None)
     if spec.initial_weights is not None:
-        keras_json.set_flat_weights(model, spec.initial_weights)
+        model_state.set_flat_weights(model, spec.initial_weights)
     params = spec.compile
     optimizer = getattr(keras.optimizers, params.optimizer.name)(**optimizer_arguments(params.optimizer))
     objects = custom_functions.callables(spec.custom, params.named())
@@ -168,86 +165,15 @@ def program_key(spec: ModelSpec) -> tuple:
     scheduled = params.optimizer.scheduled
     arguments = tuple(sorted((k, v) for k, v in params.optimizer.written_arguments().items()
                              if k != "learning_rate" or scheduled))
-    return (_canonical_architecture(spec.model_arch), params.optimizer.name, arguments,
+    return (keras_json.canonical_architecture(spec.model_arch), params.optimizer.name, arguments,
             params.loss, params.metrics, repr(params.extra),
             spec.custom.key(params.named()) if spec.custom else ())
-
-
-def _canonical_architecture(model_arch: str) -> str:
-    """The architecture with its model's and layers' names replaced by their order of
-    appearance: `to_json()` of the same network names it sequential_3 / dense_7 after other
-    models were made in the process, and the names change nothing in what it computes.
-    Every occurrence of a name is replaced (layers refer to each other by name), so different
-    networks stay different."""
-    config = json_value(model_arch)
-    names: dict[str, str] = {}
-
-    def collect(node) -> None:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                if key == "name" and isinstance(value, str):
-                    names.setdefault(value, f"\x00{len(names)}")
-                collect(value)
-        elif isinstance(node, list):
-            for value in node:
-                collect(value)
-
-    def rename(node):
-        if isinstance(node, dict):
-            return {key: rename(value) for key, value in node.items()}
-        if isinstance(node, list):
-            return [rename(value) for value in node]
-        return names.get(node, node) if isinstance(node, str) else node
-
-    collect(config)
-    return json.dumps(rename(config), sort_keys=True)
-
-
-def _other_variables(model) -> list:
-    weight_ids = {id(v) for v in model.weights}
-    return [v for v in model.variables if id(v) not in weight_ids]
-
-
-def _state_variables(model) -> list[tuple[str, object]]:
-    """(kind, variable) of everything a state holds, in the state's order."""
-    return ([("weights", v) for v in model.weights]
-            + [("variables", v) for v in _other_variables(model)]
-            + [("optimizer", v) for v in model.optimizer.variables])
 
 
 def state_layout(spec: ModelSpec) -> list[tuple[str, tuple]]:
     """The kinds and shapes a state of `spec` holds (`state.layout_of`), from the built
     model, without capturing one."""
-    return [(kind, tuple(v.shape)) for kind, v in _state_variables(build_model(spec, None))]
-
-
-def _state_header(variables: list[tuple[str, Any]]) -> list[dict]:
-    return [state.layout_item(kind, v.path, np.dtype(v.dtype), tuple(v.shape)) for kind, v in variables]
-
-
-def capture_state(model) -> bytearray:
-    """The model's state, each variable copied once into its place (a state may be GBs)."""
-    variables = _state_variables(model)
-    head = state.assemble(_state_header(variables), b"")
-    blob = bytearray(len(head) + sum(int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize
-                                     for _, v in variables))
-    blob[:len(head)] = head
-    offset = len(head)
-    for _, variable in variables:
-        for part in keras_json.variable_parts(variable):
-            np.frombuffer(blob, np.uint8, part.nbytes, offset)[:] = part.reshape(-1).view(np.uint8)
-            offset += part.nbytes
-    return blob
-
-
-def write_state(model, handle) -> None:
-    """The model's state (`capture_state`'s bytes) into a file, a part of a variable at a
-    time: never the whole state in memory beside the model."""
-    variables = _state_variables(model)
-    handle.write(state.assemble(_state_header(variables), b""))
-    for _, variable in variables:
-        for part in keras_json.variable_parts(variable):
-            handle.write(memoryview(np.ascontiguousarray(part)).cast("B"))
+    return [(kind, tuple(v.shape)) for kind, v in model_state.state_variables(compiled_model(spec, None))]
 
 
 def initial_states(specs: list[ModelSpec], seed: int) -> dict[int, bytes]:
@@ -257,7 +183,7 @@ def initial_states(specs: list[ModelSpec], seed: int) -> dict[int, bytes]:
 
 def each_initial_state(specs: list[ModelSpec], seed: int) -> Iterator[tuple[int, bytes]]:
     """(mst_key, step 0) of each model in turn, so that a caller holds one state at a time:
-    what `capture_state(build_model(spec, seed))` gives, for less.  The layers are built
+    what `model_state.capture_state(compiled_model(spec, seed))` gives, for less.  The layers are built
     per model (their initialisers draw from the model's seed); the compiled model and its
     optimizer once per program key, since a fresh optimizer's variables depend on the
     weights' shapes and its arguments alone, and of those only the learning rate differs
@@ -268,23 +194,23 @@ def each_initial_state(specs: list[ModelSpec], seed: int) -> Iterator[tuple[int,
     for spec in specs:
         key = spec.program_key
         if key not in templates:
-            model = build_model(spec, seed)
+            model = compiled_model(spec, seed)
             templates[key] = (model, [np.asarray(v.numpy()) for v in model.optimizer.variables])
-            yield spec.mst_key, capture_state(model)
+            yield spec.mst_key, model_state.capture_state(model)
             continue
         model, fresh = templates[key]
         seed_initialisers(derived_seed(seed, spec.mst_key, 0x1A17))
-        layers = keras_json.build_model(keras_json.parse_model_json(spec.model_arch))
+        layers = keras_json.model_from_config(keras_json.parse_model_json(spec.model_arch))
         if spec.initial_weights is not None:
-            keras_json.set_flat_weights(layers, spec.initial_weights)
+            model_state.set_flat_weights(layers, spec.initial_weights)
         params = spec.compile.optimizer
         rate = getattr(keras.optimizers, params.name)(**optimizer_arguments(params)).learning_rate
         optimizer = [np.asarray(rate.numpy()) if v.name == "learning_rate" else value
                      for v, value in zip(model.optimizer.variables, fresh)]
-        values = ([v.numpy() for v in layers.weights] + [v.numpy() for v in _other_variables(layers)]
+        values = ([v.numpy() for v in layers.weights] + [v.numpy() for v in model_state.other_variables(layers)]
                   + optimizer)
         yield spec.mst_key, state.encode([state.Entry(kind, v.path, np.asarray(value))
-                                          for (kind, v), value in zip(_state_variables(model), values)])
+                                          for (kind, v), value in zip(model_state.state_variables(model), values)])
 
 
 class Program:
@@ -306,89 +232,24 @@ class Program:
         self.model = model
         # What trains and evaluates: the model, or a staged model's head (`runtime.staging`)
         self.trainer = model
-        self._variables = _state_variables(model)
-        self._layout = [(kind, tuple(v.shape)) for kind, v in self._variables]
-        self._header = _state_header(self._variables)
-        self._dtypes = [item["dtype"] for item in self._header]
-        self._state_bytes = sum(int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize
-                                for _, v in self._variables)
-        self._raw_path = sys.byteorder == "little" and all(
-            np.dtype(v.dtype).name in self._BITCAST for _, v in self._variables)
+        self.state = model_state.ModelState(model)  # restored and read out at every hop
         self._functions: dict[tuple, object] = {}
         self.last_seconds = 0.0  # the last train or evaluate call's run, without tracing
 
     @classmethod
     def for_spec(cls, spec: ModelSpec) -> "Program":
-        return cls(build_model(spec, None))
+        return cls(compiled_model(spec, None))
 
-    # ---- state ----
-    # A hop restores a state into the model and reads the new one out.  Done per variable,
-    # that is a call into TensorFlow per variable (tens per model) each way; here it is one
-    # traced call each way on the state's bytes: the arrays are cut from the bytes and
-    # bitcast to their dtypes inside the graph, and read out the same way.  On a big-endian
-    # host, or for a dtype bitcast does not take, it falls back to one array at a time.
-    _BITCAST = frozenset("float16 float32 float64 int8 int16 int32 int64 uint8 uint16 uint32 "
-                         "uint64".split())
-
-    def _state_function(self, kind: str):
-        import tensorflow as tf
-
-        if kind not in self._functions:
-            variables = [v for _, v in self._variables]
-            sizes = [int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize
-                     for v in variables]
-            if kind == "assign":
-                def assign(payload):
-                    raw = tf.io.decode_raw(payload, tf.uint8)
-                    start = 0
-                    for variable, size in zip(variables, sizes):
-                        piece = raw[start:start + size]
-                        itemsize = np.dtype(variable.dtype).itemsize
-                        value = piece if itemsize == 1 else tf.reshape(piece, [-1, itemsize])
-                        value = tf.bitcast(value, variable.dtype) if variable.dtype != "uint8" else value
-                        variable.assign(tf.reshape(value, variable.shape))
-                        start += size
-                    return tf.constant(0)
-
-                function = tf.function(assign, autograph=False,
-                                       input_signature=[tf.TensorSpec((), tf.string)])
-            else:
-                def read():
-                    return tf.concat([tf.reshape(tf.bitcast(v.value, tf.uint8), [-1])
-                                      for v in variables], axis=0)
-
-                function = tf.function(read, autograph=False)
-            self._functions[kind] = function.get_concrete_function()
-        return self._functions[kind]
-
-    # Above this size a state goes one variable at a time all the same: the one traced call
-    # would copy the whole state several times more (a string tensor in, its bytes out),
-    # and a variable's copy costs far more than a call into TensorFlow.
-    RAW_PATH_BYTES = 16 * 1024 * 1024
-
+    # ---- state: the model's (`runtime.model_state`) ----
     def restore(self, blob: bytes | bytearray) -> None:
-        import tensorflow as tf
-
-        header, offset = state.split(blob)
-        state.check_layout(state.header_layout(header), self._layout)
-        if (self._raw_path and len(blob) <= self.RAW_PATH_BYTES
-                and [item["dtype"] for item in header["layout"]] == self._dtypes):
-            self._state_function("assign")(tf.constant(bytes(blob[offset:])))
-            return
-        for (_, variable), entry in zip(self._variables, state.decode(blob)[0]):
-            keras_json.assign_variable(variable, entry.array)
+        self.state.restore(blob)
 
     def capture(self) -> bytes | bytearray:
-        if not self._raw_path or self._state_bytes > self.RAW_PATH_BYTES:
-            return capture_state(self.model)
-        return state.assemble(self._header, self._state_function("read")().numpy().tobytes())
+        return self.state.capture()
 
     def write_state(self, handle) -> None:
         """`capture()`'s bytes into a file; a big state a part of a variable at a time."""
-        if not self._raw_path or self._state_bytes > self.RAW_PATH_BYTES:
-            write_state(self.model, handle)
-        else:
-            handle.write(self.capture())
+        self.state.write(handle)
 
     # ---- traced loops ----
     def _function(self, kind: str, *arrays: np.ndarray | None):

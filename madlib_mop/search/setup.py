@@ -37,13 +37,14 @@ def hyperband_brackets(R: int, eta: int, skip_last: int) -> dict[int, int]:
     return brackets
 
 
-def search_of_job(arguments: dict, compile_params: Mapping[int, str], has_validation: bool) -> Search:
-    automl = arguments.get("automl")
-    iterations = arguments["num_iterations"]
+def search_of_job(automl: Mapping | None, pruner_text: str | None, iterations: int,
+                  compile_params: Mapping[int, str], has_validation: bool) -> Search:
+    """The search a job's recorded arguments describe: madlib_keras_automl's (`automl`), or
+    a fit's pruner (`pruner_text`), over `iterations` iterations."""
     if automl is None:
         def objective_of(metric, direction):
             return objective_for(metric, direction, compile_params, has_validation, "pruner")
-        pruner = pruner_from(arguments.get("pruner"), iterations, objective_of)
+        pruner = pruner_from(pruner_text, iterations, objective_of)
         return Search(None, pruner or NoPruner(), pruner.objective if pruner else objective_of(None, None))
     params = automl["params"]
     # Every configuration the grid can give must report the objective.

@@ -71,7 +71,7 @@ def _spill(plpy: Any, job_id: int, key: tuple, raw: list[Buffer], program: Stage
                 # Float bytes do not compress: out of line without trying, as packed tables.
                 plpy.execute(f"ALTER TABLE {SPILL_TABLE} ALTER COLUMN x SET STORAGE EXTERNAL")
     except Exception as error:  # no TEMPORARY right on the database: computed per call
-        if getattr(error, "sqlstate", None) == "42501":
+        if getattr(error, "sqlstate", None) == errors.INSUFFICIENT_PRIVILEGE:
             return None
         raise
     table, segment, digest = key

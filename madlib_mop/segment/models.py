@@ -12,7 +12,7 @@ from madlib_mop.db import catalog
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.job import plan
 from madlib_mop.job.tables import TABLE_SUFFIXES
-from madlib_mop.runtime import keras_json, training
+from madlib_mop.runtime import keras_json, model_state, training
 from madlib_mop.runtime.custom_functions import CustomFunctions, unpickle
 
 
@@ -178,10 +178,10 @@ def build(ref: ModelRef, compile_model: bool, threads: int | None = None):
 
     import_tensorflow(threads)
     if compile_model:
-        model = training.build_model(ref.spec(), None)  # (the weights are set below)
+        model = training.compiled_model(ref.spec(), None)  # (the weights are set below)
     else:
-        model = keras_json.build_model(keras_json.parse_model_json(ref.model_arch), initialised=False)
+        model = keras_json.model_from_config(keras_json.parse_model_json(ref.model_arch), initialised=False)
     if ref.weights is not None:  # (None: only the model's shapes are wanted)
         keras_json.check_weights(model, ref.weights)
-        keras_json.set_flat_weights(model, ref.weights)
+        model_state.set_flat_weights(model, ref.weights)
     return model

@@ -23,7 +23,6 @@ has no job row there: the engine ships the job's description when it opens the s
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ from madlib_mop import errors
 from madlib_mop.db import catalog, packed
 from madlib_mop.engine.base import VisitRecord
 from madlib_mop.json_values import finite_json
-from madlib_mop.job import memory, store
+from madlib_mop.job import memory, repository, store
 from madlib_mop.job import state_store
 from madlib_mop.runtime import staging, training
 from madlib_mop.runtime.custom_functions import CustomFunctions
@@ -141,30 +140,29 @@ def context(plpy: Any, job_id: int) -> JobContext:
             return _contexts[(job_id, role)]
     # Looked up at every call, as the current role: a backend's cache never serves a job to
     # a role that does not own it (also not after SET ROLE), nor one that no longer exists.
-    job = store.own_job(plpy, job_id)
-    if (job_id, job["owner"]) in _contexts:
-        return _contexts[(job_id, job["owner"])]
-    tables = {key: catalog.qualified_name(plpy, parts)
-              for key, parts in json.loads(job["tables"]).items()}
-    import_tensorflow(threads=worker_threads(job["num_segments"]))
-    ctx = JobContext(job_id, job["seed"], job["num_segments"], tables,
-                     _packed(plpy, job["source_table"], job["num_segments"]),
-                     _packed(plpy, job["validation_table"], job["validation_partitions"])
-                     if job["validation_table"] else None,
+    job = repository.own_job(plpy, job_id)
+    if (job_id, job.owner) in _contexts:
+        return _contexts[(job_id, job.owner)]
+    tables = {key: catalog.qualified_name(plpy, list(parts)) for key, parts in job.table_names.items()}
+    import_tensorflow(threads=worker_threads(job.num_segments))
+    ctx = JobContext(job_id, job.seed, job.num_segments, tables,
+                     _packed(plpy, job.source_table, job.num_segments),
+                     _packed(plpy, job.validation_table, job.validation_partitions)
+                     if job.validation_table else None,
                      0)
-    arguments = json.loads(job["arguments"])
-    ctx.custom = models.custom_functions(plpy, arguments.get("custom_functions"))
+    arguments = job.arguments
+    ctx.custom = models.custom_functions(plpy, arguments.custom_functions)
     for row in store.job_models(plpy, tables["models"]):
         ctx.specs[row["mst_key"]] = training.ModelSpec.of(row, ctx.custom)
     durable = state_store.StateTable(state_store.plpy_executor(plpy), tables["state"])
     ctx.states = state_store.StateStore(
         durable, state_store.HopFiles.of(lambda q: plpy.execute(q)[0].popitem()[1], job_id))
-    ctx.budget_bytes = _budget_bytes(plpy, arguments.get("use_caching") is not False,
+    ctx.budget_bytes = _budget_bytes(plpy, arguments.use_caching is not False,
                                      memory.models_bytes(list(ctx.specs.values()), durable.sizes()))
-    ctx.staged = arguments.get("stage_frozen_layers", True)
+    ctx.staged = arguments.stage_frozen_layers
     _adopt(plpy, ctx)  # a backend serves one job at a time: drop another job's caches
     _shipped.clear()
-    _contexts[(job_id, job["owner"])] = ctx
+    _contexts[(job_id, job.owner)] = ctx
     return ctx
 
 

@@ -117,22 +117,27 @@ class _ServerFiles:
         self.run_command([self.tool("pg_ctl"), "reload", "-D", str(self.data)])
 
     def _ensure_setting(self, name: str, value: str) -> bool:
-        """Clusters made by an earlier version get settings added since (read at start);
-        True when the setting was added."""
+        """Clusters made by an earlier version get settings added or changed since (read at
+        start); True when the setting was added or changed."""
         conf = self.data / "postgresql.auto.conf"
-        text = conf.read_text(encoding="utf-8")
-        if f"\n{name} = " not in text:
-            conf.write_text(text + f"{name} = {value}\n", encoding="utf-8")
-            if self.is_running():
-                self.run_command([self.tool("pg_ctl"), "reload", "-D", str(self.data)])
-            return True
-        return False
+        lines = conf.read_text(encoding="utf-8").splitlines()
+        wanted = f"{name} = {value}"
+        if wanted in lines:
+            return False
+        lines = [line for line in lines if not line.startswith(f"{name} = ")] + [wanted]
+        conf.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        if self.is_running():
+            self.run_command([self.tool("pg_ctl"), "reload", "-D", str(self.data)])
+        return True
 
-    def cron_settings(self) -> dict[str, str]:
-        """pg_cron (Debian's postgresql-15-cron) for scheduled model selection: its scheduler
+    def preload_settings(self) -> dict[str, str]:
+        """The extension's library, preloaded once it is installed, so that a misspelt
+        madlib_mop.* setting is an error when it is set (the library reserves the prefix).
+        pg_cron (Debian's postgresql-15-cron) for scheduled model selection: its scheduler
         runs in the default database and opens each job's session over the Unix socket, so
         a job authenticates as worker sessions do (peer, with the madlib_mop map)."""
-        return {"shared_preload_libraries": "'pg_cron'",
+        installed = (self.bindir.parent / "lib" / "madlib_mop.so").exists()
+        return {"shared_preload_libraries": "'pg_cron,madlib_mop'" if installed else "'pg_cron'",
                 "cron.database_name": f"'{DEFAULT_DATABASE}'",
                 "cron.host": f"'{self.socket_dir}'"}
 
@@ -257,7 +262,7 @@ class EmbeddedCluster(_ServerFiles):
             "log_min_messages": "warning",
             # PostgreSQL's JIT and TensorFlow each load their own LLVM: not in one process.
             "jit": "off",
-            **self.cron_settings(),
+            **self.preload_settings(),
         }
         with open(self.data / "postgresql.auto.conf", "a", encoding="utf-8") as conf:
             conf.write("# written by madlib_mop.tools.embedded\n")
@@ -269,7 +274,7 @@ class EmbeddedCluster(_ServerFiles):
         `database` exists; return its DSN."""
         self.initialize()
         self._ensure_setting("jit", "off")
-        added = [self._ensure_setting(name, value) for name, value in self.cron_settings().items()]
+        added = [self._ensure_setting(name, value) for name, value in self.preload_settings().items()]
         if any(added) and self.is_running():  # a preloaded library needs a restart
             self.run_command([self.tool("pg_ctl"), "restart", "-w", "-t", "60", "-m", "fast",
                        "-D", str(self.data), "-l", str(self.log), "-o", f"-p {self.port}"])

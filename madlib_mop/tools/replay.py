@@ -20,29 +20,19 @@ from psycopg.rows import dict_row, tuple_row
 from psycopg.sql import SQL, Identifier
 
 from madlib_mop.db import packed
-from madlib_mop.job import outputs, tables as job_tables
-from madlib_mop.job.store import identifiers
-from madlib_mop.json_values import json_value
+from madlib_mop.job import outputs, repository, tables as job_tables
+from madlib_mop.job.record import JobArguments, JobRecord
+from madlib_mop.job.tables import identifiers
 from madlib_mop.runtime import training
 from madlib_mop.runtime.custom_functions import CustomFunctions, digest, unpickle
 from madlib_mop.runtime.buffers import Buffer, PackedColumns, in_memory
 from madlib_mop.tools.embedded import configured_dsn
 
 
-def _job(conn: psycopg.Connection, model_output_table: str) -> dict:
-    conn.row_factory = dict_row
-    schema = conn.execute("SELECT quote_ident(n.nspname) AS s FROM pg_extension e "
-                          "JOIN pg_namespace n ON n.oid = e.extnamespace "
-                          "WHERE e.extname = 'madlib_mop'").fetchone()["s"]
-    job = conn.execute(
-        f"SELECT j.* FROM {schema}.jobs j WHERE j.model_output_table = ("
-        "SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname) FROM pg_class c "
-        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass(%s)) "
-        # owner: a superuser is not bound by the jobs' row-level security, and the table
-        # names a job row stores are put into SQL: only the caller's own jobs are replayed.
-        "AND j.owner = current_user ORDER BY job_id DESC LIMIT 1", (model_output_table,)).fetchone()
+def _job(conn: psycopg.Connection, model_output_table: str) -> JobRecord:
+    job = repository.own_job_writing(conn, model_output_table)
     if job is None:
-        raise LookupError(f"no madlib_mop job wrote {model_output_table}")
+        raise LookupError(f"no madlib_mop job of yours wrote {model_output_table}")
     return job
 
 
@@ -64,20 +54,21 @@ def _segment_buffers(conn: psycopg.Connection, summary: dict, segment: int,
 def replay(conn: psycopg.Connection, model_output_table: str, mst_key: int) -> np.ndarray:
     """The model's weights after replaying its recorded visits (float32, get_weights order)."""
     job = _job(conn, model_output_table)
-    tables = identifiers(job["tables"])
+    conn.row_factory = dict_row
+    tables = identifiers(job.table_names)
     spec_row = conn.execute(SQL("SELECT * FROM {} WHERE mst_key = %s").format(tables["models"]),
                             (mst_key,)).fetchone()
     if spec_row is None:
         raise LookupError(f"mst_key {mst_key} is not a model of {model_output_table}")
     spec = training.ModelSpec(mst_key, _json_text(spec_row["model_arch"]), spec_row["compile_params"],
                               spec_row["fit_params"], spec_row["initial_weights"],
-                              _custom_functions(conn, job["arguments"]))
+                              _custom_functions(conn, job.arguments))
     summary_name = conn.execute(
         "SELECT format('%%I.%%I', n.nspname, c.relname || '_summary') AS s FROM pg_class c "
         "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass(%s)",
-        (job["source_table"],)).fetchone()["s"]
+        (job.source_table,)).fetchone()["s"]
     summary = conn.execute(f"SELECT * FROM {summary_name}").fetchone()  # quoted by format()
-    summary["packed_table"] = job["source_table"]
+    summary["packed_table"] = job.source_table
     initial = job_tables.state_table(conn, tables["state"]).read(mst_key, 0)
     visits = conn.execute(SQL("SELECT step, segment FROM {} WHERE mst_key = %s ORDER BY step")
                           .format(tables["visits"]), (mst_key,)).fetchall()
@@ -88,17 +79,17 @@ def replay(conn: psycopg.Connection, model_output_table: str, mst_key: int) -> n
     for visit in visits:
         segment = visit["segment"]
         if segment not in buffers:
-            buffers[segment] = _segment_buffers(conn, summary, segment, job["num_segments"])
-        training.train_subepoch(program, spec, buffers[segment], job["seed"], visit["step"],
+            buffers[segment] = _segment_buffers(conn, summary, segment, job.num_segments)
+        training.train_subepoch(program, spec, buffers[segment], job.seed, visit["step"],
                                 classification)
     return np.concatenate([w.ravel() for w in program.model.get_weights()]).astype(np.float32)
 
 
-def _custom_functions(conn: psycopg.Connection, arguments) -> CustomFunctions | None:
+def _custom_functions(conn: psycopg.Connection, arguments: JobArguments) -> CustomFunctions | None:
     """The job's custom functions, the bytes it recorded (by digest), loaded in this process
     (the caller's own Python: replaying runs the job's loss and metrics here)."""
 
-    recorded = json_value(arguments).get("custom_functions")
+    recorded = arguments.custom_functions
     if not recorded:
         return None
     table = Identifier(*recorded["table"])
@@ -126,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     with psycopg.connect(configured_dsn()) as conn:
         replayed = replay(conn, args.model_output_table, args.mst_key)
-        tables = identifiers(_job(conn, args.model_output_table)["tables"])
+        tables = identifiers(_job(conn, args.model_output_table).table_names)
         conn.row_factory = tuple_row
         stored = outputs.read_weights(conn, tables, args.mst_key)
     stored = np.frombuffer(stored, dtype=np.float32)

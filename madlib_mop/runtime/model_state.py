@@ -1,0 +1,208 @@
+"""A Keras model's state: every variable it holds (weights, other variables such as random
+generators' states, the optimizer's) in one order, captured from the model, written to a
+file and restored into it, a part of a variable at a time where a variable is big; the
+initial weights of MADlib's format (float32, concatenated) set into a model.  The bytes'
+format is `runtime.state`'s."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Iterator
+
+import numpy as np
+
+from madlib_mop.runtime import state
+
+
+# A variable bigger than SLICED_VARIABLE_BYTES is read and assigned VARIABLE_CHUNK_BYTES of
+# rows at a time: whole, the copy TensorFlow makes on the way in or out is one more
+# allocation of its size.  Smaller ones go whole: the sliced ops are sparse accesses, after
+# which TensorFlow copies the variable at every dense read (each training step's), which
+# made a 1 GB MLP's hops 12% slower; the biggest variables (embeddings) are read sparsely
+# by their training anyway.
+SLICED_VARIABLE_BYTES = 512 * 1024 * 1024
+VARIABLE_CHUNK_BYTES = 64 * 1024 * 1024
+
+
+def row_slices(variable) -> list[slice | None]:
+    """The slices of rows a variable is read and assigned by (None: whole)."""
+    shape = tuple(variable.shape)
+    size = int(np.prod(shape, dtype=np.int64)) * np.dtype(variable.dtype).itemsize
+    if len(shape) == 0 or size <= SLICED_VARIABLE_BYTES or shape[0] < 2:
+        return [None]
+    rows = max(1, VARIABLE_CHUNK_BYTES // max(1, size // shape[0]))
+    return [slice(start, min(start + rows, shape[0])) for start in range(0, shape[0], rows)]
+
+
+# Slices go through the variable's handle: a gather of rows and a strided assignment touch
+# those rows alone, where `variable[rows]` reads the whole variable first (and, once a
+# sparse update such as an Embedding's has run, copies it).
+def variable_parts(variable) -> Iterator:
+    """A variable's values as little-endian arrays of at most VARIABLE_CHUNK_BYTES (but for
+    a single row bigger than that), in order."""
+    import tensorflow as tf
+
+    for rows in row_slices(variable):
+        if rows is None:
+            part = np.asarray(variable.numpy())
+        else:
+            part = tf.raw_ops.ResourceGather(
+                resource=variable.handle, indices=tf.range(rows.start, rows.stop, dtype=tf.int64),
+                dtype=variable.value.dtype).numpy()
+        yield part.astype(part.dtype.newbyteorder("<"), copy=False)
+
+
+def assign_variable(variable, array) -> None:
+    """`variable.assign(array)`, a slice of rows at a time when it is big."""
+    import tensorflow as tf
+
+    for rows in row_slices(variable):
+        if rows is None:
+            variable.assign(array)
+            continue
+        shape = list(variable.shape)
+        tf.raw_ops.ResourceStridedSliceAssign(
+            ref=variable.handle, begin=[rows.start] + [0] * (len(shape) - 1),
+            end=[rows.stop] + shape[1:], strides=[1] * len(shape),
+            value=tf.constant(array[rows], dtype=variable.value.dtype))
+
+
+def set_flat_weights(model, weights: bytes) -> None:
+    """Load MADlib-format weights (float32, concatenated) into the model."""
+    flat = np.frombuffer(weights, dtype=np.float32)
+    offset = 0
+    # One variable at a time, in slices when big (not set_weights(get_weights()-shaped
+    # arrays): copies of them all, maybe GBs).
+    for variable in model.weights:
+        shape = tuple(variable.shape)
+        size = int(np.prod(shape, dtype=np.int64))
+        assign_variable(variable, flat[offset:offset + size].reshape(shape).astype(variable.dtype, copy=False))
+        offset += size
+
+
+def other_variables(model) -> list:
+    """The model's variables that are not weights (random generators' states, ...)."""
+    weight_ids = {id(v) for v in model.weights}
+    return [v for v in model.variables if id(v) not in weight_ids]
+
+
+def state_variables(model) -> list[tuple[str, object]]:
+    """(kind, variable) of everything a state holds, in the state's order."""
+    return ([("weights", v) for v in model.weights]
+            + [("variables", v) for v in other_variables(model)]
+            + [("optimizer", v) for v in model.optimizer.variables])
+
+
+def state_header(variables: list[tuple[str, Any]]) -> list[dict]:
+    """The layout a state of these variables records (`state.layout_item`)."""
+    return [state.layout_item(kind, v.path, np.dtype(v.dtype), tuple(v.shape)) for kind, v in variables]
+
+
+def capture_state(model) -> bytearray:
+    """The model's state, each variable copied once into its place (a state may be GBs)."""
+    variables = state_variables(model)
+    head = state.assemble(state_header(variables), b"")
+    blob = bytearray(len(head) + sum(int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize
+                                     for _, v in variables))
+    blob[:len(head)] = head
+    offset = len(head)
+    for _, variable in variables:
+        for part in variable_parts(variable):
+            np.frombuffer(blob, np.uint8, part.nbytes, offset)[:] = part.reshape(-1).view(np.uint8)
+            offset += part.nbytes
+    return blob
+
+
+def write_state(model, handle) -> None:
+    """The model's state (`capture_state`'s bytes) into a file, a part of a variable at a
+    time: never the whole state in memory beside the model."""
+    variables = state_variables(model)
+    handle.write(state.assemble(state_header(variables), b""))
+    for _, variable in variables:
+        for part in variable_parts(variable):
+            handle.write(memoryview(np.ascontiguousarray(part)).cast("B"))
+
+
+class ModelState:
+    """The state of one compiled model, restored into it and read out of it at every hop.
+
+    A hop restores a state into the model and reads the new one out.  Done per variable,
+    that is a call into TensorFlow per variable (tens per model) each way; here it is one
+    traced call each way on the state's bytes: the arrays are cut from the bytes and
+    bitcast to their dtypes inside the graph, and read out the same way.  On a big-endian
+    host, or for a dtype bitcast does not take, it falls back to one array at a time."""
+
+    _BITCAST = frozenset("float16 float32 float64 int8 int16 int32 int64 uint8 uint16 uint32 "
+                         "uint64".split())
+
+    def __init__(self, model):
+        self.model = model
+        self.variables = state_variables(model)
+        self.layout = [(kind, tuple(v.shape)) for kind, v in self.variables]
+        self._header = state_header(self.variables)
+        self._dtypes = [item["dtype"] for item in self._header]
+        self._state_bytes = sum(int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize
+                                for _, v in self.variables)
+        self._raw_path = sys.byteorder == "little" and all(
+            np.dtype(v.dtype).name in self._BITCAST for _, v in self.variables)
+        self._functions: dict[str, object] = {}
+
+    def _function(self, kind: str):
+        import tensorflow as tf
+
+        if kind not in self._functions:
+            variables = [v for _, v in self.variables]
+            sizes = [int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize
+                     for v in variables]
+            if kind == "assign":
+                def assign(payload):
+                    raw = tf.io.decode_raw(payload, tf.uint8)
+                    start = 0
+                    for variable, size in zip(variables, sizes):
+                        piece = raw[start:start + size]
+                        itemsize = np.dtype(variable.dtype).itemsize
+                        value = piece if itemsize == 1 else tf.reshape(piece, [-1, itemsize])
+                        value = tf.bitcast(value, variable.dtype) if variable.dtype != "uint8" else value
+                        variable.assign(tf.reshape(value, variable.shape))
+                        start += size
+                    return tf.constant(0)
+
+                function = tf.function(assign, autograph=False,
+                                       input_signature=[tf.TensorSpec((), tf.string)])
+            else:
+                def read():
+                    return tf.concat([tf.reshape(tf.bitcast(v.value, tf.uint8), [-1])
+                                      for v in variables], axis=0)
+
+                function = tf.function(read, autograph=False)
+            self._functions[kind] = function.get_concrete_function()
+        return self._functions[kind]
+
+    # Above this size a state goes one variable at a time all the same: the one traced call
+    # would copy the whole state several times more (a string tensor in, its bytes out),
+    # and a variable's copy costs far more than a call into TensorFlow.
+    RAW_PATH_BYTES = 16 * 1024 * 1024
+
+    def restore(self, blob: bytes | bytearray) -> None:
+        import tensorflow as tf
+
+        header, offset = state.split(blob)
+        state.check_layout(state.header_layout(header), self.layout)
+        if (self._raw_path and len(blob) <= self.RAW_PATH_BYTES
+                and [item["dtype"] for item in header["layout"]] == self._dtypes):
+            self._function("assign")(tf.constant(bytes(blob[offset:])))
+            return
+        for (_, variable), entry in zip(self.variables, state.decode(blob)[0]):
+            assign_variable(variable, entry.array)
+
+    def capture(self) -> bytes | bytearray:
+        if not self._raw_path or self._state_bytes > self.RAW_PATH_BYTES:
+            return capture_state(self.model)
+        return state.assemble(self._header, self._function("read")().numpy().tobytes())
+
+    def write(self, handle) -> None:
+        """`capture()`'s bytes into a file; a big state a part of a variable at a time."""
+        if not self._raw_path or self._state_bytes > self.RAW_PATH_BYTES:
+            write_state(self.model, handle)
+        else:
+            handle.write(self.capture())

@@ -1,0 +1,87 @@
+"""The job as a typed record: its arguments read back equal to what was recorded, keys of
+another version are kept, an incomplete record is refused with a clear error, the states
+are the table's, and only the repository queries `jobs`."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from madlib_mop.errors import MadlibMopError
+from madlib_mop.job.record import JobArguments, JobRecord, JobState
+
+ROOT = Path(__file__).resolve().parent.parent
+CALL = {"source_table": "iris_packed", "model_output_table": "public.out", "model_selection_table": "mst",
+        "num_iterations": 3, "validation_table": None, "metrics_compute_frequency": 3, "warm_start": False,
+        "name": None, "description": None, "use_caching": True, "seed": 0}
+
+
+@pytest.mark.parametrize("extra", [{}, {"pruner": "median(metric => 'loss')"}, {"single": True},
+                                   {"stage_frozen_layers": False},
+                                   {"automl": {"method": "hyperband", "params": {"R": 3}}, "initial_models": 0},
+                                   {"if_output_exists": "new_version", "output_family": "public.out"}])
+def test_arguments_are_recorded_as_given(extra):
+    call = {**CALL, **extra}
+    arguments = JobArguments.of(call)
+    assert arguments.as_json() == call  # nothing added, nothing dropped: a repeat call compares equal
+    assert JobArguments.of(json.dumps(arguments.as_json())) == arguments
+
+
+def test_keys_of_another_version_are_kept():
+    recorded = {**CALL, "a_later_option": [1, 2]}
+    arguments = JobArguments.of(recorded)
+    assert arguments.other == {"a_later_option": [1, 2]}
+    assert arguments.as_json() == recorded
+    assert arguments != JobArguments.of(CALL)
+
+
+def test_a_record_without_a_jobs_arguments_is_refused():
+    with pytest.raises(MadlibMopError) as caught:
+        JobArguments.of({"source_table": "x"})
+    assert caught.value.sqlstate == "22000"
+    assert "model_output_table" in caught.value.message and caught.value.hint
+
+
+def test_a_row_reads_as_a_record():
+    row = {"job_id": 4, "owner": "alice", "state": "interrupted", "model_output_table": "public.out",
+           "source_table": "public.p", "validation_table": None, "model_selection_table": "public.mst",
+           "arguments": json.dumps(CALL), "tables": '{"output": ["public", "out"]}', "num_models": 2,
+           "num_segments": 2, "validation_partitions": None, "seed": 0, "subepochs_total": 12,
+           "subepochs_done": 5, "coordinator_pid": None, "last_error": None, "model_failures": None}
+    job = JobRecord.of(row)
+    assert job.state is JobState.INTERRUPTED and not job.finished
+    assert job.table_names == {"output": ("public", "out")}
+    assert job.arguments.num_iterations == 3
+
+
+def test_the_states_are_the_tables():
+    text = (ROOT / "sql" / "30_fit.sql").read_text()
+    check = re.search(r"state\s+text NOT NULL DEFAULT 'created'\s+CHECK \(state IN \(([^)]*)\)\)", text)
+    assert check is not None
+    assert re.findall(r"'([a-z]+)'", check.group(1)) == [s.value for s in JobState]
+
+
+def _sql_strings(tree: ast.AST):
+    """Every string literal; an f-string with {} where it formats a value."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            yield node.value
+        elif isinstance(node, ast.JoinedStr):
+            yield "".join(part.value if isinstance(part, ast.Constant) else "{}" for part in node.values)
+
+
+@pytest.mark.parametrize("path", sorted(p for p in (ROOT / "madlib_mop").rglob("*.py")
+                                        if "client" not in p.parts),
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_only_the_repository_queries_jobs(path):
+    """The server side's SQL on `jobs` is in job/repository.py alone (the client, outside
+    the server, reads it over its own connection)."""
+    if path.name == "repository.py":
+        return
+    queries = [s for s in _sql_strings(ast.parse(path.read_text()))
+               if re.search(r"(FROM|UPDATE|INTO)\s+\S*\.jobs\b", s)]
+    assert not queries, queries
