@@ -30,8 +30,10 @@ SQL_SOURCES   := $(sort $(wildcard sql/*.sql sql/upgrades/*.sql udf/*.py)) madli
 PYTEST_ARGS   ?=
 # The browser the dashboard's tests drive (headless); `make test` installs it.
 BROWSER_PACKAGES := chromium chromium-driver
-# Optional dependency groups installed into the runtime (the Docker image uses none).
+# Dependency groups installed into the runtime: the server's (TensorFlow, ...) always, the
+# others for development (the Docker image installs the server's alone).
 PIP_EXTRAS    ?= test,bench,client
+comma         := ,
 
 .PHONY: help deps browser venv build install installcheck demo test lint bench bench-cluster db-start db-stop db-status db-destroy dsn \
         cluster cluster-dsn cluster-stop cluster-status cluster-kill-segment cluster-destroy clean \
@@ -66,7 +68,7 @@ venv: $(STAMPS)/venv
 $(STAMPS)/venv: pyproject.toml | $(STAMPS)/apt
 	@test -x $(PY) || $(SERVER_PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install -q --disable-pip-version-check -e '.$(if $(PIP_EXTRAS),[$(PIP_EXTRAS)])'
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[server$(if $(PIP_EXTRAS),$(comma)$(PIP_EXTRAS))]'
 	@touch $@
 
 # ---- the extension (PGXS: extension.mk) -------------------------------------------------

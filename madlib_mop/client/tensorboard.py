@@ -10,13 +10,15 @@ with one step per iteration where the job computed metrics.  So TensorBoard comp
 models of a job as it compares Keras fits: runs side by side, training and validation of
 a run in one chart.  `madlib-mop tensorboard JOB --logdir DIR` calls `write_events`.
 
-TensorFlow (which writes the files) is imported when events are written, not with this
-module; `read_scalars` reads them back with TensorBoard's own reader.
+The files are written with the TensorBoard package's own writer and summary protocol
+buffers (no TensorFlow: the client does not need it), as `tf.summary.scalar` and
+`tf.summary.text` write them in TensorFlow 2; `read_scalars` reads them back with
+TensorBoard's own reader.
 """
 
 from __future__ import annotations
 
-import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +56,10 @@ def write_run(run_dir: str | Path, curves: pd.DataFrame, hyperparameters: dict[s
     `epoch_<metric>` per iteration in `train` and `validation`, and its hyperparameters as
     a Markdown table in `train`.  Event files the run held before are replaced; missing
     values (NaN) are left out."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # no start-up chatter from TensorFlow
-    import tensorflow as tf
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.plugins.scalar.summary_v2 import scalar_pb
+    from tensorboard.plugins.text.summary_v2 import text_pb
+    from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
     run_dir = Path(run_dir)
     for split, folder in SPLIT_FOLDERS.items():
@@ -64,12 +68,13 @@ def write_run(run_dir: str | Path, curves: pd.DataFrame, hyperparameters: dict[s
             continue
         for old in (run_dir / folder).glob("events.out.tfevents.*"):
             old.unlink()
-        writer = tf.summary.create_file_writer(str(run_dir / folder))
-        with writer.as_default():
-            for row in found.sort_values(["metric", "iteration"]).itertuples(index=False):
-                tf.summary.scalar(f"epoch_{row.metric}", float(row.value), step=int(row.iteration))
-            if split == "training":
-                tf.summary.text(HYPERPARAMETERS_TAG, _markdown_table(hyperparameters), step=0)
+        writer = EventFileWriter(str(run_dir / folder))
+        for row in found.sort_values(["metric", "iteration"]).itertuples(index=False):
+            writer.add_event(Event(wall_time=time.time(), step=int(row.iteration),
+                                   summary=scalar_pb(f"epoch_{row.metric}", float(row.value))))
+        if split == "training":
+            writer.add_event(Event(wall_time=time.time(), step=0, summary=text_pb(
+                HYPERPARAMETERS_TAG, _markdown_table(hyperparameters))))
         writer.close()
     return run_dir
 
