@@ -284,3 +284,60 @@ def test_the_readme_python_example_runs(extension_dsn, mop):
     board = json.loads(done.stdout.strip().splitlines()[-1])
     assert sorted(board["mst_key"].values()) == [1, 2, 3, 4]
     assert "10.00/10.00 epochs" in done.stderr
+
+
+@pytest.fixture(scope="module")
+def fresh_client(tmp_path_factory):
+    """A new virtualenv of Debian's Python with `pip install '<this package>[client]'`, as
+    an analyst installs the client on a laptop (pip's cache makes it quick)."""
+    venv = tmp_path_factory.mktemp("client") / "venv"
+    subprocess.run(["/usr/bin/python3", "-m", "venv", str(venv)], check=True, timeout=120)
+    done = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check",
+                           f"{REPO_ROOT}[client]"], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return venv
+
+
+def test_a_fresh_virtualenv_gets_the_client_without_the_servers_runtime(fresh_client, fitted,
+                                                                        extension_dsn, tmp_path):
+    job, _ = fitted
+    python = str(fresh_client / "bin" / "python")
+    installed = subprocess.run([python, "-c", "import importlib.metadata as m; "
+                                "print(' '.join(sorted(d.metadata['Name'].lower() for d in m.distributions())))"],
+                               capture_output=True, text=True, timeout=60, cwd=tmp_path).stdout.split()
+    assert "sqlalchemy" in installed and "tensorboard" in installed
+    assert not {"tensorflow", "keras", "optuna", "scikit-learn", "dill"} & set(installed)
+    size_mb = sum(f.stat().st_size for f in fresh_client.rglob("*") if f.is_file()) / 2 ** 20
+    assert size_mb < 700, size_mb  # the server's runtime alone is over 2 GB
+
+    def command(*args, timeout=180):
+        return subprocess.run([str(fresh_client / "bin" / "madlib-mop"), "--dsn", extension_dsn, *args],
+                              capture_output=True, text=True, timeout=timeout, cwd=tmp_path)
+
+    listed = command("jobs")
+    assert listed.returncode == 0 and "public.fitted" in listed.stdout, listed.stderr
+    watched = command("watch", str(job.job_id))
+    assert watched.returncode == 0 and f"job {job.job_id}: finished" in watched.stdout, watched.stderr
+    reported = command("report", str(job.job_id), "--out", str(tmp_path / "report"))
+    assert reported.returncode == 0 and (tmp_path / "report" / "learning_curves.png").stat().st_size > 0
+    board = command("tensorboard", str(job.job_id), "--logdir", str(tmp_path / "runs"))
+    assert board.returncode == 0 and sorted(p.name for p in (tmp_path / "runs").iterdir()) == \
+        [f"mst_key_{k}" for k in (1, 2, 3, 4)]
+    steered = command("steer", str(job.job_id), "stop", "1")
+    assert steered.returncode == 2 and "nothing left to steer" in steered.stderr  # the server's answer
+    server = subprocess.Popen([str(fresh_client / "bin" / "madlib-mop"), "--dsn", extension_dsn,
+                               "dashboard", "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, cwd=tmp_path)
+    try:
+        line = ""
+        deadline = time.monotonic() + 120
+        while "http://" not in line and time.monotonic() < deadline:
+            line = server.stdout.readline()
+        address = line[line.index("http://"):].split()[0]
+        import urllib.request
+
+        with urllib.request.urlopen(f"{address.rstrip('/')}/api/jobs", timeout=30) as answer:
+            assert any(j["job_id"] == job.job_id for j in json.load(answer)["jobs"])
+    finally:
+        server.send_signal(signal.SIGINT)
+        server.wait(timeout=30)
