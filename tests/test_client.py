@@ -341,3 +341,39 @@ def test_a_fresh_virtualenv_gets_the_client_without_the_servers_runtime(fresh_cl
     finally:
         server.send_signal(signal.SIGINT)
         server.wait(timeout=30)
+
+
+def test_cli_errors_say_what_is_wrong_and_what_to_do(fitted, extension_dsn, conn):
+    """The common mistakes give a sentence and exit code 2: never SQLAlchemy's statement,
+    its link or a traceback."""
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+    job, _ = fitted
+    said = {}
+    said["unknown job"] = _cli(extension_dsn, "report", "999999", "--out", "/tmp/unused")
+    conn.execute("ALTER TABLE fitted_info RENAME TO fitted_info_away")
+    try:
+        said["dropped tables"] = _cli(extension_dsn, "report", str(job.job_id), "--out", "/tmp/unused")
+        said["dropped tables, tensorboard"] = _cli(extension_dsn, "tensorboard", str(job.job_id),
+                                                   "--logdir", "/tmp/unused")
+    finally:
+        conn.execute("ALTER TABLE fitted_info_away RENAME TO fitted_info")
+    conn.execute("DROP ROLE IF EXISTS cli_stranger")
+    conn.execute("CREATE ROLE cli_stranger LOGIN PASSWORD 'stranger'")
+    try:
+        parts = {k: v for k, v in conninfo_to_dict(extension_dsn).items() if k != "passfile"}
+        said["no rights"] = _cli(make_conninfo(**{**parts, "user": "cli_stranger", "password": "stranger"}), "jobs")
+    finally:
+        conn.execute("DROP ROLE cli_stranger")
+    said["server down"] = _cli("host=127.0.0.1 port=1 dbname=x user=x connect_timeout=5", "jobs")
+    for case, done in said.items():
+        assert done.returncode == 2, (case, done.stdout, done.stderr)
+        assert "sqlalche.me" not in done.stderr and "[SQL:" not in done.stderr and "Traceback" not in done.stderr, \
+            (case, done.stderr)
+    assert "no job '999999' of yours" in said["unknown job"].stderr
+    for case in ("dropped tables", "dropped tables, tensorboard"):
+        assert f"the tables of job {job.job_id} are gone" in said[case].stderr
+        assert "madlib-mop jobs" in said[case].stderr
+    assert "permission denied for schema madlib_mop" in said["no rights"].stderr
+    assert "GRANT USAGE ON SCHEMA madlib_mop" in said["no rights"].stderr
+    assert "cannot connect to the server" in said["server down"].stderr and "--dsn" in said["server down"].stderr

@@ -131,7 +131,7 @@ def _jobs(client, limit: int) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        from madlib_mop.client.session import Client, ServerError
+        from madlib_mop.client.session import Client
     except ImportError as error:
         print(f"madlib-mop: {error}; install the client: pip install 'madlib_mop[client]'",
               file=sys.stderr)
@@ -168,14 +168,48 @@ def main(argv: list[str] | None = None) -> int:
                 return EXIT_OK
     except KeyboardInterrupt:
         return 130
-    except (ServerError, LookupError) as error:
-        print(f"madlib-mop: {error}", file=sys.stderr)
-        return EXIT_ERROR
-    except Exception as error:  # connection failures and the like: one line, no traceback
-        original = getattr(error, "orig", None)
-        print(f"madlib-mop: {original or error}", file=sys.stderr)
+    except Exception as error:  # noqa: BLE001 (every error: a person's sentence, exit code 2)
+        print(f"madlib-mop: {explained(error, args)}", file=sys.stderr)
         return EXIT_ERROR
     return EXIT_ERROR
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    found: list[BaseException] = []
+    while error is not None and error not in found:
+        found.append(error)
+        error = error.__cause__ or error.__context__
+    return found
+
+
+def explained(error: BaseException, args: argparse.Namespace) -> str:
+    """What went wrong and what to do, for the common mistakes; else the server's message
+    and HINT (never SQLAlchemy's statement and link)."""
+    from madlib_mop.client.errors import ServerError, server_error
+
+    if isinstance(error, LookupError):
+        return str(error)
+    said = error
+    for cause in _chain(error):  # pandas and SQLAlchemy wrap the driver's error
+        if isinstance(cause, ServerError) or isinstance(server_error(cause), ServerError):
+            said = cause if isinstance(cause, ServerError) else server_error(cause)
+            break
+    job, schema = getattr(args, "job", None), args.schema or "madlib_mop"
+    if not isinstance(said, ServerError):  # no SQLSTATE: the connection itself failed
+        first = str(getattr(error, "orig", None) or error).strip().splitlines()[0]
+        return (f"cannot connect to the server: {first}\n"
+                "Pass --dsn, or set MADLIB_MOP_DSN or libpq's PG* variables (PGHOST, PGPORT, "
+                "PGDATABASE, PGUSER), and check that the server runs.")
+    if said.sqlstate == "42P01" and job is not None:
+        return (f"the tables of job {job} are gone ({said.message}): its results were in them.\n"
+                "`madlib-mop jobs` lists your jobs; those whose tables remain can be read.")
+    if said.sqlstate == "42P01" or said.sqlstate == "3F000":
+        return (f"{said.message}: the extension is not installed in this database, or in another "
+                f"schema than {schema}.\nCREATE EXTENSION madlib_mop; or pass --schema.")
+    if said.sqlstate == "42501":
+        return (f"{said.message}.\nAsk the table's owner or a DBA for the right (GRANT USAGE ON "
+                f"SCHEMA {schema}, GRANT SELECT ON the job's tables).")
+    return str(said)
 
 
 if __name__ == "__main__":
