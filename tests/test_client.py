@@ -366,6 +366,7 @@ def test_cli_errors_say_what_is_wrong_and_what_to_do(fitted, extension_dsn, conn
     finally:
         conn.execute("DROP ROLE cli_stranger")
     said["server down"] = _cli("host=127.0.0.1 port=1 dbname=x user=x connect_timeout=5", "jobs")
+    said["folder not writable"] = _cli(extension_dsn, "report", str(job.job_id), "--out", "/proc/not_here")
     for case, done in said.items():
         assert done.returncode == 2, (case, done.stdout, done.stderr)
         assert "sqlalche.me" not in done.stderr and "[SQL:" not in done.stderr and "Traceback" not in done.stderr, \
@@ -377,3 +378,6 @@ def test_cli_errors_say_what_is_wrong_and_what_to_do(fitted, extension_dsn, conn
     assert "permission denied for schema madlib_mop" in said["no rights"].stderr
     assert "GRANT USAGE ON SCHEMA madlib_mop" in said["no rights"].stderr
     assert "cannot connect to the server" in said["server down"].stderr and "--dsn" in said["server down"].stderr
+    # An error that is not the server's is said as it is, not as a connection failure.
+    assert "/proc/not_here" in said["folder not writable"].stderr
+    assert "cannot connect" not in said["folder not writable"].stderr

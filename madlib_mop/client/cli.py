@@ -185,17 +185,19 @@ def _chain(error: BaseException) -> list[BaseException]:
 def explained(error: BaseException, args: argparse.Namespace) -> str:
     """What went wrong and what to do, for the common mistakes; else the server's message
     and HINT (never SQLAlchemy's statement and link)."""
+    import psycopg
+
     from madlib_mop.client.errors import ServerError, server_error
 
     if isinstance(error, LookupError):
         return str(error)
-    said = error
-    for cause in _chain(error):  # pandas and SQLAlchemy wrap the driver's error
-        if isinstance(cause, ServerError) or isinstance(server_error(cause), ServerError):
-            said = cause if isinstance(cause, ServerError) else server_error(cause)
-            break
+    chain = _chain(error)  # pandas and SQLAlchemy wrap the driver's error
+    said = next((found for found in map(server_error, chain) if isinstance(found, ServerError)), None)
     job, schema = getattr(args, "job", None), args.schema or "madlib_mop"
-    if not isinstance(said, ServerError):  # no SQLSTATE: the connection itself failed
+    if said is None:
+        if not any(isinstance(cause, psycopg.OperationalError) for cause in chain):
+            return str(error)  # not the server's: as it is (a file that cannot be written, ...)
+        # An operational error without SQLSTATE: the connection itself failed.
         first = str(getattr(error, "orig", None) or error).strip().splitlines()[0]
         return (f"cannot connect to the server: {first}\n"
                 "Pass --dsn, or set MADLIB_MOP_DSN or libpq's PG* variables (PGHOST, PGPORT, "

@@ -87,7 +87,9 @@ def unfinished_of_family(plpy: Any, family: str) -> list[JobRecord]:
 
 def output_recorded(plpy: Any, output: str) -> bool:
     """Whether a job of the current role records `output` as its output table."""
-    return bool(_select(plpy, "model_output_table = $1", ["text"], [output], last=True))
+    return bool(plpy.execute(plpy.prepare(
+        f"SELECT 1 FROM {catalog.extension_schema(plpy)}.jobs WHERE {_OWN} AND model_output_table = $1",
+        ["text"]), [output]))
 
 
 def job_results_of(plpy: Any, job_id: int) -> JobRecord | None:
