@@ -183,6 +183,12 @@ RETURNS integer
 AS 'MODULE_PATHNAME', 'madlib_mop_max_worker_sessions'
 LANGUAGE C STABLE;
 
+-- The cap in force for this session's calls: madlib_mop.max_worker_sessions, or the
+-- machine's when it is 0 (metrics: madlib-mop exporter).
+CREATE FUNCTION @extschema@._mop_worker_cap()
+RETURNS integer
+#plpython "mop_worker_cap.py"
+
 -- Calls waiting for worker sessions: every role sees the queue (its order is fair between
 -- roles), each adds and removes only its own rows; a row counts while the session that
 -- wrote it (pid) lives.

@@ -402,6 +402,24 @@ def test_another_role_sees_none_of_it(prepared, analysts, browser, dashboard):
     _no_errors(browser)
 
 
+def test_metrics_for_prometheus_show_the_roles_own_jobs(prepared, analysts, dashboard):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def jobs(dsn: str) -> dict[str, float]:
+        families = text_string_to_metric_families(_get(dashboard(dsn) + "metrics").decode())
+        return {s.labels["role"]: s.value for f in families if f.name == "madlib_mop_jobs"
+                for s in f.samples if s.labels["state"] == "finished"}
+
+    alice, bob = analysts["roles"]["alice"], analysts["roles"]["bob"]
+    with connect(analysts["alice"]) as conn:
+        finished = conn.execute("SELECT count(*) FROM job_progress WHERE owner = current_user "
+                                "AND state = 'finished'").fetchone()[0]
+    assert finished >= 1
+    assert jobs(analysts["alice"]) == {alice: finished}
+    assert jobs(analysts["bob"]) == {}  # bob sees no job of alice's, and has none
+    assert bob not in jobs(analysts["alice"])
+
+
 def _get(url: str, headers: dict | None = None) -> bytes:
     with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=30) as answer:
         return answer.read()

@@ -5,6 +5,7 @@
     madlib-mop report JOB --out DIR          plots (PNG) and a Markdown / HTML summary
     madlib-mop tensorboard JOB --logdir DIR  event files: tensorboard --logdir DIR
     madlib-mop dashboard [--host H] [--port P]  a live web page of your jobs, read-only
+    madlib-mop exporter [--host H] [--port P]   Prometheus metrics on /metrics (client.metrics)
     madlib-mop steer JOB stop MST_KEY        steer a running job (also: clone MST_KEY
                                              [--compile-params T] [--fit-params T], add
                                              MODEL_ID --compile-params T --fit-params T,
@@ -53,6 +54,10 @@ def _parser() -> argparse.ArgumentParser:
                             "has no login of its own, so anyone who reaches it sees your jobs)")
     dashboard.add_argument("--port", type=int, default=8050,
                            help="port (default 8050; 0: any free one)")
+    exporter = commands.add_parser(
+        "exporter", help="Prometheus metrics of the worker pool, the queue and the jobs on /metrics")
+    exporter.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    exporter.add_argument("--port", type=int, default=9187, help="port (default 9187; 0: any free one)")
     steer = commands.add_parser("steer", help="stop, clone or add a model of a running job, or "
                                               "change a model's iterations")
     steer.add_argument("job", help="job id or model output table")
@@ -86,6 +91,32 @@ def _steer(client, args) -> int:
         action = client.set_model_iterations(job_id=job_id, mst_key=args.mst_key,
                                              num_iterations=args.num_iterations)
     print(f"job {job_id}: steering action {action} recorded (SELECT * FROM steering WHERE action_id = {action})")
+    return EXIT_OK
+
+
+def _exporter(client, host: str, port: int) -> int:
+    """Serve `client.metrics` on /metrics until Ctrl-C, each scrape read then."""
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    from prometheus_client import CollectorRegistry, make_wsgi_app
+
+    from madlib_mop.client.metrics import PoolCollector
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, *args) -> None:  # a scrape every few seconds: no log line each
+            pass
+
+    registry = CollectorRegistry()
+    registry.register(PoolCollector(client.engine, client.schema))
+    server = make_server(host, port, make_wsgi_app(registry), handler_class=Quiet)
+    shown = f"[{host}]" if ":" in host else host
+    print(f"madlib-mop exporter: http://{shown}:{server.server_port}/metrics (Ctrl-C stops it)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
     return EXIT_OK
 
 
@@ -158,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
                 return EXIT_OK
             if args.command == "steer":
                 return _steer(client, args)
+            if args.command == "exporter":
+                return _exporter(client, args.host, args.port)
             if args.command == "tensorboard":
                 # TensorFlow only writes files here: keep its errors about a missing GPU quiet.
                 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")

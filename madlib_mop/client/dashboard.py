@@ -389,6 +389,15 @@ def create_app(target: "str | sa.Engine | None", schema: str | None = None, *,
     def panel(job_id: int, panel: str):
         return jsonify(readers[panel](job_id))
 
+    @app.get("/metrics")
+    def metrics():
+        """The pool, the queue and the role's jobs for Prometheus (`client.metrics`)."""
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        from madlib_mop.client.metrics import metrics_text
+
+        return metrics_text(data.engine, data.schema), 200, {"Content-Type": CONTENT_TYPE_LATEST}
+
     register_handlers(app)
     return app
 
