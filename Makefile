@@ -8,6 +8,7 @@
 #   make images   the Docker images (base from Debian's packages, then docker/Dockerfile)
 #   make compose-up   the same topology as containers: psql "$(make -s compose-dsn)"
 #   make test-containers   the tests on the compose cluster and on a testcontainers server
+#   make deb      the server side as a Debian package: build/deb/postgresql-15-madlib-mop_<version>-1_amd64.deb
 #
 # Every step is a stamp or an idempotent command, so a second `make demo` reinstalls nothing.
 
@@ -37,10 +38,10 @@ comma         := ,
 
 .PHONY: help deps browser venv build install installcheck demo test lint bench bench-cluster db-start db-stop db-status db-destroy dsn \
         cluster cluster-dsn cluster-stop cluster-status cluster-kill-segment cluster-destroy clean \
-        docker-engine images compose-up compose-dsn compose-kill-segment compose-down test-containers
+        docker-engine images compose-up compose-dsn compose-kill-segment compose-down test-containers deb
 
 help:
-	@echo "make demo | make test | make lint | make installcheck | make bench | make dsn | make install | make db-start | make db-stop | make db-status | make db-destroy | make cluster | make cluster-dsn | make cluster-stop | make cluster-status | make cluster-kill-segment | make cluster-destroy | make images | make compose-up | make compose-dsn | make compose-kill-segment | make compose-down | make test-containers | make clean"
+	@echo "make demo | make test | make lint | make installcheck | make bench | make dsn | make install | make db-start | make db-stop | make db-status | make db-destroy | make cluster | make cluster-dsn | make cluster-stop | make cluster-status | make cluster-kill-segment | make cluster-destroy | make images | make compose-up | make compose-dsn | make compose-kill-segment | make compose-down | make test-containers | make deb | make clean"
 
 # ---- Debian packages (as root) ------------------------------------------------
 # $(call install_debs,PACKAGES,TARGET,APT OPTIONS): install those of PACKAGES that are missing.
@@ -171,9 +172,21 @@ compose-down:
 # then the server-side tests (security, upgrade, pg_cron, worker pool, MADlib's walkthroughs)
 # on a testcontainers container of the project's image.  Not part of `make test`.
 CONTAINER_TESTS ?= tests/test_cluster.py tests/test_security.py tests/test_upgrade.py tests/test_scheduled.py \
-                   tests/test_worker_pool.py tests/test_madlib_examples.py
+                   tests/test_worker_pool.py tests/test_madlib_examples.py tests/test_image.py
 test-containers: $(STAMPS)/venv install images
 	MADLIB_MOP_TEST_SERVER=container $(PY) -m pytest $(CONTAINER_TESTS) $(PYTEST_ARGS)
+
+# ---- the Debian package (madlib_mop.tools.debian_package, debian/) -----------------
+# Debian's tools for PostgreSQL extensions, as root when missing: debhelper, pg_buildext
+# (postgresql-server-dev-all), dpkg-buildpackage.  DEB_REF: a git commit to package instead
+# of the checkout (an earlier version's package).
+DEB_PACKAGES  := debhelper postgresql-server-dev-all dpkg-dev
+DEB_REF       ?=
+$(STAMPS)/deb-tools: Makefile
+	$(call install_debs,$(DEB_PACKAGES),deb,--no-install-recommends)
+
+deb: $(STAMPS)/deb-tools
+	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.debian_package build $(if $(DEB_REF),--ref $(DEB_REF))
 
 # ---- the two commands -------------------------------------------------------------
 demo: $(STAMPS)/venv install db-start

@@ -9,14 +9,18 @@ extension created or updated in the database POSTGRES_DB names, then `postgres` 
 
     python -m madlib_mop.tools.container_server serve|ready
 
-The server listens on 127.0.0.1 only (with host networking: the host's loopback), and the
-set-up's own short-lived server on its Unix socket only, so no client reaches a server that
+As the official PostgreSQL image does, the server listens on all the container's addresses
+and takes the superuser's password (scram-sha-256) on TCP from any address, so that
+`docker run -p 5432:5432 -e POSTGRES_PASSWORD=...` reaches it; worker sessions keep peer
+authentication on the Unix socket.  MADLIB_MOP_LISTEN_ADDRESSES narrows what it listens on
+(the compose cluster's servers, on the host's network, listen on 127.0.0.1).  The set-up's
+own short-lived server listens on its Unix socket only, so no client reaches a server that
 is not set up yet.
 
 Environment: POSTGRES_PASSWORD (the superuser's password, read on the first start, when
 the data volume is made; it is not passed on to the server's processes), POSTGRES_DB
-(default madlib_mop), MADLIB_MOP_PGPORT (default 5432), MADLIB_MOP_EMBEDDED_DIR (the data
-volume).
+(default madlib_mop), MADLIB_MOP_PGPORT (default 5432), MADLIB_MOP_LISTEN_ADDRESSES (default
+`*`), MADLIB_MOP_EMBEDDED_DIR (the data volume).
 
 Standard library only, as `madlib_mop.tools.embedded`.
 """
@@ -28,9 +32,10 @@ import os
 import pwd
 import subprocess
 import sys
+from pathlib import Path
 
 from madlib_mop.tools.embedded import (SERVER_OS_USER, SUPERUSER, ClusterError, EmbeddedCluster,
-                                       command_failed, server_environment)
+                                       command_failed, server_environment, sql_literal)
 
 # Written once the set-up is done and `postgres` is about to start: what `ready` (the image's
 # HEALTHCHECK) waits for, so the set-up's own short-lived server never counts as ready.
@@ -43,6 +48,20 @@ EXTENSION_SQL = ("CREATE SCHEMA IF NOT EXISTS madlib_mop; "
                  "ALTER EXTENSION madlib_mop UPDATE")
 
 
+# The official image's last pg_hba.conf line: passwords on TCP from any address.
+NETWORK_HBA_LINE = "host    all             all             all                     scram-sha-256"
+
+
+def open_to_network(hba: Path) -> bool:
+    """pg_hba.conf ends with NETWORK_HBA_LINE (added once); True when it was added."""
+    text = hba.read_text(encoding="utf-8")
+    if any(line.split() == NETWORK_HBA_LINE.split() for line in text.splitlines()):
+        return False
+    hba.write_text(text.rstrip("\n") + "\n\n# madlib_mop's image: passwords on TCP from any address, "
+                   "as the official image\n" + NETWORK_HBA_LINE + "\n", encoding="utf-8")
+    return True
+
+
 def serve() -> None:
     server = EmbeddedCluster()
     mark = server.base / READY_MARK
@@ -53,6 +72,9 @@ def serve() -> None:
                            "(docker run -e POSTGRES_PASSWORD=...)")
     database = os.environ.get("POSTGRES_DB") or "madlib_mop"
     server.initialize(password=password)
+    open_to_network(server.data / "pg_hba.conf")
+    listen = os.environ.get("MADLIB_MOP_LISTEN_ADDRESSES") or "*"
+    server.ensure_setting("listen_addresses", sql_literal(listen))
     server.start(database, options="-c listen_addresses=''")
     server.psql(EXTENSION_SQL, dbname=database)
     server.stop()

@@ -110,15 +110,16 @@ class _ServerFiles:
         if self.passfile.exists() and not any("trust" in rule for rule in rules):
             return
         password = secrets.token_urlsafe(24)
-        self.psql(f"ALTER ROLE {SUPERUSER} PASSWORD " + _sql_literal(password))
+        self.psql(f"ALTER ROLE {SUPERUSER} PASSWORD " + sql_literal(password))
         self._write_passfile(password)
         hba.write_text(DEBIAN_SUPERUSER_LINE + DEBIAN_HBA, encoding="utf-8")
         self._configure_workers()
         self.run_command([self.tool("pg_ctl"), "reload", "-D", str(self.data)])
 
-    def _ensure_setting(self, name: str, value: str) -> bool:
-        """Clusters made by an earlier version get settings added or changed since (read at
-        start); True when the setting was added or changed."""
+    def ensure_setting(self, name: str, value: str) -> bool:
+        """`name = value` in postgresql.auto.conf (read at start), added or replacing another
+        value: clusters made by an earlier version get settings added since, the image its
+        listen addresses; True when the setting was added or changed."""
         conf = self.data / "postgresql.auto.conf"
         lines = conf.read_text(encoding="utf-8").splitlines()
         wanted = f"{name} = {value}"
@@ -273,8 +274,8 @@ class EmbeddedCluster(_ServerFiles):
         """Start the cluster if it is not running (with postgres `options`), make sure
         `database` exists; return its DSN."""
         self.initialize()
-        self._ensure_setting("jit", "off")
-        added = [self._ensure_setting(name, value) for name, value in self.preload_settings().items()]
+        self.ensure_setting("jit", "off")
+        added = [self.ensure_setting(name, value) for name, value in self.preload_settings().items()]
         if any(added) and self.is_running():  # a preloaded library needs a restart
             self.run_command([self.tool("pg_ctl"), "restart", "-w", "-t", "60", "-m", "fast",
                        "-D", str(self.data), "-l", str(self.log), "-o", f"-p {self.port}"])
@@ -331,7 +332,7 @@ class EmbeddedCluster(_ServerFiles):
 
     def create_database(self, database: str) -> None:
         exists = self.psql(
-            "SELECT 1 FROM pg_database WHERE datname = " + _sql_literal(database)
+            "SELECT 1 FROM pg_database WHERE datname = " + sql_literal(database)
         )
         if not exists:
             self.run_command(
@@ -366,7 +367,7 @@ host    replication     all             ::1/128                 scram-sha-256
 """
 
 
-def _sql_literal(text: str) -> str:
+def sql_literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 

@@ -1,0 +1,126 @@
+"""The image behaves as the official PostgreSQL image does: it listens on every address of
+the container and takes the superuser's password (scram-sha-256) on TCP from any address,
+so that `docker run -p 5432:5432 -e POSTGRES_PASSWORD=...` reaches it; worker sessions keep
+peer authentication on the Unix socket.
+
+Run on a testcontainers container of the image (`make test-containers`), with host
+networking: the client that is not on the loopback is a psql in a network namespace this
+module makes (a veth pair of its own), so no traffic leaves this machine.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from madlib_mop.tools.containers import ContainerServer
+from tests.conftest import iris_table, mlp_json
+
+NAMESPACE, HOST_LINK, NS_LINK = "mop_image", "mopimg0", "mopimg1"
+HOST_IP, NS_IP = "10.231.8.1", "10.231.8.2"
+PSQL = "/usr/lib/postgresql/15/bin/psql"
+DATABASE = "t_image_walkthrough"
+
+
+def _ip(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *argv], check=check, capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def container(server_host) -> ContainerServer:
+    if not isinstance(server_host, ContainerServer):
+        pytest.skip("the image's own settings: run with MADLIB_MOP_TEST_SERVER=container")
+    return server_host
+
+
+@pytest.fixture(scope="module")
+def elsewhere():
+    """run(conninfo, sql, password) -> psql's result, from NS_IP: a client of another address."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("a network namespace needs root and iproute2")
+    _ip("netns", "del", NAMESPACE, check=False)
+    _ip("link", "del", HOST_LINK, check=False)
+    _ip("netns", "add", NAMESPACE)
+    try:
+        _ip("link", "add", HOST_LINK, "type", "veth", "peer", "name", NS_LINK)
+        _ip("link", "set", NS_LINK, "netns", NAMESPACE)
+        _ip("addr", "add", f"{HOST_IP}/24", "dev", HOST_LINK)
+        _ip("link", "set", HOST_LINK, "up")
+        for argv in (("addr", "add", f"{NS_IP}/24", "dev", NS_LINK), ("link", "set", NS_LINK, "up")):
+            _ip("netns", "exec", NAMESPACE, "ip", *argv)
+
+        def run(conninfo: str, statements: str, password: str | None) -> subprocess.CompletedProcess:
+            environment = {"PATH": os.environ["PATH"], "PGCONNECT_TIMEOUT": "10"}
+            if password is not None:
+                environment["PGPASSWORD"] = password
+            return subprocess.run(["ip", "netns", "exec", NAMESPACE, PSQL, "-X", "-A", "-t", "-v",
+                                   "ON_ERROR_STOP=1", "-d", conninfo, "-c", statements],
+                                  capture_output=True, text=True, env=environment, timeout=600)
+
+        yield run
+    finally:
+        _ip("link", "del", HOST_LINK, check=False)
+        _ip("netns", "del", NAMESPACE, check=False)
+
+
+def _from_elsewhere(container: ContainerServer, dbname: str = "postgres") -> str:
+    """The container's server as a client at NS_IP reaches it (no password file)."""
+    return make_conninfo(host=HOST_IP, port=container.port, user="postgres", dbname=dbname,
+                         passfile="/dev/null")
+
+
+def test_it_listens_on_every_address_and_takes_passwords_from_any(container, server_dsn):
+    with psycopg.connect(server_dsn) as conn:
+        assert conn.execute("SHOW listen_addresses").fetchone()[0] == "*"
+        rules = conn.execute("SELECT type, database, user_name, address, auth_method, options "
+                             "FROM pg_hba_file_rules WHERE error IS NULL ORDER BY line_number").fetchall()
+    assert rules[-1] == ("host", ["all"], ["all"], "all", "scram-sha-256", None)
+    # Worker sessions: peer on the socket, with the madlib_mop map, before any TCP line.
+    assert ("local", ["all"], ["all"], None, "peer", ["map=madlib_mop"]) in rules
+    assert not [rule for rule in rules if rule[4] in ("trust", "password", "md5")]
+
+
+def test_a_client_of_another_address_logs_in_with_the_password_only(container, elsewhere):
+    logged_in = elsewhere(_from_elsewhere(container), "SELECT host(inet_client_addr())", container.password)
+    assert logged_in.returncode == 0, logged_in.stderr
+    assert logged_in.stdout.strip() == NS_IP  # not the loopback: the rule for any address let it in
+    without = elsewhere(_from_elsewhere(container), "SELECT 1", None)
+    assert without.returncode != 0 and "no password supplied" in without.stderr
+    wrong = elsewhere(_from_elsewhere(container), "SELECT 1", container.password + "x")
+    assert wrong.returncode != 0 and 'password authentication failed for user "postgres"' in wrong.stderr
+
+
+def test_madlibs_iris_walkthrough_from_another_address(container, server_dsn, elsewhere):
+    with psycopg.connect(server_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DATABASE)))
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DATABASE)))
+    local = make_conninfo(server_dsn, dbname=DATABASE)
+    try:
+        with psycopg.connect(local) as conn:
+            conn.execute("CREATE EXTENSION madlib_mop CASCADE")
+            iris_table(conn, madlib_names=True)
+        walkthrough = f"""
+            SET search_path = public, madlib_mop;
+            SELECT training_preprocessor_dl('iris', 'iris_packed', 'class_text', 'attributes');
+            SELECT load_keras_model('model_arch_library', '{mlp_json(4, 8, 3)}'::json);
+            SELECT madlib_keras_fit('iris_packed', 'iris_model', 'model_arch_library', 1,
+                $$loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.01)',
+                  metrics=['accuracy']$$, $$batch_size=16, epochs=1$$, 3);
+            SELECT madlib_keras_predict('iris_model', 'iris', 'id', 'attributes', 'iris_predict', 'response');
+            SELECT count(*) FROM iris_predict"""
+        done = elsewhere(_from_elsewhere(container, DATABASE), walkthrough, container.password)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split()[-1] == "150"
+        with psycopg.connect(local) as conn:
+            assert conn.execute("SELECT num_iterations FROM iris_model_summary").fetchone()[0] == 3
+            labels = {row[0] for row in conn.execute("SELECT class_value FROM iris_predict")}
+        assert labels <= {"Iris-setosa", "Iris-versicolor", "Iris-virginica"}
+    finally:
+        with psycopg.connect(server_dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DATABASE)))
