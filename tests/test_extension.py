@@ -9,6 +9,9 @@ from pathlib import Path
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from tests.conftest import iris_table, mlp_json
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -115,3 +118,30 @@ def test_non_superuser_granted_usage_can_call(conn):
         conn.execute("RESET ROLE")
         conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
         conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_a_sql_ascii_database_trains_and_predicts(server_dsn):
+    """A database of encoding SQL_ASCII (legacy clusters; a container without a locale makes
+    one): the worker sessions read text as text, not bytes."""
+    name = f"t_ascii_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {} ENCODING 'SQL_ASCII' LC_COLLATE 'C' LC_CTYPE 'C' "
+                              "TEMPLATE template0").format(sql.Identifier(name)))
+    try:
+        with psycopg.connect(make_conninfo(server_dsn, dbname=name, client_encoding="UTF8"),
+                             autocommit=True) as conn:
+            assert conn.execute("SHOW server_encoding").fetchone()[0] == "SQL_ASCII"
+            conn.execute("CREATE SCHEMA madlib_mop; CREATE EXTENSION madlib_mop SCHEMA madlib_mop CASCADE")
+            conn.execute("SET search_path = public, madlib_mop")
+            iris_table(conn)
+            conn.execute("SELECT training_preprocessor_dl('iris', 'iris_packed', 'class_text', 'attributes')")
+            conn.execute("SELECT load_keras_model('arch', %s::json)", (mlp_json(4, 8, 3),))
+            conn.execute("SELECT madlib_keras_fit('iris_packed', 'iris_model', 'arch', 1, $$loss="
+                         "'categorical_crossentropy', optimizer='Adam'$$, $$batch_size=16, epochs=1$$, 1)")
+            conn.execute("SELECT madlib_keras_predict('iris_model', 'iris', 'id', 'attributes', 'iris_predict', "
+                         "'response')")
+            classes = {row[0] for row in conn.execute("SELECT class_value FROM iris_predict")}
+        assert classes and classes <= {"setosa", "versicolor", "virginica"}
+    finally:
+        with psycopg.connect(server_dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))

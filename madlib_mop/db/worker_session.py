@@ -118,7 +118,9 @@ def connect(info: str, autocommit: bool = True, refused_hint: str | None = None,
     """A worker session; a refused login becomes an error that says what the DBA must do
     (`refused_hint`, or this server's set-up)."""
     try:
-        return psycopg.connect(info, autocommit=autocommit, **kwargs)
+        # UTF-8 whatever the database's encoding: psycopg gives bytes, not text, in a
+        # SQL_ASCII database (legacy clusters, and containers without a locale make them).
+        return psycopg.connect(info, autocommit=autocommit, client_encoding="UTF8", **kwargs)
     except psycopg.OperationalError as error:
         params = conninfo_to_dict(info)
         role, host = params.get("user"), params.get("host")
