@@ -11,16 +11,21 @@ module makes (a veth pair of its own), so no traffic leaves this machine.
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import shutil
 import subprocess
+import uuid
 
 import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+from madlib_mop.tools import containers
 from madlib_mop.tools.containers import ContainerServer
-from tests.conftest import iris_table, mlp_json
+from madlib_mop.tools.debian_package import project_version
+from tests.conftest import REPO_ROOT, _free_port, iris_table, mlp_json
 
 NAMESPACE, HOST_LINK, NS_LINK = "mop_image", "mopimg0", "mopimg1"
 HOST_IP, NS_IP = "10.231.8.1", "10.231.8.2"
@@ -59,8 +64,9 @@ def elsewhere():
             environment = {"PATH": os.environ["PATH"], "PGCONNECT_TIMEOUT": "10"}
             if password is not None:
                 environment["PGPASSWORD"] = password
-            return subprocess.run(["ip", "netns", "exec", NAMESPACE, PSQL, "-X", "-A", "-t", "-v",
-                                   "ON_ERROR_STOP=1", "-d", conninfo, "-c", statements],
+            # A script on stdin: each statement its own transaction, as psql runs a file.
+            return subprocess.run(["ip", "netns", "exec", NAMESPACE, PSQL, "-X", "-w", "-A", "-t", "-v",
+                                   "ON_ERROR_STOP=1", "-d", conninfo, "-f", "-"], input=statements,
                                   capture_output=True, text=True, env=environment, timeout=600)
 
         yield run
@@ -72,7 +78,7 @@ def elsewhere():
 def _from_elsewhere(container: ContainerServer, dbname: str = "postgres") -> str:
     """The container's server as a client at NS_IP reaches it (no password file)."""
     return make_conninfo(host=HOST_IP, port=container.port, user="postgres", dbname=dbname,
-                         passfile="/dev/null")
+                         passfile="/nonexistent/pgpass")
 
 
 def test_it_listens_on_every_address_and_takes_passwords_from_any(container, server_dsn):
@@ -113,7 +119,7 @@ def test_madlibs_iris_walkthrough_from_another_address(container, server_dsn, el
                 $$loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.01)',
                   metrics=['accuracy']$$, $$batch_size=16, epochs=1$$, 3);
             SELECT madlib_keras_predict('iris_model', 'iris', 'id', 'attributes', 'iris_predict', 'response');
-            SELECT count(*) FROM iris_predict"""
+            SELECT count(*) FROM iris_predict;"""
         done = elsewhere(_from_elsewhere(container, DATABASE), walkthrough, container.password)
         assert done.returncode == 0, done.stderr
         assert done.stdout.split()[-1] == "150"
@@ -124,3 +130,27 @@ def test_madlibs_iris_walkthrough_from_another_address(container, server_dsn, el
     finally:
         with psycopg.connect(server_dsn, autocommit=True) as admin:
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(DATABASE)))
+
+
+def test_the_readmes_docker_run_block(container):
+    """The README's block, as a user runs it, but on the host's network (this machine's tests
+    reach containers there): the published port becomes a port of the host's loopback."""
+    text = (REPO_ROOT / "README.md").read_text()
+    block = re.search(r"As the official PostgreSQL image does.*?```sh\n(.*?)```", text, re.S).group(1)
+    run, login = [line.strip() for line in block.strip().splitlines()]
+    assert run.startswith("docker run -d --name mop -p 5432:5432 -e POSTGRES_PASSWORD=secret ")
+    assert run.endswith(f"madlib_mop:{project_version(REPO_ROOT / 'pyproject.toml')}")
+    name, port = f"mop-readme-{uuid.uuid4().hex[:8]}", _free_port()
+    run = run.replace("--name mop", f"--name {name}").replace(
+        "-p 5432:5432", f"--network host -e MADLIB_MOP_PGPORT={port}")
+    subprocess.run(shlex.split(run), check=True, capture_output=True)
+    try:
+        containers.wait_healthy(name)
+        login = login.replace("localhost:5432", f"127.0.0.1:{port}").replace("psql ", f"{PSQL} -X -A -t ", 1)
+        answer = subprocess.run(shlex.split(login) + ["-c", "SELECT extversion FROM pg_extension "
+                                                            "WHERE extname = 'madlib_mop'"],
+                                capture_output=True, text=True, timeout=60)
+        assert answer.returncode == 0, answer.stderr
+        assert answer.stdout.strip() == project_version(REPO_ROOT / "pyproject.toml")
+    finally:
+        subprocess.run(["docker", "rm", "-f", "-v", name], capture_output=True)
