@@ -169,10 +169,12 @@ compose-down:
 	@$(CONTAINERS) compose-down
 
 # The container tests (README: Docker): the several-servers tests on the compose cluster,
-# then the server-side tests (security, upgrade, pg_cron, worker pool, MADlib's walkthroughs)
-# on a testcontainers container of the project's image.  Not part of `make test`.
+# then the server-side tests (security, upgrade, pg_cron, worker pool, MADlib's walkthroughs,
+# the image's settings) on a testcontainers container of the project's image, and the Debian
+# package in a fresh Debian 12 container.  Not part of `make test`.
 CONTAINER_TESTS ?= tests/test_cluster.py tests/test_security.py tests/test_upgrade.py tests/test_scheduled.py \
-                   tests/test_worker_pool.py tests/test_madlib_examples.py tests/test_image.py
+                   tests/test_worker_pool.py tests/test_madlib_examples.py tests/test_image.py \
+                   tests/test_debian_package.py
 test-containers: $(STAMPS)/venv install images
 	MADLIB_MOP_TEST_SERVER=container $(PY) -m pytest $(CONTAINER_TESTS) $(PYTEST_ARGS)
 
