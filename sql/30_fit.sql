@@ -159,14 +159,51 @@ CREATE FUNCTION @extschema@._mop_warm_up(segments integer)
 RETURNS void
 #plpython "mop_warm_up.py"
 
--- The server's pool of worker sessions (madlib_mop/engine/server_pool.py).  A worker
--- session takes a slot, a session-level advisory lock of class 0x4D4F5057, as its first
--- statement and holds it while it lives: at most madlib_mop.max_worker_sessions live at once.
+-- The server's pool of worker sessions (madlib_mop/engine/server_pool.py).  Where the
+-- extension's library is preloaded (shared_preload_libraries), its slots and its queue are
+-- the server's, in shared memory (src/server_slots.c): one cap for every database.
+CREATE FUNCTION @extschema@._mop_pool_shared()
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'madlib_mop_pool_shared'
+LANGUAGE C VOLATILE;
+
+CREATE FUNCTION @extschema@._mop_take_server_slot(cap integer)
+RETURNS integer
+AS 'MODULE_PATHNAME', 'madlib_mop_take_server_slot'
+LANGUAGE C VOLATILE STRICT;
+
+CREATE FUNCTION @extschema@._mop_server_slots(OUT pid integer, OUT database oid, OUT role oid)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'madlib_mop_server_slots'
+LANGUAGE C VOLATILE;
+
+CREATE FUNCTION @extschema@._mop_queue_enter()
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'madlib_mop_queue_enter'
+LANGUAGE C VOLATILE;
+
+CREATE FUNCTION @extschema@._mop_queue_leave(ticket bigint)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'madlib_mop_queue_leave'
+LANGUAGE C VOLATILE STRICT;
+
+CREATE FUNCTION @extschema@._mop_server_queue(OUT ticket bigint, OUT pid integer, OUT database oid,
+                                              OUT role oid, OUT since timestamptz)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'madlib_mop_server_queue'
+LANGUAGE C VOLATILE;
+
+-- A worker session takes a slot as its first statement and holds it while it lives: at
+-- most madlib_mop.max_worker_sessions live at once, in the server where the library is
+-- preloaded, else in this database (a session-level advisory lock of class 0x4D4F5057).
 CREATE FUNCTION @extschema@._mop_take_slot(cap integer)
 RETURNS integer
 LANGUAGE plpgsql VOLATILE STRICT SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    IF @extschema@._mop_pool_shared() THEN
+        RETURN @extschema@._mop_take_server_slot(cap);
+    END IF;
     FOR slot IN 0 .. cap - 1 LOOP
         IF pg_try_advisory_lock(1297043543, slot) THEN
             RETURN slot;
@@ -175,6 +212,23 @@ BEGIN
     RETURN NULL;
 END
 $$;
+
+-- The worker sessions holding slots: the server's (every database) where the library is
+-- preloaded, else this database's; busy or idle (kept for their role's next call).
+CREATE VIEW @extschema@.worker_sessions AS
+SELECT s.pid, d.datname AS database, pg_catalog.pg_get_userbyid(s.role) AS role,
+       CASE WHEN a.application_name = 'madlib_mop idle worker' THEN 'idle' ELSE 'busy' END AS state
+FROM @extschema@._mop_server_slots() s
+JOIN pg_catalog.pg_database d ON d.oid = s.database
+LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = s.pid
+UNION ALL
+SELECT l.pid, pg_catalog.current_database(), a.usename,
+       CASE WHEN a.application_name = 'madlib_mop idle worker' THEN 'idle' ELSE 'busy' END
+FROM pg_catalog.pg_locks l JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.classid = 1297043543::oid AND l.objsubid = 2 AND l.granted
+  AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database());
+COMMENT ON VIEW @extschema@.worker_sessions IS 'Worker sessions holding slots of the cap, busy or idle';
+GRANT SELECT ON @extschema@.worker_sessions TO PUBLIC;
 
 -- madlib_mop.max_worker_sessions as this session sees it: declared by the extension's
 -- library (only a superuser may set it), which calling this loads.

@@ -3,7 +3,8 @@
  * madlib_mop.* reserved for them.
  *
  * madlib_mop.max_worker_sessions caps the worker sessions (busy and idle together) of
- * every job and role.  Declared here as a PGC_SUSET variable, so that SET by another role
+ * every job and role, and, where the library is preloaded, of every database of the server
+ * (server_slots.c).  Declared here as a PGC_SUSET variable, so that SET by another role
  * is refused ("permission denied to set parameter"), and a value such a role set before
  * this library was loaded in its session is dropped with a WARNING when it is loaded.
  * 0, the default, means "from the machine" (madlib_mop.engine.server_pool.machine_cap).
@@ -21,7 +22,10 @@
 #include "postgres.h"
 
 #include "fmgr.h"
+#include "miscadmin.h"
 #include "utils/guc.h"
+
+#include "server_slots.h"
 
 void		_PG_init(void);
 
@@ -62,7 +66,7 @@ _PG_init(void)
 							"and predictions, all roles together; 0: from the machine's cores and memory.",
 							NULL,
 							&max_worker_sessions,
-							0, 0, 10000,
+							0, 0, MAX_WORKER_SESSIONS,
 							PGC_SUSET,
 							0,
 							NULL, NULL, NULL);
@@ -76,6 +80,9 @@ _PG_init(void)
 								   0,
 								   NULL, NULL, NULL);
 	MarkGUCPrefixReserved("madlib_mop");
+	/* Preloaded: the slots and the queue are the server's, in shared memory. */
+	if (process_shared_preload_libraries_in_progress)
+		server_slots_init();
 }
 
 PG_FUNCTION_INFO_V1(madlib_mop_max_worker_sessions);

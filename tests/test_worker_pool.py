@@ -13,13 +13,13 @@ import uuid
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from tests.conftest import connect, held_job, iris_table, mlp_json
+from madlib_mop.tools.embedded import EmbeddedCluster
+from tests.conftest import REPO_ROOT, _free_port, connect, held_job, iris_table, mlp_json
 
 COMPILE = "loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.01)', metrics=['accuracy']"
-SLOTS = ("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = 1297043543 "
-         "AND objsubid = 2 AND granted")
+SLOTS = "SELECT count(*) FROM madlib_mop.worker_sessions"  # every database's: the library is preloaded
 
 
 @pytest.fixture(scope="module")
@@ -388,3 +388,114 @@ def test_predict_runs_on_the_pool_with_fewer_workers_than_parts(data):
             # Its sessions hold their slots, kept idle for this session's next call.
             assert conn.execute(SLOTS).fetchone()[0] == min(cap, 2)
     assert len(predictions[1]) == 150 * 3 and predictions[1] == predictions[4]
+
+
+@pytest.fixture(scope="module")
+def other_database(data, server_dsn):
+    """A second database of the server with the extension and the same data and configurations."""
+    dsn, _, _ = data
+    name = f"t_pool_other_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(server_dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    other = make_conninfo(dsn, dbname=name)
+    try:
+        with psycopg.connect(other, autocommit=True) as conn:
+            conn.execute("CREATE SCHEMA madlib_mop; CREATE EXTENSION madlib_mop SCHEMA madlib_mop CASCADE")
+            conn.execute("SET search_path = public, madlib_mop")
+            iris_table(conn)
+            conn.execute("SELECT training_preprocessor_dl('iris', 'iris_packed', 'class_text', "
+                         "'attributes', distribution_rules => '2')")
+            conn.execute("SELECT load_keras_model('arch', %s::json)", (mlp_json(4, 8, 3),))
+            conn.execute("SELECT load_model_selection_table('arch', 'mst', ARRAY[1], ARRAY[%s, %s], "
+                         "ARRAY['batch_size=8, epochs=1'])", (COMPILE, COMPILE.replace("0.01", "0.05")))
+        yield other, name
+    finally:
+        with psycopg.connect(server_dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def test_two_databases_share_one_cap(data, other_database):
+    """The cap counts the worker sessions of every database (the library is preloaded): a
+    job of another database waits, shown as queued there, while this database's job holds
+    every slot, then runs; the server's worker sessions never exceed the cap."""
+    dsn, _, database = data
+    other, other_name = other_database
+    for target, name in ((dsn, database), (other, other_name)):
+        _cap(target, name, 2)
+    notices: list[str] = []
+    errors: list[BaseException] = []
+    peak: list[int] = []
+    with connect(dsn) as first, connect(other, notices) as second, connect(dsn) as watcher:
+        assert watcher.execute("SELECT madlib_mop._mop_pool_shared()").fetchone()[0]
+        _no_slots_held(first)
+        done = threading.Event()
+
+        def watch():
+            with connect(dsn) as looker:
+                while not done.is_set():
+                    peak.append(looker.execute(SLOTS).fetchone()[0])
+                    time.sleep(0.02)
+        looking = threading.Thread(target=watch)
+        looking.start()
+        blocker = threading.Thread(target=_recorded(errors, _fit), args=(first, "holding_both", 2))
+        blocker.start()
+        try:
+            with held_job(watcher, "holding_both", 1), connect(other) as other_watcher:
+                waiter = threading.Thread(target=_recorded(errors, _fit), args=(second, "from_elsewhere", 3))
+                waiter.start()
+                deadline, row = time.monotonic() + 60, None
+                while time.monotonic() < deadline:
+                    row = other_watcher.execute("SELECT state, queue_position FROM madlib_mop.job_progress "
+                                                "WHERE model_output_table = 'public.from_elsewhere'").fetchone()
+                    if row and row[0] == "queued":
+                        break
+                    time.sleep(0.05)
+                assert row == ("queued", 1)
+                holders = watcher.execute("SELECT database, count(*) FROM madlib_mop.worker_sessions "
+                                          "GROUP BY 1").fetchall()
+                assert holders == [(database, 2)]  # this database's job holds both slots
+            blocker.join()
+            waiter.join()
+        finally:
+            done.set()
+            looking.join()
+        assert not errors, errors
+        assert any("queued for a worker session (position 1; all 2 of this server's are taken, "
+                   "2 of them by other databases)" in n for n in notices), notices
+        assert second.execute("SELECT state FROM madlib_mop.job_progress WHERE model_output_table = "
+                              "'public.from_elsewhere'").fetchone()[0] == "finished"
+        assert _weights(second, "from_elsewhere") == _weights(first, "reference")
+    assert max(peak) <= 2  # never more than the cap, both databases together
+
+
+def test_without_the_preloaded_library_each_database_caps_its_own(server_host):
+    """A server that does not preload the library: the slots are each database's advisory
+    locks, and every call says so in a NOTICE with the line a DBA adds."""
+    if not isinstance(server_host, EmbeddedCluster):
+        pytest.skip("starts a server of its own on this machine")
+    server = EmbeddedCluster(REPO_ROOT / ".pg-no-preload", _free_port())
+    server.destroy()
+    try:
+        server.start(options="-c shared_preload_libraries=pg_cron")
+        notices: list[tuple[str, str]] = []
+        with psycopg.connect(server.dsn("madlib_mop"), autocommit=True) as conn:
+            assert conn.execute("SHOW shared_preload_libraries").fetchone()[0] == "pg_cron"
+            conn.add_notice_handler(lambda diag: notices.append((diag.message_primary, diag.message_hint)))
+            conn.execute("CREATE SCHEMA madlib_mop; CREATE EXTENSION madlib_mop SCHEMA madlib_mop CASCADE")
+            conn.execute("SET search_path = public, madlib_mop")
+            assert conn.execute("SELECT _mop_pool_shared()").fetchone()[0] is False
+            iris_table(conn)
+            conn.execute("SELECT training_preprocessor_dl('iris', 'iris_packed', 'class_text', "
+                         "'attributes', distribution_rules => '2')")
+            conn.execute("SELECT load_keras_model('arch', %s::json)", (mlp_json(4, 8, 3),))
+            conn.execute("SELECT load_model_selection_table('arch', 'mst', ARRAY[1], ARRAY[%s], "
+                         "ARRAY['batch_size=8, epochs=1'])", (COMPILE,))
+            conn.execute("SELECT madlib_keras_fit_multiple_model('iris_packed', 'fallback', 'mst', 1)")
+            kept = conn.execute("SELECT database, state FROM worker_sessions").fetchall()
+            locks = conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                                 "AND classid = 1297043543 AND objsubid = 2 AND granted").fetchone()[0]
+        said = [hint for message, hint in notices if "counts this database's only" in message]
+        assert said and "shared_preload_libraries = 'madlib_mop'" in said[0]
+        assert kept == [("madlib_mop", "idle")] * 2 and locks == 2  # the job's two, kept for its role
+    finally:
+        server.destroy()

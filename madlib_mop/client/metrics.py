@@ -14,8 +14,9 @@ sees every role's jobs, another role its own (the jobs' row-level security):
                                                          (each visit's total, from the
                                                          visits tables the role may read)
 
-Slots count the server's sessions of every database (pg_locks); the rest are of the
-connected database.
+Where the extension's library is preloaded, the slots, the sessions and the queue are the
+server's, every database's (its shared memory); else those of the connected database.  Jobs
+are the connected database's.
 """
 
 from __future__ import annotations
@@ -27,23 +28,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from madlib_mop.client import frames
-from madlib_mop.engine.idle_workers import IDLE_NAME
-from madlib_mop.engine.server_pool import SLOT_CLASS
+from madlib_mop.engine.server_pool import Pool
 from madlib_mop.job.record import JobState
 
 # Sub-epochs take from milliseconds (a small MLP on a small segment) to minutes (a ResNet).
 SUBEPOCH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
-
-SESSIONS = f"""
-    SELECT d.datname AS database, a.usename AS role,
-           CASE WHEN a.application_name = '{IDLE_NAME}' THEN 'idle' ELSE 'busy' END AS state,
-           count(*) AS sessions
-    FROM pg_catalog.pg_locks l
-    JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
-    JOIN pg_catalog.pg_database d ON d.oid = l.database
-    WHERE l.locktype = 'advisory' AND l.classid = {SLOT_CLASS}::oid AND l.objsubid = 2 AND l.granted
-    GROUP BY 1, 2, 3 ORDER BY 1, 2, 3"""
-
 
 class PoolCollector(Collector):
     """A Prometheus collector over one database of the server (see the module's text)."""
@@ -54,17 +43,20 @@ class PoolCollector(Collector):
     def collect(self) -> Iterator:
         with self.engine.connect() as conn:
             database = conn.execute(sa.text("SELECT current_database()")).scalar()
-            yield from self._pool(conn, database)
-            yield from self._queue(conn, database)
+            shared = conn.execute(sa.text(f"SELECT {self.schema}._mop_pool_shared()")).scalar()
+            pool = Pool(self.schema, shared)
+            yield from self._pool(conn, pool, database)
+            yield from self._queue(conn, pool, database)
             yield from self._jobs(conn, database)
 
-    def _pool(self, conn: sa.Connection, database: str) -> Iterator:
+    def _pool(self, conn: sa.Connection, pool: Pool, database: str) -> Iterator:
         sessions = GaugeMetricFamily("madlib_mop_worker_sessions", "Worker sessions alive, busy or idle",
                                      labels=["database", "role", "state"])
         taken = 0
-        for row in conn.execute(sa.text(SESSIONS)):
+        for row in conn.execute(sa.text(f"SELECT database, role, state, count(*) AS sessions "
+                                        f"FROM ({pool.slots}) s GROUP BY 1, 2, 3 ORDER BY 1, 2, 3")):
             sessions.add_metric([row.database, row.role, row.state], row.sessions)
-            taken += row.sessions if row.database == database else 0
+            taken += row.sessions
         yield sessions
         cap = conn.execute(sa.text(f"SELECT {self.schema}._mop_worker_cap()")).scalar()
         slots = GaugeMetricFamily("madlib_mop_worker_slots", "The cap's worker slots: taken or free",
@@ -73,15 +65,15 @@ class PoolCollector(Collector):
         slots.add_metric([database, "free"], max(0, cap - taken))
         yield slots
 
-    def _queue(self, conn: sa.Connection, database: str) -> Iterator:
+    def _queue(self, conn: sa.Connection, pool: Pool, database: str) -> Iterator:
         rows = conn.execute(sa.text(
-            f"SELECT q.role, count(*) AS calls, extract(epoch FROM clock_timestamp() - min(q.since)) AS waited "
-            f"FROM {self.schema}.worker_queue q JOIN pg_catalog.pg_stat_activity a ON a.pid = q.pid "
-            "GROUP BY q.role ORDER BY q.role")).all()
+            "SELECT q.database, q.role, count(*) AS calls, "
+            f"extract(epoch FROM clock_timestamp() - min(q.since)) AS waited FROM ({pool.queue}) q "
+            "GROUP BY 1, 2 ORDER BY 1, 2")).all()
         queued = GaugeMetricFamily("madlib_mop_calls_queued", "Calls waiting for a worker session",
                                    labels=["database", "role"])
         for row in rows:
-            queued.add_metric([database, row.role], row.calls)
+            queued.add_metric([row.database, row.role], row.calls)
         yield queued
         oldest = GaugeMetricFamily("madlib_mop_queue_oldest_wait_seconds",
                                    "How long the longest-waiting call has waited (0: none waits)",

@@ -249,15 +249,14 @@ def _alive(pid: int) -> bool:
 
 # ---- the idle session's side (`_mop_idle`, in the worker's backend) ----
 
-def wait(plpy: Any, seconds: float, can_commit: bool) -> None:
+def wait(plpy: Any, seconds: float, can_commit: bool, any_waiting: str) -> None:
     """An idle worker session: adopted by its role's calls in turn, until a call waits for
-    a slot or it was idle for `seconds`; then the session ends, giving its slot back.
-    Outside a CALL that may commit it cannot serve (each served call commits), and only
-    waits."""
+    a slot (`any_waiting`: a query of one boolean column `w`) or it was idle for `seconds`;
+    then the session ends, giving its slot back.  Outside a CALL that may commit it cannot
+    serve (each served call commits), and only waits."""
     plpy.execute("SELECT pg_catalog.set_config('client_connection_check_interval', '0', false)")
     schema = catalog.extension_schema(plpy)
-    queued = plpy.prepare(f"SELECT EXISTS (SELECT 1 FROM {schema}.worker_queue q "
-                          "JOIN pg_catalog.pg_stat_activity a ON a.pid = q.pid) AS w")
+    queued = plpy.prepare(any_waiting)
     while seconds is not None:
         _named(plpy, IDLE_NAME)
         listener = _listen(plpy) if can_commit else None

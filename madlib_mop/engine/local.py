@@ -183,6 +183,12 @@ class LocalEngine(Engine):
         self.schema = catalog.extension_schema(plpy)
         self.schema_name = catalog.extension_schema_name(plpy)
         self.cap = server_pool.cap(plpy)
+        if not server_pool.pool(plpy).shared:
+            plpy.notice(f"madlib_mop: the cap of {self.cap} worker sessions counts this database's only",
+                        detail="The extension's library is not in shared_preload_libraries: each database "
+                               "has its own slots and queue.",
+                        hint="ALTER SYSTEM SET shared_preload_libraries = 'madlib_mop' (with the libraries "
+                             "already there), then restart the server.")
         self.idle_seconds = server_pool.idle_seconds(plpy)
         self.settings = worker_session.forwarded_settings(plpy)
 
@@ -273,10 +279,10 @@ class LocalEngine(Engine):
         if workers:
             return workers
 
-        def shown(position: int, cap: int, first: int) -> None:
+        def shown(position: int, cap: int, first: bool, elsewhere: int) -> None:
             if first:
                 self.plpy.notice(f"madlib_mop: queued for a worker session (position {position}; "
-                                 f"all {cap} of this server's are taken)")
+                                 f"{server_pool.taken_text(cap, elsewhere)})")
         return server_pool.wait_in_queue(
             self.plpy, self.conninfo, self.schema_name, None, count,
             lambda n: self.new_workers(n, 0, label), shown,

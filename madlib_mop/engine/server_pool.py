@@ -2,25 +2,29 @@
 given back.
 
 A worker session holds TensorFlow and its programs (about BASE_MB on this machine), so
-the server caps how many live at once, busy and idle together, across every job and role
-of the database:
+the server caps how many live at once, busy and idle together, across every job, role and
+database:
 
 - **Slots.** A worker session takes one of `cap` slots as its first statement
-  (`_mop_take_slot`: a session-level advisory lock of class SLOT_CLASS), and holds it for
-  as long as it lives; a session that ends for any reason, a crash included, frees it.
-  No table is written to take or give back a slot.
+  (`_mop_take_slot`), and holds it for as long as it lives; a session that ends for any
+  reason, a crash included, frees it.  Where the extension's library is preloaded
+  (shared_preload_libraries) the slots are the server's, in its shared memory
+  (`src/server_slots.c`): one cap for every database.  Elsewhere they are session-level
+  advisory locks (class 0x4D4F5057), which PostgreSQL keeps per database, and each call
+  says so in a NOTICE.  The view `worker_sessions` lists them.
 - **The cap**: `madlib_mop.max_worker_sessions`, which only a superuser may set (declared
   by the extension's library, `src/worker_pool.c`); 0 (the default) is the machine's:
   at most two sessions per core (training is CPU-bound: more add memory, not speed), and
   fewer where memory is short.
-- **The queue.** A job that gets no slot waits in `worker_queue` (one row per waiting
-  call, written by a session of its own so that others see it at once).  The waiting calls
-  are served in order of the slots their role holds, then of arrival: a role's ten jobs
-  do not starve another role's one.  `madlib_mop.queue_timeout_seconds` makes a call give
-  up.
+- **The queue.** A job that gets no slot waits in the queue (a place per waiting call,
+  taken by a session of its own so that others see it at once: the server's, in shared
+  memory, or this database's `worker_queue`).  The waiting calls are served in order of
+  the slots their role holds, then of arrival: a role's ten jobs do not starve another
+  role's one.  `madlib_mop.queue_timeout_seconds` makes a call give up.
 - **Idle sessions** (kept warm for their role's next call, from any session:
   `engine.idle_workers`) wait inside `_mop_idle`, which ends the session, freeing its
-  slot, as soon as any call is queued or after `madlib_mop.worker_idle_seconds`.
+  slot, as soon as any call is queued (in any database, where the pool is the server's) or
+  after `madlib_mop.worker_idle_seconds`.
 """
 
 from __future__ import annotations
@@ -35,10 +39,8 @@ from psycopg import sql
 from madlib_mop import errors
 from madlib_mop.db import catalog, settings, worker_session
 from madlib_mop.engine import idle_workers
-from madlib_mop.engine.idle_workers import IDLE_NAME
 from madlib_mop.errors import MadlibMopError
 
-SLOT_CLASS = 0x4D4F5057  # the advisory lock class of worker slots ("MOPW")
 # A worker session's memory with TensorFlow and Keras imported and a small job's programs
 # traced: 0.67 GB of RSS measured for `make demo`'s workers here, with room for larger ones.
 BASE_MB = 900
@@ -47,20 +49,36 @@ IDLE_SETTING, DEFAULT_IDLE_SECONDS = "madlib_mop.worker_idle_seconds", 300
 QUEUE_TIMEOUT_SETTING = "madlib_mop.queue_timeout_seconds"
 RECLAIM_SECONDS = 5.0  # how long a job waits for idle sessions to give their slots back
 
-# The slots' locks and their sessions (pg_locks and pg_stat_activity: readable by every role).
-SLOT_LOCKS = f"""
-    FROM pg_catalog.pg_locks l JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
-    WHERE l.locktype = 'advisory' AND l.classid = {SLOT_CLASS}::oid AND l.objsubid = 2
-      AND l.granted
-      AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())"""
-HOLDERS = f"SELECT a.usename AS role, count(*) AS slots {SLOT_LOCKS} GROUP BY a.usename"
-# The calls waiting, in the order they are served: fewest slots held by their role first.
-WAITING = f"""
-    WITH holders AS ({HOLDERS})
-    SELECT q.ticket, row_number() OVER (ORDER BY coalesce(h.slots, 0), q.ticket) AS position
-    FROM {{}}.worker_queue q
-    JOIN pg_catalog.pg_stat_activity a ON a.pid = q.pid
-    LEFT JOIN holders h ON h.role = q.role"""
+class Pool:
+    """Where the pool's slots and queue are, as SQL: the server's shared memory where the
+    extension's library is preloaded (one cap and one queue for every database), else this
+    database's advisory locks and `worker_queue` table."""
+
+    def __init__(self, schema: str, shared: bool):
+        self.schema, self.shared = schema, shared
+        # The sessions holding slots: pid, database, role, state (busy, idle).
+        self.slots = f"SELECT pid, database, role, state FROM {schema}.worker_sessions"
+        # The calls waiting, with the live session that holds each place.
+        self.queue = (f"""
+            SELECT q.ticket, q.pid, pg_catalog.pg_get_userbyid(q.role) AS role, q.since, d.datname AS database
+            FROM {schema}._mop_server_queue() q JOIN pg_catalog.pg_database d ON d.oid = q.database"""
+                      if shared else f"""
+            SELECT q.ticket, q.pid, q.role, q.since, current_database() AS database FROM {schema}.worker_queue q
+            JOIN pg_catalog.pg_stat_activity a ON a.pid = q.pid""")
+        self.holders = f"SELECT role, count(*) AS slots FROM ({self.slots}) s GROUP BY role"
+        # The calls waiting, in the order they are served: fewest slots held by their role first.
+        self.waiting = f"""
+            WITH holders AS ({self.holders})
+            SELECT q.ticket, row_number() OVER (ORDER BY coalesce(h.slots, 0), q.ticket) AS position
+            FROM ({self.queue}) q LEFT JOIN holders h ON h.role = q.role"""
+        self.idle_holders = f"SELECT count(*) AS n FROM ({self.slots}) s WHERE state = 'idle'"
+        self.any_waiting = f"SELECT EXISTS ({self.queue}) AS w"
+
+
+def pool(plpy: Any) -> Pool:
+    """This server's pool, as this call sees it (`_mop_pool_shared`: the library preloaded)."""
+    schema = catalog.extension_schema(plpy)
+    return Pool(schema, plpy.execute(f"SELECT {schema}._mop_pool_shared() AS s")[0]["s"])
 
 
 def memory_mb() -> float:
@@ -108,52 +126,70 @@ def idle_holders(plpy: Any) -> int:
     """Idle worker sessions holding slots (they end as soon as a call is queued), as of
     now: the call's transaction would otherwise see pg_stat_activity as of its first look."""
     plpy.execute(idle_workers.FRESH)
-    return plpy.execute(f"SELECT count(*) AS n {SLOT_LOCKS} AND a.application_name = '{IDLE_NAME}'")[0]["n"]
+    return plpy.execute(pool(plpy).idle_holders)[0]["n"]
 
 
 def waiting_calls(plpy: Any) -> int:
     """Live calls waiting for a slot."""
-    schema = catalog.extension_schema(plpy)
-    return plpy.execute(f"SELECT count(*) AS n FROM {schema}.worker_queue q "
-                        "JOIN pg_catalog.pg_stat_activity a ON a.pid = q.pid")[0]["n"]
+    return plpy.execute(f"SELECT count(*) AS n FROM ({pool(plpy).queue}) q")[0]["n"]
 
 
 class Queue:
-    """A call waiting for worker sessions: its row in `worker_queue`, written over an
-    autocommit session of its own (the waiting call's own transaction is not committed
-    until it ends), and deleted when it leaves; if the call's backend dies, the session
-    dies with it and its row no longer counts."""
+    """A call waiting for worker sessions: its place in the queue, taken over an autocommit
+    session of its own (the waiting call's own transaction is not committed until it ends),
+    and given back when it leaves; if the call's backend dies, the session dies with it and
+    its place no longer counts.  The place is in the server's shared memory where the
+    library is preloaded, else a row of `worker_queue`."""
 
     def __init__(self, conninfo: str, schema: str, job_id: int | None):
         self.schema = sql.Identifier(schema)
         self.db = worker_session.connect(conninfo, application_name="madlib_mop queue")
-        self.db.execute(sql.SQL("DELETE FROM {}.worker_queue WHERE role = current_user AND pid NOT IN "
-                                "(SELECT pid FROM pg_catalog.pg_stat_activity)").format(self.schema))
-        self.ticket = self.db.execute(sql.SQL("INSERT INTO {}.worker_queue (job_id) VALUES (%s) "
-                                              "RETURNING ticket").format(self.schema),
-                                      (job_id,)).fetchone()[0]
+        quoted = self.schema.as_string(self.db)
+        shared = self.db.execute(sql.SQL("SELECT {}._mop_pool_shared()").format(self.schema)).fetchone()[0]
+        self.pool = Pool(quoted, shared)
+        if shared:
+            self.ticket = self.db.execute(sql.SQL("SELECT {}._mop_queue_enter()").format(self.schema)).fetchone()[0]
+        else:
+            self.db.execute(sql.SQL("DELETE FROM {}.worker_queue WHERE role = current_user AND pid NOT IN "
+                                    "(SELECT pid FROM pg_catalog.pg_stat_activity)").format(self.schema))
+            self.ticket = self.db.execute(sql.SQL("INSERT INTO {}.worker_queue (job_id) VALUES (%s) "
+                                                  "RETURNING ticket").format(self.schema),
+                                          (job_id,)).fetchone()[0]
         self.since = time.monotonic()
 
     def turn(self, cap_value: int) -> tuple[int, int, int]:
         """(this call's position, 1 = next; slots free now; calls waiting)."""
         position, waiting = self.db.execute(sql.SQL(
             "SELECT max(position) FILTER (WHERE ticket = %s), count(*) FROM ({}) w").format(
-            sql.SQL(WAITING).format(self.schema)), (self.ticket,)).fetchone()
-        held = self.db.execute(sql.SQL(f"SELECT coalesce(sum(slots), 0) FROM ({HOLDERS}) h")).fetchone()[0]
+            sql.SQL(self.pool.waiting)), (self.ticket,)).fetchone()
+        held = self.db.execute(sql.SQL(f"SELECT coalesce(sum(slots), 0) FROM ({self.pool.holders}) h")).fetchone()[0]
         return position, cap_value - int(held), waiting
+
+    def held_elsewhere(self) -> int:
+        """Slots held by worker sessions of the server's other databases."""
+        return self.db.execute(sql.SQL(f"SELECT count(*) FROM ({self.pool.slots}) s "
+                                       "WHERE database <> current_database()")).fetchone()[0]
 
     def idle_holders(self) -> int:
         """Idle worker sessions holding slots, as of now (this session autocommits: a
         call's own transaction would see pg_stat_activity as of its first look)."""
-        return self.db.execute(sql.SQL(f"SELECT count(*) {SLOT_LOCKS} AND a.application_name = %s"),
-                               (IDLE_NAME,)).fetchone()[0]
+        return self.db.execute(sql.SQL(self.pool.idle_holders)).fetchone()[0]
 
     def leave(self) -> None:
         try:
-            self.db.execute(sql.SQL("DELETE FROM {}.worker_queue WHERE ticket = %s").format(self.schema),
-                            (self.ticket,))
+            if self.pool.shared:
+                self.db.execute(sql.SQL("SELECT {}._mop_queue_leave(%s)").format(self.schema), (self.ticket,))
+            else:
+                self.db.execute(sql.SQL("DELETE FROM {}.worker_queue WHERE ticket = %s").format(self.schema),
+                                (self.ticket,))
         finally:
             self.db.close()
+
+
+def taken_text(cap_value: int, elsewhere: int) -> str:
+    """What a queued call's NOTICE says of the taken slots."""
+    held = f", {elsewhere} of them by other databases" if elsewhere else ""
+    return f"all {cap_value} of this server's are taken{held}"
 
 
 def share(position: int, free: int, waiting: int, wanted: int) -> int:
@@ -166,11 +202,11 @@ def share(position: int, free: int, waiting: int, wanted: int) -> int:
 
 
 def wait_in_queue(plpy: Any, conninfo: str, schema_name: str, job_id: int | None, wanted: int,
-                  take: Callable[[int], list], shown: Callable[[int, int, bool], None],
+                  take: Callable[[int], list], shown: Callable[[int, int, bool, int], None],
                   interruption: Callable[[], None], hint: str) -> list:
     """Wait in the queue until this call's turn, then `take(n)` (the workers it could open
     of n: slots may go to another call meanwhile, then it waits on).  `shown(position, cap,
-    first)` when its position changes.  Gives up after madlib_mop.queue_timeout_seconds."""
+    first, held by other databases)` when its position changes.  Gives up after madlib_mop.queue_timeout_seconds."""
     cap_value, timeout = cap(plpy), queue_timeout(plpy)
     queue = Queue(conninfo, schema_name, job_id)
     last = None
@@ -181,7 +217,7 @@ def wait_in_queue(plpy: Any, conninfo: str, schema_name: str, job_id: int | None
             if taken:
                 return taken
             if position != last:
-                shown(position, cap_value, last is None)
+                shown(position, cap_value, last is None, queue.held_elsewhere())
                 last = position
             if timeout is not None and time.monotonic() - queue.since > timeout:
                 raise MadlibMopError(f"waited {timeout}s for a worker session",
@@ -200,10 +236,11 @@ def idle(plpy: Any, seconds: float, can_commit: bool = False) -> None:
     call waits for a slot, or after `seconds` idle (`engine.idle_workers`).  Only a worker
     session of the pool (it holds a slot) as its own login role may be one: any other
     session would serve its role's calls outside the cap, or as a role SET ROLE chose."""
-    row = plpy.execute(f"SELECT current_user = session_user AS own, EXISTS (SELECT 1 {SLOT_LOCKS} "
-                       "AND l.pid = pg_catalog.pg_backend_pid()) AS slot")[0]
+    server = pool(plpy)
+    row = plpy.execute(f"SELECT current_user = session_user AS own, EXISTS (SELECT 1 FROM "
+                       f"({server.slots}) s WHERE s.pid = pg_catalog.pg_backend_pid()) AS slot")[0]
     if not (row["own"] and row["slot"]):
         raise MadlibMopError("_mop_idle runs only in a worker session of the server's pool",
                              sqlstate=errors.INSUFFICIENT_PRIVILEGE,
                              hint="The extension calls it when a job's worker sessions are idle.")
-    idle_workers.wait(plpy, seconds, can_commit)
+    idle_workers.wait(plpy, seconds, can_commit, server.any_waiting)

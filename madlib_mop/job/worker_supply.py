@@ -28,10 +28,10 @@ def wait_for_workers(plpy: Any, store: JobStore, engine: Engine, pool: WorkerPoo
                      interruption: Callable[[], None], notice: Callable[[str], None]) -> None:
     """The job has no worker: it waits in the server's queue, shown as 'queued' with its
     position, until it is its turn (`server_pool.wait_in_queue`)."""
-    def shown(position: int, cap: int, first: bool) -> None:
+    def shown(position: int, cap: int, first: bool, elsewhere: int) -> None:
         store.queued(position)
-        notice(f"job {store.job_id} is queued for a worker session (position {position}; all "
-               f"{cap} of this server's are taken)" if first else
+        notice(f"job {store.job_id} is queued for a worker session (position {position}; "
+               f"{server_pool.taken_text(cap, elsewhere)})" if first else
                f"job {store.job_id}: queue position {position}")
 
     try:

@@ -6,6 +6,8 @@
 -- default), and, after this version's routines, the refusals' comments.
 DROP FUNCTION IF EXISTS @extschema@.load_custom_function(varchar, bytea, text);
 -- @routines
+-- The worker sessions holding slots, the server's where the library is preloaded.
+-- @object worker_sessions
 COMMENT ON FUNCTION @extschema@.load_custom_function(varchar, bytea, text, text) IS NULL;
 COMMENT ON FUNCTION @extschema@.delete_custom_function(varchar, integer) IS NULL;
 COMMENT ON FUNCTION @extschema@.delete_custom_function(varchar, text) IS NULL;
