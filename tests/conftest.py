@@ -19,6 +19,7 @@ import contextlib
 import os
 import re
 import secrets
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -171,6 +172,34 @@ def coordinator_killed_mid_job(watcher: psycopg.Connection, out: str, done: int,
 
 TEST_SERVER_VARIABLE = "MADLIB_MOP_TEST_SERVER"
 TEST_SERVERS = ("embedded", "container")
+
+
+def ip(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *argv], check=check, capture_output=True, text=True)
+
+
+@contextlib.contextmanager
+def veth_namespace(namespace: str, host_link: str, ns_link: str, host_ip: str, ns_ip: str):
+    """A network namespace of the test's own, joined to this one by a veth pair (host_ip on
+    this side, ns_ip in the namespace, a /24), removed when the block ends; skips without
+    root or iproute2.  Its traffic never leaves this machine."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("network namespaces need root and iproute2")
+    ip("netns", "del", namespace, check=False)
+    ip("link", "del", host_link, check=False)
+    ip("netns", "add", namespace)
+    try:
+        ip("link", "add", host_link, "type", "veth", "peer", "name", ns_link)
+        ip("link", "set", ns_link, "netns", namespace)
+        ip("addr", "add", f"{host_ip}/24", "dev", host_link)
+        ip("link", "set", host_link, "up")
+        for argv in (("addr", "add", f"{ns_ip}/24", "dev", ns_link), ("link", "set", ns_link, "up"),
+                     ("link", "set", "lo", "up")):
+            ip("netns", "exec", namespace, "ip", *argv)
+        yield
+    finally:
+        ip("link", "del", host_link, check=False)
+        ip("netns", "del", namespace, check=False)
 
 
 def _server_kind() -> str:

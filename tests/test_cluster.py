@@ -10,9 +10,6 @@ checked."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import threading
 import time
 import uuid
@@ -27,7 +24,7 @@ from madlib_mop.tools import cluster as cluster_tool, containers
 from madlib_mop.tools.containers import ContainerServer
 from madlib_mop.tools.embedded import EmbeddedCluster
 
-from tests.conftest import _server_kind, _uses_containers, connect as _connect, held_job, iris_table
+from tests.conftest import _server_kind, _uses_containers, connect as _connect, held_job, ip, iris_table, veth_namespace
 
 pytestmark = pytest.mark.skipif(_server_kind() == "dsn",
                                 reason="starts PostgreSQL servers of its own on this machine")
@@ -392,10 +389,6 @@ NAMESPACE, HOST_LINK, NS_LINK = "mop_cut", "mopcut0", "mopcut1"
 HOST_IP, NS_IP = "10.231.7.1", "10.231.7.2"
 
 
-def _ip(*argv, check=True):
-    return subprocess.run(["ip", *argv], check=check, capture_output=True, text=True)
-
-
 class NamespacedServer(EmbeddedCluster):
     """An embedded server whose commands (pg_ctl, and so the postmaster) run in the network
     namespace: it listens on the namespace's veth address only.  Its Unix socket is a file,
@@ -411,36 +404,23 @@ class NamespacedServer(EmbeddedCluster):
 def namespaced_segment():
     if _uses_containers():
         pytest.skip("the network cut is to a server of this machine's own, in a namespace")
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("network namespaces need root and iproute2")
-    _ip("netns", "del", NAMESPACE, check=False)
-    _ip("link", "del", HOST_LINK, check=False)
-    _ip("netns", "add", NAMESPACE)
-    try:
-        _ip("link", "add", HOST_LINK, "type", "veth", "peer", "name", NS_LINK)
-        _ip("link", "set", NS_LINK, "netns", NAMESPACE)
-        _ip("addr", "add", f"{HOST_IP}/24", "dev", HOST_LINK)
-        _ip("link", "set", HOST_LINK, "up")
-        for argv in (("addr", "add", f"{NS_IP}/24", "dev", NS_LINK), ("link", "set", NS_LINK, "up"),
-                     ("link", "set", "lo", "up")):
-            _ip("netns", "exec", NAMESPACE, "ip", *argv)
+    with veth_namespace(NAMESPACE, HOST_LINK, NS_LINK, HOST_IP, NS_IP):
         server = NamespacedServer(cluster_tool.BASE / "segns", cluster_tool.FIRST_PORT + 3)
-        server.initialize()
-        with open(server.data / "postgresql.auto.conf", "a", encoding="utf-8") as conf:
-            conf.write(f"listen_addresses = '{NS_IP}'\n")
-        hba = server.data / "pg_hba.conf"
-        line = f"host all all {HOST_IP}/32 scram-sha-256\n"
-        if line not in hba.read_text(encoding="utf-8"):
-            hba.write_text(hba.read_text(encoding="utf-8") + line, encoding="utf-8")
-        server.start()
-        yield server
-    finally:
         try:
-            server.stop()
-        except Exception:
-            pass
-        _ip("link", "del", HOST_LINK, check=False)
-        _ip("netns", "del", NAMESPACE, check=False)
+            server.initialize()
+            with open(server.data / "postgresql.auto.conf", "a", encoding="utf-8") as conf:
+                conf.write(f"listen_addresses = '{NS_IP}'\n")
+            hba = server.data / "pg_hba.conf"
+            line = f"host all all {HOST_IP}/32 scram-sha-256\n"
+            if line not in hba.read_text(encoding="utf-8"):
+                hba.write_text(hba.read_text(encoding="utf-8") + line, encoding="utf-8")
+            server.start()
+            yield server
+        finally:
+            try:
+                server.stop()
+            except Exception:
+                pass
 
 
 def test_a_network_cut_to_a_segment_server(servers, namespaced_segment, walkthrough):
@@ -461,16 +441,16 @@ def test_a_network_cut_to_a_segment_server(servers, namespaced_segment, walkthro
             "SET madlib_mop.worker_conninfo = 'connect_timeout=2 keepalives_idle=1 "
             "keepalives_interval=1 keepalives_count=2 tcp_user_timeout=2000'"])
         with _connect(coordinator) as watcher, held_job(watcher, "cut_model", 1):
-            _ip("link", "set", HOST_LINK, "down")  # most of segns' sub-epochs are to come
+            ip("link", "set", HOST_LINK, "down")  # most of segns' sub-epochs are to come
         time.sleep(5)
-        _ip("link", "set", HOST_LINK, "up")
+        ip("link", "set", HOST_LINK, "up")
         job.join(timeout=300)
         assert not job.is_alive() and not errors, errors
         assert any("segment server segns" in n and "did not answer" in n for n in notices), notices
         assert _weights(coordinator, "cut_model") == walkthrough
         _every_subepoch_once(coordinator, "cut_model")
     finally:
-        _ip("link", "set", HOST_LINK, "up", check=False)
+        ip("link", "set", HOST_LINK, "up", check=False)
         for server in (servers["coordinator"], servers["seg1"], namespaced_segment):
             with psycopg.connect(_server_dsn(server, "postgres"), autocommit=True) as admin:
                 admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))

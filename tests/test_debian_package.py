@@ -214,6 +214,9 @@ def test_this_package_upgrades_it_and_the_readme_block_runs(debian, packages, an
     ident = debian.sh("grep -c '^madlib_mop' /etc/postgresql/15/main/pg_ident.conf").stdout
     assert ident.strip() == "2"  # the identity line, and postgres as alice (once, though run twice)
 
+    # The library preloaded: one cap for every database of the server.
+    assert debian.psql("SELECT madlib_mop._mop_pool_shared()", dbname="analytics") == "t"
+
     debian.psql("ALTER EXTENSION madlib_mop UPDATE", dbname="before")
     assert debian.psql("SELECT extversion FROM pg_extension WHERE extname = 'madlib_mop'",
                        dbname="before") == VERSION

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import uuid
 
@@ -25,16 +24,12 @@ from psycopg.conninfo import make_conninfo
 from madlib_mop.tools import containers
 from madlib_mop.tools.containers import ContainerServer
 from madlib_mop.tools.debian_package import project_version
-from tests.conftest import REPO_ROOT, _free_port, iris_table, mlp_json
+from tests.conftest import REPO_ROOT, _free_port, iris_table, mlp_json, veth_namespace
 
 NAMESPACE, HOST_LINK, NS_LINK = "mop_image", "mopimg0", "mopimg1"
 HOST_IP, NS_IP = "10.231.8.1", "10.231.8.2"
 PSQL = "/usr/lib/postgresql/15/bin/psql"
 DATABASE = "t_image_walkthrough"
-
-
-def _ip(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *argv], check=check, capture_output=True, text=True)
 
 
 @pytest.fixture(scope="module")
@@ -47,19 +42,7 @@ def container(server_host) -> ContainerServer:
 @pytest.fixture(scope="module")
 def elsewhere():
     """run(conninfo, sql, password) -> psql's result, from NS_IP: a client of another address."""
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        pytest.skip("a network namespace needs root and iproute2")
-    _ip("netns", "del", NAMESPACE, check=False)
-    _ip("link", "del", HOST_LINK, check=False)
-    _ip("netns", "add", NAMESPACE)
-    try:
-        _ip("link", "add", HOST_LINK, "type", "veth", "peer", "name", NS_LINK)
-        _ip("link", "set", NS_LINK, "netns", NAMESPACE)
-        _ip("addr", "add", f"{HOST_IP}/24", "dev", HOST_LINK)
-        _ip("link", "set", HOST_LINK, "up")
-        for argv in (("addr", "add", f"{NS_IP}/24", "dev", NS_LINK), ("link", "set", NS_LINK, "up")):
-            _ip("netns", "exec", NAMESPACE, "ip", *argv)
-
+    with veth_namespace(NAMESPACE, HOST_LINK, NS_LINK, HOST_IP, NS_IP):
         def run(conninfo: str, statements: str, password: str | None) -> subprocess.CompletedProcess:
             environment = {"PATH": os.environ["PATH"], "PGCONNECT_TIMEOUT": "10"}
             if password is not None:
@@ -70,9 +53,6 @@ def elsewhere():
                                   capture_output=True, text=True, env=environment, timeout=600)
 
         yield run
-    finally:
-        _ip("link", "del", HOST_LINK, check=False)
-        _ip("netns", "del", NAMESPACE, check=False)
 
 
 def _from_elsewhere(container: ContainerServer, dbname: str = "postgres") -> str:

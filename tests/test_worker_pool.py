@@ -5,6 +5,7 @@ the cap."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import time
@@ -86,6 +87,27 @@ def _no_slots_held(conn, timeout=30.0):
         time.sleep(0.1)
 
 
+@contextlib.contextmanager
+def _peak_sessions(dsn):
+    """The worker sessions alive (every database's), sampled while the block runs: a list
+    that holds them when the block ends."""
+    peak: list[int] = []
+    done = threading.Event()
+
+    def watch():
+        with connect(dsn) as watcher:
+            while not done.is_set():
+                peak.append(watcher.execute(SLOTS).fetchone()[0])
+                time.sleep(0.02)
+    watching = threading.Thread(target=watch)
+    watching.start()
+    try:
+        yield peak
+    finally:
+        done.set()
+        watching.join()
+
+
 def _weights(conn, out):
     return dict(conn.execute(sql.SQL("SELECT mst_key, model_weights FROM {} ORDER BY 1").format(
         sql.Identifier(out))).fetchall())
@@ -108,23 +130,10 @@ def _pids(conn, out):
 def test_a_job_on_fewer_workers_than_segments_gives_the_same_weights(data):
     dsn, _, database = data
     _cap(dsn, database, 1)
-    peak = []
     with connect(dsn) as conn:
         _no_slots_held(conn)  # the sessions of the module's set-up have ended
-        done = threading.Event()
-
-        def watch():
-            with connect(dsn) as watcher:
-                while not done.is_set():
-                    peak.append(watcher.execute(SLOTS).fetchone()[0])
-                    time.sleep(0.02)
-        watcher = threading.Thread(target=watch)
-        watcher.start()
-        try:
+        with _peak_sessions(dsn) as peak:
             _fit(conn, "one_worker")
-        finally:
-            done.set()
-            watcher.join()
         assert _weights(conn, "one_worker") == _weights(conn, "reference")
         assert len(_pids(conn, "one_worker")) == 1
         assert conn.execute("SELECT segments FROM job_progress WHERE model_output_table = "
@@ -424,22 +433,12 @@ def test_two_databases_share_one_cap(data, other_database):
         _cap(target, name, 2)
     notices: list[str] = []
     errors: list[BaseException] = []
-    peak: list[int] = []
     with connect(dsn) as first, connect(other, notices) as second, connect(dsn) as watcher:
         assert watcher.execute("SELECT madlib_mop._mop_pool_shared()").fetchone()[0]
         _no_slots_held(first)
-        done = threading.Event()
-
-        def watch():
-            with connect(dsn) as looker:
-                while not done.is_set():
-                    peak.append(looker.execute(SLOTS).fetchone()[0])
-                    time.sleep(0.02)
-        looking = threading.Thread(target=watch)
-        looking.start()
         blocker = threading.Thread(target=_recorded(errors, _fit), args=(first, "holding_both", 2))
-        blocker.start()
-        try:
+        with _peak_sessions(dsn) as peak:
+            blocker.start()
             with held_job(watcher, "holding_both", 1), connect(other) as other_watcher:
                 waiter = threading.Thread(target=_recorded(errors, _fit), args=(second, "from_elsewhere", 3))
                 waiter.start()
@@ -456,9 +455,6 @@ def test_two_databases_share_one_cap(data, other_database):
                 assert holders == [(database, 2)]  # this database's job holds both slots
             blocker.join()
             waiter.join()
-        finally:
-            done.set()
-            looking.join()
         assert not errors, errors
         assert any("queued for a worker session (position 1; all 2 of this server's are taken, "
                    "2 of them by other databases)" in n for n in notices), notices
