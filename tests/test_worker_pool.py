@@ -108,6 +108,19 @@ def _peak_sessions(dsn):
         watching.join()
 
 
+def _queued_row(watcher, out, deadline):
+    """(state, queue_position) of the job writing public.<out> once it is queued, or as it
+    is at `deadline`."""
+    row = None
+    while time.monotonic() < deadline:
+        row = watcher.execute("SELECT state, queue_position FROM madlib_mop.job_progress "
+                              "WHERE model_output_table = %s", (f"public.{out}",)).fetchone()
+        if row and row[0] == "queued":
+            break
+        time.sleep(0.05)
+    return row
+
+
 def _weights(conn, out):
     return dict(conn.execute(sql.SQL("SELECT mst_key, model_weights FROM {} ORDER BY 1").format(
         sql.Identifier(out))).fetchall())
@@ -156,14 +169,7 @@ def test_a_job_waits_in_the_queue_then_runs(data):
                 deadline = time.monotonic() + 60
                 waiter = threading.Thread(target=_recorded(errors, _fit), args=(second, "waiting", 3))
                 waiter.start()
-                row = None
-                while time.monotonic() < deadline:
-                    row = watcher.execute("SELECT state, queue_position FROM madlib_mop.jobs "
-                                          "WHERE model_output_table = 'public.waiting'").fetchone()
-                    if row and row[0] == "queued":
-                        break
-                    time.sleep(0.05)
-                assert row == ("queued", 1)
+                assert _queued_row(watcher, "waiting", deadline) == ("queued", 1)
                 assert watcher.execute(SLOTS).fetchone()[0] == 1
             blocker.join()
             waiter.join()
@@ -442,14 +448,7 @@ def test_two_databases_share_one_cap(data, other_database):
             with held_job(watcher, "holding_both", 1), connect(other) as other_watcher:
                 waiter = threading.Thread(target=_recorded(errors, _fit), args=(second, "from_elsewhere", 3))
                 waiter.start()
-                deadline, row = time.monotonic() + 60, None
-                while time.monotonic() < deadline:
-                    row = other_watcher.execute("SELECT state, queue_position FROM madlib_mop.job_progress "
-                                                "WHERE model_output_table = 'public.from_elsewhere'").fetchone()
-                    if row and row[0] == "queued":
-                        break
-                    time.sleep(0.05)
-                assert row == ("queued", 1)
+                assert _queued_row(other_watcher, "from_elsewhere", time.monotonic() + 60) == ("queued", 1)
                 holders = watcher.execute("SELECT database, count(*) FROM madlib_mop.worker_sessions "
                                           "GROUP BY 1").fetchall()
                 assert holders == [(database, 2)]  # this database's job holds both slots
