@@ -9,12 +9,17 @@ The mix, on scikit-learn's digits packed into 2 segments (each role writes its o
              other roles start then too)
 
 Reports jobs finished and failed; queue waits (p50, p95, max: time a job's row says
-'queued'); peak live worker sessions (slots held) against the cap; peak memory (the summed
-RSS of the server's processes); throughput (the sequential runs' summed time over the
-concurrent makespan); per-role slowdown (concurrent time / sequential time: max / min).
-Targets: 0 failed, sessions never above the cap, throughput at least 0.9, fairness at most 2.
+'queued'); peak live worker sessions (slots held, every database's) against the cap; peak
+memory of the server's processes, callers included (summed RSS, and summed RssAnon: each
+process's own memory); throughput (the sequential runs' summed time over the concurrent
+makespan); per-role slowdown (concurrent time / sequential time: max / min).  Targets: 0
+failed, sessions never above the cap, throughput at least 0.9, fairness at most 2.
 
-    .venv/bin/python bench/bench_load.py [--dsn DSN] [--cap N] [--timeout 900]
+With --databases 2 the extension and the data are in two databases of the server too, and
+roles 2, 4 and 6 call in the second one (pg_cron's role 8 stays in the default database):
+the cap is the server's (the library is preloaded), so the peak counts both.
+
+    .venv/bin/python bench/bench_load.py [--dsn DSN] [--cap N] [--databases 1|2] [--timeout 900]
 
 Runs on the embedded server by default (its pg_cron runs in the default database).
 """
@@ -30,6 +35,7 @@ from pathlib import Path
 
 import psycopg
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from madlib_mop.tools.demo import ensure_extension
 from madlib_mop.tools.embedded import EmbeddedCluster, configured_dsn
@@ -39,6 +45,8 @@ ROLES = [f"bench_load_r{i}" for i in range(1, 9)]
 COMPILE = ("loss='categorical_crossentropy', optimizer='Adam(learning_rate={})', "
            "metrics=['accuracy']")
 SLOTS = "SELECT count(*) FROM madlib_mop.worker_sessions"  # every database's: the library is preloaded
+SECOND_DATABASE = "bench_load_second"
+SECOND_ROLES = (2, 4, 6)  # the roles that call in the second database, with --databases 2
 
 
 def _mlp(hidden: int) -> str:
@@ -48,7 +56,7 @@ def _mlp(hidden: int) -> str:
                              keras.layers.Dense(10, activation="softmax")]).to_json()
 
 
-def prepare(dsn: str) -> None:
+def prepare(dsn: str, roles_made: bool = False) -> None:
     """Data, architectures, a trained model to predict with, and 8 roles allowed to run jobs."""
     from sklearn.datasets import load_digits
 
@@ -57,7 +65,7 @@ def prepare(dsn: str) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         ensure_extension(conn)
         conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
-        for role in ROLES:
+        for role in () if roles_made else ROLES:
             if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (role,)).fetchone():
                 conn.execute("DELETE FROM madlib_mop.jobs WHERE owner = %s", (role,))
                 conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
@@ -80,11 +88,13 @@ def prepare(dsn: str) -> None:
                      ([COMPILE.format(r) for r in (0.01, 0.001)],))
         conn.execute("SELECT madlib_keras_fit('packed', 'trained', 'arch', 1, %s, "
                      "'batch_size=32, epochs=1', 2)", (COMPILE.format(0.01),))
+        # pg_cron's schema is in the database it runs in (the default one) only.
+        schemas = "madlib_mop, cron" if conn.execute("SELECT to_regnamespace('cron')").fetchone()[0] else "madlib_mop"
         for role in ROLES:
-            conn.execute(sql.SQL("GRANT USAGE ON SCHEMA madlib_mop, cron TO {0}; "
+            conn.execute(sql.SQL("GRANT USAGE ON SCHEMA {2} TO {0}; "
                                  "GRANT USAGE, CREATE ON SCHEMA {1} TO {0}; "
                                  "GRANT SELECT ON ALL TABLES IN SCHEMA {1} TO {0}").format(
-                sql.Identifier(role), sql.Identifier(SCHEMA)))
+                sql.Identifier(role), sql.Identifier(SCHEMA), sql.SQL(schemas)))
 
 
 def statement(index: int, run: str) -> str:
@@ -109,7 +119,21 @@ def _as(dsn: str, role: str) -> psycopg.Connection:
     return conn
 
 
+def second_database(dsn: str) -> str:
+    """The second database, made afresh with the extension and the same data; its DSN."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(SECOND_DATABASE)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(SECOND_DATABASE)))
+        for role in ROLES:
+            conn.execute(sql.SQL("GRANT CREATE ON DATABASE {} TO {}").format(
+                sql.Identifier(SECOND_DATABASE), sql.Identifier(role)))
+    second = make_conninfo(dsn, dbname=SECOND_DATABASE)
+    prepare(second, roles_made=True)
+    return second
+
+
 def run_call(dsn: str, index: int, run: str, results: dict) -> None:
+    dsn = CALLS_DSN.get(index, dsn)
     started = time.perf_counter()
     try:
         with _as(dsn, ROLES[index - 1]) as conn:
@@ -133,30 +157,44 @@ def wait_for_cron_job(dsn: str, out: str, due: float, timeout: float) -> tuple[f
     return timeout, "the scheduled run did not end in time"
 
 
-class Sampler(threading.Thread):
-    """Every 0.2 s: slots held, the server's summed RSS, and which jobs are queued."""
+# Where a role's calls go, when not to the run's DSN (--databases 2).
+CALLS_DSN: dict[int, str] = {}
 
-    def __init__(self, dsn: str):
+
+class Sampler(threading.Thread):
+    """Every 0.2 s: slots held (every database's), the server's summed RSS and RssAnon, and
+    which jobs are queued (in each database of the run)."""
+
+    def __init__(self, dsns: list[str]):
         super().__init__(daemon=True)
-        self.dsn, self.stop = dsn, threading.Event()
-        self.peak_slots, self.peak_rss_mb = 0, 0.0
-        self.queued_seconds: dict[int, float] = {}
+        self.dsns, self.stop = dsns, threading.Event()
+        self.peak_slots, self.peak_rss_mb, self.peak_anon_mb = 0, 0.0, 0.0
+        self.queued_seconds: dict[tuple[int, int], float] = {}
 
     def run(self) -> None:
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
+        connections = [psycopg.connect(dsn, autocommit=True) for dsn in self.dsns]
+        try:
             while not self.stop.is_set():
+                conn = connections[0]
                 self.peak_slots = max(self.peak_slots, conn.execute(SLOTS).fetchone()[0])
                 pids = [r[0] for r in conn.execute("SELECT pid FROM pg_stat_activity")]
-                self.peak_rss_mb = max(self.peak_rss_mb, sum(_rss_mb(p) for p in pids))
-                for (job_id,) in conn.execute("SELECT job_id FROM madlib_mop.jobs WHERE state = 'queued'"):
-                    self.queued_seconds[job_id] = self.queued_seconds.get(job_id, 0.0) + 0.2
+                self.peak_rss_mb = max(self.peak_rss_mb, sum(_memory_mb(p, "VmRSS") for p in pids))
+                self.peak_anon_mb = max(self.peak_anon_mb, sum(_memory_mb(p, "RssAnon") for p in pids))
+                for place, each in enumerate(connections):
+                    for (job_id,) in each.execute("SELECT job_id FROM madlib_mop.jobs WHERE state = 'queued'"):
+                        key = (place, job_id)
+                        self.queued_seconds[key] = self.queued_seconds.get(key, 0.0) + 0.2
                 time.sleep(0.2)
+        finally:
+            for conn in connections:
+                conn.close()
 
 
-def _rss_mb(pid: int) -> float:
+def _memory_mb(pid: int, field: str) -> float:
+    """A process's VmRSS or RssAnon (MB), from /proc."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
-        return int(next(line for line in status.splitlines() if line.startswith("VmRSS")).split()[1]) / 1024
+        return int(next(line for line in status.splitlines() if line.startswith(field)).split()[1]) / 1024
     except (OSError, StopIteration):
         return 0.0
 
@@ -178,7 +216,7 @@ def concurrent(dsn: str, timeout: float) -> tuple[float, dict, Sampler]:
     while datetime.now().minute != minute:
         time.sleep(0.05)
     due = datetime.now().replace(second=0, microsecond=0).timestamp()
-    sampler = Sampler(dsn)
+    sampler = Sampler([dsn, *sorted(set(CALLS_DSN.values()))])
     sampler.start()
     started = time.perf_counter()
     threads = [threading.Thread(target=run_call, args=(dsn, i, "load", results)) for i in range(1, 8)]
@@ -199,32 +237,44 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dsn", default=None)
     parser.add_argument("--cap", type=int, default=None, help="madlib_mop.max_worker_sessions (default: the machine's)")
+    parser.add_argument("--databases", type=int, choices=(1, 2), default=1,
+                        help="2: roles 2, 4 and 6 call in a second database of the server")
     parser.add_argument("--timeout", type=float, default=900.0)
     args = parser.parse_args()
     dsn = args.dsn or configured_dsn()
     prepare(dsn)
+    if args.databases == 2:
+        second = second_database(dsn)
+        CALLS_DSN.update({index: second for index in SECOND_ROLES})
+    databases = [dsn, *sorted(set(CALLS_DSN.values()))]
+    for each in databases:
+        with psycopg.connect(each, autocommit=True) as conn:
+            database = conn.execute("SELECT current_database()").fetchone()[0]
+            if args.cap is not None:
+                conn.execute(sql.SQL("ALTER DATABASE {} SET madlib_mop.max_worker_sessions = {}").format(
+                    sql.Identifier(database), sql.Literal(args.cap)))
     with psycopg.connect(dsn, autocommit=True) as conn:
-        database = conn.execute("SELECT current_database()").fetchone()[0]
-        if args.cap is not None:
-            conn.execute(sql.SQL("ALTER DATABASE {} SET madlib_mop.max_worker_sessions = {}").format(
-                sql.Identifier(database), sql.Literal(args.cap)))
         cap = conn.execute("SELECT madlib_mop._mop_max_worker_sessions()").fetchone()[0]
+        shared = conn.execute("SELECT madlib_mop._mop_pool_shared()").fetchone()[0]
     if not cap:
         from madlib_mop.engine.server_pool import machine_cap
         cap = machine_cap()
     alone = sequential(dsn, args.timeout)
     makespan, together, sampler = concurrent(dsn, args.timeout)
     if args.cap is not None:
-        with psycopg.connect(dsn, autocommit=True) as conn:
-            conn.execute(sql.SQL("ALTER DATABASE {} RESET madlib_mop.max_worker_sessions").format(
-                sql.Identifier(database)))
-    print_report(cap, alone, makespan, together, sampler)
+        for each in databases:
+            with psycopg.connect(each, autocommit=True) as conn:
+                conn.execute(sql.SQL("ALTER DATABASE {} RESET madlib_mop.max_worker_sessions").format(
+                    sql.Identifier(conn.execute("SELECT current_database()").fetchone()[0])))
+    where = (f"in {len(databases)} databases ({'one cap for the server' if shared else 'a cap per database'})"
+             if len(databases) > 1 else "in one database")
+    print_report(cap, alone, makespan, together, sampler, where)
 
 
-def print_report(cap: int, alone: dict, makespan: float, together: dict, sampler: Sampler) -> None:
+def print_report(cap: int, alone: dict, makespan: float, together: dict, sampler: Sampler, where: str) -> None:
     kinds = {i: "fit_multiple" if i <= 4 else "automl" if i <= 6 else "predict" if i == 7 else "pg_cron fit"
              for i in range(1, 9)}
-    print(f"\n## Load: 8 roles at once, cap {cap} worker sessions\n")
+    print(f"\n## Load: 8 roles at once {where}, cap {cap} worker sessions\n")
     print("| role | call | alone (s) | together (s) | slowdown | outcome |")
     print("|---|---|---:|---:|---:|---|")
     slowdowns = []
@@ -242,7 +292,8 @@ def print_report(cap: int, alone: dict, makespan: float, together: dict, sampler
     print(f"| queue wait p50 / p95 / max (s) | {statistics.median(waits):.1f} / "
           f"{waits[min(len(waits) - 1, int(0.95 * len(waits)))]:.1f} / {waits[-1]:.1f} | |")
     print(f"| peak worker sessions | {sampler.peak_slots} | at most {cap} |")
-    print(f"| peak memory of the server's processes (GB) | {sampler.peak_rss_mb / 1024:.1f} | |")
+    print(f"| peak memory of the server's processes, RSS / RssAnon (GB) | {sampler.peak_rss_mb / 1024:.1f} / "
+          f"{sampler.peak_anon_mb / 1024:.1f} | |")
     print(f"| sequential sum / concurrent makespan | {sequential_total:.1f} s / {makespan:.1f} s = "
           f"{sequential_total / makespan:.2f} | at least 0.9 |")
     print(f"| per-role slowdown max / min | {max(slowdowns) / min(slowdowns):.2f} | at most 2 |")
