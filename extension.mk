@@ -6,7 +6,7 @@
 
 EXTENSION   = madlib_mop
 MODULE_big  = madlib_mop
-OBJS        = src/float4_pack.o src/written_here.o src/worker_pool.o src/server_slots.o
+OBJS        = src/float4_pack.o src/written_here.o src/worker_pool.o src/server_slots.o src/prewarm.o
 DATA_built  = $(wildcard build/madlib_mop--*.sql)
 PG_CPPFLAGS = -Wall
 

@@ -28,7 +28,9 @@ Compared in one run, on the same data and configurations:
   (c) madlib_mop: madlib_keras_fit_multiple_model over S segments (packing timed apart), in
       a new session (its workers import TensorFlow), (c warm) the same job again in that
       session, whose workers have trained before, and (c role) the same job in another new
-      session of the role, which adopts the sessions the first one left idle;
+      session of the role, which adopts the sessions the first one left idle, and (c prewarm)
+      the same job in a new session on sessions the server opened for the role
+      (madlib_mop.prewarm_roles; TensorFlow imported, nothing traced yet);
   (d) for W1, W3 and W4, the lower bound max(sum of single-thread times / S, longest one).
 
     .venv/bin/python bench/bench_mop.py [--segments 2] [--workloads IRIS,W1,W2,W3,W4]
@@ -38,6 +40,7 @@ Prints markdown tables; writes bench/results/mop.json and PNG plots.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import os
@@ -49,6 +52,7 @@ from pathlib import Path
 
 import numpy as np
 import psycopg
+from psycopg import sql
 
 from madlib_mop.tools.demo import ensure_extension
 from madlib_mop.tools.embedded import configured_dsn
@@ -299,10 +303,48 @@ def run_mop(dsn: str, name: str, workload: dict, segments: int) -> dict:
         warm = _run_fit(conn, dsn, name, "fit2", workload, segments)
     with _session(dsn) as conn:  # the role's idle sessions, adopted by another session
         role = _run_fit(conn, dsn, name, "fit3", workload, segments)
-    for key, run in (("warm", warm), ("role", role)):
+    runs = {"warm": warm, "role": role}
+    with prewarmed(dsn, segments) as ready:  # sessions the server opened for the role
+        if ready:
+            with _session(dsn) as conn:
+                runs["prewarm"] = _run_fit(conn, dsn, name, "fit4", workload, segments)
+    for key, run in runs.items():
         result[key] = {k: run[k] for k in ("makespan", "first_visit_after", "breakdown", "hop_gap_ms")}
         result[key]["same_weights"] = run["weights_md5"] == result["weights_md5"]
     return result
+
+
+@contextlib.contextmanager
+def prewarmed(dsn: str, segments: int, timeout: float = 180.0):
+    """The role named in madlib_mop.prewarm_roles for this database (sessions warmed for
+    `segments` segments), its other idle sessions ended: yields True once the server has
+    opened one per segment (False where the library is not preloaded); the settings are
+    reset after."""
+    with _session(dsn) as conn:
+        if not conn.execute("SELECT _mop_pool_shared()").fetchone()[0]:
+            print("(c prewarm) skipped: the server does not preload the library", flush=True)
+            yield False
+            return
+        role, database = conn.execute("SELECT current_user, current_database()").fetchone()
+        entry = f"{role}@{database}"
+        for name, value in (("prewarm_roles", entry), ("prewarm_sessions", segments),
+                            ("segments", segments)):
+            conn.execute(sql.SQL("ALTER SYSTEM SET {} = {}").format(
+                sql.Identifier(f"madlib_mop.{name}"), sql.Literal(str(value))))
+        conn.execute("SELECT pg_reload_conf()")
+        try:
+            end_idle_workers(conn)
+            deadline = time.monotonic() + timeout
+            while conn.execute("SELECT count(*) FROM worker_sessions WHERE role = current_user "
+                               "AND state = 'idle'").fetchone()[0] < segments:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"no prewarmed sessions for {entry} after {timeout:.0f} s")
+                time.sleep(0.5)
+            yield True
+        finally:
+            for name in ("prewarm_roles", "prewarm_sessions", "segments"):
+                conn.execute(sql.SQL("ALTER SYSTEM RESET {}").format(sql.Identifier(f"madlib_mop.{name}")))
+            conn.execute("SELECT pg_reload_conf()")
 
 
 def end_idle_workers(conn) -> None:
@@ -580,13 +622,18 @@ def print_workload(name: str, workload: dict, r: dict, S: int) -> None:
     if "role" in r["c"]:
         row("(c role) again, in another new session of the role", r["c"]["role"]["makespan"],
             r["c"]["peak_rss_mb"] or 0, "0", f"{r['c']['state_bytes_moved']:,}")
+    if "prewarm" in r["c"]:
+        row("(c prewarm) again, in a new session, on sessions the server kept ready",
+            r["c"]["prewarm"]["makespan"], r["c"]["peak_rss_mb"] or 0, "0",
+            f"{r['c']['state_bytes_moved']:,}")
     if d is not None:
         row("(d) lower bound", d, 0, "")
     print(f"\nimport TensorFlow in (a): {r['a']['import_seconds']:.1f} s; its training alone "
           f"{r['a']['train_seconds']:.1f} s, (a') {r['a2']['train_seconds']:.1f} s. "
           f"(c): first sub-epoch {r['c']['first_visit_after']:.2f} s after the call "
           f"(warm: {r['c']['warm']['first_visit_after']:.2f} s, role: "
-          f"{r['c'].get('role', {}).get('first_visit_after', float('nan')):.2f} s); median gap between two visits of "
+          f"{r['c'].get('role', {}).get('first_visit_after', float('nan')):.2f} s, prewarm: "
+          f"{r['c'].get('prewarm', {}).get('first_visit_after', float('nan')):.2f} s); median gap between two visits of "
           f"a segment {r['c']['hop_gap_ms']:.1f} ms (warm {r['c']['warm']['hop_gap_ms']:.1f} ms); "
           f"warm job's weights {'bitwise equal' if r['c']['warm']['same_weights'] else 'DIFFERENT'}"
           f"{'' if 'role' not in r['c'] else ', role job' + chr(39) + 's ' + ('bitwise equal' if r['c']['role']['same_weights'] else 'DIFFERENT')}.")
@@ -612,18 +659,22 @@ def print_workload(name: str, workload: dict, r: dict, S: int) -> None:
 def print_summary(report: dict) -> None:
     """The targets' ratios, one line per workload."""
     print("\n### Summary (makespans in s, ratios from this run)\n")
-    print("| workload | (a) | (a') | (b') | (b'') | (d) | (c) | (c warm) | (c role) | (c) / (a) | "
+    print("| workload | (a) | (a') | (b') | (b'') | (d) | (c) | (c warm) | (c role) | (c prewarm) | "
+          "(c prewarm) / (b'') | (c) / (a) | "
           "(c warm) / (a) | (c) / (a') | (c warm) / (a') | (c) / (b') | (c warm) / (b') | (c) / (b'') | "
           "(c warm) / (b'') | (c) / (d) | (c warm) / (d) |")
-    print("|---|" + "---:|" * 18)
+    print("|---|" + "---:|" * 20)
     for name, r in report["workloads"].items():
         a, a2, b2, b3 = (r[k]["makespan"] for k in ("a", "a2", "b2", "b3"))
         c, warm = r["c"]["makespan"], r["c"]["warm"]["makespan"]
         role = r["c"].get("role", {}).get("makespan")
+        prewarm = r["c"].get("prewarm", {}).get("makespan")
         d = r.get("d", {}).get("bound")
         bound = ("", "", "") if d is None else (f"{d:.1f}", f"{c / d:.2f}", f"{warm / d:.2f}")
         print(f"| {name} | {a:.1f} | {a2:.1f} | {b2:.1f} | {b3:.1f} | {bound[0]} | {c:.1f} | "
-              f"{warm:.1f} | {'' if role is None else f'{role:.1f}'} | {c / a:.2f} | {warm / a:.2f} | "
+              f"{warm:.1f} | {'' if role is None else f'{role:.1f}'} | "
+              f"{'' if prewarm is None else f'{prewarm:.1f}'} | {'' if prewarm is None else f'{prewarm / b3:.2f}'} | "
+              f"{c / a:.2f} | {warm / a:.2f} | "
               f"{c / a2:.2f} | {warm / a2:.2f} | {c / b2:.2f} | {warm / b2:.2f} | {c / b3:.2f} | "
               f"{warm / b3:.2f} | {bound[1]} | {bound[2]} |")
     if "hops" in report:

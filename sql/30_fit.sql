@@ -270,3 +270,10 @@ RETURNS void
 #plpython "mop_idle_worker.py"
 
 #procedure _mop_idle FROM _mop_idle_worker
+
+-- Worker sessions kept ready for the roles of madlib_mop.prewarm_roles in this database
+-- (madlib_mop/engine/prewarm.py): the preloaded library's background worker calls it every
+-- few seconds, as the superuser (src/prewarm.c); anyone else is refused.  Sessions opened.
+CREATE FUNCTION @extschema@._mop_prewarm()
+RETURNS integer
+#plpython "mop_prewarm.py"

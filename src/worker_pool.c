@@ -25,6 +25,7 @@
 #include "miscadmin.h"
 #include "utils/guc.h"
 
+#include "prewarm.h"
 #include "server_slots.h"
 
 void		_PG_init(void);
@@ -79,10 +80,17 @@ _PG_init(void)
 								   PGC_USERSET,
 								   0,
 								   NULL, NULL, NULL);
+	prewarm_define_settings();
 	MarkGUCPrefixReserved("madlib_mop");
-	/* Preloaded: the slots and the queue are the server's, in shared memory. */
+	/*
+	 * Preloaded: the slots and the queue are the server's, in shared memory, and a launcher
+	 * keeps the sessions of madlib_mop.prewarm_roles ready (prewarm.c).
+	 */
 	if (process_shared_preload_libraries_in_progress)
+	{
 		server_slots_init();
+		prewarm_register_launcher();
+	}
 }
 
 PG_FUNCTION_INFO_V1(madlib_mop_max_worker_sessions);

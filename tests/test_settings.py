@@ -21,7 +21,12 @@ FILES = {"madlib_mop.control", "madlib_mop.so"}  # names of files, not settings
 
 
 def _declared() -> set[str]:
-    return set(re.findall(r'"(madlib_mop\.[a-z_]+)"', (ROOT / "src" / "worker_pool.c").read_text()))
+    return {name for path in (ROOT / "src").glob("*.c")
+            for name in re.findall(r'"(madlib_mop\.[a-z_]+)"', path.read_text())}
+
+
+# Settings declared as numbers, with their defaults; the others are text, empty by default.
+NUMBERS = {"madlib_mop.max_worker_sessions": "0", "madlib_mop.prewarm_sessions": "1"}
 
 
 def _read_by_the_package() -> set[str]:
@@ -47,9 +52,9 @@ def test_the_readme_documents_every_setting():
 
 def test_declared_settings_read_as_their_defaults(extension_dsn):
     with connect(extension_dsn) as conn:
-        for name in sorted(_declared() - {"madlib_mop.max_worker_sessions"}):
-            assert conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone()[0] == ""
-        assert conn.execute("SHOW madlib_mop.max_worker_sessions").fetchone()[0] == "0"
+        for name in sorted(_declared()):
+            assert conn.execute(sql.SQL("SHOW {}").format(sql.Identifier(name))).fetchone()[0] == \
+                NUMBERS.get(name, "")
         conn.execute("SET madlib_mop.worker_idle_seconds = 5")
         assert conn.execute("SELECT current_setting('madlib_mop.worker_idle_seconds')").fetchone()[0] == "5"
 

@@ -3,7 +3,8 @@ in parallel (and the coordinator's own bookkeeping session).
 
 Who a worker session is never depends on anything a user can set: it is always the role
 that made the call (`current_user`), on the same database, over this server's own Unix
-socket, with the extension's search_path.  It authenticates by peer with the `madlib_mop`
+socket, with the extension's search_path; or, for sessions kept ready (`engine.prewarm`), a
+role that a superuser named in the server's configuration (madlib_mop.prewarm_roles).  It authenticates by peer with the `madlib_mop`
 user name map (see `madlib_mop.tools.server_auth`): no password exists or is typed anywhere.
 
 `madlib_mop.worker_conninfo` may still add libpq parameters that change how, not as whom,
@@ -99,9 +100,11 @@ def forwarded_settings(plpy: Any) -> dict[str, str | None]:
     return values
 
 
-def conninfo(plpy: Any) -> str:
+def conninfo(plpy: Any, prewarmed_role: str | None = None) -> str:
     """How this call's worker sessions on this server connect: this server's socket
-    (127.0.0.1 on a server without one) and port, this database, the current role."""
+    (127.0.0.1 on a server without one) and port, this database, the current role; or the
+    role `prewarmed_role`, which only `engine.prewarm` passes, for a role the superuser's
+    madlib_mop.prewarm_roles names, from a superuser's session."""
     row = plpy.execute(
         "SELECT pg_catalog.current_setting('port') AS port, pg_catalog.current_database() AS db, "
         "CURRENT_USER AS usr, (SELECT pg_catalog.quote_ident(n.nspname) FROM pg_catalog.pg_extension e "
@@ -110,7 +113,7 @@ def conninfo(plpy: Any) -> str:
     extra, options = session_settings(plpy)
     # The identity comes last and from the server alone: nothing in `extra` can name it.
     return make_conninfo("", **extra, host=socket or "127.0.0.1", port=row["port"],
-                         dbname=row["db"], user=row["usr"], options=options)
+                         dbname=row["db"], user=prewarmed_role or row["usr"], options=options)
 
 
 def connect(info: str, autocommit: bool = True, refused_hint: str | None = None,

@@ -20,6 +20,7 @@ Standard library only: the Makefile calls this before the virtual environment ex
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import pwd
 import secrets
@@ -195,6 +196,14 @@ class EmbeddedCluster(_ServerFiles):
     def is_initialized(self) -> bool:
         return (self.data / "PG_VERSION").exists()
 
+    def _library_newer_than_server(self) -> bool:
+        """Was the extension's library installed after the running server started?"""
+        library, started = self.bindir.parent / "lib" / "madlib_mop.so", self.data / "postmaster.pid"
+        try:
+            return library.stat().st_mtime > started.stat().st_mtime
+        except FileNotFoundError:
+            return False
+
     def is_running(self) -> bool:
         if not self.is_initialized():
             return False
@@ -210,7 +219,9 @@ class EmbeddedCluster(_ServerFiles):
                 os.chown(path, owner.pw_uid, owner.pw_gid)
             if self.data.exists():
                 for path in [self.data, *self.data.rglob("*")]:
-                    os.lchown(path, owner.pw_uid, owner.pw_gid)
+                    # A running server removes files meanwhile (WAL segments it recycles).
+                    with contextlib.suppress(FileNotFoundError):
+                        os.lchown(path, owner.pw_uid, owner.pw_gid)
             # The server imports the project's virtual environment (PL/Python), so the
             # server's OS user must be able to reach the repository.
             probe = self.run_command(["test", "-r", str(REPO_ROOT / "pyproject.toml")], check=False)
@@ -276,7 +287,9 @@ class EmbeddedCluster(_ServerFiles):
         self.initialize()
         self.ensure_setting("jit", "off")
         added = [self.ensure_setting(name, value) for name, value in self.preload_settings().items()]
-        if any(added) and self.is_running():  # a preloaded library needs a restart
+        # A preloaded library is read when the server starts: a new one (`make install`) or
+        # a new preload line needs a restart.
+        if (any(added) or self._library_newer_than_server()) and self.is_running():
             self.run_command([self.tool("pg_ctl"), "restart", "-w", "-t", "60", "-m", "fast",
                        "-D", str(self.data), "-l", str(self.log), "-o", f"-p {self.port}"])
         if not self.is_running():
