@@ -89,6 +89,21 @@ def packed_iris(conn: psycopg.Connection) -> None:
                  "'iris_packed')")
 
 
+ADAM = "loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.01)', metrics=['accuracy']"
+
+
+def iris_grid(conn: psycopg.Connection) -> None:
+    """In a database with the extension (on the connection's search_path): `iris` packed
+    over 2 segments into `iris_packed`, an MLP `arch` (model_id 1) and a model selection
+    table `mst` of it at two learning rates (ADAM's 0.01 and 0.05), one epoch, batch 8."""
+    iris_table(conn)
+    conn.execute("SELECT training_preprocessor_dl('iris', 'iris_packed', 'class_text', "
+                 "'attributes', distribution_rules => '2')")
+    conn.execute("SELECT load_keras_model('arch', %s::json)", (mlp_json(4, 8, 3),))
+    conn.execute("SELECT load_model_selection_table('arch', 'mst', ARRAY[1], ARRAY[%s, %s], "
+                 "ARRAY['batch_size=8, epochs=1'])", (ADAM, ADAM.replace("0.01", "0.05")))
+
+
 def psql_script(dsn: str, script: str) -> subprocess.CompletedProcess:
     """`script` run as an analyst's script file runs: psql -f, autocommit, one statement
     after another with no pause, stopping at the first error (ON_ERROR_STOP)."""

@@ -13,9 +13,8 @@ import pytest
 from psycopg import sql
 
 from madlib_mop.tools.embedded import EmbeddedCluster
-from tests.conftest import REPO_ROOT, _free_port, iris_table, mlp_json
+from tests.conftest import REPO_ROOT, _free_port, iris_grid
 
-COMPILE = "loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.01)', metrics=['accuracy']"
 ANALYST = "prewarm_analyst"
 # A cap of 2 (the two prewarmed sessions hold every slot); sessions warmed for jobs of 2
 # segments, as the test's packed table has, whatever this machine's cores.
@@ -53,13 +52,7 @@ def server(server_host):
         with psycopg.connect(cluster.dsn("shop"), autocommit=True) as conn:
             conn.execute("CREATE SCHEMA madlib_mop; CREATE EXTENSION madlib_mop SCHEMA madlib_mop CASCADE")
             conn.execute("SET search_path = public, madlib_mop")
-            iris_table(conn)
-            conn.execute("SELECT training_preprocessor_dl('iris', 'iris_packed', 'class_text', "
-                         "'attributes', distribution_rules => '2')")
-            conn.execute("SELECT load_keras_model('arch', %s::json)", (mlp_json(4, 8, 3),))
-            # Two models: both workers train at once.
-            conn.execute("SELECT load_model_selection_table('arch', 'mst', ARRAY[1], ARRAY[%s, %s], "
-                         "ARRAY['batch_size=8, epochs=1'])", (COMPILE, COMPILE.replace("0.01", "0.05")))
+            iris_grid(conn)  # two models: both workers train at once
             conn.execute(sql.SQL("CREATE ROLE {0} LOGIN; GRANT USAGE ON SCHEMA madlib_mop TO {0}; "
                                  "GRANT CREATE ON SCHEMA public TO {0}; "
                                  "GRANT SELECT ON ALL TABLES IN SCHEMA public TO {0}").format(

@@ -17,9 +17,9 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from madlib_mop.tools.embedded import EmbeddedCluster
-from tests.conftest import REPO_ROOT, _free_port, connect, held_job, iris_table, mlp_json
+from tests.conftest import ADAM, REPO_ROOT, _free_port, connect, held_job, iris_grid, mlp_json
 
-COMPILE = "loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.01)', metrics=['accuracy']"
+COMPILE = ADAM
 SLOTS = "SELECT count(*) FROM madlib_mop.worker_sessions"  # every database's: the library is preloaded
 
 
@@ -30,13 +30,7 @@ def data(extension_dsn, allow_worker_role):
     database = conninfo_to_dict(extension_dsn)["dbname"]
     with psycopg.connect(extension_dsn, autocommit=True) as conn:
         conn.execute("SET search_path = public, madlib_mop")
-        iris_table(conn)
-        conn.execute("SELECT training_preprocessor_dl('iris', 'iris_packed', 'class_text', "
-                     "'attributes', distribution_rules => '2')")
-        conn.execute("SELECT load_keras_model('arch', %s::json)", (mlp_json(4, 8, 3),))
-        conn.execute("SELECT load_model_selection_table('arch', 'mst', ARRAY[1], ARRAY[%s, %s], "
-                     "ARRAY['batch_size=8, epochs=1'])",
-                     (COMPILE, COMPILE.replace("0.01", "0.05")))
+        iris_grid(conn)
         conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(analyst)))
         conn.execute(sql.SQL("GRANT USAGE ON SCHEMA madlib_mop TO {0}; GRANT CREATE ON SCHEMA public TO {0}; "
                              "GRANT SELECT ON ALL TABLES IN SCHEMA public TO {0}").format(sql.Identifier(analyst)))
@@ -417,12 +411,7 @@ def other_database(data, server_dsn):
         with psycopg.connect(other, autocommit=True) as conn:
             conn.execute("CREATE SCHEMA madlib_mop; CREATE EXTENSION madlib_mop SCHEMA madlib_mop CASCADE")
             conn.execute("SET search_path = public, madlib_mop")
-            iris_table(conn)
-            conn.execute("SELECT training_preprocessor_dl('iris', 'iris_packed', 'class_text', "
-                         "'attributes', distribution_rules => '2')")
-            conn.execute("SELECT load_keras_model('arch', %s::json)", (mlp_json(4, 8, 3),))
-            conn.execute("SELECT load_model_selection_table('arch', 'mst', ARRAY[1], ARRAY[%s, %s], "
-                         "ARRAY['batch_size=8, epochs=1'])", (COMPILE, COMPILE.replace("0.01", "0.05")))
+            iris_grid(conn)
         yield other, name
     finally:
         with psycopg.connect(server_dsn, autocommit=True) as admin:
@@ -479,12 +468,7 @@ def test_without_the_preloaded_library_each_database_caps_its_own(server_host):
             conn.execute("CREATE SCHEMA madlib_mop; CREATE EXTENSION madlib_mop SCHEMA madlib_mop CASCADE")
             conn.execute("SET search_path = public, madlib_mop")
             assert conn.execute("SELECT _mop_pool_shared()").fetchone()[0] is False
-            iris_table(conn)
-            conn.execute("SELECT training_preprocessor_dl('iris', 'iris_packed', 'class_text', "
-                         "'attributes', distribution_rules => '2')")
-            conn.execute("SELECT load_keras_model('arch', %s::json)", (mlp_json(4, 8, 3),))
-            conn.execute("SELECT load_model_selection_table('arch', 'mst', ARRAY[1], ARRAY[%s], "
-                         "ARRAY['batch_size=8, epochs=1'])", (COMPILE,))
+            iris_grid(conn)
             conn.execute("SELECT madlib_keras_fit_multiple_model('iris_packed', 'fallback', 'mst', 1)")
             kept = conn.execute("SELECT database, state FROM worker_sessions").fetchall()
             locks = conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
