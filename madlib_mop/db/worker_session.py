@@ -4,8 +4,9 @@ in parallel (and the coordinator's own bookkeeping session).
 Who a worker session is never depends on anything a user can set: it is always the role
 that made the call (`current_user`), on the same database, over this server's own Unix
 socket, with the extension's search_path; or, for sessions kept ready (`engine.prewarm`), a
-role that a superuser named in the server's configuration (madlib_mop.prewarm_roles).  It authenticates by peer with the `madlib_mop`
-user name map (see `madlib_mop.tools.server_auth`): no password exists or is typed anywhere.
+role that a superuser named in the server's configuration (madlib_mop.prewarm_roles).  It
+authenticates by peer with the `madlib_mop` user name map (see
+`madlib_mop.tools.server_auth`): no password exists or is typed anywhere.
 
 `madlib_mop.worker_conninfo` may still add libpq parameters that change how, not as whom,
 the session connects (timeouts); any other parameter is refused.
