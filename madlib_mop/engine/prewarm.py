@@ -29,10 +29,10 @@ from madlib_mop.db import catalog, settings, worker_session
 from madlib_mop.engine import idle_workers, server_pool
 from madlib_mop.engine.local import LocalWorker
 from madlib_mop.errors import MadlibMopError
-from madlib_mop.preprocess.output import SEGMENTS_SETTING
 
 ROLES_SETTING = "madlib_mop.prewarm_roles"
 SESSIONS_SETTING = "madlib_mop.prewarm_sessions"
+SEGMENTS_SETTING = "madlib_mop.segments"  # a default packing's segments (preprocess.output)
 LABEL = "madlib_mop prewarm worker"  # while it imports TensorFlow; then idle
 # Idle until a call waits for a slot or a DBA ends it (`_mop_idle` takes an integer).
 KEPT_SECONDS = 2**31 - 1

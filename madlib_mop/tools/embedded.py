@@ -152,6 +152,16 @@ def server_environment() -> dict[str, str]:
     return {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
 
 
+def installed_after_start(bindir: Path, data: Path) -> bool:
+    """Was the extension's library installed after the running server started?  A preloaded
+    library is read at start: a new one (or a new preload line) needs a restart."""
+    library, started = bindir.parent / "lib" / "madlib_mop.so", data / "postmaster.pid"
+    try:
+        return library.stat().st_mtime > started.stat().st_mtime
+    except FileNotFoundError:
+        return False
+
+
 class EmbeddedCluster(_ServerFiles):
     """One initdb cluster: its folder, its port, and how to start and stop it."""
 
@@ -196,14 +206,6 @@ class EmbeddedCluster(_ServerFiles):
     def is_initialized(self) -> bool:
         return (self.data / "PG_VERSION").exists()
 
-    def _library_newer_than_server(self) -> bool:
-        """Was the extension's library installed after the running server started?"""
-        library, started = self.bindir.parent / "lib" / "madlib_mop.so", self.data / "postmaster.pid"
-        try:
-            return library.stat().st_mtime > started.stat().st_mtime
-        except FileNotFoundError:
-            return False
-
     def is_running(self) -> bool:
         if not self.is_initialized():
             return False
@@ -218,8 +220,7 @@ class EmbeddedCluster(_ServerFiles):
             for path in (self.base, self.socket_dir):
                 os.chown(path, owner.pw_uid, owner.pw_gid)
             if self.data.exists():
-                for path in [self.data, *self.data.rglob("*")]:
-                    # A running server removes files meanwhile (WAL segments it recycles).
+                for path in [self.data, *self.data.rglob("*")]:  # WAL files may go meanwhile
                     with contextlib.suppress(FileNotFoundError):
                         os.lchown(path, owner.pw_uid, owner.pw_gid)
             # The server imports the project's virtual environment (PL/Python), so the
@@ -287,9 +288,7 @@ class EmbeddedCluster(_ServerFiles):
         self.initialize()
         self.ensure_setting("jit", "off")
         added = [self.ensure_setting(name, value) for name, value in self.preload_settings().items()]
-        # A preloaded library is read when the server starts: a new one (`make install`) or
-        # a new preload line needs a restart.
-        if (any(added) or self._library_newer_than_server()) and self.is_running():
+        if (any(added) or installed_after_start(self.bindir, self.data)) and self.is_running():
             self.run_command([self.tool("pg_ctl"), "restart", "-w", "-t", "60", "-m", "fast",
                        "-D", str(self.data), "-l", str(self.log), "-o", f"-p {self.port}"])
         if not self.is_running():
