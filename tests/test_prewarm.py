@@ -88,12 +88,14 @@ def test_a_prewarmed_roles_first_job_after_a_restart_runs_on_prewarmed_sessions(
                 rss_kb = next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
             assert rss_kb > 300_000, rss_kb
 
-    # The role's first job, in a new session: both its workers are the prewarmed sessions.
+    # The role's first job, in a new session, runs on the prewarmed sessions alone (which of
+    # them trained which visit is the scheduler's business).
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(ANALYST)))
         conn.execute("SET search_path = public, madlib_mop")
         conn.execute("SELECT madlib_keras_fit_multiple_model('iris_packed', 'first_job', 'mst', 2)")
-        assert _visit_pids(conn, "first_job") == set(prewarmed)
+        trained_on = _visit_pids(conn, "first_job")
+        assert trained_on and trained_on <= set(prewarmed), (trained_on, prewarmed)
 
     # Another role's call waits for a slot: the prewarmed sessions give theirs, and none is
     # opened again while it waits.

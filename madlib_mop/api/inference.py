@@ -14,7 +14,6 @@ import contextlib
 import dataclasses
 import gc
 import json
-import os
 from typing import Any
 
 import numpy as np
@@ -37,7 +36,6 @@ from madlib_mop.segment.inference import PREDICT_SHAPE_HINT
 from madlib_mop.segment.models import ModelRef, architecture_model, build, trained_models
 from madlib_mop.errors import MadlibMopError
 
-WORKERS_SETTING = "madlib_mop.segments"
 
 
 # ---- running on workers -------------------------------------------------------------------
@@ -61,8 +59,7 @@ def _run_parallel(plpy: Any, calls: list, engine: Engine | None = None) -> list[
 def _worker_count(plpy: Any) -> int:
     """The setting, else the CPU count; at most a quarter of the server's connections (as
     segments, see segment_count)."""
-    wanted = settings.whole_number(plpy, WORKERS_SETTING, strict=False) or os.cpu_count() or 1
-    return max(1, min(wanted, settings.worker_session_limit(plpy)))
+    return max(1, min(settings.default_segments(plpy), settings.worker_session_limit(plpy)))
 
 
 # Weights above this size are not sent with each predict call to workers that can read the

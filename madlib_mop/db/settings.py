@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from madlib_mop import errors
 from madlib_mop.errors import MadlibMopError
+
+
+# The segments a default packing makes, and evaluate's and predict's parts; also what a
+# prewarmed session's TensorFlow threads are sized for.
+SEGMENTS = "madlib_mop.segments"
+
+
+def default_segments(plpy: Any) -> int:
+    """madlib_mop.segments (a bad value counts as unset), else one per CPU."""
+    return whole_number(plpy, SEGMENTS, strict=False) or os.cpu_count() or 1
 
 
 def setting(plpy: Any, name: str) -> str | None:

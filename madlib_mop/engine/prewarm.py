@@ -20,7 +20,6 @@ chooses whom a session runs as.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -32,7 +31,6 @@ from madlib_mop.errors import MadlibMopError
 
 ROLES_SETTING = "madlib_mop.prewarm_roles"
 SESSIONS_SETTING = "madlib_mop.prewarm_sessions"
-SEGMENTS_SETTING = "madlib_mop.segments"  # a default packing's segments (preprocess.output)
 LABEL = "madlib_mop prewarm worker"  # while it imports TensorFlow; then idle
 # Idle until a call waits for a slot or a DBA ends it (`_mop_idle` takes an integer).
 KEPT_SECONDS = 2**31 - 1
@@ -87,7 +85,7 @@ def prewarm(plpy: Any) -> int:
     schema = catalog.extension_schema_name(plpy)
     server = server_pool.pool(plpy)
     cap = server_pool.cap(plpy)
-    segments = settings.whole_number(plpy, SEGMENTS_SETTING, strict=False) or os.cpu_count() or 1
+    segments = settings.default_segments(plpy)
     idle = plpy.prepare(f"SELECT count(*) AS n FROM ({server.slots}) s WHERE s.role = $1 "
                         "AND s.database = pg_catalog.current_database() AND s.state = 'idle'", ["text"])
     opened = 0

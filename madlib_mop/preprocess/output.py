@@ -17,7 +17,7 @@ from madlib_mop.preprocess.buffers import Packed
 from madlib_mop.preprocess.source import Features, Label
 
 
-SEGMENTS_SETTING = "madlib_mop.segments"
+SEGMENTS_SETTING = settings.SEGMENTS
 
 
 def segment_count(plpy: Any, distribution_rules: str | None) -> int:
