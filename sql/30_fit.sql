@@ -159,6 +159,17 @@ CREATE FUNCTION @extschema@._mop_warm_up(segments integer)
 RETURNS void
 #plpython "mop_warm_up.py"
 
+-- What a call needs of its models from Keras (madlib_mop/runtime/model_facts.py), asked of a
+-- worker session so that the calling session never imports TensorFlow.
+CREATE FUNCTION @extschema@._mop_model_facts(request jsonb)
+RETURNS jsonb
+#plpython "mop_model_facts.py"
+
+-- The models' step-0 states: into files of the request's directory (token), or returned.
+CREATE FUNCTION @extschema@._mop_initial_states(request jsonb, weights bytea[], token text,
+                                                OUT states bytea[], OUT sizes bigint[])
+#plpython "mop_initial_states.py"
+
 -- The server's pool of worker sessions (madlib_mop/engine/server_pool.py).  Where the
 -- extension's library is preloaded (shared_preload_libraries), its slots and its queue are
 -- the server's, in shared memory (src/server_slots.c): one cap for every database.

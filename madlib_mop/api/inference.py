@@ -11,8 +11,6 @@ part fails, the output table is dropped: nothing half-written is left.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import gc
 import json
 from typing import Any
 
@@ -29,11 +27,11 @@ from madlib_mop.engine.local import LocalEngine
 from madlib_mop.engine.pool import run_all
 from madlib_mop.preprocess.source import feature_columns
 from madlib_mop.grammar import model_config
-from madlib_mop.job import outputs, plan, temporary
+from madlib_mop.job import keras_work, outputs, plan, temporary
 from madlib_mop.runtime import keras_json
 from madlib_mop.runtime.tf_runtime import worker_threads
 from madlib_mop.segment.inference import PREDICT_SHAPE_HINT
-from madlib_mop.segment.models import ModelRef, architecture_model, build, trained_models
+from madlib_mop.segment.models import ModelRef, architecture_model, trained_models
 from madlib_mop.errors import MadlibMopError
 
 
@@ -54,6 +52,17 @@ def _run_parallel(plpy: Any, calls: list, engine: Engine | None = None) -> list[
         else:
             for worker in workers:
                 worker.close()
+
+
+def _facts(plpy: Any, ref: ModelRef) -> dict:
+    """The model's input shape, outputs and parameters, asked of a worker session
+    (`job.keras_work`: this session does not import TensorFlow)."""
+    with keras_work.for_session(plpy) as keras:
+        facts = keras.facts([{"mst_key": ref.mst_key or 0, "model_arch": ref.model_arch,
+                              "compile_params": ref.compile_params or "loss='mse'", "fit_params": ""}])
+    found = next(iter(facts.values()))
+    keras_work.refuse_several_inputs(found)
+    return found
 
 
 def _worker_count(plpy: Any) -> int:
@@ -115,8 +124,7 @@ def _evaluate(plpy, model_table, test_table, output_table, use_gpus, mst_key, al
     catalog.committed(plpy, inputs, packed=tuple(inputs))
     out = catalog.new_table(plpy, output_table, argument="output_table")
     out.must_not_exist(plpy)
-    shape = keras_json.input_shape(build(dataclasses.replace(refs[0], weights=None), compile_model=True))
-    gc.collect()  # (the model built for its shape: it may be GBs)
+    shape = _facts(plpy, refs[0])["input_shape"]
     keras_json.require_input_shape(shape, test["feature_shape"], packed.packed_columns(test)[0],
                                    test["packed_table"],
                                    hint="Evaluate on data packed like the training data.")
@@ -248,9 +256,10 @@ def predict_byom(plpy: Any, model_arch_table: str, model_id: int, test_table: st
                              sqlstate=errors.INVALID_PARAMETER_VALUE, hint="Pass NULL for 1.0.")
     ref.class_values = list(class_values) if class_values is not None else None
     ref.normalizing_const = float(normalizing_const or 1.0)
+    facts = _facts(plpy, ref)
+    keras_json.check_weight_bytes(facts["parameters"], ref.weights)
     if ref.class_values is None:  # MADlib: classes 0..n-1 when none are given
-        outputs = build(ref, compile_model=False).output_shape[-1]
-        ref.class_values = [str(i) for i in range(outputs)]
+        ref.class_values = [str(i) for i in range(facts["outputs"])]
     _predict(plpy, ref, test_table, id_col, independent_varname, output_table, pred_type)
 
 
@@ -270,10 +279,8 @@ def _predict_into(plpy, ref: ModelRef, test_table, id_col, independent_varname, 
     features = feature_columns(plpy, source, independent_varname)
     out = catalog.new_table(plpy, output_table, argument="output_table")
     out.must_not_exist(plpy)
-    model = build(dataclasses.replace(ref, weights=None), compile_model=False)  # for its shapes
-    shape, outputs_count = keras_json.input_shape(model), model.output_shape[-1]
-    model = None
-    gc.collect()  # (it may be GBs)
+    facts = _facts(plpy, ref)
+    shape, outputs_count = facts["input_shape"], facts["outputs"]
     first = plpy.execute(f"SELECT {features.expression} AS x FROM {source.name} LIMIT 1")
     if not first:
         raise MadlibMopError(f"test_table: Input table '{source.name}' is empty", sqlstate=errors.DATA_EXCEPTION,

@@ -8,6 +8,7 @@ from typing import Any
 from madlib_mop import errors
 from madlib_mop.db import catalog, custom_functions
 from madlib_mop.grammar import model_config
+from madlib_mop.job import keras_work
 from madlib_mop.runtime import keras_json
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.search import grid
@@ -36,8 +37,12 @@ def load_keras_model(plpy: Any, keras_model_arch_table: str, model_arch: str | N
     if model_arch is None:
         raise MadlibMopError("model_arch is NULL", sqlstate=errors.NULL_VALUE_NOT_ALLOWED,
                              hint="Pass model.to_json() of a Keras model.")
-    model = keras_json.model_from_config(keras_json.parse_model_json(model_arch), initialised=False)
-    keras_json.check_weights(model, model_weights)
+    keras_json.parse_model_json(model_arch)  # (no code: refused before a worker reads it)
+    with keras_work.for_session(plpy) as keras:  # Keras builds it in a worker session
+        facts = keras.facts([{"mst_key": 0, "model_arch": model_arch, "compile_params": "",
+                              "fit_params": ""}])[0]
+    keras_work.refuse_several_inputs(facts)
+    keras_json.check_weight_bytes(facts["parameters"], model_weights)
 
     target = catalog.new_table(plpy, keras_model_arch_table, argument="keras_model_arch_table")
     if target.exists(plpy):
@@ -63,7 +68,7 @@ def load_keras_model(plpy: Any, keras_model_arch_table: str, model_arch: str | N
         [model_arch, model_weights, name, description])[0]
     plpy.notice(
         f"{caller}: added model_id {row['model_id']} to {quoted} "
-        f"({model.count_params()} parameters, input shape {keras_json.input_shape(model)}"
+        f"({facts['parameters']} parameters, input shape {facts['input_shape']}"
         + (", with initial weights" if model_weights is not None else "") + ")")
     return row["model_id"]
 

@@ -22,7 +22,7 @@ from madlib_mop import errors
 from madlib_mop.db import catalog
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.grammar import model_config
-from madlib_mop.job import plan, repository, store
+from madlib_mop.job import keras_work, plan, repository, store
 from madlib_mop.job.record import JobRecord, JobState
 
 _OPEN = frozenset(JobState) - {JobState.FINISHED}
@@ -80,7 +80,8 @@ def _check_config(plpy: Any, job: JobRecord, config: dict) -> None:
         (arguments.custom_functions or {}).get("digests", ())))
     model_config.fit_params_from(model_config.parse_keyword_text(config["fit_params"], "fit_params"),
                                  config["fit_params"] or "")
-    plan.check_config(plpy, config, job.source_table, arguments)
+    with keras_work.for_session(plpy) as keras:
+        plan.check_config(plpy, config, job.source_table, arguments, keras)
 
 
 def stop_model(plpy: Any, job_id: int, mst_key: int) -> int:

@@ -120,6 +120,20 @@ class Worker(abc.ABC):
         """madlib_keras_predict's part: predict the rows in table blocks [first, last)
         and insert them into the task's output table: {rows, seconds}."""
 
+    # Where the files its initial states are written to can be read by the caller: a
+    # worker of the caller's own server (same data directory).
+    shares_files = True
+
+    @abc.abstractmethod
+    def model_facts(self, request: dict) -> list[dict]:
+        """Shapes and sizes of the request's configurations (`runtime.model_facts.facts`)."""
+
+    @abc.abstractmethod
+    def initial_states(self, request: dict, weights: list[bytes | None],
+                       token: str | None) -> tuple[list[bytes | None], list[int]]:
+        """The configurations' step-0 states, into the token's directory or returned
+        (`runtime.model_facts.initial_states`)."""
+
     @abc.abstractmethod
     def cancel(self) -> None: ...
 
@@ -133,6 +147,7 @@ class Worker(abc.ABC):
 
 
 class Engine(abc.ABC):
+    shares_files = True  # its workers write to this server's data directory (`Worker.shares_files`)
     # Do its training workers come from the server's capped pool (`engine.server_pool`)?
     pooled = False
     # Do its workers read a model's state from the job's store and write the new one there

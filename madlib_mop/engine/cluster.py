@@ -34,6 +34,8 @@ class ClusterWorker(LocalWorker):
         self.job: dict | None = None  # the description its session must have
         self._job_sent = None  # (the session that got it, the description it got)
 
+    shares_files = False  # its files are on the segment server
+
     @property
     def where(self) -> str:
         return self.server.label
@@ -70,6 +72,7 @@ class ClusterWorker(LocalWorker):
 
 
 class ClusterEngine(Engine):
+    shares_files = False
     def __init__(self, plpy: Any, table: catalog.Table, partitions: dict[int, Partition]):
         self.table, self.partitions = table, partitions
         self.schema = catalog.extension_schema(plpy)

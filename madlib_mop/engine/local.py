@@ -144,6 +144,14 @@ class LocalWorker(Worker):
         return json_value(self._call("_mop_infer_predict", Jsonb(task),
                                 first_block, last_block, weights)[0])
 
+    def model_facts(self, request):
+        return json_value(self._call("_mop_model_facts", Jsonb(request))[0])
+
+    def initial_states(self, request, weights, token):
+        given = None if all(w is None for w in weights) else list(weights)
+        states, sizes = self._call("_mop_initial_states", Jsonb(request), given, token)
+        return [None if s is None else bytes(s) for s in (states or [None] * len(sizes))], list(sizes)
+
     def cancel(self) -> None:
         adopted = self._adopted  # (another thread may let it go meanwhile)
         if adopted is not None:
@@ -268,14 +276,18 @@ class LocalEngine(Engine):
         idle_workers.wait_listening([worker.idle(self.idle_seconds) for worker in workers
                                      if isinstance(worker, LocalWorker) and worker.usable])
 
+    def ready_workers(self, count: int, label: str) -> list[Worker]:
+        """Up to `count` sessions to be had without waiting in the queue: this role's idle
+        ones (any: evaluate and predict size their threads as they can), then free slots."""
+        workers = self._adopted(count, None, label)
+        return workers + self._free_slots(count - len(workers), len(workers), label)
+
     def inference_workers(self, count: int) -> list[Worker]:
         """Up to `count` sessions of the server's pool (evaluate and predict spread their
         parts over those they get): this role's idle ones first (TensorFlow imported),
         then free slots; with none, the call waits in the queue."""
         label = "madlib_mop inference worker"
-        # Any idle session: evaluate and predict size their threads as they can.
-        workers = self._adopted(count, None, label)
-        workers += self._free_slots(count - len(workers), len(workers), label)
+        workers = self.ready_workers(count, label)
         if workers:
             return workers
 

@@ -88,6 +88,29 @@ class WorkerPool:
         except queue.Empty:
             return None
 
+    def call(self, call: Callable[[Worker], Any], poll: Callable[[], None]) -> Any:
+        """`call` on one live worker, waited for: it runs after what that worker runs now.
+        Results of the job's other calls that arrive meanwhile are put back, in order, for
+        the job to collect.  Raises what the call raised."""
+        index = self.live()[0]
+        tag = ("call", object())
+        self.submit(index, tag, call)
+        others = []
+        try:
+            while True:
+                got = self.next_result(0.25)
+                if got is None:
+                    poll()
+                elif got[0] is tag:
+                    if got[2] is not None:
+                        raise got[2]
+                    return got[1]
+                else:
+                    others.append(got)
+        finally:
+            for item in others:
+                self.results.put(item)
+
     def stop(self) -> None:
         """Cancel what runs and close the workers' sessions (once: not after `release`)."""
         if self.ended:

@@ -26,6 +26,7 @@ from madlib_mop.job.worker_supply import WorkerSupply, wait_for_workers, warm_up
 from madlib_mop.job.failures import DIVERGED, FAILED, ModelFailures, RetryPolicy
 from madlib_mop.job.progress import JobProgress
 from madlib_mop.job.search_driver import JobSearch
+from madlib_mop.job.keras_work import KerasWork
 from madlib_mop.job.store import JobStore, ModelRecord
 from madlib_mop import plpy_bridge
 from madlib_mop.search.base import Report
@@ -112,11 +113,16 @@ class Coordinator:
                                                 self.S, self.job.seed,
                                                 self.args.initial_models, steering.added(requests))
         self.started_epoch = self.store.mark_running(os.getpid())
+        poll = lambda: interruption_point(self.plpy, False)  # noqa: E731
+        # New models' facts and states, from a worker of the job once it has one.
+        keras = KerasWork(lambda call: self.pool.call(call, poll) if self.pool and self.pool.live() else None,
+                          self.engine.shares_files, poll)
         self.search = JobSearch(self.plpy, self.store, self.engine, self.models, self.schedule,
-                                bool(self.partitions), self._notice)
+                                bool(self.partitions), self._notice, keras)
         self.steering = steering.JobSteering(self.plpy, self.store, requests, self._notice,
                                              models=self.models, dispatcher=self.schedule,
-                                             search=self.search, engine=self.engine, events=self)
+                                             search=self.search, engine=self.engine, events=self,
+                                             keras=keras)
         self.failures = ModelFailures(self.store, self._notice, events=self)
         for mst_key in self.failures.lost:  # diverged before the job was resumed
             self.schedule.stop(mst_key)

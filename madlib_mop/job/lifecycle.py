@@ -24,7 +24,8 @@ from madlib_mop.job import memory, outputs, repository, store
 from madlib_mop.job import tables as job_tables
 from madlib_mop.job.coordinator import Coordinator, start_pool
 from madlib_mop.job.record import JobRecord, JobState
-from madlib_mop.job.plan import Plan, check_models, check_recorded_functions, custom_of
+from madlib_mop.job.keras_work import KerasWork
+from madlib_mop.job.plan import Plan, check_models, check_recorded_functions, custom_of, recorded_custom
 from madlib_mop.job.state_store import HopFiles
 from madlib_mop.job.tables import identifiers
 from madlib_mop.runtime import state, training
@@ -41,7 +42,7 @@ def refuse_if_running(plpy: Any, job: JobRecord, out: catalog.NewTable) -> None:
                  f"cancel it: SELECT pg_cancel_backend({job.coordinator_pid}).")
 
 
-def initial_states(plpy: Any, plan: Plan, previous: dict[int, bytes],
+def initial_states(plpy: Any, plan: Plan, previous: dict[int, bytes], keras: KerasWork,
                    previous_compile: dict[int, str] | None = None) -> Iterator[tuple[int, bytes]]:
     """(mst_key, step 0) of every model in turn, in the plan's order (a state may be GBs:
     the caller holds one at a time): the previous job's last state (warm start), else a fresh
@@ -50,14 +51,18 @@ def initial_states(plpy: Any, plan: Plan, previous: dict[int, bytes],
     gives its weights alone, as MADlib's warm start does, when their shapes match; the
     optimizer then starts afresh.  So does one whose compile_params changed (another
     learning rate or optimizer: `previous_compile`, the previous job's).  Weights of other
-    shapes are refused here, before the job exists."""
+    shapes are refused here, before the job exists.  Built by a worker (`keras`)."""
     custom = custom_of(plan.arguments)
     specs = [training.ModelSpec.of(c, custom) for c in plan.configs]
     seed = plan.arguments.seed
-    expected: dict[tuple, list] = {}  # per program key: it depends on architecture and optimizer
-    for spec in specs:
-        if spec.mst_key in previous and spec.program_key not in expected:
-            expected[spec.program_key] = training.state_layout(spec)
+    # per program key: it depends on architecture and optimizer
+    expected: dict[tuple, list] = {}
+    warm = [c for c in plan.configs if c["mst_key"] in previous]
+    if warm:
+        layouts = keras.facts(warm, recorded_custom(plan.arguments), layouts=True)
+        for spec in specs:
+            if spec.mst_key in layouts:
+                expected[spec.program_key] = [(kind, tuple(shape)) for kind, shape in layouts[spec.mst_key]["layout"]]
     kept, reweighted = {}, {}
     for spec in specs:
         old = previous.get(spec.mst_key)
@@ -84,7 +89,7 @@ def initial_states(plpy: Any, plan: Plan, previous: dict[int, bytes],
         plpy.notice("warm_start: model(s) " + ", ".join(map(str, reweighted))
                     + " continue from their stored weights with a new optimizer state: their "
                       "architecture or compile_params differ from the stored model's")
-    fresh = training.each_initial_state(
+    fresh = keras.initial_states(
         [reweighted.get(s.mst_key, s) for s in specs if s.mst_key not in kept], seed)
     for spec in specs:
         yield (spec.mst_key, kept[spec.mst_key]) if spec.mst_key in kept else next(fresh)
@@ -94,7 +99,7 @@ def _weight_shapes(layout: list) -> list[list[int]]:
     return [list(shape) for kind, shape in layout if kind == "weights"]
 
 
-def create_job(plpy: Any, plan: Plan, previous_job: JobRecord | None, prepare=None,
+def create_job(plpy: Any, plan: Plan, previous_job: JobRecord | None, keras: KerasWork, prepare=None,
                left_by: JobRecord | None = None, weight_bytes: dict[str, int] | None = None
                ) -> tuple[int, memory.WorkerMemory]:
     """The jobs row, the output and per-job tables, and every model's initial state, in one
@@ -145,7 +150,7 @@ def create_job(plpy: Any, plan: Plan, previous_job: JobRecord | None, prepare=No
             memory.check(memory.estimate(plpy, plan.configs, {
                 c["mst_key"]: memory.estimated_state_bytes(c, weight_bytes[c["model_arch"]])
                 for c in plan.configs if c["model_arch"] in weight_bytes}, packed_tables, caching))
-        for mst_key, blob in initial_states(plpy, plan, previous_states, previous_compile):
+        for mst_key, blob in initial_states(plpy, plan, previous_states, keras, previous_compile):
             sizes[mst_key] = len(blob)
             # Refused as soon as the states so far are too big: nothing is then left (the
             # transaction is not committed).
@@ -226,13 +231,15 @@ def run_plan(plpy: Any, plan: Plan, warm_start: bool, can_commit: bool, caller: 
                              hint="Train it first, or pass warm_start => FALSE.")
     else:
         left_by = left_by_dropped_output(plpy, plan.out)
-    # The workers import TensorFlow (seconds) while this session checks the models against
-    # the data (which may import it here too) and creates the job.
+    # The workers import TensorFlow (seconds) while this session reads the plan; then the
+    # first of them answers what the job needs of Keras (`job.keras_work`): this session
+    # never imports it.
     engine = engine_of(plpy, plan.source["packed_table"])
     pool = start_pool(engine, plan.source["num_segments"])
     try:
-        weight_bytes = check_models(plpy, plan)
-        job_id, need = create_job(plpy, plan, previous, prepare, left_by, weight_bytes)
+        keras = KerasWork.of_pool(pool, lambda: plpy.execute("SELECT 1"))
+        weight_bytes = check_models(plpy, plan, keras)
+        job_id, need = create_job(plpy, plan, previous, keras, prepare, left_by, weight_bytes)
     except BaseException:
         pool.stop()
         raise

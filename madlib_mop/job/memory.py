@@ -67,7 +67,7 @@ OPTIMIZER_SLOTS = {"Adam": 2, "AdamW": 2, "Adamax": 2, "Nadam": 2, "Adadelta": 2
 def estimated_state_bytes(config: dict, weight_bytes: int) -> int:
     """A configuration's state size from its weights' (`plan.check_models`) and its optimizer."""
     optimizer = training.ModelSpec.of(config).compile.optimizer
-    arguments = training.optimizer_arguments(optimizer)
+    arguments = optimizer.written_arguments()  # (as written: no Keras needed here)
     slots = OPTIMIZER_SLOTS.get(optimizer.name, 0)
     slots += bool(arguments.get("momentum")) + bool(arguments.get("amsgrad")) + bool(arguments.get("centered"))
     return weight_bytes * (1 + slots)

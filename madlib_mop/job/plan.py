@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import gc
 import shlex
 
-import numpy as np
 from dataclasses import dataclass, field
 from typing import Any
 
 from madlib_mop import errors
 from madlib_mop.db import catalog, custom_functions, packed, segments, settings
 from madlib_mop.errors import MadlibMopError
-from madlib_mop.job import versions
+from madlib_mop.job import keras_work, versions
 from madlib_mop.job.record import JobArguments
 from madlib_mop.job.tables import SUFFIXES_LONGEST_FIRST
 from madlib_mop.grammar import model_config
@@ -39,11 +37,11 @@ class Plan:
     info_labels: dict = field(default_factory=dict)  # mst_key -> extra _info columns
 
 
-def _check_model(plpy: Any, config: dict, source: dict, built: dict,
+def _check_model(plpy: Any, config: dict, source: dict, facts: dict,
                  validation: dict | None = None, custom: CustomFunctions | None = None) -> None:
     """Does the model fit the data (and the validation data's features): input shape,
-    output width, loss?  `built`: the Keras models built so far, by architecture
-    (configurations share few architectures); `custom`: the job's custom functions."""
+    output width, loss?  `facts`: the configuration's (`job.keras_work`); `custom`: the
+    job's custom functions."""
     spec = training.ModelSpec.of(config, custom)
     # Built-in names, or functions of the job's object table (a row edited by hand too).
     model_config.parse_compile_params(config["compile_params"],
@@ -55,18 +53,15 @@ def _check_model(plpy: Any, config: dict, source: dict, built: dict,
                 f"mst_key {config['mst_key']}: fit_params {key} is not supported by model hopping",
                 sqlstate=errors.FEATURE_NOT_SUPPORTED,
                 hint="Every sub-epoch is one pass over a segment; remove it from fit_params.")
-    arch = config["model_arch"]  # text: plan_job reads it as model_arch::text
-    if arch not in built:
-        built[arch] = keras_json.model_from_config(keras_json.parse_model_json(arch), initialised=False)
-    model = built[arch]
-    shape = keras_json.input_shape(model)
+    keras_work.refuse_several_inputs(facts)
+    shape = facts["input_shape"]
     for data in (source, validation) if validation is not None else (source,):
         keras_json.require_input_shape(
             shape, data["feature_shape"], packed.packed_columns(data)[0], data["packed_table"],
             who=f"model {config['model_id']} (mst_key {config['mst_key']}): ",
             hint="Load an architecture whose input shape is the feature shape, or pack the "
                  "features in the model's shape.")
-    outputs = model.output_shape[-1]
+    outputs = facts["outputs"]
     params = spec.compile
     classification = source["label_kind"] == "classification"
     width = source["num_classes"][0] if classification else None
@@ -288,25 +283,25 @@ def _warn_of_callbacks(plpy: Any, configs: list[dict], out: catalog.NewTable) ->
         "TensorBoard event files from its _info table")
 
 
-def check_models(plpy: Any, plan: Plan) -> dict[str, int]:
-    """Every configuration against the data (Keras builds each architecture once, with
-    zeros); the bytes of each architecture's weights.  Apart from `plan_job`, which imports
-    nothing heavy: a fit starts its workers in between."""
-    built: dict = {}
+def check_models(plpy: Any, plan: Plan, keras: keras_work.KerasWork) -> dict[str, int]:
+    """Every configuration against the data, from its facts (asked of a worker session of
+    the job, `job.keras_work`); the bytes of each architecture's weights.  Apart from
+    `plan_job`, which needs no Keras: a fit starts its workers in between."""
+    custom = custom_of(plan.arguments)
+    facts = keras.facts(plan.configs, recorded_custom(plan.arguments))
     for config in plan.configs:
-        _check_model(plpy, config, plan.source, built, plan.validation, custom_of(plan.arguments))
-    weight_bytes = {arch: sum(int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize
-                              for v in model.weights) for arch, model in built.items()}
-    built.clear()
-    gc.collect()  # (Keras' models hold cycles; a model may be GBs)
-    return weight_bytes
+        _check_model(plpy, config, plan.source, facts[config["mst_key"]], plan.validation, custom)
+    return {config["model_arch"]: facts[config["mst_key"]]["weight_bytes"] for config in plan.configs}
 
 
-def check_config(plpy: Any, config: dict, source_table: str, arguments: JobArguments) -> None:
+def check_config(plpy: Any, config: dict, source_table: str, arguments: JobArguments,
+                 keras: keras_work.KerasWork) -> dict:
     """One configuration against the packed training data (a searcher's new proposal, or a
-    steering action's), with the custom functions the job recorded (`arguments`)."""
-    _check_model(plpy, config, packed.read_summary(plpy, source_table, argument="source_table"), {},
-                 custom=custom_of(arguments))
+    steering action's), with the custom functions the job recorded (`arguments`): its facts."""
+    facts = keras.facts([config], recorded_custom(arguments))[config["mst_key"]]
+    _check_model(plpy, config, packed.read_summary(plpy, source_table, argument="source_table"),
+                 facts, custom=custom_of(arguments))
+    return facts
 
 
 def custom_functions_of(plpy: Any, object_table: str | None, texts: list[str],
@@ -355,6 +350,13 @@ def check_recorded_functions(plpy: Any, arguments: JobArguments) -> None:
     unchanged (workers check again before they unpickle)."""
     if arguments.custom_functions:
         recorded_functions(plpy, arguments.custom_functions, with_objects=False)
+
+
+def recorded_custom(arguments: JobArguments) -> dict | None:
+    """What a worker is told of the job's custom functions (names and digests: stand-ins
+    compile, nothing is unpickled)."""
+    recorded = arguments.custom_functions
+    return {"name": recorded["name"], "digests": dict(recorded["digests"])} if recorded else None
 
 
 def custom_of(arguments: JobArguments) -> CustomFunctions | None:

@@ -11,6 +11,7 @@ from madlib_mop.engine.base import Engine
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.grammar.model_config import Config
 from madlib_mop.job import metrics, outputs, plan, schedule
+from madlib_mop.job.keras_work import KerasWork
 from madlib_mop.job.store import JobStore, ModelRecord
 from madlib_mop.runtime import training
 from madlib_mop.search import setup
@@ -23,8 +24,10 @@ class JobSearch:
     models, schedule and store."""
 
     def __init__(self, plpy: Any, store: JobStore, engine: Engine, models: dict[int, ModelRecord],
-                 dispatcher: schedule.Dispatcher, validated: bool, notice: Callable[[str], None]):
+                 dispatcher: schedule.Dispatcher, validated: bool, notice: Callable[[str], None],
+                 keras: KerasWork):
         self.plpy, self.store, self.engine, self.notice = plpy, store, engine, notice
+        self.keras = keras  # a proposal's facts and initial state (`job.keras_work`)
         self.models, self.schedule = models, dispatcher
         self.job, self.args = store.job, store.job.arguments
         self.searcher, self.pruner, self.objective = setup.search_of_job(
@@ -123,9 +126,9 @@ class JobSearch:
         entry = {"mst_key": key, "model_id": config.model_id, "model_arch": arch,
                  "compile_params": config.compile_params, "fit_params": config.fit_params,
                  "weights": weights}
-        plan.check_config(self.plpy, entry, self.job.source_table, self.args)
-        blob = training.initial_states([training.ModelSpec.of(entry, plan.custom_of(self.args))],
-                                       self.job.seed)[key]
+        plan.check_config(self.plpy, entry, self.job.source_table, self.args, self.keras)
+        ((_, blob),) = self.keras.initial_states([training.ModelSpec.of(entry, plan.custom_of(self.args))],
+                                                 self.job.seed)
         self.store.add_model(entry, blob)
         return self.store.model_record(key, config.model_id, config.compile_params,
                                        config.fit_params)

@@ -31,6 +31,7 @@ from madlib_mop.job import plan, schedule
 from madlib_mop.engine.base import Engine
 from madlib_mop.job.events import JobEvents
 from madlib_mop.job.search_driver import JobSearch
+from madlib_mop.job.keras_work import KerasWork
 from madlib_mop.job.store import JobStore, ModelRecord
 from madlib_mop.runtime import state, training
 
@@ -105,12 +106,12 @@ class JobSteering:
 
     def __init__(self, plpy: Any, store: JobStore, requests: list[Request], notice: Callable[[str], None],
                  *, models: dict[int, ModelRecord], dispatcher: schedule.Dispatcher, search: JobSearch,
-                 engine: Engine, events: JobEvents):
+                 engine: Engine, events: JobEvents, keras: KerasWork):
         """The coordinator's models, dispatcher, search and engine; `events`: what it is
         told when a model's iterations change."""
         self.plpy, self.store, self.notice = plpy, store, notice
         self.models, self.schedule, self.search, self.engine = models, dispatcher, search, engine
-        self.events = events
+        self.events, self.keras = events, keras
         self.search.record_stops({k: v for k, v in stops(requests).items() if k in self.models})
         self.added = added(requests)  # models made by requests: their visit orders are their own
         self.pending = [r for r in requests if not r.applied]
@@ -236,7 +237,7 @@ class JobSteering:
             entry = {"mst_key": key, "model_id": origin.model_id, "model_arch": arch,
                      "compile_params": request.params["compile_params"],
                      "fit_params": request.params["fit_params"], "weights": None}
-        plan.check_config(self.plpy, entry, job.source_table, job.arguments)
+        plan.check_config(self.plpy, entry, job.source_table, job.arguments, self.keras)
         blob = self._initial_state(entry, source, at)
         rounds = job.arguments.num_iterations * training.ModelSpec.of(entry).epochs
         iteration = None if source is None else at // self.models[source].per_iteration
@@ -265,8 +266,9 @@ class JobSteering:
             if entry["compile_params"] == self.models[source].compile_params:
                 return blob
             entry["weights"] = bytes(state.madlib_weights(blob))
-        return training.initial_states([training.ModelSpec.of(entry, plan.custom_of(self.store.job.arguments))],
-                                       self.store.job.seed)[entry["mst_key"]]
+        ((_, blob),) = self.keras.initial_states(
+            [training.ModelSpec.of(entry, plan.custom_of(self.store.job.arguments))], self.store.job.seed)
+        return blob
 
     def _record(self, request: Request, iteration: int | None, new_key: int | None, outcome: str) -> None:
         request.applied, request.applied_iteration, request.new_mst_key = True, iteration, new_key

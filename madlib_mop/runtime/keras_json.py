@@ -221,14 +221,19 @@ def input_shape(model) -> list[int | None]:
 
 def check_weights(model, weights: bytes | None) -> None:
     """Initial weights are the float32 values of get_weights(), concatenated."""
+    check_weight_bytes(model.count_params(), weights)
+
+
+def check_weight_bytes(parameters: int, weights: bytes | None) -> None:
+    """`check_weights` from the architecture's number of parameters (no model built)."""
     if weights is None:
         return
-    expected = 4 * model.count_params()
+    expected = 4 * parameters
     if len(weights) != expected:
         raise MadlibMopError(
             f"model_weights has {len(weights)} bytes, the architecture needs {expected}",
             sqlstate=errors.INVALID_PARAMETER_VALUE,
-            detail=f"The architecture has {model.count_params()} parameters; weights are "
+            detail=f"The architecture has {parameters} parameters; weights are "
                    "stored as float32 (4 bytes each), concatenated in get_weights() order.",
             hint="Pass numpy.concatenate([w.ravel() for w in model.get_weights()])"
                  ".astype('float32').tobytes(), or NULL for a random initialisation.",

@@ -1,0 +1,229 @@
+"""The calling session's Keras questions, answered without importing TensorFlow here.
+
+A call needs Keras for a few things before and while its workers train: each
+configuration's input shape and outputs (checked against the data), its weights' size (the
+memory estimate and the `_info` table), its state's layout (a warm start), and each
+model's step-0 state.  Imported in the calling session, TensorFlow would stay there for the
+rest of the session: some 250 MB that `madlib_mop.max_worker_sessions` does not count.
+
+So they are asked (`runtime.model_facts`) of:
+1. a worker session of the call (`ask`): the job's own, whose TensorFlow is being imported
+   anyway while the job is created, or an idle one of the role for evaluate and predict;
+2. else (the server's pool has no free session for this call yet), a helper process of
+   the server's Python (`python -m madlib_mop.runtime.model_facts`), which ends when it
+   has answered and gives its memory back.
+
+Facts are kept for the session (by architecture text, and program for layouts): a
+session's next call on the same architectures asks nobody.  States are deterministic
+(drawn from the job's seed and the mst_key), so where they are built does not change them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+import psycopg
+
+from madlib_mop import errors
+from madlib_mop.engine.base import Worker, as_error
+from madlib_mop.engine.local import LocalEngine
+from madlib_mop.errors import MadlibMopError
+from madlib_mop.runtime import training
+from madlib_mop.runtime.model_facts import request_directory
+
+# (architecture text) -> its facts; (program key) -> its state's layout.  Small values.
+_facts: dict[str, dict] = {}
+_layouts: dict[tuple, list] = {}
+KEPT_FACTS = 256
+HELPER_SECONDS = 600
+
+
+class KerasWork:
+    """Where this call's Keras questions go.  `ask(call)`: runs call(worker) on one worker
+    session of the call and returns its value (None: no worker; the helper process
+    answers); `shares_files`: that worker writes to this server's data directory;
+    `poll`: run while waiting, so that a cancel of the call takes effect."""
+
+    def __init__(self, ask: Callable[[Callable[[Worker], Any]], Any] | None,
+                 shares_files: bool = True, poll: Callable[[], None] = lambda: None):
+        self.ask, self.shares_files, self.poll = ask, shares_files, poll
+
+    @classmethod
+    def of_pool(cls, pool: Any, poll: Callable[[], None]) -> "KerasWork":
+        """On a job's pool of workers (`engine.pool.WorkerPool`), while it has one."""
+        def ask(call):
+            return pool.call(call, poll) if pool.live() else None
+        workers = pool.workers()
+        return cls(ask, all(w.shares_files for w in workers), poll)
+
+    def _asked(self, call: Callable[[Worker], Any]) -> tuple[bool, Any]:
+        """(answered, value): a worker's answer, or not answered (no worker, or it was lost)."""
+        if self.ask is None:
+            return False, None
+        try:
+            value = self.ask(call)
+        except psycopg.OperationalError:  # the session was lost: the helper answers
+            return False, None
+        except MadlibMopError:
+            raise
+        except Exception as error:  # an error the worker reported (its SQLSTATE kept)
+            raise as_error(error, "See the server log.") from None
+        return value is not None, value
+
+    # ---- facts -----------------------------------------------------------------------
+
+    def facts(self, configs: Iterable[dict], custom: dict | None = None,
+              layouts: bool = False) -> dict[int, dict]:
+        """mst_key -> input_shape, inputs, outputs, weight_bytes, parameters (and layout)."""
+        configs = list(configs)
+        specs = {c["mst_key"]: training.ModelSpec.of(c) for c in configs}
+        missing = [c for c in configs if c["model_arch"] not in _facts
+                   or (layouts and specs[c["mst_key"]].program_key not in _layouts)]
+        if missing:
+            request = {"models": [_model(c) for c in missing], "custom": custom, "layouts": layouts}
+            answered, found = self._asked(lambda worker: worker.model_facts(request))
+            if not answered:
+                found = self._helper({"kind": "facts", **request})["facts"]
+            for config, answer in zip(missing, found):
+                _keep(_facts, config["model_arch"], {k: v for k, v in answer.items()
+                                                     if k not in ("mst_key", "layout")})
+                if layouts:
+                    _keep(_layouts, specs[config["mst_key"]].program_key, answer["layout"])
+        return {key: dict(_facts[spec.model_arch], mst_key=key,
+                          **({"layout": _layouts[spec.program_key]} if layouts else {}))
+                for key, spec in specs.items()}
+
+    # ---- initial states ----------------------------------------------------------------
+
+    def initial_states(self, specs: list[training.ModelSpec], seed: int) -> Iterator[tuple[int, bytes]]:
+        """(mst_key, step-0 state) of each spec in turn, in the specs' order (one state held
+        at a time: a state may be GBs)."""
+        if not specs:
+            return
+        custom = specs[0].custom
+        request = {"models": [_model(vars(s)) for s in specs], "seed": int(seed),
+                   "custom": None if custom is None else {"name": custom.table, "digests": custom.digests}}
+        weights = [s.initial_weights for s in specs]
+        if not self.shares_files and self.ask is not None:
+            # A segment server's worker: its files are not ours; one state per answer.
+            for index, spec in enumerate(specs):
+                one = {**request, "models": [request["models"][index]]}
+                answered, value = self._asked(lambda w, one=one, i=index: w.initial_states(one, [weights[i]], None))
+                if not answered:
+                    break
+                yield spec.mst_key, value[0][0]
+            else:
+                return
+            specs, request, weights = specs[index:], {**request, "models": request["models"][index:]}, weights[index:]
+        token = secrets.token_hex(16)
+        directory = request_directory(token)
+        try:
+            answered = self.shares_files and self._asked(
+                lambda worker: worker.initial_states(request, weights, token))[0]
+            if not answered:
+                directory.mkdir(parents=True, exist_ok=True)
+                for index, blob in enumerate(weights):
+                    if blob is not None:
+                        (directory / f"{index}.weights").write_bytes(blob)
+                self._helper({"kind": "states", "token": token, **request,
+                              "models": [dict(m, has_weights=w is not None)
+                                         for m, w in zip(request["models"], weights)]})
+            for spec in specs:
+                path = directory / f"{int(spec.mst_key)}.state"
+                blob = path.read_bytes()
+                path.unlink()
+                yield spec.mst_key, blob
+                del blob
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+
+    # ---- the helper process ------------------------------------------------------------
+
+    def _helper(self, request: dict) -> dict:
+        """The answer of a helper process (the server's Python, this session's sys.path)."""
+        environment = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+                           TF_CPP_MIN_LOG_LEVEL="2")
+        process = subprocess.Popen([interpreter(), "-m", "madlib_mop.runtime.model_facts"],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, env=environment)
+        try:
+            out, err = _communicate(process, json.dumps(request).encode(), self.poll)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        if process.returncode != 0:
+            raise MadlibMopError(
+                "the helper process that reads the models with Keras failed",
+                sqlstate=errors.EXTERNAL_ROUTINE_EXCEPTION,
+                detail=err.decode(errors="replace")[-1500:],
+                hint="Check that the server's Python can import madlib_mop and TensorFlow "
+                     "(SELECT madlib_mop_runtime_check()).")
+        answer = json.loads(out)
+        if "error" in answer:
+            raise MadlibMopError(answer["error"]["message"], sqlstate=answer["error"]["sqlstate"],
+                                 detail=answer["error"]["detail"], hint=answer["error"]["hint"])
+        return answer
+
+
+@contextlib.contextmanager
+def for_session(plpy: Any) -> Iterator[KerasWork]:
+    """A call without a job's pool (evaluate, predict, steering): one worker session to be
+    had at once (the role's idle one, else a free slot; kept idle afterwards for the call's
+    own workers and the next call), else the helper process."""
+    engine = LocalEngine(plpy)
+    workers = engine.ready_workers(1, "madlib_mop worker")
+    poll = lambda: plpy.execute("SELECT 1")  # noqa: E731
+    try:
+        yield KerasWork((lambda call: call(workers[0])) if workers else None, True, poll)
+    finally:
+        engine.keep_inference(workers)
+
+
+def _communicate(process: subprocess.Popen, data: bytes, poll: Callable[[], None]) -> tuple[bytes, bytes]:
+    """The process's output; `poll` runs every half second (a cancel interrupts the wait)."""
+    waited = 0.0
+    while True:
+        try:
+            return process.communicate(data, timeout=0.5)
+        except subprocess.TimeoutExpired:
+            data = None
+            waited += 0.5
+            if waited > HELPER_SECONDS:
+                raise MadlibMopError("the helper process did not answer within "
+                                     f"{HELPER_SECONDS} s", sqlstate=errors.EXTERNAL_ROUTINE_EXCEPTION,
+                                     hint="See the server log.") from None
+            poll()
+
+
+def interpreter() -> str:
+    """The Python the server runs (PL/Python's), as a program."""
+    if Path(sys.executable).name.startswith("python"):
+        return sys.executable
+    return str(Path(sys.base_exec_prefix) / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}")
+
+
+def _model(config: dict) -> dict:
+    return {k: config[k] for k in ("mst_key", "model_arch", "compile_params", "fit_params")}
+
+
+def _keep(kept: dict, key: Any, value: Any) -> None:
+    if len(kept) >= KEPT_FACTS:
+        kept.pop(next(iter(kept)))
+    kept[key] = value
+
+
+def refuse_several_inputs(facts: dict) -> None:
+    """Models with several inputs are not trained (yet): said before anything starts."""
+    if facts["input_shape"] is None:
+        raise MadlibMopError("models with several inputs are not supported",
+                             sqlstate=errors.FEATURE_NOT_SUPPORTED,
+                             hint="Concatenate the features into one array column and use one input.")

@@ -1,0 +1,6 @@
+-- madlib_mop 0.11.0 -> 0.12.0
+\echo Use "ALTER EXTENSION madlib_mop UPDATE TO '0.12.0'" to load this file. \quit
+
+-- The calling session asks a worker session what it needs of Keras (_mop_model_facts,
+-- _mop_initial_states are new): they come with this version's routines.
+-- @routines

@@ -1,0 +1,119 @@
+"""The calling session never imports TensorFlow: what a call needs of Keras (shapes, sizes,
+initial states) is asked of a worker session (`job.keras_work`), or of a helper process
+when the server's pool has none free.  Measured in the caller's own backend: its modules
+and its RssAnon (memory of its own, which nothing else frees), before and after each call."""
+
+from __future__ import annotations
+
+import json
+
+import psycopg
+import pytest
+
+from tests.conftest import ADAM, connect, iris_grid, psql_error
+
+CALLER_STATE = """
+CREATE OR REPLACE FUNCTION public.caller_state() RETURNS jsonb LANGUAGE plpython3u AS $$
+import json, sys
+with open('/proc/self/status') as status:
+    fields = dict(line.split(':', 1) for line in status)
+return json.dumps({"rss_anon_kb": int(fields['RssAnon'].split()[0]),
+                   "imported": sorted({m.split('.')[0] for m in sys.modules} & {'tensorflow', 'keras'})})
+$$"""
+
+GROWTH_MB = 60  # what a call may leave in the caller's own memory
+
+
+def _state(conn: psycopg.Connection) -> dict:
+    value = conn.execute("SELECT public.caller_state()").fetchone()[0]
+    return value if isinstance(value, dict) else json.loads(value)
+
+
+@pytest.fixture(scope="module")
+def prepared(extension_dsn):
+    with connect(extension_dsn) as conn:
+        conn.execute(CALLER_STATE)
+        iris_grid(conn)
+        conn.execute("SELECT validation_preprocessor_dl('iris', 'iris_valid', 'class_text', "
+                     "'attributes', 'iris_packed')")
+        conn.execute("SELECT madlib_keras_fit_multiple_model('iris_packed', 'trained', 'mst', 2)")
+    return extension_dsn
+
+
+CALLS = {
+    "fit": "SELECT madlib_keras_fit('iris_packed', 'one_fit', 'arch', 1, $${adam}$$, "
+           "'batch_size=8, epochs=1', 2)".format(adam=ADAM),
+    "fit_multiple": "SELECT madlib_keras_fit_multiple_model('iris_packed', 'grid_fit', 'mst', 2, "
+                    "validation_table => 'iris_valid')",
+    "evaluate": "SELECT madlib_keras_evaluate('trained', 'iris_valid', 'evaluated', mst_key => 1)",
+    "predict": "SELECT madlib_keras_predict('trained', 'iris', 'id', 'attributes', 'predicted', "
+               "'response', mst_key => 1)",
+    "automl": "SELECT madlib_keras_automl('iris_packed', 'automl_out', 'arch', 'automl_mst', ARRAY[1], "
+              "$$ {'loss': ['categorical_crossentropy'], 'optimizer_params_list': "
+              "[{'optimizer': ['Adam'], 'lr': [0.001, 0.1, 'log']}], 'metrics': ['accuracy']} $$, "
+              "$$ {'batch_size': [8], 'epochs': [1]} $$, 'hyperopt', 'num_configs=3, num_iterations=2')",
+    "load_keras_model": "SELECT load_keras_model('arch', (SELECT model_arch FROM arch WHERE model_id = 1))",
+}
+
+
+@pytest.mark.parametrize("call", list(CALLS))
+def test_a_call_leaves_the_caller_without_tensorflow(prepared, call):
+    """In a new session: the call's result is there, TensorFlow and Keras were never
+    imported here, and the session's own memory grew by less than GROWTH_MB."""
+    with connect(prepared) as conn:
+        before = _state(conn)
+        conn.execute(CALLS[call])
+        after = _state(conn)
+    grown = (after["rss_anon_kb"] - before["rss_anon_kb"]) / 1024
+    print(f"\n{call}: the caller's RssAnon {before['rss_anon_kb'] / 1024:.0f} -> "
+          f"{after['rss_anon_kb'] / 1024:.0f} MB (+{grown:.0f})")
+    assert after["imported"] == [], after
+    assert grown < GROWTH_MB, (call, before, after)
+
+
+def test_states_are_the_same_bits_whoever_builds_them(prepared, tmp_path, monkeypatch):
+    """A job's step-0 states as its worker session built them, as the helper process builds
+    them (the path of a call that finds no free slot), and as Keras builds them in this
+    process: the same bytes.  Where they are built never changes a model."""
+    from madlib_mop.job.keras_work import KerasWork
+    from madlib_mop.runtime import training
+
+    with connect(prepared) as conn:
+        conn.execute("SELECT madlib_keras_fit_multiple_model('iris_packed', 'by_worker', 'mst', 1, "
+                     "seed => 7)")
+        rows = conn.execute("SELECT mst_key, string_agg(state, ''::bytea ORDER BY piece) "
+                            "FROM by_worker_mop_state WHERE step = 0 GROUP BY mst_key "
+                            "ORDER BY mst_key").fetchall()
+        configs = conn.execute("SELECT mst_key, model_arch::text, compile_params, fit_params, "
+                               "initial_weights FROM by_worker_mop_models ORDER BY mst_key").fetchall()
+    by_worker = {key: bytes(blob) for key, blob in rows}
+    specs = [training.ModelSpec(key, arch, compile_params, fit_params, weights)
+             for key, arch, compile_params, fit_params, weights in configs]
+    (tmp_path / "PG_VERSION").write_text("15\n")
+    monkeypatch.chdir(tmp_path)  # the helper's files go where a server's data directory is
+    by_helper = dict(KerasWork(None).initial_states(specs, 7))
+    here = dict(training.each_initial_state(specs, 7))
+    assert sorted(by_worker) == [1, 2]
+    # (Variables' names depend on what Keras named before in the process: not compared.)
+    assert _values(by_worker) == _values(by_helper) == _values(here)
+    assert not any((tmp_path / "pgsql_tmp_madlib_mop_new_states").iterdir())  # nothing left behind
+
+
+def _values(states: dict[int, bytes]) -> dict[int, tuple]:
+    """Each state's kinds, dtypes and shapes, and its arrays' bytes."""
+    from madlib_mop.runtime import state
+
+    found = {}
+    for key, blob in states.items():
+        header, offset = state.split(blob)
+        found[key] = ([(i["kind"], i["dtype"], i["shape"]) for i in header["layout"]], bytes(blob[offset:]))
+    return found
+
+
+def test_a_bad_architecture_is_refused_by_the_worker_with_its_sqlstate(prepared):
+    error = psql_error(prepared, "SET search_path = madlib_mop, public;\n"
+                       "SELECT load_keras_model('arch', '{\"class_name\": \"Sequential\", "
+                       "\"config\": {\"layers\": [{\"class_name\": \"NoSuchLayer\", \"config\": {}}]}}');")
+    assert error["sqlstate"] == "22023", error
+    assert "could not be built as a Keras model" in error["message"], error
+    assert "NoSuchLayer" in error["detail"] and error["hint"], error
