@@ -113,16 +113,11 @@ class Coordinator:
                                                 self.S, self.job.seed,
                                                 self.args.initial_models, steering.added(requests))
         self.started_epoch = self.store.mark_running(os.getpid())
-        poll = lambda: interruption_point(self.plpy, False)  # noqa: E731
-        # New models' facts and states, from a worker of the job once it has one.
-        keras = KerasWork(lambda call: self.pool.call(call, poll) if self.pool and self.pool.live() else None,
-                          self.engine.shares_files, poll)
-        self.search = JobSearch(self.plpy, self.store, self.engine, self.models, self.schedule,
-                                bool(self.partitions), self._notice, keras)
+        self.search = JobSearch(self.plpy, self.store, self.engine, self.models, self.schedule, bool(self.partitions),
+                                self._notice, KerasWork.for_job(lambda: self.pool, self.engine, self.plpy))
         self.steering = steering.JobSteering(self.plpy, self.store, requests, self._notice,
                                              models=self.models, dispatcher=self.schedule,
-                                             search=self.search, engine=self.engine, events=self,
-                                             keras=keras)
+                                             search=self.search, engine=self.engine, events=self)
         self.failures = ModelFailures(self.store, self._notice, events=self)
         for mst_key in self.failures.lost:  # diverged before the job was resumed
             self.schedule.stop(mst_key)

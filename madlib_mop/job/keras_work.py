@@ -57,12 +57,15 @@ class KerasWork:
         self.ask, self.shares_files, self.poll = ask, shares_files, poll
 
     @classmethod
-    def of_pool(cls, pool: Any, poll: Callable[[], None]) -> "KerasWork":
-        """On a job's pool of workers (`engine.pool.WorkerPool`), while it has one."""
+    def for_job(cls, pool_of: Callable[[], Any], engine: Any, plpy: Any) -> "KerasWork":
+        """A job's: the first live worker of its pool (`pool_of()`, an `engine.pool.WorkerPool`
+        or None) while it has one, else the helper process."""
+        poll = lambda: plpy.execute("SELECT 1")  # noqa: E731  (a cancel of the call takes effect)
+
         def ask(call):
-            return pool.call(call, poll) if pool.live() else None
-        workers = pool.workers()
-        return cls(ask, all(w.shares_files for w in workers), poll)
+            pool = pool_of()
+            return pool.call(call, poll) if pool is not None and pool.live() else None
+        return cls(ask, engine.shares_files, poll)
 
     def _asked(self, call: Callable[[Worker], Any]) -> tuple[bool, Any]:
         """(answered, value): a worker's answer, or not answered (no worker, or it was lost)."""

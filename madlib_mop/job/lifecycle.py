@@ -237,7 +237,7 @@ def run_plan(plpy: Any, plan: Plan, warm_start: bool, can_commit: bool, caller: 
     engine = engine_of(plpy, plan.source["packed_table"])
     pool = start_pool(engine, plan.source["num_segments"])
     try:
-        keras = KerasWork.of_pool(pool, lambda: plpy.execute("SELECT 1"))
+        keras = KerasWork.for_job(lambda: pool, engine, plpy)
         weight_bytes = check_models(plpy, plan, keras)
         job_id, need = create_job(plpy, plan, previous, keras, prepare, left_by, weight_bytes)
     except BaseException:

@@ -31,7 +31,6 @@ from madlib_mop.job import plan, schedule
 from madlib_mop.engine.base import Engine
 from madlib_mop.job.events import JobEvents
 from madlib_mop.job.search_driver import JobSearch
-from madlib_mop.job.keras_work import KerasWork
 from madlib_mop.job.store import JobStore, ModelRecord
 from madlib_mop.runtime import state, training
 
@@ -106,12 +105,13 @@ class JobSteering:
 
     def __init__(self, plpy: Any, store: JobStore, requests: list[Request], notice: Callable[[str], None],
                  *, models: dict[int, ModelRecord], dispatcher: schedule.Dispatcher, search: JobSearch,
-                 engine: Engine, events: JobEvents, keras: KerasWork):
+                 engine: Engine, events: JobEvents):
         """The coordinator's models, dispatcher, search and engine; `events`: what it is
         told when a model's iterations change."""
         self.plpy, self.store, self.notice = plpy, store, notice
         self.models, self.schedule, self.search, self.engine = models, dispatcher, search, engine
-        self.events, self.keras = events, keras
+        self.events = events
+        self.keras = search.keras  # an added model's facts and state: the job's (`job.keras_work`)
         self.search.record_stops({k: v for k, v in stops(requests).items() if k in self.models})
         self.added = added(requests)  # models made by requests: their visit orders are their own
         self.pending = [r for r in requests if not r.applied]
