@@ -276,18 +276,18 @@ class LocalEngine(Engine):
         idle_workers.wait_listening([worker.idle(self.idle_seconds) for worker in workers
                                      if isinstance(worker, LocalWorker) and worker.usable])
 
-    def ready_workers(self, count: int, label: str) -> list[Worker]:
-        """Up to `count` sessions to be had without waiting in the queue: this role's idle
-        ones (any: evaluate and predict size their threads as they can), then free slots."""
-        workers = self._adopted(count, None, label)
-        return workers + self._free_slots(count - len(workers), len(workers), label)
+    def idle_workers(self, count: int, label: str) -> list[Worker]:
+        """Up to `count` of this role's idle sessions (any: evaluate and predict size their
+        threads as they can)."""
+        return self._adopted(count, None, label)
 
     def inference_workers(self, count: int) -> list[Worker]:
         """Up to `count` sessions of the server's pool (evaluate and predict spread their
         parts over those they get): this role's idle ones first (TensorFlow imported),
         then free slots; with none, the call waits in the queue."""
         label = "madlib_mop inference worker"
-        workers = self.ready_workers(count, label)
+        workers = self.idle_workers(count, label)
+        workers += self._free_slots(count - len(workers), len(workers), label)
         if workers:
             return workers
 

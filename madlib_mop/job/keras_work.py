@@ -32,6 +32,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import psycopg
 
+import madlib_mop
 from madlib_mop import errors
 from madlib_mop.engine.base import Worker, as_error
 from madlib_mop.engine.local import LocalEngine
@@ -152,7 +153,10 @@ class KerasWork:
 
     def _helper(self, request: dict) -> dict:
         """The answer of a helper process (the server's Python, this session's sys.path)."""
-        environment = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p),
+        # Where this package is (an editable install's folder is on no sys.path entry: a
+        # finder of a .pth file maps it), then the session's sys.path (the runtime's site).
+        package = str(Path(madlib_mop.__file__).resolve().parents[1])
+        environment = dict(os.environ, PYTHONPATH=os.pathsep.join([package, *(p for p in sys.path if p)]),
                            TF_CPP_MIN_LOG_LEVEL="2")
         process = subprocess.Popen([interpreter(), "-m", "madlib_mop.runtime.model_facts"],
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
@@ -179,11 +183,12 @@ class KerasWork:
 
 @contextlib.contextmanager
 def for_session(plpy: Any) -> Iterator[KerasWork]:
-    """A call without a job's pool (evaluate, predict, steering): one worker session to be
-    had at once (the role's idle one, else a free slot; kept idle afterwards for the call's
-    own workers and the next call), else the helper process."""
+    """A call without a job's pool (evaluate, predict, steering, load_keras_model): an idle
+    session of the role (TensorFlow imported; given back to idleness afterwards), else the
+    helper process.  No session is opened for this: a catalog call would leave one idle,
+    holding a slot and TensorFlow's memory."""
     engine = LocalEngine(plpy)
-    workers = engine.ready_workers(1, "madlib_mop worker")
+    workers = engine.idle_workers(1, "madlib_mop worker")
     poll = lambda: plpy.execute("SELECT 1")  # noqa: E731
     try:
         yield KerasWork((lambda call: call(workers[0])) if workers else None, True, poll)

@@ -7,6 +7,10 @@
 DROP FUNCTION IF EXISTS @extschema@.load_custom_function(varchar, bytea, text);
 -- @routines
 -- The worker sessions holding slots, the server's where the library is preloaded.
+CREATE FUNCTION @extschema@._mop_server_slots(OUT pid integer, OUT database oid, OUT role oid)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'madlib_mop_server_slots'
+LANGUAGE C VOLATILE;
 CREATE VIEW @extschema@.worker_sessions AS
 SELECT s.pid, d.datname AS database, pg_catalog.pg_get_userbyid(s.role) AS role,
        CASE WHEN a.application_name = 'madlib_mop idle worker' THEN 'idle' ELSE 'busy' END AS state
@@ -21,7 +25,3 @@ WHERE l.locktype = 'advisory' AND l.classid = 1297043543::oid AND l.objsubid = 2
   AND l.database = (SELECT oid FROM pg_catalog.pg_database WHERE datname = pg_catalog.current_database());
 COMMENT ON VIEW @extschema@.worker_sessions IS 'Worker sessions holding slots of the cap, busy or idle';
 GRANT SELECT ON @extschema@.worker_sessions TO PUBLIC;
-COMMENT ON FUNCTION @extschema@.load_custom_function(varchar, bytea, text, text) IS NULL;
-COMMENT ON FUNCTION @extschema@.delete_custom_function(varchar, integer) IS NULL;
-COMMENT ON FUNCTION @extschema@.delete_custom_function(varchar, text) IS NULL;
-COMMENT ON FUNCTION @extschema@.load_top_k_accuracy_function(varchar, integer) IS NULL;
