@@ -18,7 +18,7 @@ import keras
 import psycopg
 import pytest
 from psycopg import sql
-from psycopg.conninfo import make_conninfo
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from madlib_mop.tools import cluster as cluster_tool, containers
 from madlib_mop.tools.containers import ContainerServer
@@ -155,7 +155,7 @@ def test_walkthrough_on_the_cluster_gives_the_weights_of_one_server(cluster, ext
         validated = conn.execute("SELECT validation_loss_final, validation_metrics_final "
                                  "FROM iris_model_info WHERE mst_key = 1").fetchone()
         assert abs(evaluated[0] - validated[0]) < 1e-6 and abs(evaluated[1] - validated[1]) < 1e-6
-    name = psycopg.conninfo.conninfo_to_dict(cluster)["dbname"]
+    name = conninfo_to_dict(cluster)["dbname"]
     for segment, server in enumerate(("seg0", "seg1")):
         with psycopg.connect(_server_dsn(servers[server], name)) as there:
             rows = there.execute(
@@ -202,6 +202,40 @@ def test_registration(cluster, servers, walkthrough):
         conn.execute("DROP SERVER elsewhere")
 
 
+def test_a_segment_server_full_to_its_cap_queues_the_job(cluster, servers, walkthrough):
+    """A segment server's cap (its own madlib_mop.max_worker_sessions) counts the job's
+    sessions there: with its one slot held, the job waits, queued, naming the server, and
+    runs once the slot frees (its models' facts and states made meanwhile by the helper
+    process: no worker session was to be had), to the walkthrough's weights."""
+    name = conninfo_to_dict(cluster)["dbname"]
+    seg0 = _server_dsn(servers["seg0"], name)
+    with psycopg.connect(seg0, autocommit=True) as admin:
+        admin.execute(sql.SQL("ALTER DATABASE {} SET madlib_mop.max_worker_sessions = 1").format(sql.Identifier(name)))
+    holder = psycopg.connect(seg0, autocommit=True)
+    try:
+        assert holder.execute("SELECT madlib_mop._mop_take_slot(1)").fetchone()[0] is not None
+        notices: list[str] = []
+        fit = threading.Thread(target=_fit, args=(cluster, "queued_model", notices), daemon=True)
+        fit.start()
+        deadline = time.monotonic() + 120
+        while (_job(cluster, "queued_model") or (None, None))[1] != "queued":
+            assert time.monotonic() < deadline and fit.is_alive(), notices
+            time.sleep(0.5)
+        time.sleep(2)  # still queued: the held slot is the only one
+        assert _job(cluster, "queued_model")[1] == "queued"
+        holder.close()
+        fit.join(timeout=300)
+        assert not fit.is_alive()
+        assert _job(cluster, "queued_model")[1] == "finished"
+        assert _weights(cluster, "queued_model") == walkthrough
+        assert any("queued" in n and "seg0" in n for n in notices), notices
+    finally:
+        holder.close()
+        with psycopg.connect(seg0, autocommit=True) as admin:
+            admin.execute(sql.SQL("ALTER DATABASE {} RESET madlib_mop.max_worker_sessions").format(
+                sql.Identifier(name)))
+
+
 def test_distribution_rules_naming_segment_servers(cluster, walkthrough):
     """MADlib's distribution_rules table: with segment servers, the servers its server_name
     (or hostname) column names get the segments, the others none."""
@@ -243,7 +277,7 @@ def test_segment_tables_left_by_a_dropped_packed_table_are_replaced(cluster, ser
         assert raised.value.sqlstate == "42P07"
         assert "already exists on segment server seg1" in raised.value.diag.message_primary
         assert conn.execute("SELECT to_regclass('users_own') IS NULL").fetchone()[0]
-    name = psycopg.conninfo.conninfo_to_dict(cluster)["dbname"]
+    name = conninfo_to_dict(cluster)["dbname"]
     with psycopg.connect(_server_dsn(servers["seg0"], name)) as there:
         # seg0's table, made before seg1 refused, went with the failure.
         assert there.execute("SELECT to_regclass('users_own_seg0') IS NULL").fetchone()[0]
@@ -252,7 +286,7 @@ def test_segment_tables_left_by_a_dropped_packed_table_are_replaced(cluster, ser
 def test_a_mapping_naming_another_role_is_refused(cluster, servers, walkthrough):
     """Workers run as the calling role on every server: a user mapping cannot change that;
     a role with its own mapping trains as itself there."""
-    name = psycopg.conninfo.conninfo_to_dict(cluster)["dbname"]
+    name = conninfo_to_dict(cluster)["dbname"]
     for server in ("seg0", "seg1"):
         with psycopg.connect(_server_dsn(servers[server], name), autocommit=True) as there:
             there.execute("DO $$ BEGIN CREATE ROLE analyst_c LOGIN PASSWORD 'analyst-pw'; "

@@ -168,6 +168,10 @@ class Engine(abc.ABC):
         now (an engine without a pool gives none: its jobs have one worker per segment)."""
         return []
 
+    def waiting_for(self) -> str | None:
+        """Why `new_workers` gave none, when another server than this one's pool is full."""
+        return None
+
     def keep_idle(self, workers: list[Worker], segments: int) -> None:
         """The job ended with these workers idle: an engine may keep them for the
         session's next job."""

@@ -11,8 +11,10 @@ are), then the calls are the same `_mop_train` / `_mop_evaluate` as on one serve
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
+from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from madlib_mop import errors
@@ -20,7 +22,8 @@ from madlib_mop.db import catalog, packed, segments, worker_session
 from madlib_mop.db.segments import Partition, SegmentServer
 from madlib_mop.engine.base import Engine, Worker, as_error
 from madlib_mop.json_values import json_value
-from madlib_mop.engine.local import LocalWorker
+from madlib_mop.engine import server_pool
+from madlib_mop.engine.local import LocalWorker, NoSlot
 from madlib_mop.errors import MadlibMopError
 
 
@@ -41,7 +44,18 @@ class ClusterWorker(LocalWorker):
         return self.server.label
 
     def _open(self):
-        return segments.connect(self.conninfo, self.server, self.refused_hint)
+        """A session of the segment server on a slot of that server's own pool: its cap
+        (`madlib_mop.max_worker_sessions` there) counts these sessions as its own."""
+        connection = segments.connect(self.conninfo, self.server, self.refused_hint)
+        schema = sql.Identifier(self.schema)
+        cap = connection.execute(sql.SQL("SELECT {}._mop_worker_cap()").format(schema)).fetchone()[0]
+        if server_pool.take_slot(connection, self.schema, cap) is None:
+            connection.close()
+            raise NoSlot(f"all {cap} worker sessions of {self.server.label} are taken",
+                         sqlstate=errors.CONNECTION_FAILURE,
+                         hint=f"It waits for one; madlib_mop.max_worker_sessions on {self.server.label} "
+                              "is its cap.")
+        return connection
 
     def _call(self, function: str, *args: Any, columns: str = "*"):
         if function in ("_mop_train", "_mop_evaluate") and self.job is not None:
@@ -94,6 +108,8 @@ class ClusterEngine(Engine):
                 self.hints[name] = segments.refused_hint(partition.server, role)
         self.job: dict | None = None
         self._workers: list[ClusterWorker] = []
+        self.full: str | None = None  # the segment server that had no slot free, if one had none
+        self.tried = 0.0
         self._inference: list[ClusterWorker] = []
 
     def _server(self, segment: int) -> SegmentServer:
@@ -116,6 +132,30 @@ class ClusterEngine(Engine):
         self.job = job_description(plpy, job, models(), self.partitions)
         for worker in self._workers:
             worker.job = self.job
+
+    def training_workers(self, segments: int) -> list[Worker]:
+        """One worker per segment, each on a slot of its segment server's pool; none when a
+        server has no slot free (the job then waits in the queue, `new_workers`): a segment
+        is served only by its own server's sessions."""
+        workers = [self.worker(s, f"madlib_mop worker segment {s}") for s in range(segments)]
+        self.full = next((w.server.label for w in workers if not w.open_with_slot()), None)
+        if self.full is None:
+            return workers
+        for worker in workers:
+            worker.close()
+        self._workers = [w for w in self._workers if w not in workers]
+        return []
+
+    def new_workers(self, count: int, first: int) -> list[Worker]:
+        """A waiting job's workers: all its segments' or none (`training_workers`), tried
+        once a second (each try logs in on every segment server)."""
+        if time.monotonic() - self.tried < 1.0:
+            return []
+        self.tried = time.monotonic()
+        return self.training_workers(len(self.partitions))
+
+    def waiting_for(self) -> str | None:
+        return None if self.full is None else f"all worker sessions of {self.full} are taken"
 
     def inference_workers(self, count: int) -> list[Worker]:
         """Worker i is on the server of partition i (opened per call: a cluster's sessions

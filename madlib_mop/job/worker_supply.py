@@ -30,8 +30,8 @@ def wait_for_workers(plpy: Any, store: JobStore, engine: Engine, pool: WorkerPoo
     position, until it is its turn (`server_pool.wait_in_queue`)."""
     def shown(position: int, cap: int, first: bool, elsewhere: int) -> None:
         store.queued(position)
-        notice(f"job {store.job_id} is queued for a worker session (position {position}; "
-               f"{server_pool.taken_text(cap, elsewhere)})" if first else
+        taken = engine.waiting_for() or server_pool.taken_text(cap, elsewhere)
+        notice(f"job {store.job_id} is queued for a worker session (position {position}; {taken})" if first else
                f"job {store.job_id}: queue position {position}")
 
     try:
