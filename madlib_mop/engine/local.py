@@ -185,13 +185,15 @@ class LocalEngine(Engine):
     pooled = True
     stores_states = True
 
-    def __init__(self, plpy: Any):
+    def __init__(self, plpy: Any, say_cap: bool = True):
+        """`say_cap`: the NOTICE of a cap per database (a call's own engine says it; one that
+        only looks for an idle session does not say it twice)."""
         self.plpy = plpy
         self.conninfo = worker_session.conninfo(plpy)
         self.schema = catalog.extension_schema(plpy)
         self.schema_name = catalog.extension_schema_name(plpy)
         self.cap = server_pool.cap(plpy)
-        if not server_pool.pool(plpy).shared:
+        if say_cap and not server_pool.pool(plpy).shared:
             plpy.notice(f"madlib_mop: the cap of {self.cap} worker sessions counts this database's only",
                         detail="The extension's library is not in shared_preload_libraries: each database "
                                "has its own slots and queue.",

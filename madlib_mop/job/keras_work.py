@@ -187,7 +187,7 @@ def for_session(plpy: Any) -> Iterator[KerasWork]:
     session of the role (TensorFlow imported; given back to idleness afterwards), else the
     helper process.  No session is opened for this: a catalog call would leave one idle,
     holding a slot and TensorFlow's memory."""
-    engine = LocalEngine(plpy)
+    engine = LocalEngine(plpy, say_cap=False)
     workers = engine.idle_workers(1, "madlib_mop worker")
     poll = lambda: plpy.execute("SELECT 1")  # noqa: E731
     try:
