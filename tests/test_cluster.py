@@ -205,8 +205,8 @@ def test_registration(cluster, servers, walkthrough):
 def test_a_segment_server_full_to_its_cap_queues_the_job(cluster, servers, walkthrough):
     """A segment server's cap (its own madlib_mop.max_worker_sessions) counts the job's
     sessions there: with its one slot held, the job waits, queued, naming the server, and
-    runs once the slot frees (its models' facts and states made meanwhile by the helper
-    process: no worker session was to be had), to the walkthrough's weights."""
+    runs once the slot frees, to the walkthrough's weights (with no worker session to be
+    had, the helper process checked its models and built their states)."""
     name = conninfo_to_dict(cluster)["dbname"]
     seg0 = _server_dsn(servers["seg0"], name)
     with psycopg.connect(seg0, autocommit=True) as admin:

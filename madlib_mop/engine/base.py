@@ -120,10 +120,6 @@ class Worker(abc.ABC):
         """madlib_keras_predict's part: predict the rows in table blocks [first, last)
         and insert them into the task's output table: {rows, seconds}."""
 
-    # Where the files its initial states are written to can be read by the caller: a
-    # worker of the caller's own server (same data directory).
-    shares_files = True
-
     @abc.abstractmethod
     def model_facts(self, request: dict) -> list[dict]:
         """Shapes and sizes of the request's configurations (`runtime.model_facts.facts`)."""
@@ -147,7 +143,9 @@ class Worker(abc.ABC):
 
 
 class Engine(abc.ABC):
-    shares_files = True  # its workers write to this server's data directory (`Worker.shares_files`)
+    # Its workers write to this server's data directory: files they write (a job's initial
+    # states, `job.keras_work`) can be read by the calling session.
+    shares_files = True
     # Do its training workers come from the server's capped pool (`engine.server_pool`)?
     pooled = False
     # Do its workers read a model's state from the job's store and write the new one there

@@ -37,8 +37,6 @@ class ClusterWorker(LocalWorker):
         self.job: dict | None = None  # the description its session must have
         self._job_sent = None  # (the session that got it, the description it got)
 
-    shares_files = False  # its files are on the segment server
-
     @property
     def where(self) -> str:
         return self.server.label

@@ -5,6 +5,7 @@ role (the caller's)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from madlib_mop.json_values import json_value
@@ -13,8 +14,6 @@ from madlib_mop.runtime.tf_runtime import import_tensorflow
 
 
 def model_facts(plpy: Any, request: Any) -> str:
-    import json
-
     request = json_value(request)
     import_tensorflow(request.get("threads"))
     return json.dumps(facts.facts(request))
