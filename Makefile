@@ -8,6 +8,7 @@
 #   make images   the Docker images (base from Debian's packages, then docker/Dockerfile)
 #   make compose-up   the same topology as containers: psql "$(make -s compose-dsn)"
 #   make test-containers   the tests on the compose cluster and on a testcontainers server
+#   make docs     the documentation site in build/site/ (make docs-serve: on http://127.0.0.1:8000/)
 #   make deb      the server side as a Debian package: build/deb/postgresql-15-madlib-mop_<version>-1_amd64.deb
 #
 # Every step is a stamp or an idempotent command, so a second `make demo` reinstalls nothing.
@@ -33,15 +34,15 @@ PYTEST_ARGS   ?=
 BROWSER_PACKAGES := chromium chromium-driver
 # Dependency groups installed into the runtime: the server's (TensorFlow, ...) always, the
 # others for development (the Docker image installs the server's alone).
-PIP_EXTRAS    ?= test,bench,client
+PIP_EXTRAS    ?= test,bench,client,docs
 comma         := ,
 
-.PHONY: help deps browser venv build install installcheck demo test lint bench bench-cluster db-start db-stop db-status db-destroy dsn \
+.PHONY: help deps browser venv build install installcheck demo test lint docs docs-serve bench bench-cluster db-start db-stop db-status db-destroy dsn \
         cluster cluster-dsn cluster-stop cluster-status cluster-kill-segment cluster-destroy clean \
         docker-engine images compose-up compose-dsn compose-kill-segment compose-down test-containers deb
 
 help:
-	@echo "make demo | make test | make lint | make installcheck | make bench | make dsn | make install | make db-start | make db-stop | make db-status | make db-destroy | make cluster | make cluster-dsn | make cluster-stop | make cluster-status | make cluster-kill-segment | make cluster-destroy | make images | make compose-up | make compose-dsn | make compose-kill-segment | make compose-down | make test-containers | make deb | make clean"
+	@echo "make demo | make test | make docs | make docs-serve | make lint | make installcheck | make bench | make dsn | make install | make db-start | make db-stop | make db-status | make db-destroy | make cluster | make cluster-dsn | make cluster-stop | make cluster-status | make cluster-kill-segment | make cluster-destroy | make images | make compose-up | make compose-dsn | make compose-kill-segment | make compose-down | make test-containers | make deb | make clean"
 
 # ---- Debian packages (as root) ------------------------------------------------
 # $(call install_debs,PACKAGES,TARGET,APT OPTIONS): install those of PACKAGES that are missing.
@@ -168,7 +169,7 @@ compose-kill-segment:
 compose-down:
 	@$(CONTAINERS) compose-down
 
-# The container tests (README: Docker): the several-servers tests on the compose cluster,
+# The container tests (docs/docker.md): the several-servers tests on the compose cluster,
 # then the server-side tests (security, upgrade, pg_cron, worker pool, MADlib's walkthroughs,
 # the image's settings) on a testcontainers container of the project's image, and the Debian
 # package in a fresh Debian 12 container.  Not part of `make test`.
@@ -205,6 +206,15 @@ lint: $(STAMPS)/venv
 # bench-cluster: W1 and packing on `make cluster` against the embedded server (about 25 min).
 bench-cluster: install db-start
 	$(PY) bench/bench_cluster.py
+
+# The documentation site (MkDocs): the pages of docs/, and the SQL reference and settings
+# generated from sql/ and src/ as it is built; --strict fails on a broken link or anchor.
+docs: $(STAMPS)/venv
+	$(PY) -m mkdocs build --strict --quiet -f mkdocs.yml
+	@echo "the documentation site: $(CURDIR)/build/site/index.html"
+
+docs-serve: $(STAMPS)/venv
+	$(PY) -m mkdocs serve --strict -f mkdocs.yml -a 127.0.0.1:8000
 
 bench: install db-start
 	$(PY) bench/bench_preprocessor.py

@@ -18,7 +18,7 @@ CREATE FUNCTION @extschema@.madlib_keras_automl(
     metrics_compute_frequency integer DEFAULT NULL,
     name                      varchar DEFAULT NULL,
     description               varchar DEFAULT NULL,
-    use_caching               boolean DEFAULT TRUE  -- MADlib's is FALSE; as our fit's (README)
+    use_caching               boolean DEFAULT TRUE  -- MADlib's is FALSE; as our fit's
 )
 RETURNS void
 #plpython "madlib_keras_automl.py"

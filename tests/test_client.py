@@ -271,12 +271,10 @@ def test_cli_tensorboard_writes_the_curves(fitted, mop, extension_dsn, tmp_path)
 
 
 def test_the_readme_python_example_runs(extension_dsn, mop):
-    """The README's client example, as written, after what `make demo` loads (`mop` has)."""
-    import re
+    """The guide's client example, as written, after what `make demo` loads (`mop` has)."""
+    from tests.docs import block, page
 
-    text = (REPO_ROOT / "README.md").read_text()
-    start = text.index("## From Python and the shell")
-    example = re.search(r"```python\n(.*?)```", text[start:], re.S).group(1)
+    example = block(page("python.md"), "# From Python and the shell", "python")
     env = dict(os.environ, MADLIB_MOP_DSN=extension_dsn)
     done = subprocess.run([sys.executable, "-c", example + "\nprint(board.to_json())\n"], env=env,
                           capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)

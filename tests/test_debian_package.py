@@ -13,7 +13,6 @@ printed (pytest -s).
 
 from __future__ import annotations
 
-import re
 import secrets
 import subprocess
 import time
@@ -26,6 +25,7 @@ from psycopg.conninfo import make_conninfo
 from madlib_mop.tools import containers
 from madlib_mop.tools.debian_package import (PACKAGE, PackageError, changelog_up_to, previous_release,
                                              project_version)
+from tests import docs
 from tests.conftest import REPO_ROOT, _free_port, _uses_containers, iris_table, mlp_json
 
 VERSION = project_version(REPO_ROOT / "pyproject.toml")
@@ -199,8 +199,7 @@ def test_the_previous_package_installs_and_trains(debian, packages, analyst):
 
 
 def test_this_package_upgrades_it_and_the_readme_block_runs(debian, packages, analyst):
-    block = re.search(r"### From the Debian package.*?```sh\n(.*?)```",
-                      (REPO_ROOT / "README.md").read_text(), re.S).group(1)
+    block = docs.block(docs.page("install.md"), "## From the Debian package", "sh")
     name = packages["current"].rsplit("/", 1)[1]
     assert f"./build/deb/{name}" in block  # the README names this version's package
     _database_for(debian, "analytics")

@@ -16,16 +16,15 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from madlib_mop.tools.embedded import REPO_ROOT, EmbeddedCluster
+from tests.docs import page
 
 import keras
 
-README = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-DEPLOYING = README[README.index("## Deploying on your server"):]
-DEPLOYING = DEPLOYING[: DEPLOYING.index("\n## ", 3)]
+DEPLOYING = page("deploy.md")
 
 
 def _block(info: str) -> str:
-    """The README section's fenced block of that info string."""
+    """The page's first fenced block of that info string."""
     return re.search(rf"```{re.escape(info)}\n(.*?)```", DEPLOYING, re.S).group(1)
 
 

@@ -11,7 +11,6 @@ module makes (a veth pair of its own), so no traffic leaves this machine.
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import subprocess
 import uuid
@@ -24,6 +23,7 @@ from psycopg.conninfo import make_conninfo
 from madlib_mop.tools import containers
 from madlib_mop.tools.containers import ContainerServer
 from madlib_mop.tools.debian_package import project_version
+from tests import docs
 from tests.conftest import REPO_ROOT, _free_port, iris_table, mlp_json, veth_namespace
 
 NAMESPACE, HOST_LINK, NS_LINK = "mop_image", "mopimg0", "mopimg1"
@@ -115,8 +115,7 @@ def test_madlibs_iris_walkthrough_from_another_address(container, server_dsn, el
 def test_the_readmes_docker_run_block(container):
     """The README's block, as a user runs it, but on the host's network (this machine's tests
     reach containers there): the published port becomes a port of the host's loopback."""
-    text = (REPO_ROOT / "README.md").read_text()
-    block = re.search(r"As the official PostgreSQL image does.*?```sh\n(.*?)```", text, re.S).group(1)
+    block = docs.block(docs.page("docker.md"), "As the official PostgreSQL image does", "sh")
     run, login = [line.strip() for line in block.strip().splitlines()]
     assert run.startswith("docker run -d --name mop -p 5432:5432 -e POSTGRES_PASSWORD=secret ")
     assert run.endswith(f"madlib_mop:{project_version(REPO_ROOT / 'pyproject.toml')}")

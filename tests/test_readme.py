@@ -1,19 +1,16 @@
-"""The README's SQL session runs as written."""
+"""The README's SQL session, and the guide's sessions, run as written."""
 
 from __future__ import annotations
 
-import re
 
 import numpy as np
 
 from madlib_mop.tools.demo import load_iris
-from madlib_mop.tools.embedded import REPO_ROOT
+from tests.docs import block, page
 
 
 def _readme_session() -> str:
-    text = (REPO_ROOT / "README.md").read_text()
-    start = text.index("A session, after `make demo`")
-    return re.search(r"```sql\n(.*?)```", text[start:], re.S).group(1)
+    return block(page("README.md"), "A session, after `make demo`")
 
 
 def test_readme_session_runs(conn):
@@ -31,9 +28,21 @@ def test_readme_session_runs(conn):
                         "WHERE i.subepochs_done = 3 * s.num_segments").fetchone()[0] == 4
 
 
-def _readme_block(heading: str) -> str:
-    text = (REPO_ROOT / "README.md").read_text()
-    return re.search(r"```sql\n(.*?)```", text[text.index(heading):], re.S).group(1)
+
+
+def test_the_guide_has_the_readmes_session_and_what_follows_it_runs(conn):
+    """The guide's model selection starts with the README's session; the README's next
+    statements (evaluate, predict, importance) run on its job."""
+    assert block(page("model-selection.md"), "# Model selection from SQL") == _readme_session()
+    if conn.execute("SELECT to_regclass('public.iris_models')").fetchone()[0] is None:
+        test_readme_session_runs(conn)
+    results = [conn.execute(statement).fetchall()
+               for statement in block(page("README.md"), "Then, for example").split(";\n") if statement.strip()]
+    _, (loss_metric,), _, predicted, importance = results
+    assert loss_metric[0] > 0 and 0 <= loss_metric[1] <= 1
+    assert len(predicted) == 5 and {row[2] for row in predicted} <= {"setosa", "versicolor",
+                                                                       "virginica"}
+    assert {name for name, _ in importance} == {"learning_rate", "batch_size"}
 
 
 def test_readme_after_the_search_runs(conn):
@@ -42,7 +51,7 @@ def test_readme_after_the_search_runs(conn):
         test_readme_session_runs(conn)
     conn.execute("SET search_path = public, madlib_mop")
     results = [conn.execute(statement).fetchall()
-               for statement in _readme_block("## After the search").split(";\n") if statement.strip()]
+               for statement in block(page("after-search.md"), "# After the search").split(";\n") if statement.strip()]
     importance, front, deployed, _, redeployed, rolled_back, registry, history, values = results
     assert {name for name, _ in importance} == {"learning_rate", "batch_size"}
     assert front and all(len(v) == 2 for _, v in front)
@@ -62,7 +71,7 @@ def test_readme_transfer_learning_runs(conn):
     notices: list[str] = []
     conn.add_notice_handler(lambda diag: notices.append(diag.message_primary))
     results: list = []
-    for statement in _readme_block("## Transfer learning").split(";\n"):
+    for statement in block(page("transfer-learning.md"), "# Transfer learning").split(";\n"):
         if statement.strip():
             cursor = conn.execute(statement)
             results.append(cursor.fetchall() if cursor.description else None)
@@ -95,9 +104,6 @@ def test_readme_transfer_learning_runs(conn):
         assert np.abs(staged - whole).max() < 1e-4
 
 
-def _readme_python(heading: str) -> str:
-    text = (REPO_ROOT / "README.md").read_text()
-    return re.search(r"```python\n(.*?)```", text[text.index(heading):], re.S).group(1)
 
 
 def test_readme_custom_functions_run(conn, extension_dsn):
@@ -105,11 +111,11 @@ def test_readme_custom_functions_run(conn, extension_dsn):
     trains and evaluates with it and with a top-k metric loaded from SQL."""
     if conn.execute("SELECT to_regclass('public.iris_packed')").fetchone()[0] is None:
         test_readme_session_runs(conn)
-    exec(compile(_readme_python("## Custom losses and metrics"), "README", "exec"),
+    exec(compile(block(page("custom-functions.md"), "# Custom losses", "python"), "custom-functions.md", "exec"),
          {"__name__": "__main__", "dsn": extension_dsn})
     results = [conn.execute(statement).fetchall() if statement.strip().startswith("SELECT")
                else conn.execute(statement) and None
-               for statement in _readme_block("## Custom losses and metrics").split(";\n")
+               for statement in block(page("custom-functions.md"), "# Custom losses").split(";\n")
                if statement.strip()]
     functions, evaluation = results[2], results[-1]
     assert [(r[0], r[1]) for r in functions] == [(1, "focal_crossentropy"), (2, "top_2_accuracy")]

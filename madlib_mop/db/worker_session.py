@@ -142,4 +142,4 @@ def connect(info: str, autocommit: bool = True, refused_hint: str | None = None,
                  "peer authentication and the madlib_mop user name map. A DBA allows this role "
                  f"once: add 'madlib_mop  postgres  {role}' to pg_ident.conf (the server's OS "
                  "user, then the role), with 'local all all peer map=madlib_mop' in "
-                 "pg_hba.conf, and reload (README: Deploying on your server).")) from None
+                 "pg_hba.conf, and reload (docs/deploy.md: Deploying on your server).")) from None

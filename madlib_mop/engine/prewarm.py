@@ -110,7 +110,7 @@ def prewarm(plpy: Any) -> int:
                 worker.close()
                 _report(plpy, role, "open", f"no worker session as {role}: {error}",
                         f"Let the server's OS user in as {role} (madlib-mop-server-auth allow, "
-                        "or the README's pg_ident.conf line).")
+                        "or the pg_ident.conf line of docs/deploy.md).")
                 break
             idle_workers.wait_listening([worker.idle(KEPT_SECONDS)])
             have += 1

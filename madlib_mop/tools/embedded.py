@@ -4,7 +4,7 @@
 `initdb` cluster of Debian's PostgreSQL 15 listening on 127.0.0.1 only, authenticated as
 Debian sets a server up (peer on the Unix socket, scram-sha-256 on TCP) plus the
 madlib_mop map that lets the server open worker sessions as the calling role
-(`madlib_mop.tools.server_auth`, the DBA's set-up of the README).  The superuser `postgres` has a
+(`madlib_mop.tools.server_auth`, the DBA's set-up of docs/deploy.md).  The superuser `postgres` has a
 generated password, kept in a libpq password file `.pg/passfile` that the connection string
 names.
 
@@ -56,7 +56,7 @@ def _pg_bindir() -> Path:
 class _ServerFiles:
     """The embedded server's configuration files: settings, and authentication (the
     superuser by password (passfile), worker sessions by peer with the madlib_mop map, as
-    the README's DBA set-up does); and what is done to a running server beside its start
+    the DBA's set-up of docs/deploy.md does); and what is done to a running server beside its start
     and stop (a role's line, a crash), as `tools/containers.ContainerServer` does them to a
     container."""
 
@@ -93,7 +93,7 @@ class _ServerFiles:
         os.chmod(self.passfile, 0o600)
 
     def _configure_workers(self) -> bool:
-        """The README's DBA set-up: the madlib_mop map on the socket's peer line."""
+        """The DBA's set-up of docs/deploy.md: the madlib_mop map on the socket's peer line."""
         if not self.worker_auth:
             return False
         hba, ident = self.data / "pg_hba.conf", self.data / "pg_ident.conf"
@@ -174,7 +174,7 @@ class EmbeddedCluster(_ServerFiles):
         self.log = self.base / "server.log"
         self.passfile = self.base / "passfile"
         # False: Debian's authentication alone, without the madlib_mop map (a DBA's server
-        # before the README's set-up, as a test makes it).
+        # before the DBA's set-up, as a test makes it).
         self.worker_auth = worker_auth
         self.bindir = _pg_bindir()
 

@@ -102,8 +102,14 @@ def expand_includes(sql: str, udf_dir: Path, site_packages: str, used: set[str])
         return PREAMBLE.format(site=site_packages, can_commit=bool(match.group("procedure"))) \
             + text.rstrip("\n")
 
-    sql = PLPYTHON.sub(lambda m: PLPYTHON_STANZA.format(name=m.group("name")), expand_overloads(sql))
-    return INCLUDE.sub(body, expand_procedures(sql))
+    return INCLUDE.sub(body, expand_declarations(sql))
+
+
+def expand_declarations(sql: str) -> str:
+    """A source file's declarations as PostgreSQL reads them, bodies still `#include` lines:
+    `#overload`, `#plpython` and `#procedure` lines replaced by what they stand for."""
+    return expand_procedures(PLPYTHON.sub(lambda m: PLPYTHON_STANZA.format(name=m.group("name")),
+                                          expand_overloads(sql)))
 
 
 def _parameter_list(sql: str, open_paren: int) -> tuple[str, int]:
