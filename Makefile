@@ -125,24 +125,24 @@ db-destroy:
 dsn:
 	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.embedded dsn
 
-# ---- several servers on this machine (madlib_mop.tools.cluster) ---------------------
+# ---- several servers on this machine (madlib_mop.tools.local_cluster) ---------------------
 cluster: $(STAMPS)/venv install
-	@$(PY) -m madlib_mop.tools.cluster start
+	@$(PY) -m madlib_mop.tools.local_cluster start
 
 cluster-dsn:
-	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.cluster dsn
+	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.local_cluster dsn
 
 cluster-stop:
-	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.cluster stop
+	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.local_cluster stop
 
 cluster-status:
-	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.cluster status
+	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.local_cluster status
 
 cluster-kill-segment:
-	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.cluster kill-segment
+	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.local_cluster kill-segment
 
 cluster-destroy:
-	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.cluster destroy
+	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.local_cluster destroy
 
 # ---- Docker: the engine, the images, the compose cluster (madlib_mop.tools.containers) ----
 # Debian's engine (docker.io, started as root when none answers), compose (Debian's

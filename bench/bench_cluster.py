@@ -33,7 +33,7 @@ from psycopg.conninfo import make_conninfo
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_mop  # noqa: E402  (the workloads and their loading)
 
-from madlib_mop.tools import cluster as cluster_tool  # noqa: E402
+from madlib_mop.tools import local_cluster as cluster_tool  # noqa: E402
 from madlib_mop.tools.demo import ensure_extension  # noqa: E402
 from madlib_mop.tools.embedded import configured_dsn  # noqa: E402
 

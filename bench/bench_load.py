@@ -257,7 +257,7 @@ def main() -> None:
         cap = conn.execute("SELECT madlib_mop._mop_max_worker_sessions()").fetchone()[0]
         shared = conn.execute("SELECT madlib_mop._mop_pool_shared()").fetchone()[0]
     if not cap:
-        from madlib_mop.engine.server_pool import machine_cap
+        from madlib_mop.engine.server_slots import machine_cap
         cap = machine_cap()
     alone = sequential(dsn, args.timeout)
     makespan, together, sampler = concurrent(dsn, args.timeout)

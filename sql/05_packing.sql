@@ -26,11 +26,15 @@ CREATE FUNCTION @extschema@.float4_unpack(bytea)
 RETURNS real[]
 AS 'MODULE_PATHNAME', 'madlib_mop_float4_unpack'
 LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION @extschema@.float4_unpack IS
+    'Bytes of float32 values (server byte order) as a real[]: what float4_pack packed';
 
 CREATE FUNCTION @extschema@.int4_unpack(bytea)
 RETURNS integer[]
 AS 'MODULE_PATHNAME', 'madlib_mop_int4_unpack'
 LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+COMMENT ON FUNCTION @extschema@.int4_unpack IS
+    'Bytes of int32 values (server byte order) as an integer[]';
 
 -- Did this transaction (or a live subtransaction of it) change the relation: its catalog
 -- row, or rows in it?  Exact, unlike pg_stat_xact_all_tables, which on PostgreSQL 15 also

@@ -107,12 +107,18 @@ RETURNS void
 
 -- CALL fit_multiple(...): the same call as a procedure, which commits as the job goes.
 #procedure fit_multiple FROM madlib_keras_fit_multiple_model
+COMMENT ON PROCEDURE @extschema@.fit_multiple IS
+    'madlib_keras_fit_multiple_model as a procedure (CALL, outside a transaction block): the job commits as it goes';
 
 CREATE FUNCTION @extschema@.resume_job(job_id bigint)
 RETURNS void
 #plpython "resume_job.py"
+COMMENT ON FUNCTION @extschema@.resume_job IS
+    'Continues an interrupted job of yours from its last finished sub-epoch, to the same weights (CALL resume(job_id) commits as it goes)';
 
 #procedure resume FROM resume_job
+COMMENT ON PROCEDURE @extschema@.resume IS
+    'CALL resume(job_id): continues an interrupted job of yours from its last finished sub-epoch, to the same weights, committing as it goes';
 
 -- Segment workers: called by the coordinator over its worker sessions.  On the job's own
 -- server model_state is NULL: the worker reads the state from the job's store and writes
@@ -170,7 +176,7 @@ CREATE FUNCTION @extschema@._mop_initial_states(request jsonb, weights bytea[], 
                                                 OUT states bytea[], OUT sizes bigint[])
 #plpython "mop_initial_states.py"
 
--- The server's pool of worker sessions (madlib_mop/engine/server_pool.py).  Where the
+-- The server's pool of worker sessions (madlib_mop/engine/server_slots.py).  Where the
 -- extension's library is preloaded (shared_preload_libraries), its slots and its queue are
 -- the server's, in shared memory (src/server_slots.c): one cap for every database.
 CREATE FUNCTION @extschema@._mop_pool_shared()

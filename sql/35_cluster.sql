@@ -20,6 +20,8 @@ SELECT pg_catalog.pg_extension_config_dump('@extschema@.segment_servers', '');
 CREATE TABLE @extschema@.coordinator_id (id uuid PRIMARY KEY DEFAULT gen_random_uuid());
 INSERT INTO @extschema@.coordinator_id DEFAULT VALUES;
 GRANT SELECT ON @extschema@.coordinator_id TO PUBLIC;
+COMMENT ON TABLE @extschema@.coordinator_id IS
+    'This server''s identity as a coordinator, written on the tables it makes on segment servers';
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.coordinator_id', '');
 
 CREATE FUNCTION @extschema@.add_segment_server(
@@ -31,10 +33,14 @@ CREATE FUNCTION @extschema@.add_segment_server(
 )
 RETURNS void
 #plpython "add_segment_server.py"
+COMMENT ON FUNCTION @extschema@.add_segment_server IS
+    'Registers a segment server: a PostgreSQL server with this extension that holds segments of the packed tables made from then on';
 
 CREATE FUNCTION @extschema@.drop_segment_server(server_name text)
 RETURNS void
 #plpython "drop_segment_server.py"
+COMMENT ON FUNCTION @extschema@.drop_segment_server IS
+    'Unregisters a segment server that no packed table uses';
 
 -- Each registered server as the calling role sees it: reachable, its extension version.
 CREATE FUNCTION @extschema@.check_segment_servers(
@@ -42,6 +48,8 @@ CREATE FUNCTION @extschema@.check_segment_servers(
     OUT reachable boolean, OUT extension_version text, OUT message text)
 RETURNS SETOF record
 #plpython "check_segment_servers.py"
+COMMENT ON FUNCTION @extschema@.check_segment_servers IS
+    'Each registered segment server as the calling role sees it: reachable, its extension version';
 
 -- A segment server's worker session gets its job's description (engine.cluster).
 CREATE FUNCTION @extschema@._mop_segment_job(job jsonb)

@@ -18,6 +18,8 @@ CREATE FUNCTION @extschema@.madlib_keras_evaluate_multiple_model(
 )
 RETURNS void
 #plpython "madlib_keras_evaluate_multiple_model.py"
+COMMENT ON FUNCTION @extschema@.madlib_keras_evaluate_multiple_model IS
+    'Loss and metrics of every model of a multi-model output on a packed table, in one pass: one row per mst_key';
 
 CREATE FUNCTION @extschema@.madlib_keras_predict(
     model_table         varchar,

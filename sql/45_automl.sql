@@ -25,6 +25,8 @@ RETURNS void
 
 -- CALL automl(...): the same call as a procedure, which commits as the job goes.
 #procedure automl FROM madlib_keras_automl
+COMMENT ON PROCEDURE @extschema@.automl IS
+    'madlib_keras_automl as a procedure (CALL, outside a transaction block): the job commits as it goes';
 
 -- Hyperband's brackets (s) and rounds (i): configurations n_i trained to r_i iterations.
 CREATE FUNCTION @extschema@.hyperband_schedule(

@@ -10,6 +10,8 @@ CREATE FUNCTION @extschema@.hyperparameter_importance(
 )
 RETURNS TABLE (hyperparameter text, importance double precision)
 #plpython "hyperparameter_importance.py"
+COMMENT ON FUNCTION @extschema@.hyperparameter_importance IS
+    'Which hyperparameters mattered for a job''s objective (Optuna''s fANOVA or PED-ANOVA): importances summing to 1, most important first';
 
 CREATE FUNCTION @extschema@.pareto_front(
     model_output_table varchar,
@@ -17,6 +19,8 @@ CREATE FUNCTION @extschema@.pareto_front(
 )
 RETURNS TABLE (mst_key integer, objective_values double precision[])
 #plpython "pareto_front.py"
+COMMENT ON FUNCTION @extschema@.pareto_front IS
+    'The models of a job that no other model beats on every objective (columns of <out>_info, each max or min)';
 
 CREATE FUNCTION @extschema@.deploy_model(
     model_output_table varchar,
@@ -25,6 +29,8 @@ CREATE FUNCTION @extschema@.deploy_model(
 )
 RETURNS integer
 #plpython "deploy_model.py"
+COMMENT ON FUNCTION @extschema@.deploy_model(varchar, integer, varchar) IS
+    'Deploys one model of a job under a name, as its next version (returned); madlib_keras_predict and madlib_keras_evaluate take the name as their model table';
 
 CREATE FUNCTION @extschema@.deploy_model(
     model_output_table varchar,
@@ -35,10 +41,14 @@ CREATE FUNCTION @extschema@.deploy_model(
 )
 RETURNS integer
 #plpython "deploy_model_by_strategy.py"
+COMMENT ON FUNCTION @extschema@.deploy_model(varchar, varchar, varchar, double precision, varchar) IS
+    'Deploys under a name the model a strategy picks (best_score or most_recent) among those at least as good as threshold; returns the version';
 
 CREATE FUNCTION @extschema@.rollback_model(name varchar)
 RETURNS integer
 #plpython "rollback_model.py"
+COMMENT ON FUNCTION @extschema@.rollback_model IS
+    'Makes the version of a deployment before the active one active again, and returns it; nothing is deleted';
 
 -- The views' rows, job by job: the jobs the caller sees (jobs' row-level security).
 CREATE FUNCTION @extschema@._mop_intermediate_values(job_id bigint)

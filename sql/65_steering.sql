@@ -36,6 +36,8 @@ SELECT pg_catalog.pg_extension_config_dump('@extschema@.steering_action_id_seq',
 CREATE FUNCTION @extschema@.stop_model(job_id bigint, mst_key integer)
 RETURNS bigint
 #plpython "stop_model.py"
+COMMENT ON FUNCTION @extschema@.stop_model IS
+    'Steering: a model of your running job trains no further than its current iteration; returns the request''s action_id';
 
 CREATE FUNCTION @extschema@.clone_model(
     job_id         bigint,
@@ -45,6 +47,8 @@ CREATE FUNCTION @extschema@.clone_model(
 )
 RETURNS bigint
 #plpython "clone_model.py"
+COMMENT ON FUNCTION @extschema@.clone_model IS
+    'Steering: a new model of your running job, from a model''s state at its next iteration boundary, with other compile or fit parameters; returns the request''s action_id';
 
 CREATE FUNCTION @extschema@.add_model_config(
     job_id         bigint,
@@ -54,7 +58,11 @@ CREATE FUNCTION @extschema@.add_model_config(
 )
 RETURNS bigint
 #plpython "add_model_config.py"
+COMMENT ON FUNCTION @extschema@.add_model_config IS
+    'Steering: a new configuration of the job''s architecture table joins your running job; returns the request''s action_id';
 
 CREATE FUNCTION @extschema@.set_model_iterations(job_id bigint, mst_key integer, num_iterations integer)
 RETURNS bigint
 #plpython "set_model_iterations.py"
+COMMENT ON FUNCTION @extschema@.set_model_iterations IS
+    'Steering: a model of your running job trains this many iterations in all; returns the request''s action_id';

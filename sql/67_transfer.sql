@@ -11,6 +11,8 @@ CREATE FUNCTION @extschema@.materialize_features(
 )
 RETURNS void
 #plpython "materialize_features.py"
+COMMENT ON FUNCTION @extschema@.materialize_features IS
+    'Writes a layer''s output, for every row of a packed table, into a new packed table with the same segments, buffers and labels (a fit''s model, or a deployment''s)';
 
 CREATE FUNCTION @extschema@.materialize_features_byom(
     model_arch_table varchar,   -- made by load_keras_model, the model loaded with its weights
@@ -21,6 +23,8 @@ CREATE FUNCTION @extschema@.materialize_features_byom(
 )
 RETURNS void
 #plpython "materialize_features_byom.py"
+COMMENT ON FUNCTION @extschema@.materialize_features_byom IS
+    'materialize_features for a model loaded with its weights by load_keras_model';
 
 CREATE FUNCTION @extschema@.load_transfer_model(
     model_arch_table varchar,   -- where the new model goes (made if missing, as load_keras_model)
@@ -35,3 +39,5 @@ CREATE FUNCTION @extschema@.load_transfer_model(
 )
 RETURNS integer
 #plpython "load_transfer_model.py"
+COMMENT ON FUNCTION @extschema@.load_transfer_model IS
+    'Adds to an architecture table a stored model''s first layers, frozen with their weights, under a new head; returns its model_id';

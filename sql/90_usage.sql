@@ -7,6 +7,8 @@ SET jit = off
 AS $python$
 #include "usage.py"
 $python$;
+COMMENT ON FUNCTION @extschema@.usage IS
+    'The usage text of one of the extension''s functions, as f(''help'') returns it';
 
 -- f(message varchar DEFAULT '') for each function with a usage text.  (A DO $routines$
 -- block is part of an upgrade's generated routines: it must be rerunnable.)

@@ -1,7 +1,7 @@
 /*
  * The worker pool's slots and queue in the server's shared memory, so that
  * madlib_mop.max_worker_sessions caps the worker sessions of every database of the server
- * and the queue is one queue (madlib_mop.engine.server_pool).
+ * and the queue is one queue (madlib_mop.engine.server_slots).
  *
  * They exist where the library is in shared_preload_libraries (shared memory is requested
  * when the server starts).  Elsewhere madlib_mop_pool_shared() is false and the pool falls

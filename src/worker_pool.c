@@ -7,7 +7,7 @@
  * (server_slots.c).  Declared here as a PGC_SUSET variable, so that SET by another role
  * is refused ("permission denied to set parameter"), and a value such a role set before
  * this library was loaded in its session is dropped with a WARNING when it is loaded.
- * 0, the default, means "from the machine" (madlib_mop.engine.server_pool.machine_cap).
+ * 0, the default, means "from the machine" (madlib_mop.engine.server_slots.machine_cap).
  *
  * The others are anyone's, declared as text with an empty default: the extension reads
  * them where it uses them (madlib_mop.db.settings) and refuses a bad value there with its

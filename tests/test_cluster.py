@@ -1,5 +1,5 @@
 """Several servers: a coordinator and two segment servers on this machine (the servers of
-`make cluster`, madlib_mop.tools.cluster; with MADLIB_MOP_TEST_SERVER=container, the
+`make cluster`, madlib_mop.tools.local_cluster; with MADLIB_MOP_TEST_SERVER=container, the
 containers of docker/docker-compose.yml, `make compose-up`), a fresh database on each for
 this module.
 
@@ -20,7 +20,7 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from madlib_mop.tools import cluster as cluster_tool, containers
+from madlib_mop.tools import local_cluster as cluster_tool, containers
 from madlib_mop.tools.containers import ContainerServer
 from madlib_mop.tools.embedded import EmbeddedCluster
 

@@ -75,6 +75,15 @@ def test_the_sql_reference_names_every_object_of_the_extension(extension_dsn):
     assert set(reference_docs.documented_objects()) == public
 
 
+def test_every_object_of_the_reference_is_described():
+    """A COMMENT (what psql's \\d+ shows too) or a usage text for each."""
+    usage = set(reference_docs.usage_functions())
+    undescribed = [entry["name"] for path in sorted((REPO_ROOT / "sql").glob("*.sql"))
+                   for entry in reference_docs._objects(path)
+                   if not entry["comments"] and entry["name"] not in usage]
+    assert undescribed == []
+
+
 def test_every_usage_text_is_in_the_reference():
     functions = reference_docs.functions_page()
     names = reference_docs.usage_functions()

@@ -34,6 +34,9 @@ CATALOG = {
         FROM pg_class c JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0
         LEFT JOIN pg_attrdef d ON d.adrelid = c.oid AND d.adnum = a.attnum
         WHERE c.relnamespace = 'madlib_mop'::regnamespace ORDER BY 1, 3""",
+    "descriptions": """
+        SELECT c.relname, obj_description(c.oid, 'pg_class') FROM pg_class c
+        WHERE c.relnamespace = 'madlib_mop'::regnamespace ORDER BY 1""",
     "views": """
         SELECT c.relname, pg_get_viewdef(c.oid), c.reloptions FROM pg_class c
         WHERE c.relnamespace = 'madlib_mop'::regnamespace AND c.relkind = 'v' ORDER BY 1""",

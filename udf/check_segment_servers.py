@@ -1,4 +1,4 @@
 from madlib_mop.plpy_bridge import run
-from madlib_mop.api.cluster import check_segment_servers
+from madlib_mop.api.segment_servers import check_segment_servers
 
 return run(plpy, check_segment_servers)

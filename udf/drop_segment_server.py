@@ -1,4 +1,4 @@
 from madlib_mop.plpy_bridge import run
-from madlib_mop.api.cluster import drop_segment_server
+from madlib_mop.api.segment_servers import drop_segment_server
 
 run(plpy, drop_segment_server, server_name)

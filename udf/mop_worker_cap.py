@@ -1,4 +1,4 @@
-from madlib_mop.engine.server_pool import cap
+from madlib_mop.engine.server_slots import cap
 from madlib_mop.plpy_bridge import run
 
 return run(plpy, cap)

@@ -145,7 +145,7 @@ def _pack(plpy: Any, table, out, features, label, homes, lying, encoding: Encodi
                 if buffer_size is None:
                     buffer_size = packing.default_buffer_size(rows, 4 * math.prod(feature_shape),
                                                               segment_total)
-                output = PackedOutput(plpy, out, features, label, homes)
+                output = PackedOutput(plpy, out, features.packed_column, label.name, homes)
                 insert = output.create(segment_total)
                 return (packing.buffer_layout(rows, buffer_size, segment_total, full=full),
                         lambda params: plpy.execute(insert, params), buffer_size)
@@ -153,7 +153,7 @@ def _pack(plpy: Any, table, out, features, label, homes, lying, encoding: Encodi
             packed = write_buffers(plpy, reader, table.name, rows, positions, encoding, begin)
             reader.close()
         else:  # each segment server packs its own rows into its own segments
-            output = PackedOutput(plpy, out, features, label, homes)
+            output = PackedOutput(plpy, out, features.packed_column, label.name, homes)
             output.create(segment_total)
             buffer_size = buffer_size or _default_buffer_size(plpy, table, features, rows, segment_total)
             packed = _pack_where_it_lies(plpy, lying, homes, output, encoding, buffer_size, full,

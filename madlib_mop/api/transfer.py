@@ -14,19 +14,18 @@ from __future__ import annotations
 
 import re
 import time
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
 from madlib_mop import errors
 from madlib_mop.api import deployments, model_catalog
-from madlib_mop.db import catalog, packed
+from madlib_mop.db import catalog, packed, segments
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.json_values import json_value
-from madlib_mop.preprocess.output import PackedOutput
+from madlib_mop.preprocess.output import PackedOutput, write_features_summary
 from madlib_mop.runtime import keras_json, staging, training
-from madlib_mop.runtime.buffers import decode
+from madlib_mop.runtime.buffers import PackedColumns, scan_partition
 from madlib_mop.segment import models
 from madlib_mop.segment.models import ModelRef
 
@@ -80,27 +79,26 @@ def _layer_model(ref: ModelRef, described: str, layer: str, summary: dict):
     return staging.LayerOutput(keras.Model(model.inputs, chosen.output)), chosen.name
 
 
-def _source(plpy: Any, source_table: str) -> dict:
+def _source(plpy: Any, source_table: str) -> tuple[dict, catalog.Table]:
+    """The packed table's summary and the table: one of this server, packed by madlib_mop."""
     summary = packed.read_summary(plpy, source_table, argument="source_table")
     if packed.partition_modulus(summary) is not None:
         raise MadlibMopError(f"source_table {summary['packed_table']} was packed by MADlib",
                              sqlstate=errors.FEATURE_NOT_SUPPORTED,
                              hint="Pack the data with madlib_mop's training_preprocessor_dl.")
-    foreign = plpy.execute(plpy.prepare(
-        "SELECT count(*) AS n FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class c ON c.oid = i.inhrelid "
-        "WHERE i.inhparent = $1 AND c.relkind = 'f'", ["oid"]), [summary["packed_oid"]])[0]["n"]
-    if foreign:
+    table = catalog.resolve_table(plpy, summary["packed_oid"], argument="source_table")
+    if segments.placement(plpy, table) is not None:
         raise MadlibMopError(f"source_table {summary['packed_table']} lies on segment servers",
                              sqlstate=errors.FEATURE_NOT_SUPPORTED,
                              hint="Materialize features of a table packed on this server; a job "
                                   "on segment servers stages its frozen layers by itself.")
-    return summary
+    return summary, table
 
 
 def _materialize(plpy: Any, ref: ModelRef, described: str, source_table: str, output_table: str,
                  layer: str, trained_on: float | None = None) -> None:
     """`trained_on`: the normalizing_const of the data the model was trained on, when known."""
-    summary = _source(plpy, source_table)
+    summary, source = _source(plpy, source_table)
     if trained_on is not None and float(summary["normalizing_const"] or 1.0) != float(trained_on):
         raise MadlibMopError(
             f"{summary['packed_table']} was packed with normalizing_const {summary['normalizing_const']}, "
@@ -113,49 +111,29 @@ def _materialize(plpy: Any, ref: ModelRef, described: str, source_table: str, ou
     summary_out.must_not_exist(plpy)
     feature_model, layer_name = _layer_model(ref, described, layer, summary)
     x_column, y_column = packed.packed_columns(summary)
-    q = plpy.quote_ident
-
-    output = PackedOutput(plpy, out, SimpleNamespace(packed_column=x_column), SimpleNamespace(name=y_column),
-                          None)
+    columns = PackedColumns(x_column, y_column, summary["label_kind"] == "classification")
+    output = PackedOutput(plpy, out, x_column, y_column, None)
     insert = output.create(int(summary["num_segments"]))
-    select = plpy.prepare(
-        f"SELECT {q(x_column)} AS x, {q(y_column)} AS y, {q(x_column + '_shape')} AS xs, "
-        f"{q(y_column + '_shape')} AS ys, buffer_id FROM {summary['packed_table']} "
-        "WHERE __dist_key__ = $1 ORDER BY buffer_id", ["integer"])
-    classification = summary["label_kind"] == "classification"
     feature_shape, rows = None, 0
     for segment in range(int(summary["num_segments"])):
         started, segment_rows = time.perf_counter(), 0
-        for row in plpy.cursor(select, [segment]):
-            x, _ = decode(row, classification)
+        # One buffer in memory at a time (a budget of 0 bytes): the table may be larger.
+        for buffer in scan_partition(plpy, summary["packed_table"], columns, segment, budget_bytes=0):
+            x, y = buffer.load()
             features = feature_model(x)
             feature_shape = list(features.shape[1:])
-            plpy.execute(insert, [features.tobytes(), row["y"], list(features.shape), row["ys"],
-                                  row["buffer_id"], segment])
+            plpy.execute(insert, [features.tobytes(), y.tobytes(), list(features.shape), list(y.shape),
+                                  buffer.buffer_id, segment])
             segment_rows += len(x)
         rows += segment_rows
         plpy.notice(f"materialize_features: segment {segment + 1} of {summary['num_segments']}: "
                     f"{segment_rows} rows through {layer_name} in {time.perf_counter() - started:.1f} s")
     if feature_shape is None:
         feature_shape = list(feature_model.shape)
-    _write_summary(plpy, summary, summary_out, out, feature_shape,
-                   f"{described}, layers up to {layer_name}")
+    write_features_summary(plpy, source, summary_out, summary["packed_table"], out.quoted, feature_shape,
+                           f"{described}, layers up to {layer_name}")
     plpy.notice(f"materialize_features: {out.quoted} holds {rows} rows of features of shape "
                 f"{feature_shape} ({described}, up to layer {layer_name})")
-
-
-def _write_summary(plpy: Any, summary: dict, summary_out: catalog.NewTable, out: catalog.NewTable,
-                   feature_shape: list[int], features_of: str) -> None:
-    """The source's summary, for the features: their shape, no normalizing (the source's
-    was applied before the model saw them), and whose features they are."""
-    source_summary = catalog.sibling_table(plpy, catalog.resolve_table(
-        plpy, summary["packed_oid"], argument="source_table"), "_summary")
-    plpy.execute(f"CREATE TABLE {summary_out.quoted} AS SELECT * FROM {source_summary.name}")
-    plpy.execute(f"ALTER TABLE {summary_out.quoted} ADD COLUMN IF NOT EXISTS features_of text")
-    plpy.execute(plpy.prepare(
-        f"UPDATE {summary_out.quoted} SET source_table = $1, output_table = $2, feature_shape = $3, "
-        "normalizing_const = 1.0, features_of = $4", ["text", "text", "integer[]", "text"]),
-        [summary["packed_table"], out.quoted, feature_shape, features_of])
 
 
 HEAD_HINT = ('Pass a JSON array of Keras layer configs, e.g. [{"class_name": "Flatten", "config": {}}, '

@@ -28,7 +28,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from madlib_mop.client import frames
-from madlib_mop.engine.server_pool import Pool
+from madlib_mop.engine.server_slots import Pool
 from madlib_mop.job.record import JobState
 
 # Sub-epochs take from milliseconds (a small MLP on a small segment) to minutes (a ResNet).

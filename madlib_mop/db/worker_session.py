@@ -77,7 +77,7 @@ def session_settings(plpy: Any) -> tuple[dict[str, str], str]:
     # search_path: the one the runtime pins (plpy_bridge) from the session's first statement
     # on; every name of the extension and of the user's tables is schema-qualified.
     # client_connection_check_interval: a worker whose caller's backend ended stops within
-    # a second, even while it waits idle (engine.server_pool), and gives its slot back.
+    # a second, even while it waits idle (engine.server_slots), and gives its slot back.
     options = ["-c statement_timeout=0", "-c idle_in_transaction_session_timeout=0",
                "-c jit=off", "-c client_connection_check_interval=1000",
                "-c search_path=" + SAFE_SEARCH_PATH.replace(" ", "")]

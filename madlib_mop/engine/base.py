@@ -146,7 +146,7 @@ class Engine(abc.ABC):
     # Its workers write to this server's data directory: files they write (a job's initial
     # states, `job.keras_work`) can be read by the calling session.
     shares_files = True
-    # Do its training workers come from the server's capped pool (`engine.server_pool`)?
+    # Do its training workers come from the server's capped pool (`engine.server_slots`)?
     pooled = False
     # Do its workers read a model's state from the job's store and write the new one there
     # (`job.state_store`: they run on the coordinator's server), rather than get it with

@@ -22,7 +22,7 @@ from madlib_mop.db import catalog, packed, segments, worker_session
 from madlib_mop.db.segments import Partition, SegmentServer
 from madlib_mop.engine.base import Engine, Worker, as_error
 from madlib_mop.json_values import json_value
-from madlib_mop.engine import server_pool
+from madlib_mop.engine import server_slots
 from madlib_mop.engine.local import LocalWorker, NoSlot
 from madlib_mop.errors import MadlibMopError
 
@@ -47,7 +47,7 @@ class ClusterWorker(LocalWorker):
         connection = segments.connect(self.conninfo, self.server, self.refused_hint)
         schema = sql.Identifier(self.schema)
         cap = connection.execute(sql.SQL("SELECT {}._mop_worker_cap()").format(schema)).fetchone()[0]
-        if server_pool.take_slot(connection, self.schema, cap) is None:
+        if server_slots.take_slot(connection, self.schema, cap) is None:
             connection.close()
             raise NoSlot(f"all {cap} worker sessions of {self.server.label} are taken",
                          sqlstate=errors.CONNECTION_FAILURE,

@@ -21,7 +21,7 @@ Who may adopt an idle session, and so run calls as its role:
 - the socket lies in the data directory, which only the server's OS user can enter.
 
 An idle session still ends, giving its slot of the server's pool back
-(`engine.server_pool`), as soon as a call waits for a slot, after
+(`engine.server_slots`), as soon as a call waits for a slot, after
 madlib_mop.worker_idle_seconds, or when a DBA terminates it.  A call that reaches an
 adopted session is cancelled as one over libpq is: SIGINT to its backend (what
 pg_cancel_backend sends), here from the adopter, a backend of the server's OS user.

@@ -14,7 +14,7 @@ from psycopg import sql
 
 from madlib_mop import errors
 from madlib_mop.db import catalog, worker_session
-from madlib_mop.engine import idle_workers, server_pool
+from madlib_mop.engine import idle_workers, server_slots
 from madlib_mop.engine.idle_workers import Adopted
 from madlib_mop.engine.base import Engine, VisitRecord, Worker
 from madlib_mop.json_values import json_value
@@ -22,7 +22,7 @@ from madlib_mop.errors import MadlibMopError
 from madlib_mop.runtime.tf_runtime import worker_threads
 
 class NoSlot(MadlibMopError):
-    """Every worker slot of the server is taken (`engine.server_pool`)."""
+    """Every worker slot of the server is taken (`engine.server_slots`)."""
 
 
 class LocalWorker(Worker):
@@ -87,7 +87,7 @@ class LocalWorker(Worker):
 
     def _open(self) -> psycopg.Connection:
         connection = worker_session.connect(self.conninfo)
-        if self.cap is not None and server_pool.take_slot(connection, self.schema, self.cap) is None:
+        if self.cap is not None and server_slots.take_slot(connection, self.schema, self.cap) is None:
             connection.close()
             raise NoSlot(f"all {self.cap} worker sessions of this server are taken",
                          sqlstate=errors.CONNECTION_FAILURE,
@@ -178,7 +178,7 @@ class LocalWorker(Worker):
 
 
 class LocalEngine(Engine):
-    """Training workers take slots of the server's pool (`engine.server_pool`): a job gets
+    """Training workers take slots of the server's pool (`engine.server_slots`): a job gets
     the sessions it kept warm and the free slots, and waits in the queue for one when it
     has none."""
 
@@ -192,14 +192,14 @@ class LocalEngine(Engine):
         self.conninfo = worker_session.conninfo(plpy)
         self.schema = catalog.extension_schema(plpy)
         self.schema_name = catalog.extension_schema_name(plpy)
-        self.cap = server_pool.cap(plpy)
-        if say_cap and not server_pool.pool(plpy).shared:
+        self.cap = server_slots.cap(plpy)
+        if say_cap and not server_slots.pool(plpy).shared:
             plpy.notice(f"madlib_mop: the cap of {self.cap} worker sessions counts this database's only",
                         detail="The extension's library is not in shared_preload_libraries: each database "
                                "has its own slots and queue.",
                         hint="ALTER SYSTEM SET shared_preload_libraries = 'madlib_mop' (with the libraries "
                              "already there), then restart the server.")
-        self.idle_seconds = server_pool.idle_seconds(plpy)
+        self.idle_seconds = server_slots.idle_seconds(plpy)
         self.settings = worker_session.forwarded_settings(plpy)
 
     def worker(self, segment: int, label: str) -> LocalWorker:
@@ -217,7 +217,7 @@ class LocalEngine(Engine):
         """This role's idle sessions, unless calls wait for slots: they go first (the idle
         sessions then end and give theirs back), as for free slots."""
         self.plpy.execute(idle_workers.FRESH)
-        if count <= 0 or server_pool.waiting_calls(self.plpy):
+        if count <= 0 or server_slots.waiting_calls(self.plpy):
             return []
         labels = [f"{label} {index}" for index in range(count)]
         return [LocalWorker(self.conninfo, self.schema, index, labels[index], self.cap, adopted)
@@ -228,24 +228,24 @@ class LocalEngine(Engine):
         """New sessions on the slots free now (none while calls are queued: they go first),
         and on those that other sessions' idle workers give back."""
         workers: list[Worker] = []
-        if not server_pool.waiting_calls(self.plpy):
+        if not server_slots.waiting_calls(self.plpy):
             workers += self.new_workers(count, first, label)
-        if len(workers) < count and server_pool.idle_holders(self.plpy):
+        if len(workers) < count and server_slots.idle_holders(self.plpy):
             workers += self._reclaim(count - len(workers), first + len(workers), label)
         return workers
 
     def _reclaim(self, count: int, first: int, label: str) -> list[Worker]:
         """Slots that other sessions' idle workers hold: queued, the job makes them end
-        (`server_pool.idle`), and takes the slots in its turn, for a few seconds at most."""
-        queue = server_pool.Queue(self.conninfo, self.schema_name, None)
+        (`server_slots.idle`), and takes the slots in its turn, for a few seconds at most."""
+        queue = server_slots.Queue(self.conninfo, self.schema_name, None)
         workers: list[Worker] = []
         try:
-            while len(workers) < count and time.monotonic() - queue.since < server_pool.RECLAIM_SECONDS:
+            while len(workers) < count and time.monotonic() - queue.since < server_slots.RECLAIM_SECONDS:
                 # Idle holders counted before the free slots: a session that ends between
                 # the two looks is then among the free, never missed by both.
                 holders = queue.idle_holders()
                 position, free, waiting = queue.turn(self.cap)
-                taken = self.new_workers(server_pool.share(position, free, waiting, count - len(workers)),
+                taken = self.new_workers(server_slots.share(position, free, waiting, count - len(workers)),
                                          first + len(workers), label) if position <= free else []
                 workers += taken
                 # Nothing more to come: no idle session left to end, no slot left free.
@@ -296,8 +296,8 @@ class LocalEngine(Engine):
         def shown(position: int, cap: int, first: bool, elsewhere: int) -> None:
             if first:
                 self.plpy.notice(f"madlib_mop: queued for a worker session (position {position}; "
-                                 f"{server_pool.taken_text(cap, elsewhere)})")
-        return server_pool.wait_in_queue(
+                                 f"{server_slots.taken_text(cap, elsewhere)})")
+        return server_slots.wait_in_queue(
             self.plpy, self.conninfo, self.schema_name, None, count,
             lambda n: self.new_workers(n, 0, label), shown,
             lambda: self.plpy.execute("SELECT 1"), hint="Call it again later")

@@ -25,7 +25,7 @@ from typing import Any
 
 from madlib_mop import errors
 from madlib_mop.db import catalog, settings, worker_session
-from madlib_mop.engine import idle_workers, server_pool
+from madlib_mop.engine import idle_workers, server_slots
 from madlib_mop.engine.local import LocalWorker
 from madlib_mop.errors import MadlibMopError
 
@@ -83,8 +83,8 @@ def prewarm(plpy: Any) -> int:
     if not roles or not wanted:
         return 0
     schema = catalog.extension_schema_name(plpy)
-    server = server_pool.pool(plpy)
-    cap = server_pool.cap(plpy)
+    server = server_slots.pool(plpy)
+    cap = server_slots.cap(plpy)
     segments = settings.default_segments(plpy)
     idle = plpy.prepare(f"SELECT count(*) AS n FROM ({server.slots}) s WHERE s.role = $1 "
                         "AND s.database = pg_catalog.current_database() AND s.state = 'idle'", ["text"])
@@ -98,7 +98,7 @@ def prewarm(plpy: Any) -> int:
         plpy.execute(idle_workers.FRESH)
         have = plpy.execute(idle, [role])[0]["n"]
         while have < wanted:
-            if server_pool.waiting_calls(plpy):  # a waiting call goes first
+            if server_slots.waiting_calls(plpy):  # a waiting call goes first
                 return opened
             worker = LocalWorker(worker_session.conninfo(plpy, prewarmed_role=role), schema, 0,
                                  LABEL, cap)

@@ -2,7 +2,7 @@
 its free worker sessions.
 
 A job may have fewer workers than segments (the server's pool of worker sessions is capped,
-`engine.server_pool`; `job.worker_supply` gets the job its workers): a free worker then
+`engine.server_slots`; `job.worker_supply` gets the job its workers): a free worker then
 serves any segment whose data it may read (on this server, every one), preferring the
 segment it served last, whose buffers it holds decoded.  Which worker runs a call never
 changes its result (the contract of `engine.base.Worker`), so the weights are the same bits

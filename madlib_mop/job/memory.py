@@ -1,12 +1,12 @@
 """What one worker session of a job needs in memory, estimated before the job starts.
 
-A worker holds TensorFlow and Keras (`server_pool.BASE_MB`), one compiled program per
+A worker holds TensorFlow and Keras (`server_slots.BASE_MB`), one compiled program per
 program key with its variables, and for each call the state it restores and the state it
 captures: about three copies of the largest state of each key.  madlib_mop.worker_memory_mb
 is what a worker may hold beyond TensorFlow: its models first, and decoded buffers in what
 the models leave (the rest are read per sub-epoch; 0 keeps none).  A job whose models alone
 need more is refused before it is created, as is one whose workers would need more than their share of
-the server's memory for worker sessions (`server_pool.MEMORY_FRACTION` of the machine's,
+the server's memory for worker sessions (`server_slots.MEMORY_FRACTION` of the machine's,
 shared by the cap).
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 from madlib_mop import errors
 from madlib_mop.db import settings
-from madlib_mop.engine import server_pool
+from madlib_mop.engine import server_slots
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.runtime import training
 
@@ -89,8 +89,8 @@ def estimate(plpy: Any, configs: list[dict], state_bytes: dict[int, int], packed
                         "FROM pg_catalog.pg_partition_tree($1::regclass)", ["text"])
     data = sum(int(plpy.execute(size, [t])[0]["b"]) for t in packed_tables) / MB
     buffers = min(data, max(0.0, budget - models)) if use_caching else 0.0
-    cap = server_pool.cap(plpy)
-    return WorkerMemory(float(server_pool.BASE_MB), models, buffers, server_pool.slot_share_mb(cap),
+    cap = server_slots.cap(plpy)
+    return WorkerMemory(float(server_slots.BASE_MB), models, buffers, server_slots.slot_share_mb(cap),
                         cap, float(budget))
 
 

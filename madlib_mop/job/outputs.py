@@ -211,7 +211,7 @@ def publish(store, model, curves: metrics.Curves, partitions: int, single: bool)
     # Time the model's sub-epochs took, without each worker's one-off start-up.
     training_seconds = sum(v["seconds"]["total"] - v["seconds"].get("setup", 0.0)
                            for v in model.visits.values())
-    store.q(sql.SQL("""
+    store.execute(sql.SQL("""
         UPDATE {} SET metrics_elapsed_time = %s,
             training_metrics_final = %s, training_loss_final = %s,
             training_metrics = %s, training_loss = %s,
@@ -238,13 +238,13 @@ def publish(store, model, curves: metrics.Curves, partitions: int, single: bool)
         model.mst_key))
     if single:
         columns = sql.SQL(", ").join(sql.Identifier(n) for n in SINGLE_SUMMARY_COLUMNS)
-        store.q(sql.SQL("UPDATE {summary} s SET ({c}) = (SELECT {c} FROM {info} i "
+        store.execute(sql.SQL("UPDATE {summary} s SET ({c}) = (SELECT {c} FROM {info} i "
                         "WHERE i.mst_key = %s)").format(summary=t["summary"], info=t["info"],
                                                         c=columns), (model.mst_key,))
 
 
 def finish(store) -> None:
-    store.q(sql.SQL("UPDATE {} SET end_training_time = now()").format(store.tables["summary"]))
+    store.execute(sql.SQL("UPDATE {} SET end_training_time = now()").format(store.tables["summary"]))
 
 
 def keep_best(store, models, objective, segments: int, frequency: int, iterations: int,
@@ -263,5 +263,5 @@ def keep_best(store, models, objective, segments: int, frequency: int, iteration
                                   curves.validation[-1] if partitions else None))
     best = min(reports, key=objective.rank_key).mst_key
     table = sql.Identifier(*store.job.arguments.automl["model_selection_table"])
-    store.q(sql.SQL("DELETE FROM {} WHERE mst_key <> %s").format(table), (best,))
+    store.execute(sql.SQL("DELETE FROM {} WHERE mst_key <> %s").format(table), (best,))
     return best

@@ -190,16 +190,16 @@ class JobRowUpdates:
     job_id: int
     db: psycopg.Connection
 
-    def q(self, statement: sql.Composable | str, params: tuple = ()) -> psycopg.Cursor:
+    def execute(self, statement: sql.Composable | str, params: tuple = ()) -> psycopg.Cursor:
         return self.db.execute(statement, params)
 
     def _update_job(self, assignments: str, params: tuple = ()) -> psycopg.Cursor:
-        return self.q(sql.SQL("UPDATE {}.jobs SET " + assignments + ", updated_at = now() "
+        return self.execute(sql.SQL("UPDATE {}.jobs SET " + assignments + ", updated_at = now() "
                               "WHERE job_id = %s").format(self.schema), params + (self.job_id,))
 
     def mark_running(self, pid: int) -> float:
         """State 'running'; returns when the job first started (epoch seconds)."""
-        cursor = self.q(sql.SQL(
+        cursor = self.execute(sql.SQL(
             "UPDATE {}.jobs SET state = %s, coordinator_pid = %s, "
             "started_at = coalesce(started_at, now()), last_error = NULL, updated_at = now() "
             "WHERE job_id = %s RETURNING extract(epoch FROM started_at)::float8").format(self.schema),
@@ -234,7 +234,7 @@ class JobRowUpdates:
         failures = (sql.SQL("coalesce(model_failures, '{}') || jsonb_build_object(%s::text, %s::text)")
                     if lost else sql.SQL("model_failures - %s::text"))
         params = (mst_key, reason) if lost else (mst_key,)
-        self.q(sql.SQL("UPDATE {}.jobs SET model_failures = {} WHERE job_id = %s").format(
+        self.execute(sql.SQL("UPDATE {}.jobs SET model_failures = {} WHERE job_id = %s").format(
             self.schema, failures), params + (self.job_id,))
 
     def mark_finished(self) -> None:
@@ -246,7 +246,7 @@ class JobRowUpdates:
         if error is not None and not self.db.closed:
             state = JobState.FAILED if isinstance(error, MadlibMopError) else JobState.INTERRUPTED
             try:
-                self.q(sql.SQL("UPDATE {}.jobs SET state = %s, last_error = coalesce(%s, last_error), "
+                self.execute(sql.SQL("UPDATE {}.jobs SET state = %s, last_error = coalesce(%s, last_error), "
                                "updated_at = now() WHERE job_id = %s AND state <> %s")
                        .format(self.schema),
                        (str(state), str(error)[:2000], self.job_id, str(JobState.FINISHED)))

@@ -50,7 +50,7 @@ class Request:
 
 
 def load(store: JobStore) -> list[Request]:
-    rows = store.q(sql.SQL("SELECT action_id, action, mst_key, params, owner, applied_at IS NOT NULL, "
+    rows = store.execute(sql.SQL("SELECT action_id, action, mst_key, params, owner, applied_at IS NOT NULL, "
                            "applied_iteration, new_mst_key FROM {}.steering WHERE job_id = %s "
                            "ORDER BY action_id").format(store.schema), (store.job_id,)).fetchall()
     return [Request(*row) for row in rows]
@@ -272,7 +272,7 @@ class JobSteering:
 
     def _record(self, request: Request, iteration: int | None, new_key: int | None, outcome: str) -> None:
         request.applied, request.applied_iteration, request.new_mst_key = True, iteration, new_key
-        self.store.q(sql.SQL("UPDATE {}.steering SET applied_at = now(), applied_iteration = %s, "
+        self.store.execute(sql.SQL("UPDATE {}.steering SET applied_at = now(), applied_iteration = %s, "
                              "new_mst_key = %s, outcome = %s WHERE action_id = %s").format(self.store.schema),
                      (iteration, new_key, outcome, request.action_id))
 

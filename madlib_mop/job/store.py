@@ -66,8 +66,8 @@ class JobStore(repository.JobRowUpdates):
             self.tables = identifiers(self.job.table_names)
             repository.lock(self.db, self.schema, job_id)
             table = job_tables.state_table(self.db, self.tables["state"])
-            hops = HopFiles.of(lambda q: self.q(q).fetchone()[0], job_id)
-            hops.remove_other_runs({oid for (oid,) in self.q("SELECT oid FROM pg_catalog.pg_database")})
+            hops = HopFiles.of(lambda q: self.execute(q).fetchone()[0], job_id)
+            hops.remove_other_runs({oid for (oid,) in self.execute("SELECT oid FROM pg_catalog.pg_database")})
             hops.create()
             self.states = StateStore(table, hops, DurableWriter(
                 lambda: worker_session.connect(
@@ -90,21 +90,21 @@ class JobStore(repository.JobRowUpdates):
 
     def display(self, key: str) -> str:
         """One of the job's tables as users write its name (quoted only where needed)."""
-        return self.q("SELECT quote_ident(%s) || '.' || quote_ident(%s)",
+        return self.execute("SELECT quote_ident(%s) || '.' || quote_ident(%s)",
                       tuple(self.job.table_names[key])).fetchone()[0]
 
     # ---- reading ----
     def load_models(self) -> dict[int, ModelRecord]:
         t = self.tables
         models = {}
-        for mst_key, model_id, compile_params, fit_params in self.q(sql.SQL(
+        for mst_key, model_id, compile_params, fit_params in self.execute(sql.SQL(
                 "SELECT mst_key, model_id, compile_params, fit_params FROM {} ORDER BY mst_key")
                 .format(t["models"])):
             models[mst_key] = self.model_record(mst_key, model_id, compile_params, fit_params)
-        for mst_key, step, result in self.q(sql.SQL(
+        for mst_key, step, result in self.execute(sql.SQL(
                 "SELECT mst_key, step, result FROM {}").format(t["visits"])):
             models[mst_key].visits[step] = result
-        for mst_key, step, partition, result in self.q(sql.SQL(
+        for mst_key, step, partition, result in self.execute(sql.SQL(
                 "SELECT mst_key, step, partition, result FROM {}").format(t["evals"])):
             models[mst_key].evals[(step, partition)] = result
         for model in models.values():
@@ -121,7 +121,7 @@ class JobStore(repository.JobRowUpdates):
     def model_rows(self) -> list[dict]:
         """The models table's configurations (model_arch as JSON text), without their
         initial weights: what a segment server's workers are shipped."""
-        cursor = self.q(sql.SQL("SELECT mst_key, model_arch::text AS model_arch, "
+        cursor = self.execute(sql.SQL("SELECT mst_key, model_arch::text AS model_arch, "
                                 "compile_params, fit_params FROM {} ORDER BY mst_key")
                         .format(self.tables["models"]))
         return [dict(zip([c.name for c in cursor.description], row)) for row in cursor]
@@ -147,16 +147,16 @@ class JobStore(repository.JobRowUpdates):
         it left is in the job's hop files already (written by the worker, or by the
         coordinator for a segment server's worker)."""
         with self.atomic():
-            self.q(job_tables.VISITS.insert(self.tables["visits"], conflict=True),
+            self.execute(job_tables.VISITS.insert(self.tables["visits"], conflict=True),
                    (mst_key, step, segment, result.to_json()))
 
     def record_eval(self, mst_key: int, step: int, partition: int, result: dict) -> None:
-        self.q(job_tables.EVALS.insert(self.tables["evals"], conflict=True),
+        self.execute(job_tables.EVALS.insert(self.tables["evals"], conflict=True),
                (mst_key, step, partition, finite_json(result)))
 
     def update_info(self, mst_key: int, columns: dict) -> None:
         """Columns of a model's `_info` row (a pruner's labels, such as Hyperband's s and i)."""
-        self.q(sql.SQL("UPDATE {} SET ({}) = ROW({}) WHERE mst_key = %s").format(
+        self.execute(sql.SQL("UPDATE {} SET ({}) = ROW({}) WHERE mst_key = %s").format(
             self.tables["info"], sql.SQL(", ").join(map(sql.Identifier, columns)),
             sql.SQL(", ").join(sql.Placeholder() * len(columns))),
             tuple(columns.values()) + (mst_key,))
@@ -169,11 +169,11 @@ class JobStore(repository.JobRowUpdates):
     def model_statuses(self) -> list[tuple[int, str | None, str | None]]:
         """(mst_key, status, stop_reason) of every model in `<out>_info`.  An `_info` made
         by an earlier version gets its newer columns here."""
-        self.q(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS status text, {}").format(
+        self.execute(sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS status text, {}").format(
             self.tables["info"], sql.SQL(", ").join(
                 sql.SQL("ADD COLUMN IF NOT EXISTS {} {}").format(sql.Identifier(n), sql.SQL(kind))
                 for n, kind in outputs.NEWER_INFO_COLUMNS)))
-        return self.q(sql.SQL("SELECT mst_key, status, stop_reason FROM {} ORDER BY mst_key")
+        return self.execute(sql.SQL("SELECT mst_key, status, stop_reason FROM {} ORDER BY mst_key")
                       .format(self.tables["info"])).fetchall()
 
     def record_lost(self, mst_key: int, status: str | None, completed: int | None,
@@ -190,7 +190,7 @@ class JobStore(repository.JobRowUpdates):
         """An architecture of the job's model_arch_table (madlib_keras_automl's, or `table`:
         the [schema, table] a steering request recorded): its JSON and initial weights."""
         arch_table = sql.Identifier(*(table or self.job.arguments.automl["model_arch_table"]))
-        row = self.q(sql.SQL("SELECT model_arch::text, model_weights FROM {} WHERE model_id = %s")
+        row = self.execute(sql.SQL("SELECT model_arch::text, model_weights FROM {} WHERE model_id = %s")
                      .format(arch_table), (model_id,)).fetchone()
         if row is None:
             raise MadlibMopError(f"model_id {model_id} is not in {arch_table.as_string(self.db)}",
@@ -211,13 +211,13 @@ class JobStore(repository.JobRowUpdates):
             job_tables.add_model(self.db, self.tables, entry, blob)
             outputs.add_model(self.db, self.tables, entry, blob)
             if automl:
-                self.q(sql.SQL("INSERT INTO {} (mst_key, model_id, compile_params, fit_params) "
+                self.execute(sql.SQL("INSERT INTO {} (mst_key, model_id, compile_params, fit_params) "
                                "VALUES (%s, %s, %s, %s)").format(
                     sql.Identifier(*automl["model_selection_table"])), config)
 
     def model_architecture(self, mst_key: int) -> str:
         """A model's architecture (JSON text) as the job recorded it."""
-        return self.q(sql.SQL("SELECT model_arch::text FROM {} WHERE mst_key = %s").format(
+        return self.execute(sql.SQL("SELECT model_arch::text FROM {} WHERE mst_key = %s").format(
             self.tables["models"]), (mst_key,)).fetchone()[0]
 
 def job_models(plpy: Any, models_table: str, mst_key: int | None = None) -> list[dict]:
@@ -240,9 +240,9 @@ def _back_to_a_kept_state(store: JobStore, model: ModelRecord) -> None:
                              sqlstate=errors.DATA_EXCEPTION,
                              hint="The job's state table was changed; start the job again.")
     with store.atomic():
-        store.q(sql.SQL("DELETE FROM {} WHERE mst_key = %s AND step >= %s").format(
+        store.execute(sql.SQL("DELETE FROM {} WHERE mst_key = %s AND step >= %s").format(
             store.tables["visits"]), (model.mst_key, kept))
-        store.q(sql.SQL("DELETE FROM {} WHERE mst_key = %s AND step > %s").format(
+        store.execute(sql.SQL("DELETE FROM {} WHERE mst_key = %s AND step > %s").format(
             store.tables["evals"]), (model.mst_key, kept))
     model.visits = {k: v for k, v in model.visits.items() if k < kept}
     model.evals = {k: v for k, v in model.evals.items() if k[0] <= kept}

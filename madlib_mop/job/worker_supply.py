@@ -1,4 +1,4 @@
-"""A job's worker sessions from the server's pool (`engine.server_pool`): waiting in the
+"""A job's worker sessions from the server's pool (`engine.server_slots`): waiting in the
 queue for a first one, taking free slots up to one worker per segment as they come, and
 giving one back while other calls wait, so that every waiting job gets a turn.
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from madlib_mop.engine import server_pool
+from madlib_mop.engine import server_slots
 from madlib_mop.engine.base import Engine
 from madlib_mop.engine.pool import WorkerPool
 from madlib_mop.errors import MadlibMopError
@@ -27,15 +27,15 @@ def warm_up(pool: WorkerPool, index: int, segments: int) -> None:
 def wait_for_workers(plpy: Any, store: JobStore, engine: Engine, pool: WorkerPool, segments: int,
                      interruption: Callable[[], None], notice: Callable[[str], None]) -> None:
     """The job has no worker: it waits in the server's queue, shown as 'queued' with its
-    position, until it is its turn (`server_pool.wait_in_queue`)."""
+    position, until it is its turn (`server_slots.wait_in_queue`)."""
     def shown(position: int, cap: int, first: bool, elsewhere: int) -> None:
         store.queued(position)
-        taken = engine.waiting_for() or server_pool.taken_text(cap, elsewhere)
+        taken = engine.waiting_for() or server_slots.taken_text(cap, elsewhere)
         notice(f"job {store.job_id} is queued for a worker session (position {position}; {taken})" if first else
                f"job {store.job_id}: queue position {position}")
 
     try:
-        workers = server_pool.wait_in_queue(
+        workers = server_slots.wait_in_queue(
             plpy, store.conninfo, store.schema_name, store.job_id, segments,
             lambda n: engine.new_workers(n, 0), shown, interruption,
             hint=f"CALL {store.schema_name}.resume({store.job_id}) later")
@@ -61,7 +61,7 @@ class WorkerSupply:
             return
         self.looked = time.monotonic()
         live = self.pool.live()
-        if server_pool.waiting_calls(self.plpy):
+        if server_slots.waiting_calls(self.plpy):
             idle = [index for index in live if index not in running]
             if len(live) > 1 and idle:
                 self.pool.retire(idle[-1])

@@ -14,7 +14,6 @@ from madlib_mop import errors
 from madlib_mop.db import catalog, segments, settings
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.preprocess.buffers import Packed
-from madlib_mop.preprocess.source import Features, Label
 
 
 SEGMENTS_SETTING = settings.SEGMENTS
@@ -145,12 +144,12 @@ class PackedOutput:
     """The packed table: partitioned by segment; a partition is a table of this server, or a
     foreign table whose rows are stored on the segment's segment server (`homes`)."""
 
-    def __init__(self, plpy: Any, out: catalog.NewTable, features: Features, label: Label,
+    def __init__(self, plpy: Any, out: catalog.NewTable, feature_column: str, label_column: str,
                  homes: list[segments.SegmentServer] | None):
         self.plpy, self.out, self.homes = plpy, out, homes
         q = plpy.quote_ident
-        self.x, self.y = q(features.packed_column), q(label.name)
-        self.xs, self.ys = q(features.packed_column + "_shape"), q(label.name + "_shape")
+        self.x, self.y = q(feature_column), q(label_column)
+        self.xs, self.ys = q(feature_column + "_shape"), q(label_column + "_shape")
         self.remote: list[tuple[Any, str]] = []  # (server, table) made on segment servers
         self.partition_names: dict[int, list[str]] = {}  # segment -> [schema, table] there
         self.sessions: dict[str, Any] = {}
@@ -317,3 +316,19 @@ def write_summary(plpy, summary_table, source_table, output_table, label, featur
         (distribution_rules or "all_segments"), segments, rows, rows_per_segment,
         buffers_per_segment, list(packed.feature_shape),
         "classification" if label.classification else "regression", seed])
+
+
+def write_features_summary(plpy: Any, source: catalog.Table, summary_table: catalog.NewTable,
+                           source_table: str, output_table: str, feature_shape: list[int],
+                           features_of: str) -> None:
+    """The summary of a packed table of features computed from the packed table `source`
+    (its segments, buffers and labels): the source's summary, with the features' shape, no
+    normalizing (the source's was applied before the model saw them), and whose features
+    they are (`features_of`)."""
+    source_summary = catalog.sibling_table(plpy, source, "_summary")
+    plpy.execute(f"CREATE TABLE {summary_table.quoted} AS SELECT * FROM {source_summary.name}")
+    plpy.execute(f"ALTER TABLE {summary_table.quoted} ADD COLUMN IF NOT EXISTS features_of text")
+    plpy.execute(plpy.prepare(
+        f"UPDATE {summary_table.quoted} SET source_table = $1, output_table = $2, feature_shape = $3, "
+        "normalizing_const = 1.0, features_of = $4", ["text", "text", "integer[]", "text"]),
+        [source_table, output_table, feature_shape, features_of])

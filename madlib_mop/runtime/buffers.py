@@ -18,6 +18,7 @@ class Buffer:
     rows: int
     load: Callable[[], tuple[np.ndarray, np.ndarray]]  # (features, labels) of the buffer
     in_memory: bool = True  # False: load() reads the table
+    buffer_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -33,9 +34,9 @@ class PackedColumns:
                 else f"buffer_id % {int(self.modulus)} = {parameter}")
 
     def select_list(self, quote: Callable[[str], str]) -> str:
-        """The columns decode() needs, as x, y, xs, ys."""
+        """The columns decode() needs, as x, y, xs, ys, and the buffer's id."""
         return (f"{quote(self.feature)} AS x, {quote(self.label)} AS y, "
-                f"{quote(self.feature + '_shape')} AS xs, {quote(self.label + '_shape')} AS ys")
+                f"{quote(self.feature + '_shape')} AS xs, {quote(self.label + '_shape')} AS ys, buffer_id")
 
 
 def decode(row: Any, classification: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -50,7 +51,7 @@ def in_memory(rows, classification: bool) -> list[Buffer]:
     buffers = []
     for row in rows:
         decoded = decode(row, classification)
-        buffers.append(Buffer(len(decoded[0]), lambda d=decoded: d))
+        buffers.append(Buffer(len(decoded[0]), lambda d=decoded: d, buffer_id=row.get("buffer_id")))
     return buffers
 
 
@@ -75,5 +76,5 @@ def scan_partition(plpy: Any, table: str, columns: PackedColumns, partition: int
     plan = plpy.prepare(f"SELECT {select} FROM {table} WHERE {columns.in_partition()} AND buffer_id = $2",
                         ["integer", "integer"])
     return [Buffer(r["rows"], lambda b=r["buffer_id"]: decode(
-        plpy.execute(plan, [partition, b])[0], columns.classification), in_memory=False)
-        for r in listing]
+        plpy.execute(plan, [partition, b])[0], columns.classification), in_memory=False,
+        buffer_id=r["buffer_id"]) for r in listing]

@@ -15,7 +15,8 @@ from madlib_mop.errors import MadlibMopError
 
 
 @dataclass(frozen=True)
-class Objective:
+class ColumnObjective:
+    """An `_info` column to maximise or minimise (the search's objective is search.objective.Objective)."""
     column: str
     maximize: bool
 
@@ -23,8 +24,8 @@ class Objective:
         return f"{self.column} {'max' if self.maximize else 'min'}"
 
 
-def parse(texts: Sequence[str] | None, direction_of) -> list[Objective]:
-    """['validation_metrics_final max', 'inference_ms_per_row'] -> Objectives; a column
+def parse(texts: Sequence[str] | None, direction_of) -> list[ColumnObjective]:
+    """['validation_metrics_final max', 'inference_ms_per_row'] -> ColumnObjectives; a column
     without a direction gets `direction_of(column)` (True: max, False: min, None: unknown)."""
     if not texts or len(texts) < 2:
         raise MadlibMopError("pareto_front needs at least two objectives", sqlstate=errors.INVALID_PARAMETER_VALUE,
@@ -41,7 +42,7 @@ def parse(texts: Sequence[str] | None, direction_of) -> list[Objective]:
             raise MadlibMopError(f"objective {words[0]}: cannot tell whether higher or lower is better",
                                  sqlstate=errors.INVALID_PARAMETER_VALUE,
                                  hint=f"Write '{words[0]} max' or '{words[0]} min'.")
-        found.append(Objective(words[0], maximize))
+        found.append(ColumnObjective(words[0], maximize))
     if len({o.column for o in found}) < len(found):
         raise MadlibMopError("an objective is named twice", sqlstate=errors.INVALID_PARAMETER_VALUE,
                              hint="Name each column once.")

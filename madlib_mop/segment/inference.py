@@ -24,7 +24,7 @@ PREDICT_SHAPE_HINT = ("Pass the feature column the model was trained on, each ro
                       "the model's input shape.")
 # A model this big stays built in an idle worker for the session's next prediction; a
 # bigger one is built per call rather than held (idle workers count against the server's
-# memory, `engine.server_pool`).
+# memory, `engine.server_slots`).
 CACHED_WEIGHTS_BYTES = 256 * 1024 * 1024
 
 

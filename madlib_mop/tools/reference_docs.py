@@ -62,16 +62,6 @@ def _declaration(statement: str, kind: str) -> str:
     return text.strip().rstrip(";")
 
 
-def _remark_above(script: str, statement: str) -> str:
-    """The `--` comment lines just above a statement in its source, as one sentence."""
-    remark: list[str] = []
-    for line in reversed(script[:script.find(statement)].splitlines()):
-        if not line.startswith("--"):
-            break
-        remark.insert(0, line[2:].strip())
-    return " ".join(remark)
-
-
 def _objects(path: Path) -> list[dict]:
     """The extension's objects that `path` creates, in order, each with its declarations
     (overloads) and comments; names starting with `_` are the extension's own."""
@@ -84,12 +74,8 @@ def _objects(path: Path) -> list[dict]:
         create = re.match(rf"CREATE {_OBJECT}", statement)
         if create:
             kind = create.group(1)
-            entry = objects.setdefault(name, {"name": name, "kind": kind, "declarations": [], "comments": [],
-                                              "remarks": []})
+            entry = objects.setdefault(name, {"name": name, "kind": kind, "declarations": [], "comments": []})
             entry["declarations"].append(_declaration(statement, kind))
-            remark = _remark_above(script, statement)
-            if remark and remark not in entry["remarks"]:
-                entry["remarks"].append(remark)
         elif name in objects:
             comment = _COMMENT_TEXT.search(statement)
             text = " ".join(comment.group(1).replace("''", "'").split()) if comment else ""
@@ -142,8 +128,7 @@ def functions_page(root: Path = REPO_ROOT) -> str:
             lines += [f"### {entry['name']}", "", f"*{_KIND_WORD[entry['kind']]}*", ""]
             for declaration in entry["declarations"]:
                 lines += ["```sql", declaration, "```", ""]
-            # The object's COMMENT (what psql's \d+ shows), then the source's remark above it.
-            for text in entry["comments"] + entry["remarks"]:
+            for text in entry["comments"]:  # COMMENT ON it: what psql's \df+ and \d+ show
                 lines += [text + ("" if text.endswith((".", "?")) else "."), ""]
             if entry["name"] in with_usage:
                 lines += [f"`SELECT madlib_mop.{entry['name']}('help')` answers:", "", "```text",
@@ -194,9 +179,10 @@ def settings_page(root: Path = REPO_ROOT) -> str:
         "",
         "Every `madlib_mop.*` setting, as the extension's library declares it (this page is",
         "generated from `src/*.c` when the site is built). The library reserves the prefix: a",
-        "misspelt name is an error (SQLSTATE 42602) where the library is preloaded. An empty",
-        "value is the extension's default, which the description gives. How to size the worker",
-        "pool with them: [Deploying on your server](../deploy.md#sizing-worker-sessions-for-dbas).",
+        "misspelt name is an error (SQLSTATE 42602) where the library is preloaded. Most are",
+        "declared as text, numbers included, so that an empty value means the extension's",
+        "default, which the description gives (`SHOW` then shows it empty). How to size the",
+        "worker pool with them: [Deploying on your server](../deploy.md#sizing-worker-sessions-for-dbas).",
         "",
         "| setting | type | default | who sets it | what it does |",
         "|---|---|---|---|---|",

@@ -3,8 +3,8 @@ embedded PostgreSQL (`madlib_mop.tools.embedded`) with its own folder and port u
 `.cluster/`, and the set-up that makes them one cluster (`setup`, also run by
 docker/docker-compose.yml's `setup` service against its containers).
 
-    python -m madlib_mop.tools.cluster start|stop|status|dsn|kill-segment|destroy
-    python -m madlib_mop.tools.cluster setup --coordinator DSN --segment NAME=DSN ...
+    python -m madlib_mop.tools.local_cluster start|stop|status|dsn|kill-segment|destroy
+    python -m madlib_mop.tools.local_cluster setup --coordinator DSN --segment NAME=DSN ...
 
 The set-up, on every server: the extension in schema madlib_mop of the database, usable by
 every role; on the
@@ -101,7 +101,7 @@ def kill_segment(name: str = "seg0") -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m madlib_mop.tools.cluster",
+    parser = argparse.ArgumentParser(prog="python -m madlib_mop.tools.local_cluster",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=["start", "stop", "status", "dsn", "kill-segment",
                                             "destroy", "setup"])
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
             setup(args.coordinator, [tuple(s.split("=", 1)) for s in args.segment])
             print(f"cluster set up: {len(args.segment)} segment servers registered")
     except (ClusterError, subprocess.CalledProcessError) as error:
-        return command_failed("madlib_mop.tools.cluster", error)
+        return command_failed("madlib_mop.tools.local_cluster", error)
     return 0
 
 
