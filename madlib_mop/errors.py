@@ -8,6 +8,7 @@ from __future__ import annotations
 
 # SQLSTATEs used by the project (PostgreSQL's own codes, Appendix A of its manual).
 UNDEFINED_TABLE = "42P01"
+INVALID_TRANSACTION_TERMINATION = "2D000"
 UNDEFINED_COLUMN = "42703"
 DATATYPE_MISMATCH = "42804"
 NULL_VALUE_NOT_ALLOWED = "22004"

@@ -23,6 +23,7 @@ import argparse
 import os
 import sys
 
+from madlib_mop import errors
 from madlib_mop.job.record import JobState
 
 EXIT_OK, EXIT_JOB_NOT_FINISHED, EXIT_ERROR = 0, 1, 2
@@ -235,13 +236,13 @@ def explained(error: BaseException, args: argparse.Namespace) -> str:
         return (f"cannot connect to the server: {first}\n"
                 "Pass --dsn, or set MADLIB_MOP_DSN or libpq's PG* variables (PGHOST, PGPORT, "
                 "PGDATABASE, PGUSER), and check that the server runs.")
-    if said.sqlstate == "42P01" and job is not None:
+    if said.sqlstate == errors.UNDEFINED_TABLE and job is not None:
         return (f"the tables of job {job} are gone ({said.message}): its results were in them.\n"
                 "`madlib-mop jobs` lists your jobs; those whose tables remain can be read.")
-    if said.sqlstate == "42P01" or said.sqlstate == "3F000":
+    if said.sqlstate in (errors.UNDEFINED_TABLE, errors.INVALID_SCHEMA_NAME):
         return (f"{said.message}: the extension is not installed in this database, or in another "
                 f"schema than {schema}.\nCREATE EXTENSION madlib_mop; or pass --schema.")
-    if said.sqlstate == "42501":
+    if said.sqlstate == errors.INSUFFICIENT_PRIVILEGE:
         return (f"{said.message}.\nAsk the table's owner or a DBA for the right (GRANT USAGE ON "
                 f"SCHEMA {schema}, GRANT SELECT ON the job's tables).")
     return str(said)

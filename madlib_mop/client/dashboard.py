@@ -37,6 +37,7 @@ import sqlalchemy as sa
 from flask import Flask, jsonify, send_file, send_from_directory
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
 
+from madlib_mop import errors
 from madlib_mop.client import frames
 from madlib_mop.client.errors import ServerError, server_error
 from madlib_mop.client.session import Client, make_engine
@@ -50,8 +51,6 @@ POLL_SECONDS = 2.0  # the page's polling interval, also shown on it
 LOCK_TIMEOUT, STATEMENT_TIMEOUT = "5s", "30s"
 LOOPBACK_NAMES = ("127.0.0.1", "localhost")
 FINISHED = JobState.FINISHED
-# undefined_function: the extension has no such function (yet), or not with these parameters.
-UNDEFINED_FUNCTION = "42883"
 
 
 def plotly_js() -> Path:
@@ -306,7 +305,8 @@ def hyperparameter_importance(conn: sa.Connection, schema: str, ref: frames.JobR
                 "hyperparameter_importance(model_output_table => :table)"),
                 {"table": ref.model_output_table}).all()
     except sa.exc.DBAPIError as error:
-        if getattr(getattr(error.orig, "diag", None), "sqlstate", None) == UNDEFINED_FUNCTION:
+        # undefined_function: the extension has no such function, or not with these parameters
+        if getattr(server_error(error), "sqlstate", None) == errors.UNDEFINED_FUNCTION:
             return not_available(f"{schema}.hyperparameter_importance() cannot be called here")
         return server_failure(error)
     ordered = sorted(rows, key=lambda r: -(r[1] if r[1] is not None else -math.inf))
@@ -345,7 +345,7 @@ def pareto_payload(conn: sa.Connection, schema: str, ref: frames.JobRef) -> dict
                 "model_output_table => :table, objectives => :objectives) ORDER BY mst_key"),
                 {"table": ref.model_output_table, "objectives": objectives}).scalars().all()
     except sa.exc.DBAPIError as error:
-        if getattr(getattr(error.orig, "diag", None), "sqlstate", None) == UNDEFINED_FUNCTION:
+        if getattr(server_error(error), "sqlstate", None) == errors.UNDEFINED_FUNCTION:
             return not_available(f"{schema}.pareto_front() cannot be called here")
         return server_failure(error)
     points = [{"mst_key": int(row["mst_key"]), "x": plain(row[x]), "y": plain(row[y])}

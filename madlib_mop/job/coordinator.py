@@ -58,7 +58,7 @@ def commit_call(plpy: Any) -> None:
     except plpy.SPIError as error:
         # Only "invalid transaction termination" says the CALL runs in a transaction
         # block; a cancel request acted on at the commit is an interruption, as elsewhere.
-        if getattr(error, "sqlstate", None) != "2D000":
+        if getattr(error, "sqlstate", None) != errors.INVALID_TRANSACTION_TERMINATION:
             raise
         raise MadlibMopError(
             "CALL fit_multiple cannot run inside a transaction block", sqlstate=errors.ACTIVE_SQL_TRANSACTION,
