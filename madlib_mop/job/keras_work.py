@@ -8,7 +8,8 @@ rest of the session: some 250 MB that `madlib_mop.max_worker_sessions` does not 
 
 So they are asked (`runtime.model_facts`) of:
 1. a worker session of the call (`ask`): the job's own, whose TensorFlow is being imported
-   anyway while the job is created, or an idle one of the role for evaluate and predict;
+   anyway while the job is created; for evaluate, predict, steering and load_keras_model an
+   idle one of the role, else one opened on a free slot and left idle afterwards;
 2. else (the server's pool has no free session for this call yet), a helper process of
    the server's Python (`python -m madlib_mop.runtime.model_facts`), which ends when it
    has answered and gives its memory back.
@@ -35,6 +36,7 @@ import psycopg
 import madlib_mop
 from madlib_mop import errors
 from madlib_mop.engine.base import Worker, as_error
+from madlib_mop.engine import server_slots
 from madlib_mop.engine.local import LocalEngine
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.runtime import training
@@ -184,11 +186,15 @@ class KerasWork:
 @contextlib.contextmanager
 def for_session(plpy: Any) -> Iterator[KerasWork]:
     """A call without a job's pool (evaluate, predict, steering, load_keras_model): an idle
-    session of the role (TensorFlow imported; given back to idleness afterwards), else the
-    helper process.  No session is opened for this: a catalog call would leave one idle,
-    holding a slot and TensorFlow's memory."""
+    session of the role (TensorFlow imported), else a new one on a slot free now, given
+    back to idleness afterwards: a script's next catalog call, and the role's next job, find
+    it warm (a helper process would import TensorFlow again for each call).  With no slot
+    free, or `madlib_mop.worker_idle_seconds = 0` (nothing kept), the helper process."""
     engine = LocalEngine(plpy, say_cap=False)
-    workers = engine.idle_workers(1, "madlib_mop worker")
+    label = "madlib_mop worker"
+    workers = engine.idle_workers(1, label)
+    if not workers and engine.idle_seconds and not server_slots.waiting_calls(plpy):
+        workers = engine.new_workers(1, 0, label)
     poll = lambda: plpy.execute("SELECT 1")  # noqa: E731
     try:
         yield KerasWork((lambda call: call(workers[0])) if workers else None, True, poll)
