@@ -105,6 +105,15 @@ def expand_includes(sql: str, udf_dir: Path, site_packages: str, used: set[str])
     return INCLUDE.sub(body, expand_declarations(sql))
 
 
+def build_id_statements(version: str, fingerprint: str) -> str:
+    """build_id(), which the install script ends with: which build of its version it is."""
+    return (f"CREATE FUNCTION @extschema@.build_id()\nRETURNS text\n"
+            f"LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp "
+            f"AS $$ SELECT '{version}+{fingerprint}'::text $$;\n"
+            "COMMENT ON FUNCTION @extschema@.build_id() IS\n"
+            "    'Which build of its version the installed extension is: the version and a digest of its script';\n")
+
+
 def expand_declarations(sql: str) -> str:
     """A source file's declarations as PostgreSQL reads them, bodies still `#include` lines:
     `#overload`, `#plpython` and `#procedure` lines replaced by what they stand for."""
@@ -268,10 +277,7 @@ def build(version: str, out: Path, site_packages: str,
     # Which build this is: lets a development database notice that its extension is stale
     # although the version number is the same.
     fingerprint = hashlib.sha256(body.encode()).hexdigest()[:16]
-    build_id = (f"CREATE FUNCTION @extschema@.build_id() RETURNS text "
-                f"LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp "
-                f"AS $$ SELECT '{version}+{fingerprint}'::text $$;\n")
-    body += "\n-- ==== build ====\n" + build_id
+    body += "\n-- ==== build ====\n" + build_id_statements(version, fingerprint)
     routines = "".join(statement + "\n" for statement in routine_statements(body))
     written = [out / f"{EXTENSION}--{version}.sql"]
     written[0].write_text(body, encoding="utf-8")

@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 from madlib_mop.api.usage import TEXTS as USAGE_TEXTS
-from madlib_mop.tools.extension_build import REPO_ROOT, expand_declarations, statements_starting
+from madlib_mop.tools.extension_build import (REPO_ROOT, build_id_statements, expand_declarations,
+                                               statements_starting)
 
 FUNCTIONS_PAGE = "reference/functions.md"
 SETTINGS_PAGE = "reference/settings.md"
@@ -46,6 +47,8 @@ _NAME = re.compile(r"@extschema@\.(\w+)")
 _DECLARATION_END = re.compile(r"^\s*(LANGUAGE|AS|SET|IMMUTABLE|STABLE|VOLATILE|STRICT|PARALLEL|SECURITY|#)\b",
                               re.MULTILINE)
 _COMMENT_TEXT = re.compile(r"\bIS\s*\n?\s*'((?:[^']|'')*)'", re.S)
+# MADlib's functions declared in a DO block to refuse them: ('name', 'parameters') rows.
+_REFUSED = re.compile(r"^\s*\('(\w+)', '([^']*)'\)[,)]", re.MULTILINE)
 # The usage functions `f(message)` that 90_usage.sql's DO block creates.
 _USAGE_NAMES = re.compile(r"FOREACH function_name IN ARRAY ARRAY\[(.*?)\]", re.S)
 
@@ -65,7 +68,14 @@ def _declaration(statement: str, kind: str) -> str:
 def _objects(path: Path) -> list[dict]:
     """The extension's objects that `path` creates, in order, each with its declarations
     (overloads) and comments; names starting with `_` are the extension's own."""
-    script = expand_declarations(path.read_text(encoding="utf-8"))
+    text = path.read_text(encoding="utf-8")
+    objects = _script_objects(expand_declarations(text)) + _refusing_overloads(text)
+    if path.stem == "00_runtime":  # build_id(), which the build adds to every install script
+        objects += _script_objects(build_id_statements("<version>", "<digest>"))
+    return objects
+
+
+def _script_objects(script: str) -> list[dict]:
     objects: dict[str, dict] = {}
     for statement in statements_starting(script, _STATEMENT):
         name = _NAME.search(statement).group(1)
@@ -81,6 +91,18 @@ def _objects(path: Path) -> list[dict]:
             text = " ".join(comment.group(1).replace("''", "'").split()) if comment else ""
             if text and text not in objects[name]["comments"]:
                 objects[name]["comments"].append(text)
+    return list(objects.values())
+
+
+def _refusing_overloads(text: str) -> list[dict]:
+    """MADlib's functions that a DO block declares only to refuse them (their parameters in
+    VALUES rows), with the refusal's message."""
+    objects: dict[str, dict] = {}
+    for name, parameters in _REFUSED.findall(text):
+        message = re.search(rf"WHEN '{name}' THEN\s*'((?:[^']|'')*)'", text)
+        entry = objects.setdefault(name, {"name": name, "kind": "FUNCTION", "declarations": [], "comments": [
+            f"Refused (SQLSTATE 0A000): {message.group(1)}" if message else "Refused (SQLSTATE 0A000)"]})
+        entry["declarations"].append(f"FUNCTION madlib_mop.{name}({parameters})")
     return list(objects.values())
 
 
