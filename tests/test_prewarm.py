@@ -52,6 +52,9 @@ def server(server_host):
         with psycopg.connect(cluster.dsn("shop"), autocommit=True) as conn:
             conn.execute("CREATE SCHEMA madlib_mop; CREATE EXTENSION madlib_mop SCHEMA madlib_mop CASCADE")
             conn.execute("SET search_path = public, madlib_mop")
+            # No session kept idle by the set-up's catalog call: the cap's 2 slots are the
+            # prewarmed sessions'.
+            conn.execute("SET madlib_mop.worker_idle_seconds = 0")
             iris_grid(conn)  # two models: both workers train at once
             conn.execute(sql.SQL("CREATE ROLE {0} LOGIN; GRANT USAGE ON SCHEMA madlib_mop TO {0}; "
                                  "GRANT CREATE ON SCHEMA public TO {0}; "

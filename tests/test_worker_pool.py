@@ -468,7 +468,9 @@ def test_without_the_preloaded_library_each_database_caps_its_own(server_host):
             conn.execute("CREATE SCHEMA madlib_mop; CREATE EXTENSION madlib_mop SCHEMA madlib_mop CASCADE")
             conn.execute("SET search_path = public, madlib_mop")
             assert conn.execute("SELECT _mop_pool_shared()").fetchone()[0] is False
+            conn.execute("SET madlib_mop.worker_idle_seconds = 0")  # the catalog call keeps none
             iris_grid(conn)
+            conn.execute("RESET madlib_mop.worker_idle_seconds")
             conn.execute("SELECT madlib_keras_fit_multiple_model('iris_packed', 'fallback', 'mst', 1)")
             kept = conn.execute("SELECT database, state FROM worker_sessions").fetchall()
             locks = conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "

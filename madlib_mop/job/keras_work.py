@@ -36,6 +36,7 @@ import psycopg
 import madlib_mop
 from madlib_mop import errors
 from madlib_mop.engine.base import Worker, as_error
+from madlib_mop.db import settings
 from madlib_mop.engine import server_slots
 from madlib_mop.engine.local import LocalEngine
 from madlib_mop.errors import MadlibMopError
@@ -195,6 +196,10 @@ def for_session(plpy: Any) -> Iterator[KerasWork]:
     workers = engine.idle_workers(1, label)
     if not workers and engine.idle_seconds and not server_slots.waiting_calls(plpy):
         workers = engine.new_workers(1, 0, label)
+        # TensorFlow's threads are those of a job of the default segments (as a prewarmed
+        # session's): such a job adopts the session afterwards.
+        for worker in workers:
+            worker.warm_up(settings.default_segments(plpy))
     poll = lambda: plpy.execute("SELECT 1")  # noqa: E731
     try:
         yield KerasWork((lambda call: call(workers[0])) if workers else None, True, poll)
