@@ -321,6 +321,10 @@ def prewarmed(dsn: str, segments: int, timeout: float = 180.0):
     opened one per segment (False where the library is not preloaded); the settings are
     reset after."""
     with _session(dsn) as conn:
+        if conn.execute("SELECT to_regproc('_mop_pool_shared') IS NULL").fetchone()[0]:
+            print("(c prewarm) skipped: this version of the extension keeps no sessions ready", flush=True)
+            yield False
+            return
         if not conn.execute("SELECT _mop_pool_shared()").fetchone()[0]:
             print("(c prewarm) skipped: the server does not preload the library", flush=True)
             yield False
