@@ -30,6 +30,10 @@ VERSION       := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 STAMPS        := .make
 SQL_SOURCES   := $(sort $(wildcard sql/*.sql sql/upgrades/*.sql udf/*.py)) madlib_mop/tools/extension_build.py
 PYTEST_ARGS   ?=
+# `make test` runs the test modules in TEST_PROCESSES processes (pytest-xdist; a module's
+# tests in one), each on an embedded server of its own; on a server MADLIB_MOP_DSN names,
+# in one process (the tests count that server's sessions).  TEST_PROCESSES=0: one process.
+TEST_PROCESSES ?= $(if $(MADLIB_MOP_DSN),0,2)
 # The browser the dashboard's tests drive (headless); `make test` installs it.
 BROWSER_PACKAGES := chromium chromium-driver
 # Dependency groups installed into the runtime: the server's (TensorFlow, ...) always, the
@@ -196,7 +200,7 @@ demo: $(STAMPS)/venv install db-start
 	$(PY) -m madlib_mop.tools.demo
 
 test: $(STAMPS)/venv $(STAMPS)/browser lint installcheck
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile --durations=15 $(PYTEST_ARGS)
 
 # The linter ([tool.ruff] in pyproject.toml): mistakes pyflakes, pycodestyle and bugbear find.
 lint: $(STAMPS)/venv

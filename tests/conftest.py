@@ -6,7 +6,10 @@ The server, in this order:
 2. MADLIB_MOP_TEST_SERVER=container: a testcontainers container of the project's image
    (docker/Dockerfile, built by `make images` when absent), on the host's network;
 3. the project's embedded cluster (`make db-start`; started here if it is not running).
-   This is the default, whether or not a Docker engine answers.
+   This is the default, whether or not a Docker engine answers.  `make test` runs the
+   modules in two processes (pytest-xdist, a module in one process); the second has an
+   embedded server of its own (`.pg-gw1`, on a free port, stopped at its end), so no test
+   sees another's sessions, slots or server settings.
 
 The embedded server and the container are the tests' own: tests that change a server's
 files (pg_ident.conf lines for analyst roles, the extension folder) change theirs, through
@@ -260,9 +263,18 @@ def test_server() -> Iterator[tuple[str, EmbeddedCluster | ContainerServer | Non
             server = ContainerServer(container.get_wrapped_container().name, port, password)
             yield server.dsn("postgres"), server
     else:
-        cluster = EmbeddedCluster()
-        cluster.start()
-        yield cluster.dsn("postgres"), cluster
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+        if worker == "gw0":
+            cluster = EmbeddedCluster()
+            cluster.start()
+            yield cluster.dsn("postgres"), cluster
+        else:
+            cluster = EmbeddedCluster(REPO_ROOT / f".pg-{worker}", _free_port())
+            cluster.start()
+            try:
+                yield cluster.dsn("postgres"), cluster
+            finally:
+                cluster.stop()
 
 
 @pytest.fixture(scope="session")
