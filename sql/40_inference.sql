@@ -50,7 +50,7 @@ CREATE FUNCTION @extschema@.madlib_keras_predict_byom(
     use_gpus            boolean DEFAULT FALSE,
     class_values        text[]  DEFAULT NULL,   -- MADlib's 2-D form ARRAY[ARRAY[...]] too
     normalizing_const   double precision DEFAULT NULL,
-    dependent_count     integer DEFAULT 1    -- outputs of the model: 1 only
+    dependent_count     integer DEFAULT 1    -- outputs of the model
 )
 RETURNS void
 #plpython "madlib_keras_predict_byom.py"

@@ -144,13 +144,14 @@ def test_a_table_larger_than_the_packing_memory_is_packed_in_waves(conn, data):
     assert len(one) == 10 and one == waves
 
 
-def test_several_feature_columns_are_madlibs_multi_input_and_refused(conn, data):
-    """MADlib reads 'a, b' as the inputs of a multi-input model: refused, with the view
-    that gives one input made of the columns."""
+def test_several_scalar_feature_columns_are_refused_with_the_view_of_one_input(conn, data):
+    """MADlib reads 'a, b' as the inputs of a model of several inputs, each an array (see
+    test_multi_io.py): scalar columns are refused, with the view that gives one input made
+    of them."""
     _drop(conn, "cols_packed")
     diag = _error(conn, "training_preprocessor_dl", "iris", "cols_packed", "class_text",
                   'sepal_length, sepal_width, "petal_length", petal_width')
-    assert diag.sqlstate == "0A000" and "multi-input" in diag.message_primary
+    assert diag.sqlstate == "42804" and "several inputs" in diag.message_primary
     assert "ARRAY[sepal_length, sepal_width, petal_length, petal_width]" in diag.message_hint
     _nothing_left(conn, "cols_packed")
 

@@ -60,9 +60,7 @@ def _facts(plpy: Any, ref: ModelRef) -> dict:
     with keras_work.for_session(plpy) as keras:
         facts = keras.facts([{"mst_key": ref.mst_key or 0, "model_arch": ref.model_arch,
                               "compile_params": ref.compile_params or "loss='mse'", "fit_params": ""}])
-    found = next(iter(facts.values()))
-    keras_work.refuse_several_inputs(found)
-    return found
+    return next(iter(facts.values()))
 
 
 def _worker_count(plpy: Any) -> int:
@@ -124,22 +122,29 @@ def _evaluate(plpy, model_table, test_table, output_table, use_gpus, mst_key, al
     catalog.committed(plpy, inputs, packed=tuple(inputs))
     out = catalog.new_table(plpy, output_table, argument="output_table")
     out.must_not_exist(plpy)
-    shape = _facts(plpy, refs[0])["input_shape"]
-    keras_json.require_input_shape(shape, test["feature_shape"], packed.packed_columns(test)[0],
-                                   test["packed_table"],
-                                   hint="Evaluate on data packed like the training data.")
+    facts = _facts(plpy, refs[0])
+    x_cols, y_cols = packed.packed_columns(test)
+    keras_json.require_input_shapes(facts["input_shapes"], test["input_shapes"], x_cols,
+                                    test["packed_table"],
+                                    hint="Evaluate on data packed like the training data.")
+    if len(y_cols) != len(refs[0].output_classes):
+        raise MadlibMopError(
+            f"the model has {len(refs[0].output_classes)} outputs, {test['packed_table']} has "
+            f"{len(y_cols)} label columns ({', '.join(y_cols)})", sqlstate=errors.DATATYPE_MISMATCH,
+            hint="Evaluate on data packed like the model's training data.")
     trained_for = "classification" if refs[0].class_values is not None else "regression"
     if test["label_kind"] != trained_for:
         raise MadlibMopError(
             f"the model was trained for {trained_for}, {test['packed_table']} holds "
             f"{test['label_kind']} labels", sqlstate=errors.DATATYPE_MISMATCH,
             hint="Evaluate on data packed like the model's training data.")
-    if test["label_kind"] == "classification" and refs[0].class_values and \
-            [str(v) for v in test["class_values"]] != [str(v) for v in refs[0].class_values]:
-        raise MadlibMopError(f"{test['packed_table']} has other class values than the model",
-                             sqlstate=errors.DATATYPE_MISMATCH,
-                             hint="Pack the test data with validation_preprocessor_dl() against "
-                                  "the model's training table.")
+    for (_, trained), found in zip(refs[0].output_classes, test["output_class_values"]):
+        if test["label_kind"] == "classification" and trained and \
+                [str(v) for v in found] != [str(v) for v in trained]:
+            raise MadlibMopError(f"{test['packed_table']} has other class values than the model",
+                                 sqlstate=errors.DATATYPE_MISMATCH,
+                                 hint="Pack the test data with validation_preprocessor_dl() against "
+                                      "the model's training table.")
     # Custom losses and metrics of the fit: checked here, loaded by the workers.
     custom = plan.custom_functions_of(plpy, refs[0].object_table, [r.compile_params for r in refs], test)
     engine = engine_for(plpy, test["packed_oid"], lambda: LocalEngine(plpy))
@@ -147,14 +152,13 @@ def _evaluate(plpy, model_table, test_table, output_table, use_gpus, mst_key, al
         if _too_big_to_ship(refs):
             _refuse_shipping(refs[0])
         # A segment server has neither the model table nor the summary: they come with the call.
-        x_col, y_col = packed.packed_columns(test)
         partitions = ({str(k): part.name for k, part in engine.partitions.items()}
                       if isinstance(engine, ClusterEngine) else
                       {str(k): catalog.name_parts(plpy, test["packed_oid"])
                        for k in range(test["num_segments"])})
         task = {"models": [{"mst_key": r.mst_key, "model_arch": r.model_arch,
                             "compile_params": r.compile_params} for r in refs],
-                "columns": [x_col, y_col, test["label_kind"] == "classification",
+                "columns": [x_cols, y_cols, test["label_kind"] == "classification",
                             packed.partition_modulus(test)],
                 "partitions": partitions, "weights": [r.weights for r in refs],
                 "custom_functions": custom}
@@ -217,17 +221,27 @@ def _pred_type(value: str | int | float | None) -> Any:
              "threshold in [0, 1).")
 
 
-def _byom_class_values(class_values: list | None) -> list | None:
-    """MADlib's class_values is two-dimensional (a row per output); a 1-D array is one row."""
-    if class_values is None or not class_values or not isinstance(class_values[0], list):
-        return class_values
-    if len(class_values) != 1:
+def _byom_class_values(class_values: list | None, outputs: int) -> list:
+    """MADlib's class_values is two-dimensional (a row per output, NULL-padded to the
+    longest); a 1-D array is one row.  One list (or None) per output."""
+    if class_values is None or not class_values:
+        return [None] * outputs
+    rows = class_values if isinstance(class_values[0], list) else [class_values]
+    if len(rows) != outputs:
         raise MadlibMopError(
-            f"class_values has {len(class_values)} rows, one per output of the model",
-            sqlstate=errors.FEATURE_NOT_SUPPORTED,
-            hint="Models with one output are supported: pass ARRAY[ARRAY['a', 'b', ...]] or "
-                 "ARRAY['a', 'b', ...].")
-    return class_values[0]
+            f"class_values has {len(rows)} rows, dependent_count is {outputs}: one row per output "
+            "of the model", sqlstate=errors.INVALID_PARAMETER_VALUE,
+            hint="Pass ARRAY[ARRAY['a', 'b'], ARRAY['c', 'd']] for two outputs (pad shorter rows "
+                 "with NULL), and dependent_count => 2.")
+    if outputs == 1:
+        return [list(rows[0])]
+    trimmed = []
+    for row in rows:  # a 2-D array's padding
+        row = list(row)
+        while row and row[-1] is None:
+            row.pop()
+        trimmed.append(row)
+    return trimmed
 
 
 def predict(plpy: Any, model_table: str, test_table: str, id_col: str, independent_varname: str,
@@ -245,21 +259,30 @@ def predict_byom(plpy: Any, model_arch_table: str, model_id: int, test_table: st
                  use_gpus: bool | None = False, class_values: list | None = None,
                  normalizing_const: float | None = None, dependent_count: int | None = 1) -> None:
     _no_gpus(use_gpus)
-    if dependent_count not in (None, 1):
-        raise MadlibMopError(
-            f"dependent_count {dependent_count}: models with several outputs are not supported",
-            sqlstate=errors.FEATURE_NOT_SUPPORTED, hint="Pass 1 (the default) or NULL.")
-    class_values = _byom_class_values(class_values)
+    count = 1 if dependent_count is None else int(dependent_count)
+    if count < 1:
+        raise MadlibMopError(f"dependent_count {dependent_count} must be at least 1",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint="Pass the number of outputs of the model (1, the default).")
+    per_output = _byom_class_values(class_values, count)
     ref = architecture_model(plpy, model_arch_table, model_id)
     if normalizing_const is not None and not normalizing_const > 0:
         raise MadlibMopError("normalizing_const must be positive",
                              sqlstate=errors.INVALID_PARAMETER_VALUE, hint="Pass NULL for 1.0.")
-    ref.class_values = list(class_values) if class_values is not None else None
     ref.normalizing_const = float(normalizing_const or 1.0)
     facts = _facts(plpy, ref)
     keras_json.check_weight_bytes(facts["parameters"], ref.weights)
-    if ref.class_values is None:  # MADlib: classes 0..n-1 when none are given
-        ref.class_values = [str(i) for i in range(facts["outputs"])]
+    if len(facts["output_widths"]) != count:
+        raise MadlibMopError(
+            f"the model has {len(facts['output_widths'])} outputs, dependent_count is {count}",
+            sqlstate=errors.INVALID_PARAMETER_VALUE,
+            hint=f"Pass dependent_count => {len(facts['output_widths'])}.")
+    # MADlib: classes 0..n-1 when none are given; outputs named dependent_var(_<i>)
+    per_output = [values if values is not None else [str(i) for i in range(width)]
+                  for values, width in zip(per_output, facts["output_widths"])]
+    names = ["dependent_var"] if count == 1 else [f"dependent_var_{i}" for i in range(count)]
+    ref.class_values, ref.dependent_varname = per_output[0], names[0]
+    ref.outputs = list(zip(names, per_output)) if count > 1 else None
     _predict(plpy, ref, test_table, id_col, independent_varname, output_table, pred_type)
 
 
@@ -280,29 +303,26 @@ def _predict_into(plpy, ref: ModelRef, test_table, id_col, independent_varname, 
     out = catalog.new_table(plpy, output_table, argument="output_table")
     out.must_not_exist(plpy)
     facts = _facts(plpy, ref)
-    shape, outputs_count = facts["input_shape"], facts["outputs"]
-    first = plpy.execute(f"SELECT {features.expression} AS x FROM {source.name} LIMIT 1")
+    first = plpy.execute("SELECT " + ", ".join(f"{f.expression} AS x{i}" for i, f in enumerate(features))
+                         + f" FROM {source.name} LIMIT 1")
     if not first:
         raise MadlibMopError(f"test_table: Input table '{source.name}' is empty", sqlstate=errors.DATA_EXCEPTION,
                              hint="Predict on a table with rows.")
     # The first row here, for a clear error before any worker starts; the workers check
     # every row (`segment.inference.worker_predict`).
-    keras_json.require_input_shape(shape, np.asarray(first[0]["x"], dtype=object).shape,
-                                   independent_varname, source.name, hint=PREDICT_SHAPE_HINT)
+    keras_json.require_input_shapes(
+        facts["input_shapes"], [np.asarray(first[0][f"x{i}"], dtype=object).shape for i in range(len(features))],
+        [f.packed_column for f in features], source.name, hint=PREDICT_SHAPE_HINT)
     classification = ref.class_values is not None
-    if classification and not ref.class_values:  # one-hot labels, no num_classes: positions
-        ref.class_values = [str(i) for i in range(outputs_count)]
-    if classification and outputs_count != len(ref.class_values):
-        raise MadlibMopError(f"the model has {outputs_count} outputs but "
-                             f"{len(ref.class_values)} class values",
-                             sqlstate=errors.DATATYPE_MISMATCH,
-                             hint="Pass one class value per output of the model.")
+    outputs = _outputs(ref, facts, classification)
     q = plpy.quote_ident
     id_type = id_column.base_type
     if classification:
         rank = ", rank integer" if kind != "response" else ""
         columns = (f"({q(id_col)} {id_type}, class_name text, class_value text, "
                    f"prob double precision{rank})")
+    elif len(outputs) > 1:  # regression targets of several outputs: a row per output
+        columns = f"({q(id_col)} {id_type}, class_name text, prediction double precision[])"
     else:
         columns = f"({q(id_col)} {id_type}, prediction double precision[])"
     conninfo = worker_session.conninfo(plpy)
@@ -310,8 +330,7 @@ def _predict_into(plpy, ref: ModelRef, test_table, id_col, independent_varname, 
         db.execute(f"CREATE TABLE {out.quoted} {columns}")
     # Names, never SQL text: the worker derives its statements as this call did.
     task = {"mst_key": ref.mst_key, "model_arch": ref.model_arch,
-            "class_values": [None if v is None else str(v) for v in ref.class_values] if classification else None,
-            "class_name": ref.dependent_varname, "normalizing_const": ref.normalizing_const,
+            "outputs": outputs, "normalizing_const": ref.normalizing_const,
             "source": source.oid, "id_col": id_col, "independent_varname": independent_varname,
             "output": [out.schema, out.name], "pred_type": kind}
     lying = segments.source_parts(plpy, source)
@@ -341,6 +360,29 @@ def _predict_into(plpy, ref: ModelRef, test_table, id_col, independent_varname, 
         with worker_session.connect(conninfo) as db:
             db.execute(f"DROP TABLE IF EXISTS {out.quoted}")
         raise
+
+
+def _outputs(ref: ModelRef, facts: dict, classification: bool) -> list[dict]:
+    """Each output's name (the predictions' class_name) and class values (None: targets),
+    checked against the model's outputs."""
+    widths = facts["output_widths"]
+    if len(widths) != len(ref.output_classes):
+        raise MadlibMopError(f"the model has {len(widths)} outputs, its summary names "
+                             f"{len(ref.output_classes)} labels", sqlstate=errors.DATATYPE_MISMATCH,
+                             hint="Predict with the model table its fit wrote.")
+    outputs = []
+    for (name, values), width in zip(ref.output_classes, widths):
+        if classification and not values:  # one-hot labels, no num_classes: positions
+            values = [str(i) for i in range(width)]
+        if classification and width != len(values):
+            raise MadlibMopError(f"the model has {width} outputs but {len(values)} class values"
+                                 + (f" ({name})" if len(widths) > 1 else ""),
+                                 sqlstate=errors.DATATYPE_MISMATCH,
+                                 hint="Pass one class value per output of the model.")
+        outputs.append({"class_name": name,
+                        "class_values": [None if v is None else str(v) for v in values]
+                        if classification else None})
+    return outputs
 
 
 def _weights_for_workers(plpy: Any, ref: ModelRef, here: bool, task: dict) -> bytes | None:

@@ -41,7 +41,6 @@ def load_keras_model(plpy: Any, keras_model_arch_table: str, model_arch: str | N
     with keras_work.for_session(plpy) as keras:  # Keras builds it in a worker session
         facts = keras.facts([{"mst_key": 0, "model_arch": model_arch, "compile_params": "",
                               "fit_params": ""}])[0]
-    keras_work.refuse_several_inputs(facts)
     keras_json.check_weight_bytes(facts["parameters"], model_weights)
 
     target = catalog.new_table(plpy, keras_model_arch_table, argument="keras_model_arch_table")

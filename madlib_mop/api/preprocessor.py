@@ -13,7 +13,9 @@ Packed table (MADlib 1.18+ column names, plus the segment key):
     <x>_shape, <y>_shape    integer[]
     buffer_id int
 <x> is the feature column's name (`independent_var` in tables of madlib_mop 0.5, which
-packed several scalar columns into one vector); <y> is the label column's name.
+packed several scalar columns into one vector); <y> is the label column's name.  For a model
+of several inputs or outputs ('a, b' and 'y1, y2', MADlib 2's meaning) each column is packed
+into its own pair (<a>, <a>_shape, ...), in the order named.
 """
 
 from __future__ import annotations
@@ -29,15 +31,16 @@ from psycopg.types.json import Jsonb
 
 from madlib_mop import errors
 from madlib_mop.db import catalog, segments
-from madlib_mop.db.packed import read_summary
+from madlib_mop.db.packed import packed_columns, read_summary
 from madlib_mop.engine.cluster import on_server
 from madlib_mop.engine.pool import run_all
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.preprocess.buffers import Encoding, Packed, budget, write_buffers
 from madlib_mop.preprocess.output import PackedOutput, segment_count, segment_homes, write_summary
 from madlib_mop.preprocess.source import (FLOAT_TYPES, MANY_FLOAT_CLASSES, Features, SourceReader,
-                                          check_positive, class_count, class_values_of,
-                                          feature_columns, label_of, one_hot_positions)
+                                          check_num_classes, check_positive, class_count,
+                                          class_values_of, feature_columns, label_columns,
+                                          one_hot_positions)
 from madlib_mop.runtime import packing
 
 
@@ -75,16 +78,25 @@ def _preprocess(plpy, module, source_table, output_table, dependent_varname, ind
     out.must_not_exist(plpy)
     summary_table.must_not_exist(plpy)
     features = feature_columns(plpy, table, independent_varname)
-    label = label_of(plpy, table, dependent_varname, regression)
+    labels = label_columns(plpy, table, dependent_varname, regression)
+    if training is None:
+        check_num_classes(num_classes, len(labels))
+    elif (len(features), len(labels)) != tuple(len(c) for c in packed_columns(training)):
+        inputs, outputs = (len(c) for c in packed_columns(training))
+        raise MadlibMopError(
+            f"{len(features)} feature and {len(labels)} label columns, the training data "
+            f"{training['packed_table']} has {inputs} and {outputs}",
+            sqlstate=errors.INVALID_PARAMETER_VALUE,
+            hint="Name as many feature and label columns as the training data has, in its order.")
     check_positive(buffer_size, "buffer_size")
     check_positive(normalizing_const, "normalizing_const")
     if normalizing_const is None:
         normalizing_const = 1.0
     homes = segment_homes(plpy, distribution_rules, training)
     segment_total = _segment_total(plpy, distribution_rules, training, homes)
-    columns = {features.packed_column, label.name, f"{features.packed_column}_shape",
-               f"{label.name}_shape", "buffer_id", "__dist_key__"}
-    if len(columns) != 6:
+    names = [f.packed_column for f in features] + [label.name for label in labels]
+    columns = {*names, *(f"{name}_shape" for name in names), "buffer_id", "__dist_key__"}
+    if len(columns) != 2 * len(names) + 2:
         raise MadlibMopError("the feature and label columns' names collide in the packed table",
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
                              hint="Rename the columns in a view (not buffer_id or __dist_key__, "
@@ -103,17 +115,17 @@ def _preprocess(plpy, module, source_table, output_table, dependent_varname, ind
         raise MadlibMopError(f"source_table: Input table '{table.name}' is empty",
                              sqlstate=errors.DATA_EXCEPTION, hint="Load rows into it first.")
 
-    classes = _classes(plpy, table, label, num_classes, training, rows)
+    classes = [_classes(plpy, table, label, num_classes, training, rows, k)
+               for k, label in enumerate(labels)]
     if lying is not None:
         plpy.execute(plpy.prepare("SELECT set_config('enable_partitionwise_aggregate', $1, true)",
                                   ["text"]), [partitionwise])
 
-    encoding = Encoding(label, classes, float(normalizing_const),
-                        budget(plpy),
-                        list(training["feature_shape"]) if training is not None else None)
+    encoding = Encoding(labels, classes, float(normalizing_const), budget(plpy),
+                        training["input_shapes"] if training is not None else None)
     summary = functools.partial(write_summary, plpy, summary_table, source_table, output_table,
-                                label, features)
-    packed = _pack(plpy, table, out, features, label, homes, lying, encoding, rows,
+                                labels, features)
+    packed = _pack(plpy, table, out, features, labels, homes, lying, encoding, rows,
                    seed if training is None else None, buffer_size, segment_total,
                    dependent_varname, independent_varname,
                    lambda packed, size: summary(size, normalizing_const, classes,
@@ -126,7 +138,7 @@ def _preprocess(plpy, module, source_table, output_table, dependent_varname, ind
                 f"({time.perf_counter() - started:.1f}s)")
 
 
-def _pack(plpy: Any, table, out, features, label, homes, lying, encoding: Encoding, rows: int,
+def _pack(plpy: Any, table, out, features, labels, homes, lying, encoding: Encoding, rows: int,
           seed: int | None, buffer_size: int | None, segment_total: int, dependent_varname: str,
           independent_varname: str, summarize) -> Packed:
     """Write the buffers (here, or on the segment servers where the rows lie) and then the
@@ -136,16 +148,16 @@ def _pack(plpy: Any, table, out, features, label, homes, lying, encoding: Encodi
     full = buffer_size is not None  # a size the user gave: buffers filled as MADlib fills them
     try:
         if lying is None:
-            reader = SourceReader(plpy, table, features, label)
+            reader = SourceReader(plpy, table, features, labels)
             positions = (packing.shuffled_positions(rows, seed) if seed is not None
                          else np.arange(rows, dtype=np.int64))
 
-            def begin(feature_shape):
+            def begin(feature_shapes):
                 nonlocal buffer_size, output
                 if buffer_size is None:
-                    buffer_size = packing.default_buffer_size(rows, 4 * math.prod(feature_shape),
-                                                              segment_total)
-                output = PackedOutput(plpy, out, features.packed_column, label.name, homes)
+                    buffer_size = packing.default_buffer_size(
+                        rows, sum(4 * math.prod(shape) for shape in feature_shapes), segment_total)
+                output = _output(plpy, out, features, labels, homes)
                 insert = output.create(segment_total)
                 return (packing.buffer_layout(rows, buffer_size, segment_total, full=full),
                         lambda params: plpy.execute(insert, params), buffer_size)
@@ -153,7 +165,7 @@ def _pack(plpy: Any, table, out, features, label, homes, lying, encoding: Encodi
             packed = write_buffers(plpy, reader, table.name, rows, positions, encoding, begin)
             reader.close()
         else:  # each segment server packs its own rows into its own segments
-            output = PackedOutput(plpy, out, features.packed_column, label.name, homes)
+            output = _output(plpy, out, features, labels, homes)
             output.create(segment_total)
             buffer_size = buffer_size or _default_buffer_size(plpy, table, features, rows, segment_total)
             packed = _pack_where_it_lies(plpy, lying, homes, output, encoding, buffer_size, full,
@@ -164,6 +176,11 @@ def _pack(plpy: Any, table, out, features, label, homes, lying, encoding: Encodi
             output.drop_remote()
         raise
     return packed
+
+
+def _output(plpy: Any, out, features: list[Features], labels: list, homes) -> PackedOutput:
+    return PackedOutput(plpy, out, [f.packed_column for f in features], [label.name for label in labels],
+                        homes)
 
 
 def _segment_total(plpy: Any, distribution_rules: str | None, training: dict | None,
@@ -178,15 +195,16 @@ def _segment_total(plpy: Any, distribution_rules: str | None, training: dict | N
 
 
 def _classes(plpy: Any, table, label, num_classes: list | None, training: dict | None,
-             rows: int) -> int | None:
-    """The label's classes (set on `label`) and how many the one-hot rows get; None for
-    regression targets."""
+             rows: int, output: int) -> int | None:
+    """The classes of label `output` (set on `label`) and how many the one-hot rows get;
+    None for regression targets."""
     if label.one_hot:
-        label.class_values = one_hot_positions(plpy, table, label, training)
-        return class_count(label.class_values, num_classes, training, padding=False)
+        label.class_values = one_hot_positions(plpy, table, label, training, output)
+        return class_count(label.class_values, num_classes, training, padding=False,
+                           output=output)
     if label.classification:
-        label.class_values = class_values_of(plpy, table, label, training)
-        classes = class_count(label.class_values, num_classes, training)
+        label.class_values = class_values_of(plpy, table, label, training, output)
+        classes = class_count(label.class_values, num_classes, training, output=output)
         if training is None and label.base_type in FLOAT_TYPES and \
                 len(label.class_values) > max(MANY_FLOAT_CLASSES, rows // 2):
             # Classes, as in MADlib; but one per value of a continuous target would be a
@@ -229,14 +247,18 @@ def _source_on_segment_servers(plpy: Any, table: catalog.Table, homes: list | No
     return parts
 
 
-def _default_buffer_size(plpy: Any, table: catalog.Table, features: Features, rows: int,
+def _default_buffer_size(plpy: Any, table: catalog.Table, features: list[Features], rows: int,
                          segment_total: int) -> int:
-    """The default buffer size from one row's feature shape (one row read here)."""
-    dims = plpy.execute(f"SELECT pg_catalog.array_dims({features.expression}) AS d "
-                        f"FROM {table.name} LIMIT 1")[0]["d"] or "[1:1]"
-    shape = [int(hi) - int(lo) + 1 for lo, hi in
-             (part.split(":") for part in dims.strip("[]").split("]["))]
-    return packing.default_buffer_size(rows, 4 * math.prod(shape), segment_total)
+    """The default buffer size from one row's feature shapes (one row read here)."""
+    row = plpy.execute("SELECT " + ", ".join(f"pg_catalog.array_dims({f.expression}) AS d{i}"
+                                             for i, f in enumerate(features))
+                       + f" FROM {table.name} LIMIT 1")[0]
+    row_bytes = 0
+    for i in range(len(features)):
+        dims = row[f"d{i}"] or "[1:1]"
+        row_bytes += 4 * math.prod(int(hi) - int(lo) + 1 for lo, hi in
+                                   (part.split(":") for part in dims.strip("[]").split("][")))
+    return packing.default_buffer_size(rows, row_bytes, segment_total)
 
 
 def _pack_where_it_lies(plpy: Any, lying: dict, homes: list, output: "PackedOutput",
@@ -273,12 +295,13 @@ def _pack_where_it_lies(plpy: Any, lying: dict, homes: list, output: "PackedOutp
                              detail=f"Counted {rows} rows, then the segment servers read "
                                     f"{sum(result['rows'] for result in results)}.",
                              hint="Pack a table that is not being written to.")
-    packed = Packed({}, {}, 0, tuple(results[0]["feature_shape"]))
+    packed = Packed({}, {}, 0, [tuple(shape) for shape in results[0]["feature_shapes"]])
     for result in results:
-        if encoding.expected_shape is None and list(packed.feature_shape) != result["feature_shape"]:
+        found = [list(shape) for shape in packed.feature_shapes]
+        if encoding.expected_shapes is None and found != result["feature_shapes"]:
             raise MadlibMopError("the feature arrays of the source differ in shape between "
                                  "segment servers", sqlstate=errors.DATA_EXCEPTION,
-                                 detail=f"Found {list(packed.feature_shape)} and {result['feature_shape']}.",
+                                 detail=f"Found {found} and {result['feature_shapes']}.",
                                  hint="Every row needs a feature array of the same shape.")
         packed.rows_per_segment.update({int(k): v for k, v in result["rows_per_segment"].items()})
         packed.buffers_per_segment.update({int(k): v for k, v in result["buffers_per_segment"].items()})

@@ -67,8 +67,8 @@ def _layer_model(ref: ModelRef, described: str, layer: str, summary: dict):
     import keras
 
     model = models.build(ref, compile_model=False)
-    shape = keras_json.input_shape(model)  # (one input)
-    keras_json.require_input_shape(shape, summary["feature_shape"], packed.packed_columns(summary)[0],
+    shape = keras_json.input_shape(model, "materialize_features")
+    keras_json.require_input_shape(shape, summary["feature_shape"], packed.packed_columns(summary)[0][0],
                                    summary["packed_table"], who=f"{described}: ",
                                    hint="Pass the packed table of the data the model was made for.")
     chosen = model.layers[_layer_index(model, layer, described)]
@@ -110,9 +110,14 @@ def _materialize(plpy: Any, ref: ModelRef, described: str, source_table: str, ou
     out.must_not_exist(plpy)
     summary_out.must_not_exist(plpy)
     feature_model, layer_name = _layer_model(ref, described, layer, summary)
-    x_column, y_column = packed.packed_columns(summary)
-    columns = PackedColumns(x_column, y_column, summary["label_kind"] == "classification")
-    output = PackedOutput(plpy, out, x_column, y_column, None)
+    x_columns, y_columns = packed.packed_columns(summary)
+    if len(x_columns) > 1 or len(y_columns) > 1:
+        raise MadlibMopError(f"source_table {summary['packed_table']} was packed for a model of "
+                             "several inputs or outputs: materialize_features takes one of each",
+                             sqlstate=errors.FEATURE_NOT_SUPPORTED,
+                             hint="Pack one feature column and one label column.")
+    columns = PackedColumns(x_columns, y_columns, summary["label_kind"] == "classification")
+    output = PackedOutput(plpy, out, list(x_columns), list(y_columns), None)
     insert = output.create(int(summary["num_segments"]))
     feature_shape, rows = None, 0
     for segment in range(int(summary["num_segments"])):

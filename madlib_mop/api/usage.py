@@ -17,11 +17,14 @@ SELECT training_preprocessor_dl(
     output_table        varchar,   -- packed table to create (and <output_table>_summary)
     dependent_varname   varchar,   -- label column: a scalar (text, integer, boolean, float)
                                    --   holds classes, NULL being one; a numeric array is
-                                   --   one-hot already (as in MADlib)
-    independent_varname varchar,   -- one numeric array column of any shape
+                                   --   one-hot already (as in MADlib); 'y1, y2': the
+                                   --   outputs of a model of several, in its order
+    independent_varname varchar,   -- a numeric array column of any shape; 'a, b': the
+                                   --   inputs of a model of several, in its order
     buffer_size         integer   DEFAULT NULL,  -- rows per buffer (NULL: about 4 MiB)
     normalizing_const   real      DEFAULT 1.0,   -- features are divided by it
-    num_classes         integer[] DEFAULT NULL,  -- e.g. ARRAY[10]; NULL: the classes found
+    num_classes         integer[] DEFAULT NULL,  -- e.g. ARRAY[10], one per label column;
+                                                 --   NULL: the classes found
     distribution_rules  text      DEFAULT NULL,  -- NULL/'all_segments': setting
                                                  --   madlib_mop.segments, else one per CPU;
                                                  --   or a number of segments, e.g. '4'
@@ -31,9 +34,10 @@ SELECT training_preprocessor_dl(
 );
 
 Output table: __dist_key__ (segment), <features> bytea (float32), <label> bytea (int16
-one-hot, or float32 targets), <features>_shape, <label>_shape integer[], buffer_id.
+one-hot, or float32 targets), <features>_shape, <label>_shape integer[], buffer_id; with
+several feature or label columns, a pair of each.
 Summary: source_table, output_table, dependent_varname, independent_varname,
-dependent_vartype, <label>_class_values, buffer_size, normalizing_const, num_classes,
+dependent_vartype, <label>_class_values (one per label), buffer_size, normalizing_const, num_classes,
 distribution_rules, __internal_gpu_config__, num_segments, num_rows, rows_per_segment,
 buffers_per_segment, feature_shape, label_kind, shuffle_seed.
 """,
@@ -44,8 +48,8 @@ values, normalizing constant and segments (rows are not shuffled).
 SELECT validation_preprocessor_dl(
     source_table                varchar,  -- table or view with the validation rows
     output_table                varchar,  -- packed table to create (and _summary)
-    dependent_varname           varchar,  -- label column
-    independent_varname         varchar,  -- the feature array column, shaped as training
+    dependent_varname           varchar,  -- label column(s), as the training table's
+    independent_varname         varchar,  -- the feature column(s), shaped as training
     training_preprocessor_table varchar,  -- output_table of training_preprocessor_dl
     buffer_size                 integer DEFAULT NULL,
     distribution_rules          text    DEFAULT NULL   -- NULL: the training table's segments
@@ -225,7 +229,8 @@ SELECT madlib_keras_predict(
     model_table         varchar,   -- made by madlib_keras_fit or ..._fit_multiple_model
     test_table          varchar,   -- any table with the features
     id_col              varchar,
-    independent_varname varchar,   -- the feature array column the model was trained on
+    independent_varname varchar,   -- the feature array column(s) the model was trained
+                                   --   on ('a, b' for a model of two inputs)
     output_table        varchar,   -- created
     pred_type           varchar DEFAULT 'prob',   -- 'prob', 'response', an integer k (top
                                                   --   k classes) or a double precision
@@ -233,7 +238,9 @@ SELECT madlib_keras_predict(
     use_gpus            boolean DEFAULT FALSE,
     mst_key             integer DEFAULT NULL      -- which model of a multiple-model table
 );
-Output: id, class_name, class_value, prob (and rank), or id, prediction for regression.
+Output: id, class_name, class_value, prob (and rank), or id, prediction for regression;
+class_name is the label (a model of several outputs: rows for each; targets of several
+outputs: id, class_name, prediction).
 """,
     "madlib_keras_predict_byom": """
 madlib_keras_predict_byom: predictions of a model brought from outside (its architecture
@@ -249,9 +256,12 @@ SELECT madlib_keras_predict_byom(
     pred_type           varchar DEFAULT 'prob',
     use_gpus            boolean DEFAULT FALSE,
     class_values        text[]  DEFAULT NULL,              -- NULL: classes 0 .. n-1; also
-                                                           --   MADlib's ARRAY[ARRAY[...]]
+                                                           --   MADlib's ARRAY[ARRAY[...]],
+                                                           --   a row per output
     normalizing_const   double precision DEFAULT NULL,     -- NULL: 1.0
-    dependent_count     integer DEFAULT 1                  -- outputs of the model: 1
+    dependent_count     integer DEFAULT 1                  -- outputs of the model; with
+                                                           --   several, class_name is
+                                                           --   dependent_var_0, _1, ...
 );
 pred_type as in madlib_keras_predict.
 """,

@@ -48,7 +48,54 @@ def read_summary(plpy: Any, packed_table: str | int, *, argument: str) -> dict:
     if summary["label_kind"] == "classification" and not summary["class_values"]:
         # NULL class values with a num_classes (MADlib's one-hot summaries): positions
         summary["class_values"] = list(range(summary["num_classes"][0]))
+    summary["output_class_values"] = [summary["class_values"]] + [
+        _class_values(plpy, table, summary, k) for k in range(1, len(summary["dependent_varname"]))]
+    names = summary["independent_varname"]
+    # madlib_mop 0.5 packed several scalar columns into one vector column
+    summary["features_in_one_column"] = len(names) > 1 and MULTI_COLUMN_FEATURES not in names and \
+        MULTI_COLUMN_FEATURES in catalog.columns(plpy, table)
+    summary["input_shapes"] = _input_shapes(plpy, table, summary)
     return summary
+
+
+def class_count(summary: dict, output: int) -> int:
+    """How many classes output `output`'s one-hot labels have (num_classes' padding too)."""
+    classes = summary.get("num_classes") or []
+    if len(classes) > output and classes[output]:
+        return int(classes[output])
+    return len(summary["output_class_values"][output])
+
+
+def _class_values(plpy: Any, table: catalog.Table, summary: dict, output: int) -> list | None:
+    """The classes of a later output of a table packed for a model of several: its summary's
+    `<label>_class_values` without num_classes' padding, or, for one-hot label arrays, their
+    positions; None for regression targets."""
+    if summary["label_kind"] != "classification":
+        return None
+    label = summary["dependent_varname"][output]
+    values = list(summary.get(f"{label}_class_values") or [])
+    classes = (summary.get("num_classes") or [])
+    if not values:
+        width = classes[output] if len(classes) > output and classes[output] else _label_width(plpy, table, label)
+        return list(range(width))
+    while values and values[-1] is None:
+        values.pop()
+    return values
+
+
+def _input_shapes(plpy: Any, table: catalog.Table, summary: dict) -> list[list[int]]:
+    """Each input's feature shape: the summary's for one input; for several, each feature
+    column's shape in the first buffer (the summary's integer[] holds one shape)."""
+    names = summary["independent_varname"]
+    if len(names) == 1 or summary["features_in_one_column"]:
+        return [list(summary["feature_shape"])]
+    q = plpy.quote_ident
+    row = plpy.execute("SELECT " + ", ".join(f"{q(n + '_shape')}[2:] AS s{i}" for i, n in enumerate(names))
+                       + f" FROM {table.name} LIMIT 1")
+    if not row:
+        raise MadlibMopError(f"{table.name} is empty", sqlstate=errors.DATA_EXCEPTION,
+                             hint="Pack a table with rows.")
+    return [list(row[0][f"s{i}"]) for i in range(len(names))]
 
 
 def _label_width(plpy: Any, table: catalog.Table, label: str) -> int:
@@ -114,10 +161,13 @@ def _packed_by_madlib(plpy: Any, table: catalog.Table, summary: dict) -> dict:
     return summary
 
 
-def packed_columns(summary: dict) -> tuple[str, str]:
-    """(feature column, label column) of a packed table, from its summary."""
+def packed_columns(summary: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(feature columns, label columns) of a packed table, from its summary: one per input
+    of the model, one per output.  (madlib_mop 0.5 packed several scalar columns into one
+    vector column, `independent_var`.)"""
     names = summary["independent_varname"]
-    return (names[0] if len(names) == 1 else MULTI_COLUMN_FEATURES), summary["dependent_varname"][0]
+    features = (MULTI_COLUMN_FEATURES,) if summary.get("features_in_one_column") else tuple(names)
+    return features, tuple(summary["dependent_varname"])
 
 
 def partition_modulus(summary: dict) -> int | None:

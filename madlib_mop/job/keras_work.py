@@ -238,11 +238,3 @@ def _keep(kept: dict, key: Any, value: Any) -> None:
     if len(kept) >= KEPT_FACTS:
         kept.pop(next(iter(kept)))
     kept[key] = value
-
-
-def refuse_several_inputs(facts: dict) -> None:
-    """Models with several inputs are not trained (yet): said before anything starts."""
-    if facts["input_shape"] is None:
-        raise MadlibMopError("models with several inputs are not supported",
-                             sqlstate=errors.FEATURE_NOT_SUPPORTED,
-                             hint="Concatenate the features into one array column and use one input.")

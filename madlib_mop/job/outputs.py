@@ -143,18 +143,32 @@ def _class_values(source: dict, label: str) -> list | None:
     return values + [None] * (source["num_classes"][0] - len(values))
 
 
+def _class_type(db, source: dict, label: str) -> str:
+    """The type of the packed summary's class values of `label` (text[] for regression)."""
+    if source["label_kind"] != "classification":
+        return "text[]"
+    # (MADlib 1.x named the column class_values)
+    found = db.execute(
+        "SELECT format_type(atttypid, NULL) FROM pg_attribute WHERE attrelid = "
+        "(%s || '_summary')::regclass AND attname IN (%s, 'class_values') "
+        "ORDER BY attname = 'class_values' LIMIT 1",
+        (source["packed_table"], f"{label}_class_values")).fetchone()
+    return found[0] if found else "integer[]"  # none: one-hot positions
+
+
+def _add_class_values(db, table: sql.Identifier, source: dict, label: str) -> None:
+    """A later output's `<label>_class_values`, as the packed summary has them."""
+    class_type = sql.SQL(_class_type(db, source, label))
+    column = sql.Identifier(f"{label}_class_values")
+    db.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} {}").format(table, column, class_type))
+    db.execute(sql.SQL("UPDATE {} SET {} = %s::{}").format(table, column, class_type),
+               (source.get(f"{label}_class_values"),))
+
+
 def _create_summary(db, table: sql.Identifier, plan, info_name: str, job_id: int) -> None:
     source = plan.source
     label = source["dependent_varname"][0]
-    class_type = "text[]"
-    if source["label_kind"] == "classification":
-        # (MADlib 1.x named the column class_values)
-        found = db.execute(
-            "SELECT format_type(atttypid, NULL) FROM pg_attribute WHERE attrelid = "
-            "(%s || '_summary')::regclass AND attname IN (%s, 'class_values') "
-            "ORDER BY attname = 'class_values' LIMIT 1",
-            (source["packed_table"], f"{label}_class_values")).fetchone()
-        class_type = found[0] if found else "integer[]"  # none: one-hot positions
+    class_type = _class_type(db, source, label)
     class_column = sql.Identifier(f"{label}_class_values")
     db.execute(sql.SQL("""
         CREATE TABLE {} (
@@ -182,6 +196,8 @@ def _create_summary(db, table: sql.Identifier, plan, info_name: str, job_id: int
         metrics.due_iterations(plan.num_iterations, plan.frequency, plan.num_iterations,
                                plan.also_due),
         job_id, source["num_segments"], arguments.seed))
+    for label in source["dependent_varname"][1:]:  # a model of several outputs: their classes too
+        _add_class_values(db, table, source, label)
     if arguments.automl:
         # MADlib's automl summary: the method, its parameters and the seed.
         automl = arguments.automl

@@ -53,31 +53,44 @@ def _check_model(plpy: Any, config: dict, source: dict, facts: dict,
                 f"mst_key {config['mst_key']}: fit_params {key} is not supported by model hopping",
                 sqlstate=errors.FEATURE_NOT_SUPPORTED,
                 hint="Every sub-epoch is one pass over a segment; remove it from fit_params.")
-    keras_work.refuse_several_inputs(facts)
-    shape = facts["input_shape"]
     for data in (source, validation) if validation is not None else (source,):
-        keras_json.require_input_shape(
-            shape, data["feature_shape"], packed.packed_columns(data)[0], data["packed_table"],
-            who=f"model {config['model_id']} (mst_key {config['mst_key']}): ",
+        keras_json.require_input_shapes(
+            facts["input_shapes"], data["input_shapes"], packed.packed_columns(data)[0],
+            data["packed_table"], who=f"model {config['model_id']} (mst_key {config['mst_key']}): ",
             hint="Load an architecture whose input shape is the feature shape, or pack the "
                  "features in the model's shape.")
-    outputs = facts["outputs"]
     params = spec.compile
     classification = source["label_kind"] == "classification"
-    width = source["num_classes"][0] if classification else None
+    labels = source["dependent_varname"]
+    if len(facts["output_widths"]) != len(labels):
+        raise MadlibMopError(
+            f"model {config['model_id']} (mst_key {config['mst_key']}) has "
+            f"{len(facts['output_widths'])} outputs, {source['packed_table']} has {len(labels)} "
+            f"label columns ({', '.join(labels)})", sqlstate=errors.DATATYPE_MISMATCH,
+            hint="Pack one label column per output of the model, in the order of its outputs "
+                 "(dependent_varname 'y1, y2').")
+    if len(labels) > 1 and "class_weight" in fit:
+        raise MadlibMopError(
+            f"mst_key {config['mst_key']}: fit_params class_weight weighs the classes of one "
+            f"output; {source['packed_table']} has {len(labels)} label columns",
+            sqlstate=errors.FEATURE_NOT_SUPPORTED,
+            hint="Remove class_weight, or train a model of one output.")
     if classification:
-        if params.loss in training.SPARSE_LOSSES or outputs != 1:
-            if outputs != width:
+        for k, (outputs, label) in enumerate(zip(facts["output_widths"], labels)):
+            width = packed.class_count(source, k)
+            if params.loss in training.SPARSE_LOSSES or outputs != 1:
+                if outputs != width:
+                    raise MadlibMopError(
+                        f"model {config['model_id']} (mst_key {config['mst_key']}) has {outputs} "
+                        f"outputs, the labels of {source['packed_table']} have {width} classes"
+                        + (f" ({label})" if len(labels) > 1 else ""),
+                        sqlstate=errors.DATATYPE_MISMATCH,
+                        hint=f"Give the last layer {width} units.")
+            else:
                 raise MadlibMopError(
-                    f"model {config['model_id']} (mst_key {config['mst_key']}) has {outputs} "
-                    f"outputs, the labels of {source['packed_table']} have {width} classes",
-                    sqlstate=errors.DATATYPE_MISMATCH,
+                    f"mst_key {config['mst_key']}: loss {params.loss} with 1 output does not fit "
+                    f"{width} one-hot classes", sqlstate=errors.DATATYPE_MISMATCH,
                     hint=f"Give the last layer {width} units.")
-        else:
-            raise MadlibMopError(
-                f"mst_key {config['mst_key']}: loss {params.loss} with 1 output does not fit "
-                f"{width} one-hot classes", sqlstate=errors.DATATYPE_MISMATCH,
-                hint=f"Give the last layer {width} units.")
     else:
         if params.loss in training.SPARSE_LOSSES or params.loss in (
                 "categorical_crossentropy", "categorical_focal_crossentropy", "categorical_hinge"):

@@ -144,20 +144,37 @@ class PackedOutput:
     """The packed table: partitioned by segment; a partition is a table of this server, or a
     foreign table whose rows are stored on the segment's segment server (`homes`)."""
 
-    def __init__(self, plpy: Any, out: catalog.NewTable, feature_column: str, label_column: str,
-                 homes: list[segments.SegmentServer] | None):
+    def __init__(self, plpy: Any, out: catalog.NewTable, feature_columns: list[str],
+                 label_columns: list[str], homes: list[segments.SegmentServer] | None):
         self.plpy, self.out, self.homes = plpy, out, homes
         q = plpy.quote_ident
-        self.x, self.y = q(feature_column), q(label_column)
-        self.xs, self.ys = q(feature_column + "_shape"), q(label_column + "_shape")
+        # A feature column per input of the model, a label column per output.
+        self.xs = [q(name) for name in feature_columns]
+        self.ys = [q(name) for name in label_columns]
+        self.shapes = [q(name + "_shape") for name in [*feature_columns, *label_columns]]
         self.remote: list[tuple[Any, str]] = []  # (server, table) made on segment servers
         self.partition_names: dict[int, list[str]] = {}  # segment -> [schema, table] there
         self.sessions: dict[str, Any] = {}
 
     def _columns(self) -> str:
-        return (f"__dist_key__ integer NOT NULL, {self.x} bytea NOT NULL, {self.y} bytea NOT NULL, "
-                f"{self.xs} integer[] NOT NULL, {self.ys} integer[] NOT NULL, "
-                "buffer_id integer NOT NULL")
+        return ", ".join(["__dist_key__ integer NOT NULL"]
+                         + [f"{c} bytea NOT NULL" for c in self.xs + self.ys]
+                         + [f"{c} integer[] NOT NULL" for c in self.shapes]
+                         + ["buffer_id integer NOT NULL"])
+
+    def insert_sql(self, table: str) -> tuple[str, list[str]]:
+        """An INSERT of one buffer into `table`, in the order `write_buffers` gives its
+        values, and the values' types."""
+        columns = self.xs + self.ys + self.shapes + ["buffer_id", "__dist_key__"]
+        types = (["bytea"] * len(self.xs + self.ys) + ["integer[]"] * len(self.shapes)
+                 + ["integer", "integer"])
+        return (f"INSERT INTO {table} ({', '.join(columns)}) VALUES "
+                f"({', '.join(f'${i + 1}' for i in range(len(columns)))})", types)
+
+    def _store_out_of_line(self, table: str, execute) -> None:
+        """Float bytes do not compress: store them out of line without trying."""
+        for column in self.xs:
+            execute(f"ALTER TABLE {table} ALTER COLUMN {column} SET STORAGE EXTERNAL")
 
     def create(self, count: int):
         """Create the table and its partitions; the INSERT plan its buffers go through."""
@@ -173,10 +190,7 @@ class PackedOutput:
             for session in self.sessions.values():
                 session.close()
             self.sessions.clear()
-        return plpy.prepare(
-            f"INSERT INTO {out.quoted} ({self.x}, {self.y}, {self.xs}, {self.ys}, buffer_id, "
-            "__dist_key__) VALUES ($1, $2, $3, $4, $5, $6)",
-            ["bytea", "bytea", "integer[]", "integer[]", "integer", "integer"])
+        return plpy.prepare(*self.insert_sql(out.quoted))
 
     def _create_partition(self, segment: int) -> None:
         plpy, out = self.plpy, self.out
@@ -185,8 +199,7 @@ class PackedOutput:
         if self.homes is None:
             plpy.execute(f"CREATE TABLE {part.quoted} PARTITION OF {out.quoted} "
                          f"FOR VALUES IN ({segment})")
-            # Float bytes do not compress: store them out of line without trying.
-            plpy.execute(f"ALTER TABLE {part.quoted} ALTER COLUMN {self.x} SET STORAGE EXTERNAL")
+            self._store_out_of_line(part.quoted, plpy.execute)
             return
         server = self.homes[segment]
         self._create_remote(server, part, segment)
@@ -244,7 +257,7 @@ class PackedOutput:
                 session.execute(f"DROP TABLE {part.quoted}")
             session.execute(f"CREATE TABLE {part.quoted} ({self._columns()}, "
                             f"CHECK (__dist_key__ = {segment}), PRIMARY KEY (__dist_key__, buffer_id))")
-            session.execute(f"ALTER TABLE {part.quoted} ALTER COLUMN {self.x} SET STORAGE EXTERNAL")
+            self._store_out_of_line(part.quoted, session.execute)
             session.execute(f"COMMENT ON TABLE {part.quoted} IS {plpy.quote_literal(marker)}")
         except psycopg.Error as error:
             diag = error.diag
@@ -281,41 +294,51 @@ class PackedOutput:
         self.remote.clear()
 
 
-def write_summary(plpy, summary_table, source_table, output_table, label, features, buffer_size,
-                   normalizing_const, classes, distribution_rules, segments, rows, packed: Packed,
-                   seed):
+def write_summary(plpy, summary_table, source_table, output_table, labels, features, buffer_size,
+                  normalizing_const, classes, distribution_rules, segments, rows, packed: Packed,
+                  seed):
+    """MADlib's summary (a `<label>_class_values` column per label, num_classes per label)
+    and madlib_mop's columns (the first input's feature_shape: the packed table's
+    `<x>_shape` columns have each input's)."""
     q = plpy.quote_ident
-    class_column = q(f"{label.name}_class_values")
-    class_type = ("integer[]" if label.one_hot else f"{label.base_type}[]" if label.classification
-                  else "text[]")
+    class_columns, class_types, class_values = [], [], []
+    for label, count in zip(labels, classes):
+        class_columns.append(q(f"{label.name}_class_values"))
+        class_types.append("integer[]" if label.one_hot else f"{label.base_type}[]"
+                           if label.classification else "text[]")
+        # One-hot label arrays: no class values and no num_classes, as MADlib writes them
+        # (the readers take the classes from the arrays' width, `db.packed.read_summary`).
+        class_values.append(list(label.class_values) + [None] * (count - len(label.class_values))
+                            if label.classification and not label.one_hot else None)
     rows_per_segment = [packed.rows_per_segment.get(k, 0) for k in range(segments)]
     buffers_per_segment = [packed.buffers_per_segment.get(k, 0) for k in range(segments)]
-    # One-hot label arrays: no class values and no num_classes, as MADlib writes them (the
-    # readers take the classes from the arrays' width, `db.packed.read_summary`).
-    class_values = (list(label.class_values) + [None] * (classes - len(label.class_values))
-                    if label.classification and not label.one_hot else None)
+    counts = [None if count is None or label.one_hot else count for label, count in zip(labels, classes)]
     plpy.execute(f"""
         CREATE TABLE {summary_table.quoted} (
             source_table text, output_table text,
             dependent_varname text[], independent_varname text[], dependent_vartype text[],
-            {class_column} {class_type},
+            {', '.join(f"{c} {t}" for c, t in zip(class_columns, class_types))},
             buffer_size integer, normalizing_const real, num_classes integer[],
             distribution_rules text, __internal_gpu_config__ text,
             num_segments integer, num_rows bigint, rows_per_segment bigint[],
             buffers_per_segment integer[], feature_shape integer[], label_kind text,
             shuffle_seed integer)""")
+    n = len(labels)
     plan = plpy.prepare(
-        f"INSERT INTO {summary_table.quoted} VALUES "
-        "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, 'all_segments', $11, $12, $13, $14, $15, $16, $17)",
-        ["text", "text", "text[]", "text[]", "text[]", class_type, "integer", "real", "integer[]",
+        f"INSERT INTO {summary_table.quoted} VALUES ($1, $2, $3, $4, $5, "
+        + "".join(f"${6 + i}, " for i in range(n))
+        + ", ".join(f"${6 + n + i}" for i in range(3)) + f", ${9 + n}, 'all_segments', "
+        + ", ".join(f"${10 + n + i}" for i in range(7)) + ")",
+        ["text", "text", "text[]", "text[]", "text[]", *class_types, "integer", "real", "integer[]",
          "text", "integer", "bigint", "bigint[]", "integer[]", "integer[]", "text", "integer"])
     plpy.execute(plan, [
-        source_table, output_table, [label.name], features.names, [label.base_type], class_values,
-        int(packed.max_buffer_rows), float(normalizing_const),
-        [classes] if classes is not None and not label.one_hot else None,
+        source_table, output_table, [label.name for label in labels],
+        [name for f in features for name in f.names], [label.base_type for label in labels],
+        *class_values, int(packed.max_buffer_rows), float(normalizing_const),
+        counts if any(c is not None for c in counts) else None,
         (distribution_rules or "all_segments"), segments, rows, rows_per_segment,
         buffers_per_segment, list(packed.feature_shape),
-        "classification" if label.classification else "regression", seed])
+        "classification" if labels[0].classification else "regression", seed])
 
 
 def write_features_summary(plpy: Any, source: catalog.Table, summary_table: catalog.NewTable,

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from madlib_mop import errors
-from madlib_mop.db import catalog, scan
+from madlib_mop.db import catalog, packed, scan
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.plpy_bridge import SpiError
 from madlib_mop.runtime import packing
@@ -58,23 +58,35 @@ class Label:
         return "one_hot" if self.one_hot else "classes" if self.classification else "regression"
 
 
-def feature_columns(plpy: Any, table: catalog.Table, independent_varname: str) -> Features:
+def feature_columns(plpy: Any, table: catalog.Table, independent_varname: str) -> list[Features]:
+    """The feature columns: 'a, b' names the inputs of a model of several (MADlib's
+    meaning), each a numeric array column, fed to the model's inputs in this order."""
     names = catalog.column_names(plpy, independent_varname, argument="independent_varname")
+    if len(set(names)) != len(names):
+        raise MadlibMopError(f"independent_varname '{independent_varname}' names a column twice",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint="Name each input's column once.")
     if len(names) > 1:
-        # MADlib reads 'a, b' as the inputs of a multi-input model, each an array column; one
-        # input made of the columns' values would train another model than MADlib's.
-        raise MadlibMopError(
-            f"independent_varname '{independent_varname}' names {len(names)} columns: in MADlib, "
-            "the inputs of a multi-input model, which madlib_mop does not train",
-            sqlstate=errors.FEATURE_NOT_SUPPORTED,
-            hint="Give the features as one numeric array column, e.g. a view with "
-                 f"ARRAY[{', '.join(names)}]::real[] AS attributes, and pass 'attributes'.")
-    column = catalog.column(plpy, table, names[0], argument="independent_varname")
+        scalars = [name for name in names
+                   if catalog.column(plpy, table, name, argument="independent_varname").is_numeric]
+        if len(scalars) == len(names):
+            listed = ", ".join(plpy.quote_ident(name) for name in names)
+            raise MadlibMopError(
+                f"independent_varname '{independent_varname}' names {len(names)} numeric columns: "
+                "in MADlib, the inputs of a model of several inputs, each a numeric array",
+                sqlstate=errors.DATATYPE_MISMATCH,
+                hint=f"For one input made of these columns, pack a view with ARRAY[{listed}]::real[] "
+                     "AS attributes and pass 'attributes'.")
+    return [_feature_column(plpy, table, name) for name in names]
+
+
+def _feature_column(plpy: Any, table: catalog.Table, name: str) -> Features:
+    column = catalog.column(plpy, table, name, argument="independent_varname")
     if column.is_numeric_array:
-        quoted = plpy.quote_ident(names[0])
+        quoted = plpy.quote_ident(name)
         # float4_pack reads real, double precision and integer arrays as they are.
         cast = "" if column.base_type in PACKABLE_ARRAYS else "::double precision[]"
-        return Features(names, f"{quoted}{cast}", names[0])
+        return Features([name], f"{quoted}{cast}", name)
     raise MadlibMopError(
         f'independent_varname "{column.name}" has type {column.type}, which is not a numeric array',
         sqlstate=errors.DATATYPE_MISMATCH,
@@ -84,18 +96,22 @@ def feature_columns(plpy: Any, table: catalog.Table, independent_varname: str) -
     )
 
 
-def label_of(plpy: Any, table: catalog.Table, dependent_varname: str, regression: bool) -> Label:
+def label_columns(plpy: Any, table: catalog.Table, dependent_varname: str, regression: bool) -> list[Label]:
+    """The label columns: 'y1, y2' names the outputs of a model of several (MADlib's
+    meaning), in the order of the model's outputs."""
+    names = catalog.column_names(plpy, dependent_varname, argument="dependent_varname")
+    if len(set(names)) != len(names):
+        raise MadlibMopError(f"dependent_varname '{dependent_varname}' names a column twice",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint="Name each output's column once.")
+    return [label_of(plpy, table, name, regression) for name in names]
+
+
+def label_of(plpy: Any, table: catalog.Table, name: str, regression: bool) -> Label:
     """MADlib's meaning: a scalar label (text, integer, boolean, also a float) holds classes
     and a numeric array label is already one-hot; numbers are regression targets only when
     asked for (`regression => TRUE`)."""
-    names = catalog.column_names(plpy, dependent_varname, argument="dependent_varname")
-    if len(names) != 1:
-        raise MadlibMopError(
-            "dependent_varname names several columns: in MADlib, the outputs of a multi-output "
-            "model, which madlib_mop does not train",
-            sqlstate=errors.FEATURE_NOT_SUPPORTED,
-            hint="Pass one label column.")
-    column = catalog.column(plpy, table, names[0], argument="dependent_varname")
+    column = catalog.column(plpy, table, name, argument="dependent_varname")
     quoted = plpy.quote_ident(column.name)
     array_cast = "" if column.base_type in PACKABLE_ARRAYS else "::double precision[]"
     if regression:
@@ -146,27 +162,33 @@ class SourceReader:
     copied into a temporary table.
     """
 
-    def __init__(self, plpy: Any, table: catalog.Table, features: Features, label: Label):
+    def __init__(self, plpy: Any, table: catalog.Table, features: list[Features], labels: list[Label]):
         self.plpy = plpy
         self.source = table
-        self.label = label
+        self.labels = labels
+        self.inputs = len(features)
         schema = catalog.extension_schema(plpy)
-        x, y = features.expression, label.expression
+        xs = [f.expression for f in features]
+        ys = [label.expression for label in labels]
         if table.kind not in ("r", "m"):
             scratch = plpy.quote_ident(f"madlib_mop_source_{table.oid}")
             if plpy.execute(f"SELECT to_regclass('pg_temp.{scratch}') IS NOT NULL AS e")[0]["e"]:
                 plpy.execute(f"DROP TABLE pg_temp.{scratch}")
-            plpy.execute(f"CREATE TEMP TABLE {scratch} AS SELECT {x} AS x, {y} AS y "
-                         f"FROM {table.name}")
+            plpy.execute(f"CREATE TEMP TABLE {scratch} AS SELECT "
+                         + ", ".join([f"{x} AS x{i}" for i, x in enumerate(xs)]
+                                     + [f"{y} AS y{i}" for i, y in enumerate(ys)])
+                         + f" FROM {table.name}")
             self.scan_table = catalog.resolve_table(plpy, f"pg_temp.{scratch}")
             self.scratch = self.scan_table.name
-            x, y = "x", "y"
+            xs, ys = [f"x{i}" for i in range(len(xs))], [f"y{i}" for i in range(len(ys))]
         else:
             self.scan_table = table
             self.scratch = None
-        label_sql = f"array_agg({y}) AS y" if label.as_codes else f"{schema}.float4_pack({y}) AS y"
+        columns = [f"{schema}.float4_pack({x}) AS x{i}" for i, x in enumerate(xs)]
+        columns += [f"array_agg({y}) AS y{i}" if label.as_codes else f"{schema}.float4_pack({y}) AS y{i}"
+                    for i, (y, label) in enumerate(zip(ys, labels))]
         self.chunk_plan = plpy.prepare(
-            f"SELECT count(*) AS n, {schema}.float4_pack({x}) AS x, {label_sql} "
+            f"SELECT count(*) AS n, {', '.join(columns)} "
             f"FROM {self.scan_table.name} WHERE ctid >= $1::tid AND ctid < $2::tid",
             ["text", "text"])
 
@@ -176,7 +198,8 @@ class SourceReader:
             self.scratch = None
 
     def chunks(self):
-        """Yield (features float32 (n, *shape), labels: list, or float32 (n, k)) per chunk."""
+        """Yield ([features float32 (n, *shape) per input], [labels per output: list, or
+        float32 (n, k)]) per chunk."""
         for bounds in scan.block_chunks(0, scan.table_blocks(self.plpy, self.scan_table.oid)):
             try:
                 row = self.plpy.execute(self.chunk_plan, list(bounds))[0]
@@ -184,16 +207,19 @@ class SourceReader:
                 raise source_error(error, self.source) from None
             if row["n"] == 0:
                 continue
-            features = packing.unpack_float4(row["x"], row["n"])
-            labels = (row["y"] if self.label.as_codes
-                      else packing.unpack_float4(row["y"], row["n"]).reshape(row["n"], -1))
-            if self.label.one_hot and not np.isin(labels, (0.0, 1.0)).all():
-                raise MadlibMopError(
-                    f"the label arrays of {self.source.name} hold values other than 0 and 1",
-                    sqlstate=errors.INVALID_PARAMETER_VALUE,
-                    detail="A numeric array label is taken as one-hot encoded classes (MADlib's "
-                           "meaning).",
-                    hint="Pass regression => TRUE to training_preprocessor_dl for numeric targets.")
+            features = [packing.unpack_float4(row[f"x{i}"], row["n"])
+                        for i in range(self.inputs)]
+            labels = [row[f"y{i}"] if label.as_codes
+                      else packing.unpack_float4(row[f"y{i}"], row["n"]).reshape(row["n"], -1)
+                      for i, label in enumerate(self.labels)]
+            for label, values in zip(self.labels, labels):
+                if label.one_hot and not np.isin(values, (0.0, 1.0)).all():
+                    raise MadlibMopError(
+                        f"the label arrays of {self.source.name} hold values other than 0 and 1",
+                        sqlstate=errors.INVALID_PARAMETER_VALUE,
+                        detail="A numeric array label is taken as one-hot encoded classes (MADlib's "
+                               "meaning).",
+                        hint="Pass regression => TRUE to training_preprocessor_dl for numeric targets.")
             yield features, labels
 
     def ragged(self, first: tuple, other: tuple) -> MadlibMopError:
@@ -214,7 +240,7 @@ def source_error(error: Any, table: catalog.Table) -> Exception:
                           sqlstate=said.sqlstate, detail=said.detail, hint=said.hint)
 
 
-def class_values_of(plpy, table, label, training) -> list:
+def class_values_of(plpy, table, label, training, output: int = 0) -> list:
     # Byte order for text classes, so the order does not depend on the database's collation.
     # GROUP BY (not DISTINCT): over segment servers, each groups its own rows.
     order = "v COLLATE \"C\"" if label.base_type in ("text", "character varying", "character") else "v"
@@ -235,7 +261,7 @@ def class_values_of(plpy, table, label, training) -> list:
             "was packed for regression",
             sqlstate=errors.DATATYPE_MISMATCH,
             hint="Use a label column of the same kind as the training data's.")
-    known = training["class_values"]
+    known = training["output_class_values"][output]
     known_text = {as_text(v) for v in known}
     unknown = [v for v in found if v not in known and as_text(v) not in known_text]
     if unknown[:1] == [None]:
@@ -267,7 +293,7 @@ def as_text(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-def one_hot_positions(plpy, table, label, training) -> list:
+def one_hot_positions(plpy, table, label, training, output: int = 0) -> list:
     """The classes of one-hot label arrays: their positions 0 .. n-1."""
     widths = [row["n"] for row in plpy.execute(
         f"SELECT cardinality({label.expression}) AS n FROM {table.name} GROUP BY 1 LIMIT 2")]
@@ -277,8 +303,8 @@ def one_hot_positions(plpy, table, label, training) -> list:
                              detail=f"Found lengths {widths}.",
                              hint="Every one-hot label needs one entry per class.")
     if training is not None and (training["label_kind"] != "classification"
-                                 or not str(training["dependent_vartype"][0]).endswith("[]")
-                                 or len(training["class_values"]) != widths[0]):
+                                 or not str(training["dependent_vartype"][output]).endswith("[]")
+                                 or len(training["output_class_values"][output]) != widths[0]):
         raise MadlibMopError(
             f"dependent_varname {label.name} holds one-hot rows of {widths[0]} classes, unlike "
             f"the labels of {training['packed_table']}",
@@ -288,27 +314,36 @@ def one_hot_positions(plpy, table, label, training) -> list:
 
 
 def class_count(class_values: list, num_classes: list | None, training: dict | None,
-                 padding: bool = True) -> int:
+                padding: bool = True, output: int = 0) -> int:
+    """How many classes output `output` has: num_classes' (one entry per output, as in
+    MADlib; checked by `check_num_classes`), the training data's, or its class values'."""
     if training is not None:
-        return int(training["num_classes"][0])
-    if num_classes is None:
+        return packed.class_count(training, output)
+    if num_classes is None or num_classes[output] is None:
         return len(class_values)
-    if not padding and list(num_classes) != [len(class_values)]:
+    given = num_classes[output]
+    if not padding and given != len(class_values):
         raise MadlibMopError(
             f"num_classes {list(num_classes)} differs from the {len(class_values)} entries of "
             "the one-hot label arrays", sqlstate=errors.INVALID_PARAMETER_VALUE,
             hint="Pass NULL: one-hot labels give their number of classes.")
-    if len(num_classes) != 1 or num_classes[0] is None:
-        raise MadlibMopError("num_classes must be an array of one number, e.g. ARRAY[10]",
-                             sqlstate=errors.INVALID_PARAMETER_VALUE,
-                             hint="Models with several outputs are not supported.")
-    if num_classes[0] < len(class_values):
+    if given < len(class_values):
         raise MadlibMopError(
-            f"num_classes {num_classes[0]} is less than the {len(class_values)} classes found: "
+            f"num_classes {given} is less than the {len(class_values)} classes found: "
             "Invalid num_classes value specified",
             sqlstate=errors.INVALID_PARAMETER_VALUE,
             hint=f"Pass NULL or ARRAY[n] with n >= {len(class_values)}.")
-    return int(num_classes[0])
+    return int(given)
+
+
+def check_num_classes(num_classes: list | None, outputs: int) -> None:
+    """num_classes: one entry per output (MADlib's INTEGER[]), or NULL."""
+    if num_classes is not None and len(num_classes) != outputs:
+        example = ", ".join(["10"] * outputs)
+        raise MadlibMopError(f"num_classes {list(num_classes)} has {len(num_classes)} entries, "
+                             f"dependent_varname names {outputs} label columns",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint=f"Pass one number per label column, e.g. ARRAY[{example}], or NULL.")
 
 
 def encode(values: list, class_index: dict, table_name: str, label) -> np.ndarray:

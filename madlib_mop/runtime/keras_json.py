@@ -207,14 +207,30 @@ def require_input_shape(model_shape: list, data_shape: Any, column: str, table: 
         hint=hint)
 
 
-def input_shape(model) -> list[int | None]:
-    """The model's input shape without the batch dimension."""
+def require_input_shapes(model_shapes: list, data_shapes: list, columns: Any, table: str,
+                         *, who: str = "", hint: str) -> None:
+    """`require_input_shape` for each input of the model, in order, against the feature
+    columns (as MADlib feeds them: the first column to the first input, and so on)."""
+    columns = list(columns)
+    if len(model_shapes) != len(data_shapes):
+        raise MadlibMopError(
+            f"{who}the model has {len(model_shapes)} inputs, table {table} has "
+            f"{len(data_shapes)} feature columns ({', '.join(columns)}): the number of inputs "
+            "does not match", sqlstate=errors.INVALID_PARAMETER_VALUE,
+            hint="Pack one feature column per input of the model, in the order of its inputs "
+                 "(independent_varname 'a, b').")
+    for model_shape, data_shape, column in zip(model_shapes, data_shapes, columns):
+        require_input_shape(model_shape, data_shape, column, table, who=who, hint=hint)
+
+
+def input_shape(model, purpose: str = "this") -> list[int | None]:
+    """The input shape (without the batch dimension) of a model of one input."""
     shape = model.input_shape
     if isinstance(shape, list):  # several inputs
         raise MadlibMopError(
-            "models with several inputs are not supported",
+            f"models with several inputs are not supported for {purpose}",
             sqlstate=errors.FEATURE_NOT_SUPPORTED,
-            hint="Concatenate the features into one array column and use one input.",
+            hint="Use a model of one input here.",
         )
     return list(shape[1:])
 

@@ -59,7 +59,8 @@ def _specs(request: dict, weights: list[bytes | None] | None = None) -> list[tra
 
 def facts(request: dict) -> list[dict]:
     """Per model of `request["models"]` (mst_key, model_arch, compile_params, fit_params):
-    input_shape (None when it has several inputs), inputs, outputs, weight_bytes,
+    input_shapes (one per input), input_shape (None when it has several inputs), inputs,
+    output_widths (the last dimension of each output), outputs (the first's), weight_bytes,
     parameters; with `request["layouts"]` also layout (its state's [kind, shape] list).
     Each architecture is built once, with zeros."""
     built: dict[str, dict] = {}
@@ -69,12 +70,12 @@ def facts(request: dict) -> list[dict]:
         if spec.model_arch not in built:
             model = keras_json.model_from_config(keras_json.parse_model_json(spec.model_arch),
                                                  initialised=False)
-            shape = model.input_shape
-            several = isinstance(shape, list)
+            shapes = [[None if d is None else int(d) for d in shape[1:]]
+                      for shape in _each(model.input_shape)]
+            widths = [_last(shape) for shape in _each(model.output_shape)]
             built[spec.model_arch] = {
-                "input_shape": None if several else [None if d is None else int(d) for d in shape[1:]],
-                "inputs": len(shape) if several else 1,
-                "outputs": _last(model.output_shape),
+                "input_shapes": shapes, "input_shape": shapes[0] if len(shapes) == 1 else None,
+                "inputs": len(shapes), "output_widths": widths, "outputs": widths[0],
                 "weight_bytes": sum(int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize
                                     for v in model.weights),
                 "parameters": int(model.count_params())}
@@ -90,8 +91,12 @@ def facts(request: dict) -> list[dict]:
     return answers
 
 
+def _each(shape: Any) -> list:
+    """A model's input or output shapes, one per input or output."""
+    return list(shape) if isinstance(shape, list) else [shape]
+
+
 def _last(shape: Any) -> int | None:
-    shape = shape[0] if isinstance(shape, list) else shape
     return None if shape[-1] is None else int(shape[-1])
 
 

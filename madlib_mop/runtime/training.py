@@ -21,7 +21,7 @@ import numpy as np
 
 from madlib_mop.grammar import model_config
 from madlib_mop.runtime import custom_functions, keras_json, model_state, state
-from madlib_mop.runtime.buffers import Buffer
+from madlib_mop.runtime.buffers import Buffer, rows_of
 from madlib_mop.runtime.custom_functions import CustomFunctions
 from madlib_mop.runtime.tf_runtime import import_tensorflow
 
@@ -133,8 +133,13 @@ def compiled_model(spec: ModelSpec, seed: int | None):
     params = spec.compile
     optimizer = getattr(keras.optimizers, params.optimizer.name)(**optimizer_arguments(params.optimizer))
     objects = custom_functions.callables(spec.custom, params.named())
+    metrics = keras_metrics(params, objects)
+    if len(model.outputs) > 1:
+        # MADlib's one list of metrics applies to every output; Keras 3 takes a list per
+        # output (each output's own metric objects).
+        metrics = [keras_metrics(params, objects) for _ in model.outputs]
     model.compile(optimizer=optimizer, loss=objects.get(params.loss, params.loss),
-                  metrics=keras_metrics(params, objects), **dict(params.extra))
+                  metrics=metrics, **dict(params.extra))
     optimizer.build(model.trainable_variables)
     return model
 
@@ -252,29 +257,30 @@ class Program:
         self.state.write(handle)
 
     # ---- traced loops ----
-    def _function(self, kind: str, *arrays: np.ndarray | None):
-        """The traced loop for arrays of these dtypes and trailing shapes (any row count)."""
+    def _function(self, kind: str, *arrays):
+        """The traced loop for arrays of these dtypes and trailing shapes (any row count);
+        features and labels are arrays, or lists of them (a model of several inputs or
+        outputs)."""
         import tensorflow as tf
 
-        key = (kind,) + tuple(None if a is None else (a.dtype.str, a.shape[1:]) for a in arrays)
+        key = (kind,) + tuple(None if a is None else each(a, lambda v: (v.dtype.str, v.shape[1:]), tuple)
+                              for a in arrays)
         if key not in self._functions:
-            data = tuple(None if a is None else a[:1] for a in arrays)
+            data = tuple(None if a is None else each(a, lambda v: v[:1]) for a in arrays)
             # Builds the compiled metrics' and loss' variables outside the traced function,
             # as fit does before its first step (Keras 3.15, pinned in pyproject.toml).
             self.trainer._symbolic_build(data_batch=data if data[-1] is not None else data[:2])
-            specs = [tf.TensorSpec((None,) + a.shape[1:], tf.as_dtype(a.dtype))
+            specs = [each(a, lambda v: tf.TensorSpec((None,) + v.shape[1:], tf.as_dtype(v.dtype)))
                      for a in arrays if a is not None]
             step = self.trainer.train_step if kind == "train" else self.trainer.test_step
-            weighted = arrays[-1] is not None
 
             def loop(*tensors):
                 *data, batch_size = tensors
-                rows = tf.shape(data[0])[0]
+                rows = tf.shape(tf.nest.flatten(data[0])[0])[0]
 
                 def body(start):
                     end = tf.minimum(start + batch_size, rows)
-                    step(tuple(t[start:end] for t in data) if weighted
-                         else (data[0][start:end], data[1][start:end]))
+                    step(tuple(each(t, lambda v: v[start:end]) for t in data))
                     return (end,)
 
                 # One iteration at a time: each step reads the variables the last one wrote.
@@ -287,24 +293,24 @@ class Program:
                 input_signature=specs + [tf.TensorSpec((), tf.int32)]).get_concrete_function()
         return self._functions[key]
 
-    def _run(self, kind: str, x: np.ndarray, y: np.ndarray, sample_weight: np.ndarray | None,
-             batch_size: int) -> dict:
+    def _run(self, kind: str, x, y, sample_weight: np.ndarray | None, batch_size: int) -> dict:
         import tensorflow as tf
 
-        fresh = (kind,) + tuple(None if a is None else (a.dtype.str, a.shape[1:])
-                                for a in (x, y, sample_weight)) not in self._functions
+        fresh = len(self._functions)
         function = self._function(kind, x, y, sample_weight)
+        fresh = len(self._functions) > fresh
         arrays = [x, y] + ([sample_weight] if sample_weight is not None else [])
         if fresh and kind == "test":
             # A concrete function's first call also optimises its graph: done on one row, so
             # that `last_seconds` times evaluation alone (a model's inference cost).
-            function(*[tf.constant(a[:1]) for a in arrays], tf.constant(batch_size, tf.int32))
+            function(*[each(a, lambda v: tf.constant(v[:1])) for a in arrays],
+                     tf.constant(batch_size, tf.int32))
         self.trainer.reset_metrics()
         started = time.perf_counter()
-        values = function(*[tf.constant(a) for a in arrays], tf.constant(batch_size, tf.int32))
+        values = function(*[each(a, tf.constant) for a in arrays], tf.constant(batch_size, tf.int32))
         values = {name: float(value) for name, value in values.items()}
         self.last_seconds = time.perf_counter() - started
-        return values
+        return outputs_mean(values, getattr(self.trainer, "output_names", None) or [])
 
     def train(self, x: np.ndarray, y: np.ndarray, batch_size: int,
               sample_weight: np.ndarray | None = None) -> dict:
@@ -317,11 +323,35 @@ class Program:
         return self._run("test", x, y, None, batch_size)
 
 
-def labels_for(loss: str, labels: np.ndarray, classification: bool) -> np.ndarray:
-    """Packed labels (int16 one-hot, or float32 targets) as the loss wants them."""
+def each(value, function, container=list):
+    """`function` of an array, or of each array of a list (a model's several inputs or
+    outputs), as a `container`."""
+    return container(function(v) for v in value) if isinstance(value, list) else function(value)
+
+
+def outputs_mean(values: dict, output_names: list[str]) -> dict:
+    """Keras' results, and for a model of several outputs each metric's mean over its
+    outputs under the metric's own name (Keras reports `<output>_<metric>`; `loss` is the
+    total): what the summaries and _info tables report as the model's metric."""
+    if len(output_names) < 2:
+        return values
+    found: dict[str, list[float]] = {}
+    for output in output_names:
+        for name, value in values.items():
+            if name.startswith(output + "_") and name != f"{output}_loss":
+                found.setdefault(name[len(output) + 1:], []).append(value)
+    for name, per_output in found.items():
+        if len(per_output) == len(output_names):
+            values.setdefault(name, sum(per_output) / len(per_output))
+    return values
+
+
+def labels_for(loss: str, labels, classification: bool):
+    """Packed labels (int16 one-hot, or float32 targets) as the loss wants them: an array,
+    or one per output."""
     if classification and loss in SPARSE_LOSSES:
-        return np.argmax(labels, axis=1).astype(np.int32)
-    return labels.astype(np.float32, copy=False)
+        return each(labels, lambda v: np.argmax(v, axis=1).astype(np.int32))
+    return each(labels, lambda v: v.astype(np.float32, copy=False))
 
 
 def subepoch_order(buffers: list[int], seed: int, mst_key: int, step: int,
@@ -341,16 +371,24 @@ def _chunks(buffers: list[Buffer], order, batch_size: int, chunk_rows: int | Non
     xs, ys, held = [], [], 0
     for index, permutation in order:
         x, y = buffers[index].load()
-        xs.append(x[permutation])
-        ys.append(y[permutation])
+        xs.append(each(x, lambda v, rows=permutation: v[rows]))
+        ys.append(each(y, lambda v, rows=permutation: v[rows]))
         held += len(permutation)
         while held >= limit:
-            x_all, y_all = np.concatenate(xs), np.concatenate(ys)
-            cut = int(limit)
-            yield x_all[:cut], y_all[:cut]
-            xs, ys, held = [x_all[cut:]], [y_all[cut:]], held - cut
+            x_all, y_all = _concatenate(xs), _concatenate(ys)
+            head, rest = slice(None, int(limit)), slice(int(limit), None)
+            yield each(x_all, lambda v, rows=head: v[rows]), each(y_all, lambda v, rows=head: v[rows])
+            xs, ys = [each(x_all, lambda v, rows=rest: v[rows])], [each(y_all, lambda v, rows=rest: v[rows])]
+            held -= int(limit)
     if held:
-        yield np.concatenate(xs), np.concatenate(ys)
+        yield _concatenate(xs), _concatenate(ys)
+
+
+def _concatenate(parts: list):
+    """Concatenated rows of arrays, or of lists of arrays (one per input or output)."""
+    if isinstance(parts[0], list):
+        return [np.concatenate([part[i] for part in parts]) for i in range(len(parts[0]))]
+    return np.concatenate(parts)
 
 
 @dataclass
@@ -371,7 +409,7 @@ class Outcome:
 
 def class_weights(labels: np.ndarray, class_weight: dict | None) -> np.ndarray | None:
     """Per-row weights from fit's class_weight ({class index: weight}), as fit computes them."""
-    if not class_weight:
+    if not class_weight or isinstance(labels, list):  # (refused with several outputs: job.plan)
         return None
     from keras.src.trainers.data_adapters.data_adapter_utils import class_weight_to_sample_weights
 
@@ -397,7 +435,7 @@ def train_subepoch(program: Program, spec: ModelSpec, buffers: list[Buffer], see
         started = time.perf_counter()
         values = program.train(x, labels, batch_size, class_weights(labels, fit.get("class_weight")))
         outcome.seconds_train += time.perf_counter() - started
-        outcome.add(len(x), values)
+        outcome.add(rows_of(x), values)
     return outcome
 
 
@@ -427,8 +465,8 @@ def evaluate(program: Program, spec: ModelSpec, buffers: Iterable[Buffer],
     for number, buffer in enumerate(buffers):
         x, y = buffer.load()
         labels = labels_for(loss, y, classification)
-        outcome.add(len(x), program.evaluate(x, labels))
-        if number == 0 and len(x):
+        outcome.add(rows_of(x), program.evaluate(x, labels))
+        if number == 0 and rows_of(x):
             # The model's inference cost: one timing of a few ms varies by a factor of 2 with
             # what the other workers do on the same cores; the best of a few runs does not
             # (a run of COST_TIMED_SECONDS or more is timed once: it varies little).
@@ -436,5 +474,5 @@ def evaluate(program: Program, spec: ModelSpec, buffers: Iterable[Buffer],
             while len(runs) <= COST_REPEATS and program.last_seconds < COST_TIMED_SECONDS:
                 program.evaluate(x, labels)
                 runs.append(program.last_seconds)
-            outcome.seconds_per_row = min(runs) / len(x)
+            outcome.seconds_per_row = min(runs) / rows_of(x)
     return outcome

@@ -53,7 +53,7 @@ def segment_evaluate(plpy: Any, task: str, partition: int, weights: list[bytes])
     # (custom functions only where the object table is: this server, a temporary model table)
     custom = custom_functions(plpy, task.get("custom_functions"))
     refs = [ModelRef(None, m["mst_key"], m["model_arch"], bytes(w), m["compile_params"], None,
-                     1.0, columns.label, custom=custom) for m, w in zip(task["models"], weights)]
+                     1.0, columns.labels[0], custom=custom) for m, w in zip(task["models"], weights)]
     return _evaluate_on(refs, buffers, columns.classification)
 
 
@@ -84,16 +84,18 @@ def worker_predict(plpy: Any, task: str, first_block: int, last_block: int, weig
     key = ((task["model_arch"], hashlib.sha256(weights).hexdigest())
            if len(weights) <= CACHED_WEIGHTS_BYTES else None)
     model = _models.get(key)
+    outputs = task["outputs"]
     if model is None:
         _models.clear()
         gc.collect()
         ref = ModelRef(None, task["mst_key"], task["model_arch"], weights, None,
-                       task["class_values"], task["normalizing_const"], task["class_name"])
+                       outputs[0]["class_values"], task["normalizing_const"], outputs[0]["class_name"])
         model = build(ref, compile_model=False, threads=task["threads"])
         if key is not None:
             _models[key] = model
         del ref, weights
-    shape = tuple(keras_json.input_shape(model))
+    shapes = [tuple(shape[1:]) for shape in (model.input_shape if isinstance(model.input_shape, list)
+                                             else [model.input_shape])]
     source = catalog.resolve_table(  # an oid here; [schema, table] on a segment server
         plpy, catalog.qualified_name(plpy, task["source"]) if isinstance(task["source"], list)
         else task["source"], argument="test_table")
@@ -101,26 +103,11 @@ def worker_predict(plpy: Any, task: str, first_block: int, last_block: int, weig
     id_type = catalog.column(plpy, source, task["id_col"], argument="id_col").base_type
     output = ".".join(plpy.quote_ident(part) for part in task["output"])
     chunk = plpy.prepare(
-        f"SELECT count(*) AS n, {schema}.float4_pack({features.expression}) AS x, "
-        f"array_agg({plpy.quote_ident(task['id_col'])}) AS ids FROM {source.name} "
+        "SELECT count(*) AS n, "
+        + ", ".join(f"{schema}.float4_pack({f.expression}) AS x{i}" for i, f in enumerate(features))
+        + f", array_agg({plpy.quote_ident(task['id_col'])}) AS ids FROM {source.name} "
         "WHERE ctid >= $1::tid AND ctid < $2::tid", ["text", "text"])
-    ids_type = f"{id_type}[]"
-    classification = task["class_values"] is not None
-    kind = task["pred_type"]
-    if classification:
-        ranked = kind != "response"
-        insert = plpy.prepare(
-            f"INSERT INTO {output} SELECT u.i, $2, $3[u.k + 1], u.p"
-            f"{', u.r' if ranked else ''} FROM unnest($1, {schema}.int4_unpack($4), "
-            f"{schema}.float4_unpack($5){f', {schema}.int4_unpack($6)' if ranked else ''}) "
-            f"AS u(i, k, p{', r' if ranked else ''})",
-            [ids_type, "text", "text[]", "bytea", "bytea"] + (["bytea"] if ranked else []))
-    else:
-        insert = plpy.prepare(
-            f"INSERT INTO {output} SELECT $1[g], v[(g - 1) * $3 + 1 : g * $3] "
-            f"FROM generate_subscripts($1, 1) AS g, "
-            f"CAST({schema}.float4_unpack($2) AS double precision[]) AS v",
-            [ids_type, "bytea", "integer"])
+    insert = _insert_plan(plpy, schema, output, f"{id_type}[]", task["pred_type"], outputs)
     rows_done, started = 0, time.perf_counter()
     for bounds in scan.block_chunks(first_block, last_block):
         try:
@@ -130,18 +117,44 @@ def worker_predict(plpy: Any, task: str, first_block: int, last_block: int, weig
         if not row["n"]:
             continue
         n = row["n"]
-        x = packing.unpack_float4(row["x"], n)  # (float4_pack: every row of a chunk has one shape)
-        keras_json.require_input_shape(shape, x.shape[1:], task["independent_varname"], source.name,
-                                       hint=PREDICT_SHAPE_HINT)
-        x = x / np.float32(task["normalizing_const"])
-        predictions = model.predict(x, batch_size=PREDICT_BATCH, verbose=0).reshape(n, -1)
-        if classification:
-            _insert_classes(plpy, insert, kind, row["ids"], predictions, task["class_values"],
-                            task["class_name"])
-        else:
-            plpy.execute(insert, [row["ids"], predictions.astype("=f4").tobytes(), predictions.shape[1]])
+        # (float4_pack: every row of a chunk has one shape)
+        xs = [packing.unpack_float4(row[f"x{i}"], n) for i in range(len(features))]
+        keras_json.require_input_shapes(shapes, [x.shape[1:] for x in xs],
+                                        [f.packed_column for f in features], source.name,
+                                        hint=PREDICT_SHAPE_HINT)
+        xs = [x / np.float32(task["normalizing_const"]) for x in xs]
+        predictions = model.predict(xs if len(xs) > 1 else xs[0], batch_size=PREDICT_BATCH, verbose=0)
+        if len(outputs) == 1:
+            predictions = [predictions]
+        for said, values in zip(outputs, predictions):
+            values = values.reshape(n, -1)
+            if said["class_values"] is not None:
+                _insert_classes(plpy, insert, task["pred_type"], row["ids"], values,
+                                said["class_values"], said["class_name"])
+            else:
+                plpy.execute(insert, [row["ids"], values.astype("=f4").tobytes(), values.shape[1]]
+                             + ([said["class_name"]] if len(outputs) > 1 else []))
         rows_done += n
     return json.dumps({"rows": rows_done, "seconds": time.perf_counter() - started})
+
+
+def _insert_plan(plpy: Any, schema: str, output: str, ids_type: str, kind: Any, outputs: list):
+    """The INSERT of a chunk's predictions of one output: classes as rows (id, class_name,
+    class_value, prob[, rank]), or targets as arrays (id[, class_name], prediction)."""
+    if outputs[0]["class_values"] is not None:
+        ranked = kind != "response"
+        return plpy.prepare(
+            f"INSERT INTO {output} SELECT u.i, $2, $3[u.k + 1], u.p"
+            f"{', u.r' if ranked else ''} FROM unnest($1, {schema}.int4_unpack($4), "
+            f"{schema}.float4_unpack($5){f', {schema}.int4_unpack($6)' if ranked else ''}) "
+            f"AS u(i, k, p{', r' if ranked else ''})",
+            [ids_type, "text", "text[]", "bytea", "bytea"] + (["bytea"] if ranked else []))
+    named = len(outputs) > 1
+    return plpy.prepare(
+        f"INSERT INTO {output} SELECT $1[g], {'$4, ' if named else ''}v[(g - 1) * $3 + 1 : g * $3] "
+        f"FROM generate_subscripts($1, 1) AS g, "
+        f"CAST({schema}.float4_unpack($2) AS double precision[]) AS v",
+        [ids_type, "bytea", "integer"] + (["text"] if named else []))
 
 
 def _insert_classes(plpy, insert, kind, ids, probabilities, class_values, class_name) -> None:

@@ -32,6 +32,13 @@ class ModelRef:
     model_oid: int | None = None
     object_table: str | None = None  # custom functions (the fit's summary names the table)
     custom: CustomFunctions | None = None  # in a worker: those functions, loaded
+    # A model of several outputs: (label, class values) of each (the first's are above)
+    outputs: list | None = None
+
+    @property
+    def output_classes(self) -> list[tuple[str, list | None]]:
+        """(label, class values or None for regression) of each output of the model."""
+        return self.outputs or [(self.dependent_varname, self.class_values)]
 
     def spec(self) -> training.ModelSpec:
         return training.ModelSpec(self.mst_key or 0, self.model_arch,
@@ -86,11 +93,14 @@ def trained_models(plpy: Any, model_table: str | int, mst_key: int | None, *, al
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
                              hint=f"SELECT mst_key FROM {table.name}; lists the models.")
     values = class_values(summary, label)
+    labels = summary["dependent_varname"]
+    outputs = ([(name, class_values(summary, name, k)) for k, name in enumerate(labels)]
+               if len(labels) > 1 else None)
     return [ModelRef(table.name, None if single else r["mst_key"], r["model_arch"],
                      r["model_weights"] if r["model_weights"] is not None
                      else weights_in_pieces(plpy, table, r["mst_key"]), r["compile_params"], values,
                      float(summary["normalizing_const"] or 1.0), label, table.oid,
-                     summary.get("object_table")) for r in rows]
+                     summary.get("object_table"), outputs=outputs) for r in rows]
 
 
 _loaded: dict[tuple, dict] = {}  # (object table oid, name, digest) -> callable, per session
@@ -113,13 +123,14 @@ def custom_functions(plpy: Any, recorded: dict | None) -> CustomFunctions | None
     return CustomFunctions(table.name, digests, objects)
 
 
-def class_values(summary: dict, label: str) -> list | None:
+def class_values(summary: dict, label: str, output: int = 0) -> list | None:
     """A fit summary's classes: its class values without num_classes' padding (trailing
     NULLs); None for regression.  One-hot labels have none (MADlib writes NULL, or NULLs):
     their classes are the positions '0' .. 'n-1', as MADlib predicts them; [] when the
     summary has no num_classes either (the caller takes the model's outputs)."""
     values = summary.get(f"{label}_class_values")
-    classes = (summary.get("num_classes") or [None])[0]
+    counts = summary.get("num_classes") or []
+    classes = counts[output] if len(counts) > output else None
     if values is None and not classes:
         return None
     values = list(values or [])

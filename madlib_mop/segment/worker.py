@@ -39,7 +39,7 @@ from madlib_mop.runtime import staging, training
 from madlib_mop.runtime.custom_functions import CustomFunctions
 from madlib_mop.segment import features, models
 from madlib_mop.errors import MadlibMopError
-from madlib_mop.runtime.buffers import Buffer, PackedColumns, scan_partition
+from madlib_mop.runtime.buffers import Buffer, PackedColumns, buffer_bytes, scan_partition
 from madlib_mop.runtime.tf_runtime import import_tensorflow, worker_threads
 
 
@@ -190,7 +190,7 @@ def _program(plpy: Any, ctx: JobContext, mst_key: int) -> training.Program:
 
 def _held_bytes(ctx: JobContext) -> int:
     """What the worker keeps decoded: its segments' buffers and staged features."""
-    return (sum(sum(a.nbytes for a in b.load()) for kept in ctx.buffers.values()
+    return (sum(buffer_bytes(b) for kept in ctx.buffers.values()
                 for b in kept if b.in_memory) + features.held_bytes(ctx.features))
 
 

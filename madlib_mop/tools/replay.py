@@ -48,7 +48,7 @@ def _segment_buffers(conn: psycopg.Connection, summary: dict, segment: int,
     rows = conn.execute(f"SELECT {select} FROM {summary['packed_table']} "  # quoted by the server
                         f"WHERE {columns.in_partition('%s')} ORDER BY buffer_id",
                         (segment,)).fetchall()
-    return in_memory(rows, columns.classification)
+    return in_memory(rows, columns)
 
 
 def replay(conn: psycopg.Connection, model_output_table: str, mst_key: int) -> np.ndarray:

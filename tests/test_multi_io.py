@@ -1,0 +1,224 @@
+"""Models of several inputs and outputs (MADlib 2's multi-io): 'a, b' as independent_varname
+and 'y1, y2' as dependent_varname pack each column apart; fit, fit_multiple, evaluate and
+predict feed them to a functional model's inputs and outputs in that order; a hop and a
+resume give the same bits, and a replay the same weights; mistakes are refused before anything is written.
+
+The data is MADlib's own multi-io set-up: iris with its attributes squared as a second input
+and its class twice as a second output (`iris_mult` of MADlib's madlib_keras_iris.setup)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from madlib_mop.tools.replay import replay
+from tests.conftest import (ADAM, connect, coordinator_killed_mid_job, iris_table, mlp_json,
+                            psql_error, psql_rows)
+from tests.docs import block, page
+
+
+def _two_in_two_out(width: int = 10) -> str:
+    """MADlib's multi-io architecture, as Keras 3 writes it: two inputs of 4, a Dense each,
+    concatenated; two softmax outputs of 3 classes."""
+    import keras
+
+    first, second = keras.Input((4,), name="input_1"), keras.Input((4,), name="input_2")
+    a = keras.layers.Dense(width, activation="relu", name="dense")(first)
+    b = keras.layers.Dense(width, activation="relu", name="dense_2")(second)
+    joined = keras.layers.Concatenate(name="concatenate")([a, b])
+    out_1 = keras.layers.Dense(3, activation="softmax", name="dense_4")(joined)
+    out_2 = keras.layers.Dense(3, activation="softmax", name="dense_5")(b)
+    return keras.Model([first, second], [out_1, out_2]).to_json()
+
+
+@pytest.fixture(scope="module")
+def data(extension_dsn):
+    with connect(extension_dsn) as conn:
+        iris_table(conn, "iris_source", madlib_names=True)
+        conn.execute("CREATE TABLE iris_mult AS SELECT id, attributes, "
+                     "ARRAY(SELECT v * v FROM unnest(attributes) v) AS attributes2, "
+                     "class_text, class_text AS class_text2 FROM iris_source")
+        conn.execute("SELECT load_keras_model('arch', %s::json)", (_two_in_two_out(),))
+        conn.execute("SELECT load_keras_model('arch', %s::json)", (mlp_json(4, 8, 3),))
+        conn.execute("SELECT training_preprocessor_dl('iris_mult', 'iris_mult_packed', "
+                     "'class_text, class_text2', 'attributes, attributes2', NULL, 255, "
+                     "distribution_rules => '2')")
+        conn.execute("SELECT validation_preprocessor_dl('iris_mult', 'iris_mult_val', "
+                     "'class_text, class_text2', 'attributes, attributes2', 'iris_mult_packed')")
+    return extension_dsn
+
+
+def _fit(dsn: str, out: str, *, warm_start: bool = False) -> None:
+    with connect(dsn) as conn:
+        conn.execute("SELECT madlib_keras_fit('iris_mult_packed', %s, 'arch', 1, %s, "
+                     "'batch_size=5, epochs=3', 2, NULL, 'iris_mult_val', 1, %s)",
+                     (out, ADAM.replace("accuracy", "categorical_accuracy"), warm_start))
+
+
+def test_each_column_is_packed_apart_with_madlib_summary(data):
+    with connect(data) as conn:
+        columns = [r[0] for r in conn.execute(
+            "SELECT attname FROM pg_attribute WHERE attrelid = 'iris_mult_packed'::regclass "
+            "AND attnum > 0 ORDER BY attnum")]
+        assert columns == ["__dist_key__", "attributes", "attributes2", "class_text", "class_text2",
+                           "attributes_shape", "attributes2_shape", "class_text_shape",
+                           "class_text2_shape", "buffer_id"]
+        summary = conn.execute("SELECT dependent_varname, independent_varname, dependent_vartype, "
+                               "class_text_class_values, class_text2_class_values, num_classes, "
+                               "normalizing_const FROM iris_mult_packed_summary").fetchone()
+        classes = ["Iris-setosa", "Iris-versicolor", "Iris-virginica"]
+        assert summary == (["class_text", "class_text2"], ["attributes", "attributes2"],
+                           ["text", "text"], classes, classes, [3, 3], 1.0)
+        # Every row once, each input of its own row: the second input is the first squared.
+        rows = conn.execute("SELECT sum(attributes_shape[1]), bool_and(attributes_shape = "
+                            "attributes2_shape), bool_and(class_text_shape = ARRAY[attributes_shape[1], 3]) "
+                            "FROM iris_mult_packed").fetchone()
+        assert rows == (150, True, True)
+        x, x2 = conn.execute("SELECT attributes, attributes2 FROM iris_mult_packed "
+                             "ORDER BY buffer_id LIMIT 1").fetchone()
+        first, second = np.frombuffer(x, "<f4"), np.frombuffer(x2, "<f4")
+        assert np.allclose(first * first, second, rtol=1e-6)
+
+
+def test_fit_evaluate_predict_and_warm_start(data):
+    _fit(data, "model")
+    with connect(data) as conn:
+        summary = conn.execute(
+            "SELECT dependent_varname, class_text_class_values, class_text2_class_values, "
+            "training_loss_final, training_metrics_final, validation_metrics_final, metrics_type, "
+            "training_loss[1] FROM model_summary").fetchone()
+        assert summary[0] == ["class_text", "class_text2"] and summary[1] == summary[2]
+        assert summary[3] > 0 and 0 <= summary[4] <= 1 and 0 <= summary[5] <= 1
+        assert summary[6] == ["categorical_accuracy"]
+        conn.execute("SELECT madlib_keras_evaluate('model', 'iris_mult_val', 'evaluated')")
+        loss, metric, metrics = conn.execute("SELECT loss, metric, metrics FROM evaluated").fetchone()
+        # The metric is the mean of the outputs' metrics; the loss Keras' total (their sum).
+        per_output = [metrics["dense_4_categorical_accuracy"], metrics["dense_5_categorical_accuracy"]]
+        assert metric == pytest.approx(sum(per_output) / 2, abs=1e-9)
+        assert loss == pytest.approx(metrics["dense_4_loss"] + metrics["dense_5_loss"], rel=1e-5)
+        # The validation pass of the last iteration is this evaluation.
+        assert summary[5] == pytest.approx(metric, abs=1e-6)
+
+        conn.execute("SELECT madlib_keras_predict('model', 'iris_mult', 'id', 'attributes, attributes2', "
+                     "'predicted', 'response')")
+        rows = conn.execute("SELECT class_name, count(*), avg((p.class_value = i.class_text)::int) "
+                            "FROM predicted p JOIN iris_mult i USING (id) GROUP BY 1 ORDER BY 1").fetchall()
+        assert [(name, count) for name, count, _ in rows] == [("class_text", 150), ("class_text2", 150)]
+        # The predictions are the evaluated model's: each output's accuracy is evaluate's.
+        for (_, _, accuracy), evaluated in zip(rows, per_output):
+            assert float(accuracy) == pytest.approx(evaluated, abs=1e-6)
+        conn.execute("SELECT madlib_keras_predict('model', 'iris_mult', 'id', 'attributes, attributes2', "
+                     "'probabilities', 'prob')")
+        sums = conn.execute("SELECT class_name, min(s), max(s), count(*) FROM (SELECT id, class_name, "
+                            "sum(prob) AS s FROM probabilities GROUP BY 1, 2) t GROUP BY 1").fetchall()
+        assert all(count == 150 and abs(low - 1) < 1e-5 and abs(high - 1) < 1e-5
+                   for _, low, high, count in sums)
+        before = conn.execute("SELECT model_weights FROM model").fetchone()[0]
+    _fit(data, "model", warm_start=True)
+    with connect(data) as conn:
+        after, first = conn.execute("SELECT model_weights, training_loss[1] FROM model, model_summary").fetchone()
+        # It went on from the trained weights: its first iteration beats the first one's.
+        assert after != before and first < summary[7]
+
+
+def test_fit_multiple_resumes_to_the_same_bits(data):
+    with connect(data) as conn:
+        conn.execute("SELECT load_model_selection_table('arch', 'mst', ARRAY[1], ARRAY[%s, %s], "
+                     "ARRAY['batch_size=8, epochs=1'])", (ADAM, ADAM.replace("0.01", "0.05")))
+
+    def fit(out: str) -> None:
+        with connect(data) as conn:
+            conn.execute("SELECT madlib_keras_fit_multiple_model('iris_mult_packed', %s, 'mst', 3, "
+                         "FALSE, 'iris_mult_val')", (out,))
+
+    fit("grid")
+    with connect(data) as conn:
+        job_id = coordinator_killed_mid_job(conn, "grid_resumed", 5, lambda: fit("grid_resumed"))
+        conn.execute("CALL resume(%s)", (job_id,))
+        pairs = conn.execute("SELECT a.model_weights = b.model_weights, a.model_weights IS NOT NULL "
+                             "FROM grid a JOIN grid_resumed b USING (mst_key)").fetchall()
+        assert pairs == [(True, True), (True, True)]
+        info = conn.execute("SELECT count(*) FROM grid_info WHERE status = 'completed' "
+                            "AND validation_metrics_final BETWEEN 0 AND 1").fetchone()[0]
+        assert info == 2
+        # Replayed from its recorded visits, outside the database: the stored weights.
+        stored = np.frombuffer(conn.execute("SELECT model_weights FROM grid WHERE mst_key = 2")
+                               .fetchone()[0], dtype=np.float32)
+        assert np.max(np.abs(replay(conn, "grid", 2) - stored)) <= 1e-6
+        conn.execute("SELECT madlib_keras_evaluate_multiple_model('grid', 'iris_mult_val', 'grid_eval')")
+        assert conn.execute("SELECT count(*) FROM grid_eval WHERE metric BETWEEN 0 AND 1").fetchone()[0] == 2
+
+
+def test_predict_byom_of_two_outputs(data):
+    _fit(data, "byom_source")
+    with connect(data) as conn:
+        conn.execute("INSERT INTO arch (model_arch, model_weights, name) SELECT model_arch, "
+                     "model_weights, 'trained' FROM byom_source")
+        model_id = conn.execute("SELECT max(model_id) FROM arch").fetchone()[0]
+        conn.execute("SELECT madlib_keras_predict_byom('arch', %s, 'iris_mult', 'id', "
+                     "'attributes, attributes2', 'byom', 'response', NULL, "
+                     "ARRAY[ARRAY['a', 'b', 'c'], ARRAY['d', 'e', 'f']], NULL, 2)", (model_id,))
+        names = conn.execute("SELECT class_name, array_agg(DISTINCT class_value ORDER BY class_value) "
+                             "FROM byom GROUP BY 1 ORDER BY 1").fetchall()
+        assert [name for name, _ in names] == ["dependent_var_0", "dependent_var_1"]
+        assert set(names[0][1]) <= {"a", "b", "c"} and set(names[1][1]) <= {"d", "e", "f"}
+        # The same model's predictions, under the names and classes given.
+        conn.execute("SELECT madlib_keras_predict('byom_source', 'iris_mult', 'id', "
+                     "'attributes, attributes2', 'direct', 'response')")
+        mismatched = conn.execute(
+            "SELECT count(*) FROM direct d JOIN byom b ON b.id = d.id AND b.class_name = "
+            "'dependent_var_' || (CASE d.class_name WHEN 'class_text' THEN 0 ELSE 1 END) "
+            "WHERE array_position(ARRAY['Iris-setosa', 'Iris-versicolor', 'Iris-virginica'], d.class_value) "
+            "<> array_position(CASE d.class_name WHEN 'class_text' THEN ARRAY['a', 'b', 'c'] "
+            "ELSE ARRAY['d', 'e', 'f'] END, b.class_value)").fetchone()[0]
+        assert mismatched == 0
+
+
+def test_mistakes_are_refused_before_anything_is_written(data):
+    # A model of two inputs on data of one feature column.
+    with connect(data) as conn:
+        conn.execute("SELECT training_preprocessor_dl('iris_mult', 'one_input', 'class_text', "
+                     "'attributes', distribution_rules => '2')")
+    error = psql_error(data, "SELECT madlib_keras_fit('one_input', 'wrong', 'arch', 1, "
+                             f"$${ADAM}$$, 'batch_size=5, epochs=1', 1);")
+    assert error["sqlstate"] == "22023" and "has 2 inputs" in error["message"]
+    assert "number of inputs does not match" in error["message"]
+    # A model of one output on data of two label columns.
+    error = psql_error(data, "SELECT madlib_keras_fit('iris_mult_packed', 'wrong', 'arch', 2, "
+                             f"$${ADAM}$$, 'batch_size=5, epochs=1', 1);")
+    assert error["sqlstate"] == "42804" and "2 label columns" in error["message"]
+    # num_classes: one entry per output.
+    error = psql_error(data, "SELECT training_preprocessor_dl('iris_mult', 'wrong_packed', "
+                             "'class_text, class_text2', 'attributes, attributes2', NULL, 1, "
+                             "ARRAY[3]);")
+    assert error["sqlstate"] == "22023" and "one number per label column" in error["hint"]
+    # Validation data with other columns than the training data's.
+    error = psql_error(data, "SELECT validation_preprocessor_dl('iris_mult', 'wrong_val', "
+                             "'class_text', 'attributes, attributes2', 'iris_mult_packed');")
+    assert error["sqlstate"] == "22023" and "training data" in error["message"]
+    # Predict with one feature column for a model of two inputs.
+    error = psql_error(data, "SELECT madlib_keras_predict('model', 'iris_mult', 'id', 'attributes', "
+                             "'wrong_predicted');")
+    assert error["sqlstate"] == "22023" and "has 2 inputs" in error["message"]
+    assert psql_rows(data, "SELECT count(*) FROM pg_class WHERE relname LIKE 'wrong%';") == ["0"]
+
+
+def test_the_guides_walkthrough_runs_as_a_script(extension_dsn):
+    """docs/model-selection.md's statements, as a psql script (autocommit), on iris and a
+    model of two inputs and two outputs in `arch`."""
+    with connect(extension_dsn) as conn:
+        conn.execute("CREATE SCHEMA guide")
+        conn.execute("SET search_path = guide, madlib_mop")
+        iris_table(conn)
+        conn.execute("SELECT load_keras_model('arch', %s::json)", (_two_in_two_out(),))
+    guide = "SET search_path = guide, madlib_mop;\n"
+    rows = psql_rows(extension_dsn, guide + block(page("model-selection.md"),
+                                                   "### Models of several inputs and outputs"))
+    accuracies = dict(row.split("|") for row in rows[-2:])
+    assert set(accuracies) == {"class_text", "class_text2"}
+    assert all(0 <= float(v) <= 1 for v in accuracies.values())
+    with connect(extension_dsn) as conn:
+        metric, metrics = conn.execute("SELECT metric, metrics FROM guide.iris_mult_evaluated").fetchone()
+        assert metric == pytest.approx((metrics["dense_4_accuracy"] + metrics["dense_5_accuracy"]) / 2)
+        # Evaluated on the same rows the accuracies of the predictions were counted on.
+        assert metrics["dense_4_accuracy"] == pytest.approx(float(accuracies["class_text"]), abs=1e-6)
