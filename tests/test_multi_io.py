@@ -17,9 +17,9 @@ from tests.conftest import (ADAM, connect, coordinator_killed_mid_job, iris_tabl
 from tests.docs import block, page
 
 
-def _two_in_two_out(width: int = 10) -> str:
+def _two_in_two_out(width: int = 10, outputs: int = 2) -> str:
     """MADlib's multi-io architecture, as Keras 3 writes it: two inputs of 4, a Dense each,
-    concatenated; two softmax outputs of 3 classes."""
+    concatenated; two softmax outputs of 3 classes (or the first alone)."""
     import keras
 
     first, second = keras.Input((4,), name="input_1"), keras.Input((4,), name="input_2")
@@ -28,7 +28,7 @@ def _two_in_two_out(width: int = 10) -> str:
     joined = keras.layers.Concatenate(name="concatenate")([a, b])
     out_1 = keras.layers.Dense(3, activation="softmax", name="dense_4")(joined)
     out_2 = keras.layers.Dense(3, activation="softmax", name="dense_5")(b)
-    return keras.Model([first, second], [out_1, out_2]).to_json()
+    return keras.Model([first, second], [out_1, out_2][:outputs]).to_json()
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +40,7 @@ def data(extension_dsn):
                      "class_text, class_text AS class_text2 FROM iris_source")
         conn.execute("SELECT load_keras_model('arch', %s::json)", (_two_in_two_out(),))
         conn.execute("SELECT load_keras_model('arch', %s::json)", (mlp_json(4, 8, 3),))
+        conn.execute("SELECT load_keras_model('arch', %s::json)", (_two_in_two_out(outputs=1),))
         conn.execute("SELECT training_preprocessor_dl('iris_mult', 'iris_mult_packed', "
                      "'class_text, class_text2', 'attributes, attributes2', NULL, 255, "
                      "distribution_rules => '2')")
@@ -68,8 +69,9 @@ def test_each_column_is_packed_apart_with_madlib_summary(data):
                                "normalizing_const FROM iris_mult_packed_summary").fetchone()
         classes = ["Iris-setosa", "Iris-versicolor", "Iris-virginica"]
         assert summary == (["class_text", "class_text2"], ["attributes", "attributes2"],
-                           ["text", "text"], classes, classes, [3, 3], 1.0)
-        # Every row once, each input of its own row: the second input is the first squared.
+                           ["text", "text"], classes, classes, [3, 3], 255.0)
+        # Every row once, each input of its own row (the second is the first squared), both
+        # divided by the normalizing constant.
         rows = conn.execute("SELECT sum(attributes_shape[1]), bool_and(attributes_shape = "
                             "attributes2_shape), bool_and(class_text_shape = ARRAY[attributes_shape[1], 3]) "
                             "FROM iris_mult_packed").fetchone()
@@ -77,7 +79,7 @@ def test_each_column_is_packed_apart_with_madlib_summary(data):
         x, x2 = conn.execute("SELECT attributes, attributes2 FROM iris_mult_packed "
                              "ORDER BY buffer_id LIMIT 1").fetchone()
         first, second = np.frombuffer(x, "<f4"), np.frombuffer(x2, "<f4")
-        assert np.allclose(first * first, second, rtol=1e-6)
+        assert np.allclose((first * 255) ** 2, second * 255, rtol=1e-5)
 
 
 def test_fit_evaluate_predict_and_warm_start(data):
@@ -138,15 +140,15 @@ def test_fit_multiple_resumes_to_the_same_bits(data):
         pairs = conn.execute("SELECT a.model_weights = b.model_weights, a.model_weights IS NOT NULL "
                              "FROM grid a JOIN grid_resumed b USING (mst_key)").fetchall()
         assert pairs == [(True, True), (True, True)]
-        info = conn.execute("SELECT count(*) FROM grid_info WHERE status = 'completed' "
+        info = conn.execute("SELECT count(*) FROM grid_info WHERE status = 'finished' "
                             "AND validation_metrics_final BETWEEN 0 AND 1").fetchone()[0]
         assert info == 2
+        conn.execute("SELECT madlib_keras_evaluate_multiple_model('grid', 'iris_mult_val', 'grid_eval')")
+        assert conn.execute("SELECT count(*) FROM grid_eval WHERE metric BETWEEN 0 AND 1").fetchone()[0] == 2
         # Replayed from its recorded visits, outside the database: the stored weights.
         stored = np.frombuffer(conn.execute("SELECT model_weights FROM grid WHERE mst_key = 2")
                                .fetchone()[0], dtype=np.float32)
         assert np.max(np.abs(replay(conn, "grid", 2) - stored)) <= 1e-6
-        conn.execute("SELECT madlib_keras_evaluate_multiple_model('grid', 'iris_mult_val', 'grid_eval')")
-        assert conn.execute("SELECT count(*) FROM grid_eval WHERE metric BETWEEN 0 AND 1").fetchone()[0] == 2
 
 
 def test_predict_byom_of_two_outputs(data):
@@ -157,7 +159,7 @@ def test_predict_byom_of_two_outputs(data):
         model_id = conn.execute("SELECT max(model_id) FROM arch").fetchone()[0]
         conn.execute("SELECT madlib_keras_predict_byom('arch', %s, 'iris_mult', 'id', "
                      "'attributes, attributes2', 'byom', 'response', NULL, "
-                     "ARRAY[ARRAY['a', 'b', 'c'], ARRAY['d', 'e', 'f']], NULL, 2)", (model_id,))
+                     "ARRAY[ARRAY['a', 'b', 'c'], ARRAY['d', 'e', 'f']], 255, 2)", (model_id,))
         names = conn.execute("SELECT class_name, array_agg(DISTINCT class_value ORDER BY class_value) "
                              "FROM byom GROUP BY 1 ORDER BY 1").fetchall()
         assert [name for name, _ in names] == ["dependent_var_0", "dependent_var_1"]
@@ -183,8 +185,11 @@ def test_mistakes_are_refused_before_anything_is_written(data):
                              f"$${ADAM}$$, 'batch_size=5, epochs=1', 1);")
     assert error["sqlstate"] == "22023" and "has 2 inputs" in error["message"]
     assert "number of inputs does not match" in error["message"]
-    # A model of one output on data of two label columns.
+    # A model of one input on data of two feature columns; of one output on two label columns.
     error = psql_error(data, "SELECT madlib_keras_fit('iris_mult_packed', 'wrong', 'arch', 2, "
+                             f"$${ADAM}$$, 'batch_size=5, epochs=1', 1);")
+    assert error["sqlstate"] == "22023" and "has 1 inputs" in error["message"]
+    error = psql_error(data, "SELECT madlib_keras_fit('iris_mult_packed', 'wrong', 'arch', 3, "
                              f"$${ADAM}$$, 'batch_size=5, epochs=1', 1);")
     assert error["sqlstate"] == "42804" and "2 label columns" in error["message"]
     # num_classes: one entry per output.
