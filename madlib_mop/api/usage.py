@@ -17,7 +17,7 @@ SELECT training_preprocessor_dl(
     output_table        varchar,   -- packed table to create (and <output_table>_summary)
     dependent_varname   varchar,   -- label column: a scalar (text, integer, boolean, float)
                                    --   holds classes, NULL being one; a numeric array is
-                                   --   one-hot already (as in MADlib); 'y1, y2': the
+                                   --   one-hot already, as in MADlib; 'y1, y2': the
                                    --   outputs of a model of several, in its order
     independent_varname varchar,   -- a numeric array column of any shape; 'a, b': the
                                    --   inputs of a model of several, in its order

@@ -92,6 +92,13 @@ class _ServerFiles:
                                  encoding="utf-8")
         os.chmod(self.passfile, 0o600)
 
+    def _passfile_on_this_port(self) -> None:
+        """A cluster started on another port than before (MADLIB_MOP_PGPORT changed, or a
+        test process's free port): its password file names the port it is on now."""
+        if self.passfile.exists() and not self.passfile.read_text(encoding="utf-8").startswith(
+                f"127.0.0.1:{self.port}:"):
+            self._write_passfile(self.password)
+
     def _configure_workers(self) -> bool:
         """The DBA's set-up of docs/deploy.md: the madlib_mop map on the socket's peer line."""
         if not self.worker_auth:
@@ -286,6 +293,7 @@ class EmbeddedCluster(_ServerFiles):
         """Start the cluster if it is not running (with postgres `options`), make sure
         `database` exists; return its DSN."""
         self.initialize()
+        self._passfile_on_this_port()
         self.ensure_setting("jit", "off")
         added = [self.ensure_setting(name, value) for name, value in self.preload_settings().items()]
         if (any(added) or installed_after_start(self.bindir, self.data)) and self.is_running():
