@@ -220,6 +220,17 @@ def veth_namespace(namespace: str, host_link: str, ns_link: str, host_ip: str, n
         ip("netns", "del", namespace, check=False)
 
 
+# The modules that take minutes, longest first: `make test`'s two processes take modules in
+# collection order, so these start at once rather than leaving one process alone at the end.
+SLOW_MODULES = ("test_big_states.py", "test_scheduled.py", "test_worker_pool.py", "test_cluster.py",
+                "test_client.py", "test_automl.py", "test_prewarm.py", "test_notebook.py")
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    rank = {name: k for k, name in enumerate(SLOW_MODULES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_MODULES)))  # (a stable sort)
+
+
 def _server_kind() -> str:
     """dsn (MADLIB_MOP_DSN), container or embedded (MADLIB_MOP_TEST_SERVER, default embedded)."""
     if os.environ.get(DSN_VARIABLE):

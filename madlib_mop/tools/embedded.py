@@ -112,6 +112,7 @@ class _ServerFiles:
     def _secure_trust_cluster(self) -> None:
         """A cluster made by an earlier version trusted every local connection: give the
         superuser a password and Debian's authentication with the madlib_mop map."""
+        self._passfile_on_this_port()
         hba = self.data / "pg_hba.conf"
         rules = [line.split() for line in hba.read_text(encoding="utf-8").splitlines()
                  if line.strip() and not line.lstrip().startswith("#")]
@@ -293,7 +294,6 @@ class EmbeddedCluster(_ServerFiles):
         """Start the cluster if it is not running (with postgres `options`), make sure
         `database` exists; return its DSN."""
         self.initialize()
-        self._passfile_on_this_port()
         self.ensure_setting("jit", "off")
         added = [self.ensure_setting(name, value) for name, value in self.preload_settings().items()]
         if (any(added) or installed_after_start(self.bindir, self.data)) and self.is_running():
