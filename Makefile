@@ -200,7 +200,7 @@ demo: $(STAMPS)/venv install db-start
 	$(PY) -m madlib_mop.tools.demo
 
 test: $(STAMPS)/venv $(STAMPS)/browser lint installcheck
-	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile --durations=15 $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder --durations=15 $(PYTEST_ARGS)
 
 # The linter ([tool.ruff] in pyproject.toml): mistakes pyflakes, pycodestyle and bugbear find.
 lint: $(STAMPS)/venv

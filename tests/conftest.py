@@ -221,7 +221,8 @@ def veth_namespace(namespace: str, host_link: str, ns_link: str, host_ip: str, n
 
 
 # The modules that take minutes, longest first: `make test`'s two processes take modules in
-# collection order, so these start at once rather than leaving one process alone at the end.
+# collection order (--no-loadscope-reorder: pytest-xdist would otherwise start the modules of
+# most tests first), so these start at once rather than leave one process alone at the end.
 SLOW_MODULES = ("test_big_states.py", "test_scheduled.py", "test_worker_pool.py", "test_cluster.py",
                 "test_client.py", "test_automl.py", "test_prewarm.py", "test_notebook.py")
 
