@@ -223,6 +223,17 @@ def require_input_shapes(model_shapes: list, data_shapes: list, columns: Any, ta
         require_input_shape(model_shape, data_shape, column, table, who=who, hint=hint)
 
 
+def each_shape(shape: Any) -> list:
+    """A model's input (or output) shapes, one per input (or output): Keras gives a list
+    for several, a tuple for one."""
+    return list(shape) if isinstance(shape, list) else [shape]
+
+
+def input_shapes(model) -> list[list[int | None]]:
+    """Each input's shape without the batch dimension, in the order of the model's inputs."""
+    return [[None if d is None else int(d) for d in shape[1:]] for shape in each_shape(model.input_shape)]
+
+
 def input_shape(model, purpose: str = "this") -> list[int | None]:
     """The input shape (without the batch dimension) of a model of one input."""
     shape = model.input_shape

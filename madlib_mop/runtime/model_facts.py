@@ -70,9 +70,8 @@ def facts(request: dict) -> list[dict]:
         if spec.model_arch not in built:
             model = keras_json.model_from_config(keras_json.parse_model_json(spec.model_arch),
                                                  initialised=False)
-            shapes = [[None if d is None else int(d) for d in shape[1:]]
-                      for shape in _each(model.input_shape)]
-            widths = [_last(shape) for shape in _each(model.output_shape)]
+            shapes = keras_json.input_shapes(model)
+            widths = [_last(shape) for shape in keras_json.each_shape(model.output_shape)]
             built[spec.model_arch] = {
                 "input_shapes": shapes, "input_shape": shapes[0] if len(shapes) == 1 else None,
                 "inputs": len(shapes), "output_widths": widths, "outputs": widths[0],
@@ -89,11 +88,6 @@ def facts(request: dict) -> list[dict]:
     built.clear()
     gc.collect()  # (Keras' models hold cycles; a model may be GBs)
     return answers
-
-
-def _each(shape: Any) -> list:
-    """A model's input or output shapes, one per input or output."""
-    return list(shape) if isinstance(shape, list) else [shape]
 
 
 def _last(shape: Any) -> int | None:

@@ -94,8 +94,7 @@ def worker_predict(plpy: Any, task: str, first_block: int, last_block: int, weig
         if key is not None:
             _models[key] = model
         del ref, weights
-    shapes = [tuple(shape[1:]) for shape in (model.input_shape if isinstance(model.input_shape, list)
-                                             else [model.input_shape])]
+    shapes = keras_json.input_shapes(model)
     source = catalog.resolve_table(  # an oid here; [schema, table] on a segment server
         plpy, catalog.qualified_name(plpy, task["source"]) if isinstance(task["source"], list)
         else task["source"], argument="test_table")
