@@ -108,7 +108,7 @@ def test_the_exporter_command_serves_metrics(prepared):
         server.send_signal(signal.SIGINT)
         # Read what it still writes while it stops: a child blocked on a full pipe never ends.
         said, _ = server.communicate(timeout=120)
-    assert server.returncode in (0, 130), said
+    assert server.returncode == 0, said
     assert {"madlib_mop_worker_sessions", "madlib_mop_worker_slots", "madlib_mop_calls_queued",
             "madlib_mop_queue_oldest_wait_seconds", "madlib_mop_jobs", "madlib_mop_subepochs_finished",
             "madlib_mop_subepoch_seconds"} <= families

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 
 from madlib_mop import errors
 from madlib_mop.job.record import JobState
@@ -112,10 +114,13 @@ def _exporter(client, host: str, port: int) -> int:
     server = make_server(host, port, make_wsgi_app(registry), handler_class=Quiet)
     shown = f"[{host}]" if ":" in host else host
     print(f"madlib-mop exporter: http://{shown}:{server.server_port}/metrics (Ctrl-C stops it)", flush=True)
+    # A signal stops the loop from another thread: raised inside a request instead, wsgiref's
+    # handler would catch it as the request's error and serve on.
+    stop = lambda *_: threading.Thread(target=server.shutdown, daemon=True).start()  # noqa: E731
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, stop)
     try:
         server.serve_forever()
-    except KeyboardInterrupt:
-        pass
     finally:
         server.server_close()
     return EXIT_OK
