@@ -63,6 +63,29 @@ def mlp_json(inputs: int, hidden: int, classes: int) -> str:
                              keras.layers.Dense(classes, activation="softmax")]).to_json()
 
 
+def two_in_two_out_json(width: int = 10, outputs: int = 2) -> str:
+    """MADlib's multi-io architecture (its madlib_keras_iris set-up), as Keras 3 writes it:
+    two inputs of 4, a Dense each, concatenated; two softmax outputs of 3 classes (or the
+    first alone)."""
+    import keras
+
+    first, second = keras.Input((4,), name="input_1"), keras.Input((4,), name="input_2")
+    a = keras.layers.Dense(width, activation="relu", name="dense")(first)
+    b = keras.layers.Dense(width, activation="relu", name="dense_2")(second)
+    joined = keras.layers.Concatenate(name="concatenate")([a, b])
+    out_1 = keras.layers.Dense(3, activation="softmax", name="dense_4")(joined)
+    out_2 = keras.layers.Dense(3, activation="softmax", name="dense_5")(b)
+    return keras.Model([first, second], [out_1, out_2][:outputs]).to_json()
+
+
+def iris_mult_table(conn: psycopg.Connection, source: str, table: str = "iris_mult") -> None:
+    """MADlib's multi-io data set from an iris table: its attributes squared as a second
+    input, its class twice as a second output."""
+    conn.execute(sql.SQL("CREATE TABLE {} AS SELECT id, attributes, ARRAY(SELECT v * v FROM "
+                         "unnest(attributes) v) AS attributes2, class_text, class_text AS class_text2 "
+                         "FROM {}").format(sql.Identifier(table), sql.Identifier(source)))
+
+
 def iris_table(conn: psycopg.Connection, table: str = "iris", *, features: str = "float8[]",
                label: str = "class_text", label_type: str = "text", madlib_names: bool = False,
                rows: range = range(150), first_id: int = 0) -> None:
@@ -105,6 +128,17 @@ def iris_grid(conn: psycopg.Connection) -> None:
     conn.execute("SELECT load_keras_model('arch', %s::json)", (mlp_json(4, 8, 3),))
     conn.execute("SELECT load_model_selection_table('arch', 'mst', ARRAY[1], ARRAY[%s, %s], "
                  "ARRAY['batch_size=8, epochs=1'])", (ADAM, ADAM.replace("0.01", "0.05")))
+
+
+def notebook_functions(source: str, names: tuple[str, ...]) -> dict[str, bytes]:
+    """The functions `names` of `source` as a Keras user's notebook defines them (module
+    __main__), serialised by value with dill, as MADlib's users store them for
+    load_custom_function."""
+    import dill
+
+    namespace = {"__name__": "__main__"}
+    exec(compile(source, "<notebook>", "exec"), namespace)
+    return {name: dill.dumps(namespace[name], recurse=True) for name in names}
 
 
 def psql_script(dsn: str, script: str) -> subprocess.CompletedProcess:

@@ -24,7 +24,8 @@ from madlib_mop.tools import local_cluster as cluster_tool, containers
 from madlib_mop.tools.containers import ContainerServer
 from madlib_mop.tools.embedded import EmbeddedCluster
 
-from tests.conftest import _server_kind, _uses_containers, connect as _connect, held_job, ip, iris_table, veth_namespace
+from tests.conftest import (_server_kind, _uses_containers, connect as _connect, held_job, ip, iris_mult_table,
+                            iris_table, two_in_two_out_json, veth_namespace)
 
 pytestmark = pytest.mark.skipif(_server_kind() == "dsn",
                                 reason="starts PostgreSQL servers of its own on this machine")
@@ -527,3 +528,34 @@ def test_a_table_on_the_segment_servers_is_packed_and_predicted_where_it_lies(cl
         here = conn.execute("SELECT id, class_value, prob FROM here_pred ORDER BY 1, 2").fetchall()
         assert len(there) == 450 and [r[:2] for r in there] == [r[:2] for r in here]
         assert all(abs(a[2] - b[2]) < 1e-6 for a, b in zip(there, here))
+
+
+def test_a_model_of_two_inputs_and_outputs_gives_the_weights_of_one_server(cluster, extension_dsn,
+                                                                          walkthrough):
+    """MADlib's multi-io set-up packed onto the segment servers: fit (validating there) and
+    evaluate give the weights and the metrics of the same job on one server with 2 segments."""
+    results = []
+    for dsn, local in ((cluster, False), (extension_dsn, True)):
+        with _connect(dsn) as conn:
+            if local:
+                conn.execute("SET madlib_mop.segments = 2")
+            iris_mult_table(conn, "iris_train")
+            conn.execute("SELECT training_preprocessor_dl('iris_mult', 'mult_packed', "
+                         "'class_text, class_text2', 'attributes, attributes2')")
+            conn.execute("SELECT validation_preprocessor_dl('iris_mult', 'mult_valid', "
+                         "'class_text, class_text2', 'attributes, attributes2', 'mult_packed')")
+            conn.execute("SELECT load_keras_model('arch', %s::json)", (two_in_two_out_json(),))
+            model_id = conn.execute("SELECT max(model_id) FROM arch").fetchone()[0]
+            conn.execute("SELECT madlib_keras_fit('mult_packed', 'mult_model', 'arch', %s, "
+                         "$$loss='categorical_crossentropy', optimizer='Adam(lr=0.01)', "
+                         "metrics=['accuracy']$$, 'batch_size=10', 2, NULL, 'mult_valid')", (model_id,))
+            conn.execute("SELECT madlib_keras_evaluate('mult_model', 'mult_valid', 'mult_eval')")
+            results.append(conn.execute(
+                "SELECT md5(model_weights), s.validation_metrics_final, e.metric, e.metrics "
+                "FROM mult_model, mult_model_summary s, mult_eval e").fetchone())
+    on_cluster, on_one = results
+    assert on_cluster[0] == on_one[0]
+    # The last validation pass is an evaluation of the same weights, on either side.
+    assert on_cluster[1] == pytest.approx(on_one[1], abs=1e-6)
+    assert on_cluster[2] == pytest.approx(on_cluster[1], abs=1e-6)
+    assert set(on_cluster[3]) == set(on_one[3]) and "dense_5_accuracy" in on_cluster[3]

@@ -10,14 +10,14 @@ import json
 import pickle
 import uuid
 
-import dill
 import numpy as np
 import psycopg
 import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from tests.conftest import connect, coordinator_killed_mid_job, iris_table, psql_error, psql_rows
+from tests.conftest import (connect, coordinator_killed_mid_job, iris_table, notebook_functions, psql_error,
+                            psql_rows)
 
 PASSWORD = "custom-fn-" + uuid.uuid4().hex[:8]
 COMPILE = ("loss='scaled_crossentropy', optimizer='Adam(lr=0.05)', "
@@ -41,10 +41,7 @@ def mean_top_probability(y_true, y_pred):
 
 
 def _notebook_functions() -> dict:
-    namespace = {"__name__": "__main__"}
-    exec(compile(SOURCE, "<notebook>", "exec"), namespace)
-    return {name: dill.dumps(namespace[name], recurse=True)
-            for name in ("scaled_crossentropy", "mean_top_probability")}
+    return notebook_functions(SOURCE, ("scaled_crossentropy", "mean_top_probability"))
 
 
 class _Canary:

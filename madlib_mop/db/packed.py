@@ -115,28 +115,25 @@ MADLIB_SUMMARY = {"dependent_varname", "independent_varname"}
 
 def _packed_by_madlib(plpy: Any, table: catalog.Table, summary: dict) -> dict:
     """The summary of a table packed by MADlib itself, completed from the table: its rows are
-    minibatch buffers like ours (float32 features, int16 one-hot labels, with their shapes),
-    but it has no segment column, so buffer b is read by segment b % S, for S one segment
+    minibatch buffers like ours (float32 features, int16 one-hot labels, with their shapes;
+    MADlib 2 packs each of several inputs and outputs in its own column, as we do), but it
+    has no segment column, so buffer b is read by segment b % S, for S one segment
     per CPU of this server (at most one per buffer and a quarter of max_connections); a job
     records its S, and its workers take the modulus from the job."""
     def names(value) -> list:  # MADlib 1.x wrote text, 2.x arrays
         return [value] if isinstance(value, str) else list(value or [])
     x_names, y_names = names(summary["independent_varname"]), names(summary["dependent_varname"])
-    if len(x_names) != 1 or len(y_names) != 1:
-        raise MadlibMopError(f"{table.name} was packed by MADlib for a model with several inputs "
-                             "or outputs, which madlib_mop does not train",
-                             sqlstate=errors.FEATURE_NOT_SUPPORTED,
-                             hint="Pack one feature array column and one label column.")
     have = catalog.columns(plpy, table)
-    wanted = [x_names[0], y_names[0], f"{x_names[0]}_shape", f"{y_names[0]}_shape", "buffer_id"]
+    wanted = x_names + y_names + [f"{n}_shape" for n in x_names + y_names] + ["buffer_id"]
     if any(name not in have for name in wanted):
         raise MadlibMopError(f"{table.name} has not the columns of a packed table",
                              sqlstate=errors.DATA_EXCEPTION,
                              detail="Expected: " + ", ".join(wanted) + ".",
                              hint="Pack it again with training_preprocessor_dl().")
     q = plpy.quote_ident
+    label_widths = ", ".join(f"{q(y + '_shape')}[2] AS y{k}" for k, y in enumerate(y_names))
     shapes = plpy.execute(
-        f"SELECT {q(x_names[0] + '_shape')}[2:] AS x, {q(y_names[0] + '_shape')}[2] AS y, "
+        f"SELECT {q(x_names[0] + '_shape')}[2:] AS x, {label_widths}, "
         f"(SELECT count(*) FROM {table.name}) AS buffers FROM {table.name} LIMIT 1")
     if not shapes:
         raise MadlibMopError(f"{table.name} is empty", sqlstate=errors.DATA_EXCEPTION,
@@ -144,8 +141,8 @@ def _packed_by_madlib(plpy: Any, table: catalog.Table, summary: dict) -> dict:
     # The server's CPUs, not a setting a session may change.
     segments = max(1, min(os.cpu_count() or 1, settings.worker_session_limit(plpy),
                           int(shapes[0]["buffers"])))
-    width = int(shapes[0]["y"])
-    classes = list(summary.get("num_classes") or [width])
+    widths = [int(shapes[0][f"y{k}"]) for k in range(len(y_names))]
+    classes = list(summary.get("num_classes") or widths)
     if summary.get("class_values") is not None:  # MADlib 1.x: one class_values column
         summary.setdefault(f"{y_names[0]}_class_values", summary["class_values"])
     vartype = summary.get("dependent_vartype")
@@ -156,7 +153,7 @@ def _packed_by_madlib(plpy: Any, table: catalog.Table, summary: dict) -> dict:
         "feature_shape": list(shapes[0]["x"]), "num_segments": segments,
         "partition_modulus": segments,
         # one-hot labels packed as they were: classes are their positions
-        "class_values": list(range(width)),
+        "class_values": list(range(widths[0])),
         "normalizing_const": float(summary.get("normalizing_const") or 1.0)})
     return summary
 
