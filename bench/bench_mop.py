@@ -30,7 +30,8 @@ Compared in one run, on the same data and configurations:
       session, whose workers have trained before, and (c role) the same job in another new
       session of the role, which adopts the sessions the first one left idle, and (c prewarm)
       the same job in a new session on sessions the server opened for the role
-      (madlib_mop.prewarm_roles; TensorFlow imported, nothing traced yet);
+      (madlib_mop.prewarm_roles; TensorFlow imported, the programs of the role's latest
+      job, (c role)'s, traced);
   (d) for W1, W3 and W4, the lower bound max(sum of single-thread times / S, longest one).
 
     .venv/bin/python bench/bench_mop.py [--segments 2] [--workloads IRIS,W1,W2,W3,W4]

@@ -165,6 +165,12 @@ CREATE FUNCTION @extschema@._mop_warm_up(segments integer)
 RETURNS void
 #plpython "mop_warm_up.py"
 
+-- A session kept ready for its role traces the programs of the role's latest job
+-- (madlib_mop/engine/prewarm.py): how many.
+CREATE FUNCTION @extschema@._mop_trace_latest_job()
+RETURNS integer
+#plpython "mop_trace_latest_job.py"
+
 -- What a call needs of its models from Keras (madlib_mop/runtime/model_facts.py), asked of a
 -- worker session so that the calling session never imports TensorFlow.
 CREATE FUNCTION @extschema@._mop_model_facts(request jsonb)

@@ -1,6 +1,7 @@
 """Worker sessions kept ready for named roles (madlib_mop.prewarm_roles): opened by the
 preloaded library's background worker after a reload and after a restart, TensorFlow
-imported, counted by the cap; a listed role's first job runs on them; they give their slots
+imported and the role's latest job's programs traced, counted by the cap; a listed role's
+first job runs on them without tracing, to the same bits; they give their slots
 to a call that waits; the setting refuses an entry that is not role@database, and only a
 superuser runs the function the background worker calls."""
 
@@ -40,6 +41,11 @@ def _visit_pids(conn: psycopg.Connection, out: str) -> set[int]:
         sql.Identifier(f"{out}_mop_visits")))}
 
 
+def _weights(conn: psycopg.Connection, out: str) -> list[tuple]:
+    return conn.execute(sql.SQL("SELECT mst_key, md5(model_weights) FROM {} ORDER BY 1").format(
+        sql.Identifier(out))).fetchall()
+
+
 @pytest.fixture()
 def server(server_host):
     if not isinstance(server_host, EmbeddedCluster):
@@ -76,6 +82,11 @@ def test_a_prewarmed_roles_first_job_after_a_restart_runs_on_prewarmed_sessions(
         conn.execute("ALTER SYSTEM SET madlib_mop.prewarm_sessions = 2")
         conn.execute("SELECT pg_reload_conf()")
     assert len(_idle_pids(dsn, ANALYST, 2)) == 2  # after a reload
+    with psycopg.connect(dsn, autocommit=True) as conn:  # the role's job of last night
+        conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(ANALYST)))
+        conn.execute("SET search_path = public, madlib_mop")
+        conn.execute("SELECT madlib_keras_fit_multiple_model('iris_packed', 'last_night', 'mst', 2)")
+        last_night = _weights(conn, "last_night")
 
     server.stop()
     server.start(database="shop", options=OPTIONS)
@@ -99,6 +110,15 @@ def test_a_prewarmed_roles_first_job_after_a_restart_runs_on_prewarmed_sessions(
         conn.execute("SELECT madlib_keras_fit_multiple_model('iris_packed', 'first_job', 'mst', 2)")
         trained_on = _visit_pids(conn, "first_job")
         assert trained_on and trained_on <= set(prewarmed), (trained_on, prewarmed)
+        # The prewarmed sessions traced last night's programs: no visit of the same
+        # configurations traced one, and the weights are last night's, bit for bit.
+        traced = conn.execute("SELECT array_agg(DISTINCT (result->>'traced')::int) FROM first_job_mop_visits"
+                              ).fetchone()[0]
+        assert traced == [0], traced
+        assert _weights(conn, "first_job") == last_night
+        night = conn.execute("SELECT array_agg(DISTINCT (result->>'traced')::int) FROM last_night_mop_visits"
+                             ).fetchone()[0]
+        assert 1 in night, night  # while last night's first visits traced theirs
 
     # Another role's call waits for a slot: the prewarmed sessions give theirs, and none is
     # opened again while it waits.

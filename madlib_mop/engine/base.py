@@ -65,6 +65,9 @@ class VisitRecord:
     # A staged model's features (`segment.features.Report`): their prefix digest, whether
     # this call computed them, spilled or not, their size and the seconds computing them.
     staged: dict | None = None
+    # Functions this sub-epoch traced (0: its program's were ready, from an earlier visit,
+    # job, or a session kept ready for the role).
+    traced: int = 0
 
     def to_json(self) -> str:
         return finite_json(asdict(self))

@@ -122,6 +122,10 @@ class LocalWorker(Worker):
     def warm_up(self, segments: int) -> None:
         self._call("_mop_warm_up", segments)
 
+    def trace_latest_job(self) -> int:
+        """The session's role's latest job's programs, traced (`segment.worker`): how many."""
+        return int(self._call("_mop_trace_latest_job")[0])
+
     def train(self, job_id, mst_key, step, segment, model_state):
         started = time.perf_counter()
         new_state, result = self._call("_mop_train", job_id, mst_key, step, segment, model_state)

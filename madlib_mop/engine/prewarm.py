@@ -7,8 +7,10 @@ names (`src/prewarm.c`); every few seconds it calls `_mop_prewarm()` here, as th
 superuser.  For each role listed for this database that has fewer idle sessions than
 `madlib_mop.prewarm_sessions`, it opens one as that role (the same socket and peer map as
 every worker session: `db.worker_session`), on a slot of the server's pool, imports
-TensorFlow in it with the threads a job of the default segment count runs, and leaves it
-idle for the role's calls (`engine.idle_workers`).  So they are counted by the cap, and
+TensorFlow in it with the threads a job of the default segment count runs, traces the
+programs of the role's latest job in this database (`segment.worker.trace_latest_job`: a
+nightly job of the same configurations then starts without tracing), and leaves it idle
+for the role's calls (`engine.idle_workers`).  So they are counted by the cap, and
 yield: nothing is opened while a call waits for a slot, and an idle session ends as soon
 as one does.  A prewarmed session stays idle until a call waits or a DBA ends it; once a
 job has used it, it waits `madlib_mop.worker_idle_seconds` as every job's sessions do, and
@@ -112,6 +114,13 @@ def prewarm(plpy: Any) -> int:
                         f"Let the server's OS user in as {role} (madlib-mop-server-auth allow, "
                         "or the pg_ident.conf line of docs/deploy.md).")
                 break
+            try:
+                worker.trace_latest_job()
+            except Exception as error:  # the session is ready all the same: it traces at its first visit
+                _report(plpy, role, "trace", f"the programs of {role}'s latest job were not traced "
+                        f"in a prewarmed session: {error}",
+                        "Nothing is lost: its next job traces them at its first visits, as a new "
+                        "session's job does.")
             idle_workers.wait_listening([worker.idle(KEPT_SECONDS)])
             have += 1
             opened += 1

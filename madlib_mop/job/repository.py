@@ -65,6 +65,12 @@ def latest_job(plpy: Any, output: str, states: tuple[JobState, ...] | None = Non
     return found[0] if found else None
 
 
+def latest_own_job(plpy: Any) -> JobRecord | None:
+    """The current role's most recent job in this database, whatever its state."""
+    found = _select(plpy, "TRUE", [], [], last=True)
+    return found[0] if found else None
+
+
 def find_job(plpy: Any, output: str, unfinished: bool) -> JobRecord | None:
     """The current role's latest unfinished, or finished, job of the output table."""
     return latest_job(plpy, output, (JobState.FINISHED,), unfinished=unfinished)

@@ -239,6 +239,7 @@ class Program:
         self.trainer = model
         self.state = model_state.ModelState(model)  # restored and read out at every hop
         self._functions: dict[tuple, object] = {}
+        self.traced = 0  # functions traced so far (a visit that traced none found them ready)
         self.last_seconds = 0.0  # the last train or evaluate call's run, without tracing
 
     @classmethod
@@ -291,6 +292,7 @@ class Program:
             self._functions[key] = tf.function(
                 loop, autograph=False,
                 input_signature=specs + [tf.TensorSpec((), tf.int32)]).get_concrete_function()
+            self.traced += 1
         return self._functions[key]
 
     def _run(self, kind: str, x, y, sample_weight: np.ndarray | None, batch_size: int) -> dict:

@@ -30,7 +30,7 @@ from typing import Any, Iterator
 
 
 from madlib_mop import errors
-from madlib_mop.db import catalog, packed
+from madlib_mop.db import catalog, packed, segments as segment_servers
 from madlib_mop.engine.base import VisitRecord
 from madlib_mop.json_values import finite_json
 from madlib_mop.job import memory, repository, store
@@ -248,6 +248,7 @@ def train(plpy: Any, job_id: int, mst_key: int, step: int, segment: int,
     buffers = _buffers(plpy, ctx, ctx.train, segment)
     read = time.perf_counter()
     program = _program(plpy, ctx, mst_key)
+    traced_before = program.traced
     shipped = model_state is not None
     with _state(ctx, mst_key, step, model_state) as blob:
         loaded = time.perf_counter()
@@ -281,7 +282,8 @@ def train(plpy: Any, job_id: int, mst_key: int, step: int, segment: int,
          "restore": restored - loaded, "stage": staging_seconds, "train": outcome.seconds_train,
          "other": trained - restored - staging_seconds - outcome.seconds_train,
          "save": captured - trained,
-         "keep": saved - captured, "total": saved - started}, diverged, staged).to_json()
+         "keep": saved - captured, "total": saved - started}, diverged, staged,
+        program.traced - traced_before).to_json()
     return {"new_state": new_state, "result": result}
 
 
@@ -317,3 +319,54 @@ def warm_up(plpy: Any, segments: int) -> None:
     """Import TensorFlow (with cores / segments threads) before the job's first sub-epoch."""
     import_tensorflow(threads=worker_threads(segments))
     import keras  # noqa: F401  (Keras' own import is part of the wait)
+
+
+def trace_latest_job(plpy: Any) -> int:
+    """In a session kept ready for its role (`engine.prewarm`): build and trace the programs
+    of the role's most recent job in this database, so that its next job of the same
+    configurations (a pg_cron firing, a notebook run again) starts without tracing.  Each
+    program trains and evaluates once on one row of the job's data, through the path a
+    visit takes, so that its functions are traced and their graphs optimised for the
+    data's dtypes and shapes; a visit restores the whole state, so what that row changed
+    is never seen.  Left out: a job with custom functions (their objects load only in
+    the job's own sessions), one whose data is on segment servers or gone, and staged
+    programs (they train on features).  How many programs it traced."""
+    job = repository.latest_own_job(plpy)
+    if job is None or job.arguments.custom_functions or not repository.tables_exist(plpy, job):
+        return 0
+    try:
+        source = catalog.resolve_table(plpy, job.source_table, argument="source_table")
+        if segment_servers.placement(plpy, source) is not None:
+            return 0
+        ctx = context(plpy, job.job_id)
+    except MadlibMopError:  # its data was dropped or changed since: nothing to trace for
+        return 0
+    train_row = _first_row(plpy, ctx.train)
+    valid_row = _first_row(plpy, ctx.validation) if ctx.validation is not None else None
+    traced = set()
+    for mst_key, spec in sorted(ctx.specs.items()):
+        key = (spec.program_key, ctx.staged)
+        if key in traced or train_row is None:
+            continue
+        program = _program(plpy, ctx, mst_key)
+        if isinstance(program, staging.StagedProgram):
+            continue
+        training.train_subepoch(program, spec, [train_row], ctx.seed, 0, ctx.train.columns.classification)
+        # Training metrics are an evaluation of the training data; validation data may
+        # differ in dtype (one-hot against class labels) and so have a function of its own.
+        training.evaluate(program, spec, [train_row], ctx.train.columns.classification)
+        if valid_row is not None:
+            training.evaluate(program, spec, [valid_row], ctx.validation.columns.classification)
+        traced.add(key)
+    return len(traced)
+
+
+def _first_row(plpy: Any, data: PackedData) -> Buffer | None:
+    """The first row of a packed table's first buffer, as a one-row buffer."""
+    rows = plpy.execute(f"SELECT {data.columns.select_list(plpy.quote_ident)} FROM {data.table} "
+                        "ORDER BY buffer_id LIMIT 1")
+    if not rows:
+        return None
+    x, y = data.columns.decode(rows[0])
+    first = (training.each(x, lambda v: v[:1]), training.each(y, lambda v: v[:1]))
+    return Buffer(1, lambda: first)
