@@ -310,7 +310,8 @@ def run_mop(dsn: str, name: str, workload: dict, segments: int) -> dict:
             with _session(dsn) as conn:
                 runs["prewarm"] = _run_fit(conn, dsn, name, "fit4", workload, segments)
     for key, run in runs.items():
-        result[key] = {k: run[k] for k in ("makespan", "first_visit_after", "breakdown", "hop_gap_ms")}
+        result[key] = {k: run[k] for k in ("makespan", "first_visit_after", "breakdown", "hop_gap_ms",
+                                           "traced_visits")}
         result[key]["same_weights"] = run["weights_md5"] == result["weights_md5"]
     return result
 
@@ -410,6 +411,8 @@ def _run_fit(conn, dsn: str, name: str, out: str, workload: dict, segments: int)
             - called_at,
             **hop_costs(visits),
             "peak_rss_mb": max(peaks.values()) if peaks else None, "breakdown": parts,
+            # visits that traced a function (0 where the workers had the programs ready)
+            "traced_visits": sum(1 for *_, r in visits if r.get("traced")),
             "visits": [{"mst_key": k, "segment": s,
                         "start": r["finished_at"] - r["seconds"]["total"] - float(started_at),
                         "end": r["finished_at"] - float(started_at)} for k, _, s, r in visits]}
@@ -641,7 +644,12 @@ def print_workload(name: str, workload: dict, r: dict, S: int) -> None:
           f"{r['c'].get('prewarm', {}).get('first_visit_after', float('nan')):.2f} s); median gap between two visits of "
           f"a segment {r['c']['hop_gap_ms']:.1f} ms (warm {r['c']['warm']['hop_gap_ms']:.1f} ms); "
           f"warm job's weights {'bitwise equal' if r['c']['warm']['same_weights'] else 'DIFFERENT'}"
-          f"{'' if 'role' not in r['c'] else ', role job' + chr(39) + 's ' + ('bitwise equal' if r['c']['role']['same_weights'] else 'DIFFERENT')}.")
+          f"{'' if 'role' not in r['c'] else ', role job' + chr(39) + 's ' + ('bitwise equal' if r['c']['role']['same_weights'] else 'DIFFERENT')}"
+          f"{'' if 'prewarm' not in r['c'] else ', prewarm job' + chr(39) + 's ' + ('bitwise equal' if r['c']['prewarm']['same_weights'] else 'DIFFERENT')}. "
+          "Visits that traced a program: " + ", ".join(
+              f"{label} {run['traced_visits']}" for label, run in
+              (("new session", r["c"]), *((k, r["c"][k]) for k in ("warm", "role", "prewarm") if k in r["c"]))
+              if "traced_visits" in run) + ".")
     print("\nvalidation accuracy per configuration:\n")
     print("| config | hidden | lr | batch | (a) | (a') | (b) | (c) madlib_mop |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|")

@@ -4,8 +4,8 @@ TensorFlow imported.
 
 The extension's preloaded library starts a background worker per database the setting
 names (`src/prewarm.c`); every few seconds it calls `_mop_prewarm()` here, as the bootstrap
-superuser.  For each role listed for this database that has fewer idle sessions than
-`madlib_mop.prewarm_sessions`, it opens one as that role (the same socket and peer map as
+superuser.  For each role listed for this database that has fewer sessions (idle, or busy
+with its jobs) than `madlib_mop.prewarm_sessions`, it opens one as that role (the same socket and peer map as
 every worker session: `db.worker_session`), on a slot of the server's pool, imports
 TensorFlow in it with the threads a job of the default segment count runs, traces the
 programs of the role's latest job in this database (`segment.worker.trace_latest_job`: a
@@ -88,8 +88,10 @@ def prewarm(plpy: Any) -> int:
     server = server_slots.pool(plpy)
     cap = server_slots.cap(plpy)
     segments = settings.default_segments(plpy)
-    idle = plpy.prepare(f"SELECT count(*) AS n FROM ({server.slots}) s WHERE s.role = $1 "
-                        "AND s.database = pg_catalog.current_database() AND s.state = 'idle'", ["text"])
+    # The role's sessions busy with its jobs count too: none is opened beside a running job
+    # (its import and tracing would take the job's cores); each is replaced once it ends.
+    held = plpy.prepare(f"SELECT count(*) AS n FROM ({server.slots}) s WHERE s.role = $1 "
+                        "AND s.database = pg_catalog.current_database()", ["text"])
     opened = 0
     for role in roles:
         if not plpy.execute(plpy.prepare("SELECT 1 FROM pg_catalog.pg_roles WHERE rolname = $1 "
@@ -98,7 +100,7 @@ def prewarm(plpy: Any) -> int:
                     "CREATE ROLE ... LOGIN, or take it off the list.")
             continue
         plpy.execute(idle_workers.FRESH)
-        have = plpy.execute(idle, [role])[0]["n"]
+        have = plpy.execute(held, [role])[0]["n"]
         while have < wanted:
             if server_slots.waiting_calls(plpy):  # a waiting call goes first
                 return opened

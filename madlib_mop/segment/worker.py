@@ -23,10 +23,11 @@ has no job row there: the engine ships the job's description when it opens the s
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 
 from madlib_mop import errors
@@ -39,7 +40,7 @@ from madlib_mop.runtime import staging, training
 from madlib_mop.runtime.custom_functions import CustomFunctions
 from madlib_mop.segment import features, models
 from madlib_mop.errors import MadlibMopError
-from madlib_mop.runtime.buffers import Buffer, PackedColumns, buffer_bytes, scan_partition
+from madlib_mop.runtime.buffers import Buffer, PackedColumns, buffer_bytes, rows_of, scan_partition
 from madlib_mop.runtime.tf_runtime import import_tensorflow, worker_threads
 
 
@@ -325,12 +326,13 @@ def trace_latest_job(plpy: Any) -> int:
     """In a session kept ready for its role (`engine.prewarm`): build and trace the programs
     of the role's most recent job in this database, so that its next job of the same
     configurations (a pg_cron firing, a notebook run again) starts without tracing.  Each
-    program trains and evaluates once on one row of the job's data, through the path a
-    visit takes, so that its functions are traced and their graphs optimised for the
-    data's dtypes and shapes; a visit restores the whole state, so what that row changed
-    is never seen.  Left out: a job with custom functions (their objects load only in
-    the job's own sessions), one whose data is on segment servers or gone, and staged
-    programs (they train on features).  How many programs it traced."""
+    program goes once through a visit's own path on the first rows of the job's data (a
+    minibatch and one row more): its state captured, written and restored, one training
+    pass and evaluations, so that its functions are traced and their graphs and kernels
+    prepared for the data's dtypes and shapes.  A visit restores the whole state, so what
+    those rows changed is never seen.  Left out: a job with custom functions (their
+    objects load only in the job's own sessions), one whose data is on segment servers or
+    gone, and staged programs (they train on features).  How many programs it traced."""
     job = repository.latest_own_job(plpy)
     if job is None or job.arguments.custom_functions or not repository.tables_exist(plpy, job):
         return 0
@@ -341,32 +343,38 @@ def trace_latest_job(plpy: Any) -> int:
         ctx = context(plpy, job.job_id)
     except MadlibMopError:  # its data was dropped or changed since: nothing to trace for
         return 0
-    train_row = _first_row(plpy, ctx.train)
-    valid_row = _first_row(plpy, ctx.validation) if ctx.validation is not None else None
+    train_rows = _first_buffer(plpy, ctx.train)
+    valid_rows = _first_buffer(plpy, ctx.validation) if ctx.validation is not None else None
     traced = set()
     for mst_key, spec in sorted(ctx.specs.items()):
         key = (spec.program_key, ctx.staged)
-        if key in traced or train_row is None:
+        if key in traced or train_rows is None:
             continue
         program = _program(plpy, ctx, mst_key)
         if isinstance(program, staging.StagedProgram):
             continue
-        training.train_subepoch(program, spec, [train_row], ctx.seed, 0, ctx.train.columns.classification)
+        program.write_state(io.BytesIO())
+        program.restore(program.capture())
+        rows = train_rows(spec.fit.get("batch_size", 32) + 1)
+        training.train_subepoch(program, spec, [rows], ctx.seed, 0, ctx.train.columns.classification)
         # Training metrics are an evaluation of the training data; validation data may
         # differ in dtype (one-hot against class labels) and so have a function of its own.
-        training.evaluate(program, spec, [train_row], ctx.train.columns.classification)
-        if valid_row is not None:
-            training.evaluate(program, spec, [valid_row], ctx.validation.columns.classification)
+        training.evaluate(program, spec, [rows], ctx.train.columns.classification)
+        if valid_rows is not None:
+            training.evaluate(program, spec, [valid_rows(1024)], ctx.validation.columns.classification)
         traced.add(key)
     return len(traced)
 
 
-def _first_row(plpy: Any, data: PackedData) -> Buffer | None:
-    """The first row of a packed table's first buffer, as a one-row buffer."""
+def _first_buffer(plpy: Any, data: PackedData) -> Callable[[int], Buffer] | None:
+    """The first buffer of a packed table: a function giving a buffer of its first n rows."""
     rows = plpy.execute(f"SELECT {data.columns.select_list(plpy.quote_ident)} FROM {data.table} "
                         "ORDER BY buffer_id LIMIT 1")
     if not rows:
         return None
     x, y = data.columns.decode(rows[0])
-    first = (training.each(x, lambda v: v[:1]), training.each(y, lambda v: v[:1]))
-    return Buffer(1, lambda: first)
+
+    def first(n: int) -> Buffer:
+        part = (training.each(x, lambda v: v[:n]), training.each(y, lambda v: v[:n]))
+        return Buffer(rows_of(part[0]), lambda: part)
+    return first
