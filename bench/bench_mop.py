@@ -290,9 +290,10 @@ def _sample_worker_memory(dsn: str, stop: threading.Event, peaks: dict) -> None:
             time.sleep(0.2)
 
 
-def run_mop(dsn: str, name: str, workload: dict, segments: int) -> dict:
+def run_mop(dsn: str, name: str, workload: dict, segments: int, prewarm: bool = True) -> dict:
     """The job in a new session, then the same job again in that session (output _fit2):
-    the second finds the session's workers warm."""
+    the second finds the session's workers warm; then in new sessions of the role, on its
+    idle sessions and (`prewarm`) on sessions the server kept ready."""
     with _session(dsn) as conn:
         conn.execute(f"SELECT training_preprocessor_dl('{name}_train', '{name}_packed', 'y', 'x', "
                      f"distribution_rules => '{segments}')")
@@ -305,7 +306,7 @@ def run_mop(dsn: str, name: str, workload: dict, segments: int) -> dict:
     with _session(dsn) as conn:  # the role's idle sessions, adopted by another session
         role = _run_fit(conn, dsn, name, "fit3", workload, segments)
     runs = {"warm": warm, "role": role}
-    with prewarmed(dsn, segments) as ready:  # sessions the server opened for the role
+    with prewarmed(dsn, segments, prewarm) as ready:  # sessions the server opened for the role
         if ready:
             with _session(dsn) as conn:
                 runs["prewarm"] = _run_fit(conn, dsn, name, "fit4", workload, segments)
@@ -317,11 +318,14 @@ def run_mop(dsn: str, name: str, workload: dict, segments: int) -> dict:
 
 
 @contextlib.contextmanager
-def prewarmed(dsn: str, segments: int, timeout: float = 180.0):
+def prewarmed(dsn: str, segments: int, wanted: bool = True, timeout: float = 180.0):
     """The role named in madlib_mop.prewarm_roles for this database (sessions warmed for
     `segments` segments), its other idle sessions ended: yields True once the server has
-    opened one per segment (False where the library is not preloaded); the settings are
-    reset after."""
+    opened one per segment (False where the library is not preloaded, or not `wanted`);
+    the settings are reset after."""
+    if not wanted:
+        yield False
+        return
     with _session(dsn) as conn:
         if conn.execute("SELECT to_regproc('_mop_pool_shared') IS NULL").fetchone()[0]:
             print("(c prewarm) skipped: this version of the extension keeps no sessions ready", flush=True)
