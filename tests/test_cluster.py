@@ -85,16 +85,22 @@ def cluster(servers):
             admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
+def _pack(conn, local: bool, source: str, prefix: str, labels: str, features: str) -> None:
+    """`source` packed into <prefix>_packed (on the cluster: a segment per segment server;
+    on one server: 2 segments) and into its validation table <prefix>_valid."""
+    if local:
+        conn.execute("SET madlib_mop.segments = 2")
+    conn.execute("SELECT training_preprocessor_dl(%s, %s, %s, %s)",
+                 (source, f"{prefix}_packed", labels, features))
+    conn.execute("SELECT validation_preprocessor_dl(%s, %s, %s, %s, %s)",
+                 (source, f"{prefix}_valid", labels, features, f"{prefix}_packed"))
+
+
 def _walkthrough_data(dsn, local: bool):
     """MADlib's walkthrough set-up: iris, packed (all_segments), an architecture, configs."""
     with _connect(dsn) as conn:
-        if local:
-            conn.execute("SET madlib_mop.segments = 2")
         iris_table(conn, "iris_train")
-        conn.execute("SELECT training_preprocessor_dl('iris_train', 'iris_packed', 'class_text', "
-                     "'attributes')")
-        conn.execute("SELECT validation_preprocessor_dl('iris_train', 'iris_valid', 'class_text', "
-                     "'attributes', 'iris_packed')")
+        _pack(conn, local, "iris_train", "iris", "class_text", "attributes")
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(10, activation="relu"),
                                   keras.layers.Dense(3, activation="softmax")]).to_json()
         conn.execute("SELECT load_keras_model('arch', %s::json)", (model,))
@@ -537,13 +543,8 @@ def test_a_model_of_two_inputs_and_outputs_gives_the_weights_of_one_server(clust
     results = []
     for dsn, local in ((cluster, False), (extension_dsn, True)):
         with _connect(dsn) as conn:
-            if local:
-                conn.execute("SET madlib_mop.segments = 2")
             iris_mult_table(conn, "iris_train")
-            conn.execute("SELECT training_preprocessor_dl('iris_mult', 'mult_packed', "
-                         "'class_text, class_text2', 'attributes, attributes2')")
-            conn.execute("SELECT validation_preprocessor_dl('iris_mult', 'mult_valid', "
-                         "'class_text, class_text2', 'attributes, attributes2', 'mult_packed')")
+            _pack(conn, local, "iris_mult", "mult", "class_text, class_text2", "attributes, attributes2")
             conn.execute("SELECT load_keras_model('arch', %s::json)", (two_in_two_out_json(),))
             model_id = conn.execute("SELECT max(model_id) FROM arch").fetchone()[0]
             conn.execute("SELECT madlib_keras_fit('mult_packed', 'mult_model', 'arch', %s, "
