@@ -652,8 +652,7 @@ def print_workload(name: str, workload: dict, r: dict, S: int) -> None:
           f"{'' if 'prewarm' not in r['c'] else ', prewarm job' + chr(39) + 's ' + ('bitwise equal' if r['c']['prewarm']['same_weights'] else 'DIFFERENT')}. "
           "Visits that traced a program: " + ", ".join(
               f"{label} {run['traced_visits']}" for label, run in
-              (("new session", r["c"]), *((k, r["c"][k]) for k in ("warm", "role", "prewarm") if k in r["c"]))
-              if "traced_visits" in run) + ".")
+              (("new session", r["c"]), *((k, r["c"][k]) for k in ("warm", "role", "prewarm") if k in r["c"]))) + ".")
     print("\nvalidation accuracy per configuration:\n")
     print("| config | hidden | lr | batch | (a) | (a') | (b) | (c) madlib_mop |")
     print("|---:|---|---:|---:|---:|---:|---:|---:|")

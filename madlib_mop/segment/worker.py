@@ -344,11 +344,13 @@ def trace_latest_job(plpy: Any) -> int:
     except MadlibMopError:  # its data was dropped or changed since: nothing to trace for
         return 0
     train_rows = _first_buffer(plpy, ctx.train)
+    if train_rows is None:  # no rows: nothing a visit would run
+        return 0
     valid_rows = _first_buffer(plpy, ctx.validation) if ctx.validation is not None else None
     traced = set()
     for mst_key, spec in sorted(ctx.specs.items()):
         key = (spec.program_key, ctx.staged)
-        if key in traced or train_rows is None:
+        if key in traced:
             continue
         program = _program(plpy, ctx, mst_key)
         if isinstance(program, staging.StagedProgram):
