@@ -17,7 +17,8 @@ DECLARE
     function_name text;
 BEGIN
     FOREACH function_name IN ARRAY ARRAY[
-        'training_preprocessor_dl', 'validation_preprocessor_dl', 'load_keras_model',
+        'training_preprocessor_dl', 'validation_preprocessor_dl', 'preprocessor_dl_append',
+        'load_keras_model',
         'delete_keras_model', 'generate_model_configs', 'load_model_selection_table',
         'madlib_keras_fit_multiple_model', 'madlib_keras_fit', 'madlib_keras_evaluate',
         'madlib_keras_predict', 'madlib_keras_predict_byom', 'madlib_keras_automl',

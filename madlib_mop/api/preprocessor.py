@@ -21,6 +21,7 @@ into its own pair (<a>, <a>_shape, ...), in the order named.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 import time
@@ -31,16 +32,17 @@ from psycopg.types.json import Jsonb
 
 from madlib_mop import errors
 from madlib_mop.db import catalog, segments
-from madlib_mop.db.packed import packed_columns, read_summary
+from madlib_mop.db.packed import data_lock_keys, packed_columns, read_summary
 from madlib_mop.engine.cluster import on_server
 from madlib_mop.engine.pool import run_all
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.preprocess.buffers import Encoding, Packed, budget, write_buffers
+from madlib_mop.preprocess import keyed
 from madlib_mop.preprocess.output import PackedOutput, segment_count, segment_homes, write_summary
 from madlib_mop.preprocess.source import (FLOAT_TYPES, MANY_FLOAT_CLASSES, Features, SourceReader,
                                           check_num_classes, check_positive, class_count,
                                           class_values_of, feature_columns, label_columns,
-                                          one_hot_positions)
+                                          as_text, one_hot_positions)
 from madlib_mop.runtime import packing
 
 
@@ -49,28 +51,29 @@ def training_preprocessor_dl(plpy: Any, source_table: str, output_table: str,
                              buffer_size: int | None = None, normalizing_const: float | None = 1.0,
                              num_classes: list[int] | None = None,
                              distribution_rules: str | None = None, seed: int | None = 0,
-                             regression: bool | None = False) -> None:
+                             regression: bool | None = False, key_column: str | None = None) -> None:
     _preprocess(plpy, "training_preprocessor_dl", source_table, output_table, dependent_varname,
                 independent_varname, buffer_size, normalizing_const, num_classes,
                 distribution_rules, seed=0 if seed is None else seed, training=None,
-                regression=bool(regression))
+                regression=bool(regression), key_column=key_column)
 
 
 def validation_preprocessor_dl(plpy: Any, source_table: str, output_table: str,
                                dependent_varname: str, independent_varname: str,
                                training_preprocessor_table: str, buffer_size: int | None = None,
-                               distribution_rules: str | None = None) -> None:
+                               distribution_rules: str | None = None,
+                               key_column: str | None = None) -> None:
     training = read_summary(plpy, training_preprocessor_table,
                             argument="training_preprocessor_table")
     _preprocess(plpy, "validation_preprocessor_dl", source_table, output_table, dependent_varname,
                 independent_varname, buffer_size, training["normalizing_const"],
                 training["num_classes"], distribution_rules, seed=None, training=training,
-                regression=training["label_kind"] == "regression")
+                regression=training["label_kind"] == "regression", key_column=key_column)
 
 
 def _preprocess(plpy, module, source_table, output_table, dependent_varname, independent_varname,
                 buffer_size, normalizing_const, num_classes, distribution_rules, seed, training,
-                regression):
+                regression, key_column):
     started = time.perf_counter()
     table = catalog.resolve_table(plpy, source_table)
     out = catalog.new_table(plpy, output_table, argument="output_table")
@@ -93,6 +96,14 @@ def _preprocess(plpy, module, source_table, output_table, dependent_varname, ind
     if normalizing_const is None:
         normalizing_const = 1.0
     homes = segment_homes(plpy, distribution_rules, training)
+    key = None if key_column is None else keyed.key_column(plpy, table, key_column)
+    if key is not None and homes is not None:
+        raise MadlibMopError(
+            "key_column: tables packed in key order are kept on this server",
+            sqlstate=errors.FEATURE_NOT_SUPPORTED,
+            detail="Segment servers are registered, and the packed table would be spread over them.",
+            hint="Pass distribution_rules => '2' (a number of segments of this server), or pack "
+                 "without key_column.")
     segment_total = _segment_total(plpy, distribution_rules, training, homes)
     names = [f.packed_column for f in features] + [label.name for label in labels]
     columns = {*names, *(f"{name}_shape" for name in names), "buffer_id", "__dist_key__"}
@@ -125,29 +136,161 @@ def _preprocess(plpy, module, source_table, output_table, dependent_varname, ind
                         training["input_shapes"] if training is not None else None)
     summary = functools.partial(write_summary, plpy, summary_table, source_table, output_table,
                                 labels, features)
-    packed = _pack(plpy, table, out, features, labels, homes, lying, encoding, rows,
-                   seed if training is None else None, buffer_size, segment_total,
-                   dependent_varname, independent_varname,
-                   lambda packed, size: summary(size, normalizing_const, classes,
-                                                distribution_rules, segment_total, rows, packed,
-                                                seed))
+    def summarize(packed, size):
+        summary(size, normalizing_const, classes, distribution_rules, segment_total, rows, packed,
+                seed)
+        if key is not None:
+            keyed.record(plpy, summary_table.quoted, keyed.KeyOrder(
+                key.name, key.type, ordered.last, rows, size, training is None))
+
+    ordered = None if key is None else keyed.copy_in_key_order(plpy, table, key, _source_names(features, labels), None)
+    try:
+        packed = _pack(plpy, table, out, features, labels, homes, lying, encoding, rows,
+                       seed if training is None else None, buffer_size, segment_total,
+                       dependent_varname, independent_varname, summarize, ordered)
+    finally:
+        if ordered is not None:
+            ordered.drop(plpy)
     where = "" if homes is None else f" on {len({h.name for h in homes})} segment servers"
     how = "" if lying is None else ", each server packing its own rows"
+    how += "" if key is None else f", in order of {key.name} (up to {ordered.last})"
     plpy.notice(f"{module}: packed {rows} rows of {table.name} into {packed.buffers} buffers on "
                 f"{segment_total} segments{where}{how} in {out.quoted} "
                 f"({time.perf_counter() - started:.1f}s)")
 
 
+def preprocessor_dl_append(plpy: Any, packed_table: str, source_table: str) -> int:
+    """Pack the rows of `source_table` (the grown table, or a table or view of new rows) whose
+    key is above the last key packed into `packed_table`, a table packed with key_column:
+    with its normalizing constant and class values, to the buffers packing the grown table
+    whole would give (`preprocess.keyed`).  Returns how many rows were appended."""
+    started = time.perf_counter()
+    summary = read_summary(plpy, packed_table, argument="packed_table")
+    packed = catalog.resolve_table(plpy, summary["packed_oid"], argument="packed_table")
+    if not summary.get(keyed.SUMMARY_COLUMN):
+        raise MadlibMopError(
+            f"{packed.name} was not packed in key order: rows cannot be appended to it",
+            sqlstate=errors.OBJECT_NOT_IN_PREREQUISITE_STATE,
+            detail="A table packed without key_column has its rows shuffled as a whole.",
+            hint="Pack it again with training_preprocessor_dl(..., key_column => 'id') (or "
+                 "validation_preprocessor_dl's key_column), then append.")
+    if segments.placement(plpy, packed) is not None:
+        raise MadlibMopError(f"{packed.name} lies on segment servers: rows cannot be appended to it",
+                             sqlstate=errors.FEATURE_NOT_SUPPORTED,
+                             hint="Pack the grown table again.")
+    order = keyed.KeyOrder.of(summary[keyed.SUMMARY_COLUMN])
+    table = catalog.resolve_table(plpy, source_table)
+    if not plpy.execute(plpy.prepare("SELECT pg_try_advisory_xact_lock($1, $2) AS locked",
+                                     ["integer", "integer"]), list(data_lock_keys(packed.oid)))[0]["locked"]:
+        raise MadlibMopError(f"a job is training on {packed.name}, or rows are being appended to it",
+                             sqlstate=errors.OBJECT_IN_USE,
+                             detail="Rows appended under a running job would change its data "
+                                    "between epochs.",
+                             hint="Append when the job has ended (madlib_mop.job_progress).")
+    q = plpy.quote_ident
+    features = feature_columns(plpy, table, ", ".join(q(n) for n in summary["independent_varname"]))
+    labels = label_columns(plpy, table, ", ".join(q(n) for n in summary["dependent_varname"]),
+                           summary["label_kind"] == "regression")
+    key = keyed.key_column(plpy, table, order.column)
+    if key.type != order.type:
+        raise MadlibMopError(f"key_column {key.name} of {table.name} has type {key.type}, "
+                             f"{packed.name} was packed in order of a {order.type}",
+                             sqlstate=errors.DATATYPE_MISMATCH,
+                             hint=f"Append from a table (or a view) whose {key.name} is a {order.type}.")
+    new = keyed.copy_in_key_order(plpy, table, key, _source_names(features, labels), order.last)
+    try:
+        if new.rows == 0:
+            plpy.notice(f"preprocessor_dl_append: {table.name} has no row whose {key.name} is above "
+                        f"{order.last}, the last packed into {packed.name}: nothing to append")
+            return 0
+        for k, label in enumerate(labels):
+            _no_new_class(plpy, new.table, table, packed, label, summary, k, order.training)
+        classes = [_classes(plpy, new.table, label, summary["num_classes"], summary, new.rows, k)
+                   for k, label in enumerate(labels)]
+        encoding = Encoding(labels, classes, float(summary["normalizing_const"]), budget(plpy),
+                            summary["input_shapes"])
+        count = int(summary["num_segments"])
+        seed = summary["shuffle_seed"] if order.training else None
+        columns = tuple(list(names) for names in packed_columns(summary))
+        carried = keyed.carried_rows(plpy, packed, columns, summary["label_kind"] != "regression",
+                                     order, count, seed)
+        rewritten = keyed.delete_block(plpy, packed, order, count)
+        insert = plpy.prepare(*PackedOutput(plpy, None, *columns, None).insert_sql(packed.name))
+        reader = SourceReader(plpy, new.table, features, labels)
+        reader.source = table  # errors name the source, not its copy
+        written = keyed.write_blocks(reader, table.name, encoding, order.rows, carried,
+                                     order.buffer_size, count, seed,
+                                     lambda params: plpy.execute(insert, params))
+        reader.close()
+    finally:
+        new.drop(plpy)
+    rows = order.rows + new.rows
+    _update_summary(plpy, packed, columns[0][0], count, rows,
+                    dataclasses.replace(order, last=new.last, rows=rows))
+    plpy.notice(f"preprocessor_dl_append: packed {new.rows} rows of {table.name} ({key.name} "
+                f"{new.first} to {new.last}) into {packed.name}: {rewritten} buffers written again, "
+                f"{written.buffers - rewritten} new ({time.perf_counter() - started:.1f}s)")
+    return new.rows
+
+
+def _no_new_class(plpy: Any, new_rows: catalog.Table, table: catalog.Table, packed: catalog.Table,
+                  label, summary: dict, output: int, training: bool) -> None:
+    """New rows may only hold the packed table's classes (a NULL that is no class, in
+    validation data: MADlib's all-zero row, as validation_preprocessor_dl packs it)."""
+    if not label.as_codes or summary["label_kind"] != "classification":
+        return
+    known = {as_text(v) for v in summary["output_class_values"][output]}
+    found = class_values_of(plpy, new_rows, label, None)
+    new = [v for v in found if as_text(v) not in known and (training or v is not None)]
+    if new:
+        raise MadlibMopError(
+            f"new rows of {table.name} have classes that {packed.name} was packed without: "
+            + ", ".join(repr(v) for v in new[:5]) + (" ..." if len(new) > 5 else ""),
+            sqlstate=errors.INVALID_PARAMETER_VALUE,
+            detail=f"Packed classes: {', '.join(repr(v) for v in summary['output_class_values'][output][:20])}.",
+            hint="A model has one output per class: pack the grown table again with "
+                 "training_preprocessor_dl (its models then start again), or leave those rows "
+                 "out with a view.")
+
+
+def _update_summary(plpy: Any, packed: catalog.Table, feature_column: str, count: int, rows: int,
+                    order: keyed.KeyOrder) -> None:
+    """The summary's counts, from the packed table's buffers, and the key order."""
+    shape = plpy.quote_ident(feature_column + "_shape")
+    found = plpy.execute(f"SELECT __dist_key__ AS s, count(*) AS buffers, sum({shape}[1]) AS rows, "
+                         f"max({shape}[1]) AS largest FROM {packed.name} GROUP BY 1")
+    by_segment = {row["s"]: row for row in found}
+    summary_table = catalog.sibling_table(plpy, packed, "_summary")
+    plpy.execute(plpy.prepare(
+        f"UPDATE {summary_table.name} SET num_rows = $1, rows_per_segment = $2, "
+        "buffers_per_segment = $3, buffer_size = $4",
+        ["bigint", "bigint[]", "integer[]", "integer"]),
+        [rows, [int(by_segment[k]["rows"]) if k in by_segment else 0 for k in range(count)],
+         [int(by_segment[k]["buffers"]) if k in by_segment else 0 for k in range(count)],
+         max(int(row["largest"]) for row in found)])
+    keyed.record(plpy, summary_table.name, order)
+
+
 def _pack(plpy: Any, table, out, features, labels, homes, lying, encoding: Encoding, rows: int,
           seed: int | None, buffer_size: int | None, segment_total: int, dependent_varname: str,
-          independent_varname: str, summarize) -> Packed:
+          independent_varname: str, summarize, ordered: keyed.NewRows | None) -> Packed:
     """Write the buffers (here, or on the segment servers where the rows lie) and then the
     summary (`summarize(packed, buffer_size)`); on failure, the tables made on segment
-    servers go.  `seed` None: rows in scan order (validation)."""
+    servers go.  `seed` None: rows in scan order (validation).  `ordered`: the rows copied
+    in key order, packed by their rank (`preprocess.keyed`)."""
     output = None  # the segments' tables on segment servers, dropped if this fails
     full = buffer_size is not None  # a size the user gave: buffers filled as MADlib fills them
     try:
-        if lying is None:
+        if ordered is not None:
+            buffer_size = buffer_size or packing.keyed_buffer_size(_row_bytes(plpy, table, features))
+            output = _output(plpy, out, features, labels, homes)
+            insert = output.create(segment_total)
+            reader = SourceReader(plpy, ordered.table, features, labels)
+            reader.source = table  # errors name the source, not its copy
+            packed = keyed.write_blocks(reader, table.name, encoding, 0, None, buffer_size,
+                                        segment_total, seed, lambda params: plpy.execute(insert, params))
+            reader.close()
+        elif lying is None:
             reader = SourceReader(plpy, table, features, labels)
             positions = (packing.shuffled_positions(rows, seed) if seed is not None
                          else np.arange(rows, dtype=np.int64))
@@ -250,6 +393,16 @@ def _source_on_segment_servers(plpy: Any, table: catalog.Table, homes: list | No
 def _default_buffer_size(plpy: Any, table: catalog.Table, features: list[Features], rows: int,
                          segment_total: int) -> int:
     """The default buffer size from one row's feature shapes (one row read here)."""
+    return packing.default_buffer_size(rows, _row_bytes(plpy, table, features), segment_total)
+
+
+def _source_names(features: list[Features], labels: list) -> list[str]:
+    """The source's columns that the features and labels are read from."""
+    return [name for f in features for name in f.names] + [label.name for label in labels]
+
+
+def _row_bytes(plpy: Any, table: catalog.Table, features: list[Features]) -> int:
+    """Bytes of one row's features, from one row's feature shapes (one row read here)."""
     row = plpy.execute("SELECT " + ", ".join(f"pg_catalog.array_dims({f.expression}) AS d{i}"
                                              for i, f in enumerate(features))
                        + f" FROM {table.name} LIMIT 1")[0]
@@ -258,7 +411,7 @@ def _default_buffer_size(plpy: Any, table: catalog.Table, features: list[Feature
         dims = row[f"d{i}"] or "[1:1]"
         row_bytes += 4 * math.prod(int(hi) - int(lo) + 1 for lo, hi in
                                    (part.split(":") for part in dims.strip("[]").split("][")))
-    return packing.default_buffer_size(rows, row_bytes, segment_total)
+    return row_bytes
 
 
 def _pack_where_it_lies(plpy: Any, lying: dict, homes: list, output: "PackedOutput",

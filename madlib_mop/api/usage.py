@@ -29,8 +29,11 @@ SELECT training_preprocessor_dl(
                                                  --   madlib_mop.segments, else one per CPU;
                                                  --   or a number of segments, e.g. '4'
     seed                integer   DEFAULT 0,     -- the shuffle's seed
-    regression          boolean   DEFAULT FALSE  -- TRUE: numeric labels (or arrays of them)
+    regression          boolean   DEFAULT FALSE, -- TRUE: numeric labels (or arrays of them)
                                                  --   are regression targets, not classes
+    key_column          text      DEFAULT NULL   -- a unique column (id, timestamp): rows are
+                                                 --   packed in its order, and
+                                                 --   preprocessor_dl_append adds new ones
 );
 
 Output table: __dist_key__ (segment), <features> bytea (float32), <label> bytea (int16
@@ -39,7 +42,8 @@ several feature or label columns, a pair of each.
 Summary: source_table, output_table, dependent_varname, independent_varname,
 dependent_vartype, <label>_class_values (one per label), buffer_size, normalizing_const, num_classes,
 distribution_rules, __internal_gpu_config__, num_segments, num_rows, rows_per_segment,
-buffers_per_segment, feature_shape, label_kind, shuffle_seed.
+buffers_per_segment, feature_shape, label_kind, shuffle_seed; packed with key_column, also
+packed_by_key (the key column and type, the last key packed, rows, rows per buffer).
 """,
     "validation_preprocessor_dl": """
 validation_preprocessor_dl: pack validation rows like a training table, with its class
@@ -52,9 +56,25 @@ SELECT validation_preprocessor_dl(
     independent_varname         varchar,  -- the feature column(s), shaped as training
     training_preprocessor_table varchar,  -- output_table of training_preprocessor_dl
     buffer_size                 integer DEFAULT NULL,
-    distribution_rules          text    DEFAULT NULL   -- NULL: the training table's segments
+    distribution_rules          text    DEFAULT NULL,  -- NULL: the training table's segments
+    key_column                  text    DEFAULT NULL   -- as training_preprocessor_dl's
 );
 Labels must all be classes of the training table.
+""",
+    "preprocessor_dl_append": """
+preprocessor_dl_append: pack the new rows of a growing table into a table packed with
+key_column, without packing the rows packed before.
+
+SELECT preprocessor_dl_append(
+    packed_table varchar,  -- made by training_ or validation_preprocessor_dl with key_column
+    source_table varchar   -- the grown table, or a table or view of new rows
+);
+Returns how many rows it packed: those whose key is above the last key packed (rows at or
+below it are left out), with the packed table's normalizing constant and class values (a
+class the packed table lacks is refused).  The packed table then holds the buffers that
+packing the grown table whole (with the same key_column, buffer_size and seed) gives: rows
+are placed by their rank in key order, so only the last buffer of each segment is written
+again.  Refused while a job trains on the packed table.
 """,
     "load_keras_model": """
 load_keras_model: add a Keras architecture (and optional initial weights) to a model

@@ -3,7 +3,9 @@ rest of the package reads them: their summary and their column names."""
 
 from __future__ import annotations
 
+import json
 import os
+import time
 from typing import Any
 
 from madlib_mop import errors
@@ -171,3 +173,68 @@ def partition_modulus(summary: dict) -> int | None:
     """None: the table's __dist_key__ column names each buffer's segment; S: a table packed
     by MADlib, whose buffer b is on segment b % S."""
     return summary.get("partition_modulus")
+
+
+# Advisory locks on packed tables (two-key form: this number and the table's oid): a job's
+# coordinator holds a shared one on its training and validation tables while it runs, and
+# preprocessor_dl_append takes an exclusive one, so that rows are never appended under a
+# running job.
+DATA_LOCK = 0x6D6F7064
+
+
+def data_lock_keys(oid: int) -> tuple[int, int]:
+    """The advisory lock's two int4 keys for the packed table `oid`."""
+    return DATA_LOCK, oid - 2 ** 32 if oid >= 2 ** 31 else oid
+
+
+def hold_data(db: Any, tables: list[str | None], wait_seconds: float = 60.0) -> None:
+    """A job coordinator's shared data locks on its packed tables (SQL names; None: none),
+    held for as long as the connection `db` lives.  An append holds the exclusive one for
+    its transaction: the job waits for it to end.  One held longer is not an append's (any
+    role can take advisory locks): after `wait_seconds` the job goes on without the lock."""
+    for name in tables:
+        if name is None:
+            continue
+        oid = db.execute("SELECT to_regclass(%s)::oid", (name,)).fetchone()[0]
+        if oid is None:
+            continue
+        deadline = time.monotonic() + wait_seconds
+        while not db.execute("SELECT pg_try_advisory_lock_shared(%s, %s)",
+                             data_lock_keys(oid)).fetchone()[0] and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+
+# The summary's column of a table packed in key order (`preprocess.keyed`).
+KEY_ORDER_COLUMN = "packed_by_key"
+
+
+def rows_in_key_order(summary: dict) -> int | None:
+    """The rows a table packed in key order holds, as its summary says; None for a table
+    packed otherwise."""
+    recorded = summary.get(KEY_ORDER_COLUMN)
+    if recorded is None:
+        return None
+    return int((json.loads(recorded) if isinstance(recorded, str) else recorded)["rows"])
+
+
+def check_not_grown(db: Any, job_id: int, tables: dict[str, str | None], recorded: dict) -> None:
+    """Refuse to go on with a job whose tables packed in key order (argument -> SQL name)
+    hold other rows than when it started (`recorded`: argument -> rows): rows were appended
+    since, and its remaining sub-epochs would train on other data."""
+    for argument, rows in recorded.items():
+        name = tables.get(argument)
+        summary = name and db.execute(
+            "SELECT format('%%I.%%I', n.nspname, c.relname || '_summary') FROM pg_catalog.pg_class c "
+            "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass(%s)",
+            (name,)).fetchone()
+        now = summary and db.execute(  # NULL: packed again, not in key order
+            f"SELECT (to_jsonb(s) -> '{KEY_ORDER_COLUMN}' ->> 'rows')::bigint FROM {summary[0]} s").fetchone()
+        if now is not None and now[0] != rows:
+            raise MadlibMopError(
+                f"job {job_id} started on the {rows} rows of {name}, which now holds "
+                + (f"{now[0]}" if now[0] is not None else "other rows"),
+                sqlstate=errors.OBJECT_NOT_IN_PREREQUISITE_STATE,
+                detail="Rows were appended to it (preprocessor_dl_append) since: the job's "
+                       "remaining sub-epochs would train on other data than its first ones.",
+                hint="Start a new job on the grown table (warm_start => TRUE continues the "
+                     "models of a finished one).")

@@ -185,6 +185,11 @@ def plan_job(plpy: Any, source_table: str, model_output_table: str, model_select
                  "warm_start": bool(warm_start), "name": name, "description": description,
                  "use_caching": use_caching is not False, "seed": int(seed or 0)}
     arguments.update(extra or {})
+    rows = {argument: packed.rows_in_key_order(summary)
+            for argument, summary in (("source_table", source), ("validation_table", validation))
+            if summary and packed.rows_in_key_order(summary) is not None}
+    if rows:
+        arguments["packed_rows"] = rows
     recorded = custom_functions_of(plpy, object_table, [c["compile_params"] for c in configs],
                                    source, also=named)
     if recorded:

@@ -58,6 +58,9 @@ class JobArguments:
     stage_frozen_layers: bool = True
     if_output_exists: str | None = None
     output_family: str | None = None  # if_output_exists => 'new_version': the first name
+    # Tables packed in key order: argument -> the rows they held when the job started (a
+    # job does not continue on rows appended since, `db.packed.check_not_grown`).
+    packed_rows: Mapping[str, int] | None = None
     # Keys this version does not know (an earlier version's): kept, recorded back as they were.
     other: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 

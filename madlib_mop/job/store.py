@@ -22,7 +22,7 @@ from psycopg.pq import TransactionStatus
 from psycopg import sql
 
 from madlib_mop import errors
-from madlib_mop.db import worker_session
+from madlib_mop.db import packed, worker_session
 from madlib_mop.engine.base import VisitRecord
 from madlib_mop.json_values import finite_json
 from madlib_mop.errors import MadlibMopError
@@ -65,6 +65,10 @@ class JobStore(repository.JobRowUpdates):
             self.job = repository.read_own(self.db, schema, job_id)
             self.tables = identifiers(self.job.table_names)
             repository.lock(self.db, self.schema, job_id)
+            inputs = {"source_table": self.job.source_table, "validation_table": self.job.validation_table}
+            packed.hold_data(self.db, list(inputs.values()))
+            if self.job.arguments.packed_rows:
+                packed.check_not_grown(self.db, job_id, inputs, self.job.arguments.packed_rows)
             table = job_tables.state_table(self.db, self.tables["state"])
             hops = HopFiles.of(lambda q: self.execute(q).fetchone()[0], job_id)
             hops.remove_other_runs({oid for (oid,) in self.execute("SELECT oid FROM pg_catalog.pg_database")})

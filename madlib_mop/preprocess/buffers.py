@@ -128,13 +128,13 @@ def write_buffers(plpy: Any, reader: SourceReader, table_name: str, rows: int,
                                  sqlstate=errors.DATA_EXCEPTION,
                                  detail=f"Counted {rows} rows, then read {seen}.",
                                  hint="Pack a table that is not being written to.")
-        _write_wave(layout, wave_start, wave_stop, wave_x, wave_y, encoding, shapes, write)
+        _write_wave(layout, wave_start, wave_stop, wave_x, wave_y, encoding, write)
         wave_start = wave_stop
     return Packed.of(layout, shapes)
 
 
 def _write_wave(layout: list, wave_start: int, wave_stop: int, wave_x: list, wave_y: list,
-                encoding: Encoding, shapes: list, write) -> None:
+                encoding: Encoding, write) -> None:
     """Write the wave's buffers: the features of each input, then the labels of each
     output, their shapes, the buffer's id and segment.  (A function of its own: no view
     into the wave outlives it, so the next wave is not allocated while this one is still
@@ -142,20 +142,30 @@ def _write_wave(layout: list, wave_start: int, wave_stop: int, wave_x: list, wav
     for buffer in layout:
         if wave_start <= buffer.start < wave_stop:
             cut = slice(buffer.start - wave_start, buffer.stop - wave_start)
-            xs = [x[cut] for x in wave_x]
-            if encoding.normalizing_const != 1.0:
-                xs = [x / np.float32(encoding.normalizing_const) for x in xs]
-            ys = []
-            for label, classes, y in zip(encoding.labels, encoding.classes, wave_y):
-                y = y[cut]
-                if label.as_codes:
-                    y = packing.one_hot(y, classes).astype("<i2")
-                elif label.one_hot:
-                    y = y.astype("<i2")
-                ys.append(y)
-            write([x.astype("<f4").tobytes() for x in xs] + [y.tobytes() for y in ys]
-                  + [[buffer.rows, *shape] for shape in shapes] + [list(y.shape) for y in ys]
-                  + [buffer.buffer_id, buffer.segment])
+            xs, ys = encode_rows(encoding, [x[cut] for x in wave_x], [y[cut] for y in wave_y])
+            write(buffer_values(xs, ys, buffer.buffer_id, buffer.segment))
+
+
+def encode_rows(encoding: Encoding, xs: list, ys: list) -> tuple[list, list]:
+    """Rows as a buffer stores them: each input's features divided by the normalizing
+    constant, as little-endian float32; each output's labels one-hot as int16 (classes:
+    `ys` holds their codes) or float32 targets."""
+    if encoding.normalizing_const != 1.0:
+        xs = [x / np.float32(encoding.normalizing_const) for x in xs]
+    encoded = []
+    for label, classes, y in zip(encoding.labels, encoding.classes, ys):
+        if label.as_codes:
+            y = packing.one_hot(y, classes).astype("<i2")
+        elif label.one_hot:
+            y = y.astype("<i2")
+        encoded.append(y)
+    return [x.astype("<f4") for x in xs], encoded
+
+
+def buffer_values(xs: list, ys: list, buffer_id: int, segment: int) -> list:
+    """A buffer's row, in the order `PackedOutput.insert_sql` takes it."""
+    return ([x.tobytes() for x in xs] + [y.tobytes() for y in ys]
+            + [list(x.shape) for x in xs] + [list(y.shape) for y in ys] + [buffer_id, segment])
 
 
 def _wave_stop(layout: list, wave_start: int, wave_rows: int) -> int:

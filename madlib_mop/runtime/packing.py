@@ -87,6 +87,32 @@ def buffer_layout(rows: int, buffer_size: int, segments: int, *, full: bool = Fa
     return layout
 
 
+def keyed_buffer_size(row_bytes: int) -> int:
+    """Rows per buffer of a table packed in key order when the user gives none: as
+    `default_buffer_size`, but not bounded by the rows of the first packing, which a table
+    that grows soon outgrows."""
+    return max(1, min(DEFAULT_BUFFER_BYTES // max(1, row_bytes), MAX_DEFAULT_BUFFER_ROWS))
+
+
+def block_positions(block: int, rows: int, buffer_size: int, segments: int,
+                    seed: int | None) -> np.ndarray:
+    """Where the first `rows` rows (in key order) of block `block` of a table packed in key
+    order go: a position in the block's `segments * buffer_size` slots, of which slots
+    [s * buffer_size, (s + 1) * buffer_size) are segment s's buffer.
+
+    Row r of the table (in key order) is row r % P of block r // P (P = segments *
+    buffer_size), so a row's place depends on its rank and the seed alone: packing the
+    table whole, or its first rows and then the rest (`preprocessor_dl_append`), puts every
+    row in the same buffer at the same place.  Training data is spread by a permutation
+    seeded by (seed, block); validation data (`seed` None) fills segment 0's buffer first.
+    A block that is not full yet gives each segment at most one buffer's rows more than
+    another."""
+    slots = segments * buffer_size
+    if seed is None:
+        return np.arange(rows, dtype=np.int64)
+    return np.random.default_rng([int(seed), int(block)]).permutation(slots)[:rows].astype(np.int64)
+
+
 def one_hot(codes: np.ndarray, classes: int) -> np.ndarray:
     """Rows of `classes` zeros with a one at each code; a code of -1 (a label that is no
     class) stays all zeros."""

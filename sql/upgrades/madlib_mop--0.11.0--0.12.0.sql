@@ -6,9 +6,4 @@
 COMMENT ON TABLE @extschema@.coordinator_id IS
     'This server''s identity as a coordinator, written on the tables it makes on segment servers';
 -- @routines
--- 0.11.0's update cleared the comments the refusing custom-function routines of 0.10.0
--- had; they run here, after the routines exist (an update from 0.10.0 or earlier creates
--- them only above).
-COMMENT ON FUNCTION @extschema@.delete_custom_function(varchar, integer) IS NULL;
-COMMENT ON FUNCTION @extschema@.delete_custom_function(varchar, text) IS NULL;
-COMMENT ON FUNCTION @extschema@.load_top_k_accuracy_function(varchar, integer) IS NULL;
+-- (What ran here after the routines runs after them in the latest update script.)
