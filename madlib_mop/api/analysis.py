@@ -117,6 +117,22 @@ def results_of(plpy: Any, model_output_table: str, objective: str | None) -> Job
     return results
 
 
+def ranked_models(results: JobResults, threshold: float | None = None) -> list[tuple[dict, float, float]]:
+    """The job's usable models, best first by its objective ((model, value, when its last
+    iteration ended)): those that neither diverged nor failed, have finished an iteration, and
+    (`threshold`) whose value is at least as good; ties by mst_key."""
+    goal, ranked = results.objective, []
+    for model in results.models:
+        series = results.series(model)
+        if model["status"] in ("diverged", "failed") or not series:
+            continue
+        value = results.value(series[-1][2], series[-1][3])
+        if value is None or (threshold is not None and (value < threshold if goal.maximize else value > threshold)):
+            continue
+        ranked.append((model, value, series[-1][1] or 0.0))
+    return sorted(ranked, key=lambda c: ((-c[1] if goal.maximize else c[1]), c[0]["mst_key"]))
+
+
 def _trials(results: JobResults, iteration: int | None) -> tuple[list[dict], list[float]]:
     """Each counted model's hyperparameters and value: finished models at their last
     iteration, or every model at `iteration`."""

@@ -135,15 +135,7 @@ def deploy_model_by_strategy(plpy: Any, model_output_table: str, name: str | Non
                              hint="Or deploy one model: deploy_model(model_output_table, mst_key, name).")
     results = analysis.results_of(plpy, model_output_table, objective)
     goal = results.objective
-    candidates = []
-    for model in results.models:
-        series = results.series(model)
-        if model["status"] in ("diverged", "failed") or not series:
-            continue
-        value = results.value(series[-1][2], series[-1][3])
-        if value is None or (threshold is not None and (value < threshold if goal.maximize else value > threshold)):
-            continue
-        candidates.append((model, value, series[-1][1] or 0.0))
+    candidates = analysis.ranked_models(results, threshold)
     if not candidates:
         raise MadlibMopError(
             f"no model of {model_output_table} has {goal.describe()}"
@@ -151,7 +143,7 @@ def deploy_model_by_strategy(plpy: Any, model_output_table: str, name: str | Non
             sqlstate=errors.DATA_EXCEPTION,
             hint="Lower the threshold, or wait until models have finished an iteration.")
     if strategy == "best_score":
-        chosen = min(candidates, key=lambda c: ((-c[1] if goal.maximize else c[1]), c[0]["mst_key"]))
+        chosen = candidates[0]
     else:
         chosen = max(candidates, key=lambda c: (c[2], -c[0]["mst_key"]))
     table, row = _model_row(plpy, model_output_table, chosen[0]["mst_key"])

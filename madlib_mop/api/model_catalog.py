@@ -154,6 +154,18 @@ def _insert_configs(plpy: Any, table: str, configs: list[model_config.Config]) -
     return len(new)
 
 
+def create_selection_table(plpy: Any, model_selection_table: str, model_arch_table: str,
+                           object_table: str | None, configs: list[model_config.Config]) -> int:
+    """A model selection table of `configs`, in this order (mst_key 1, 2, ...); how many."""
+    out = catalog.new_table(plpy, model_selection_table, argument="model_selection_table")
+    summary = out.sibling("_summary", plpy)
+    out.must_not_exist(plpy)
+    summary.must_not_exist(plpy)
+    arch = catalog.resolve_table(plpy, model_arch_table, argument="model_arch_table")
+    _create_mst_tables(plpy, out, summary, arch, object_table)
+    return _insert_configs(plpy, out.quoted, configs)
+
+
 def generate_model_configs(plpy: Any, model_arch_table: str, model_selection_table: str,
                            model_id_list: list, compile_params_grid: str, fit_params_grid: str,
                            search_type: str | None = "grid", num_configs: int | None = None,

@@ -101,7 +101,7 @@ def _check_model(plpy: Any, config: dict, source: dict, facts: dict,
                 hint="Use a regression loss such as mean_squared_error.")
 
 
-def _configs(plpy: Any, model_selection_table: str) -> tuple[str, str, list[dict], str | None]:
+def selection_configs(plpy: Any, model_selection_table: str) -> tuple[str, str, list[dict], str | None]:
     """The model selection table's configurations, with their architectures, and the object
     table of custom functions its summary names."""
     mst = catalog.resolve_table(plpy, model_selection_table, argument="model_selection_table")
@@ -172,7 +172,7 @@ def plan_job(plpy: Any, source_table: str, model_output_table: str, model_select
     if validation is not None:
         _check_validation(plpy, source, validation, source_table)
     if given is None:
-        mst_name, arch_name, configs, object_table = _configs(plpy, model_selection_table)
+        mst_name, arch_name, configs, object_table = selection_configs(plpy, model_selection_table)
     else:
         mst_name, arch_name, configs = given
     out = catalog.new_table(plpy, model_output_table, argument="model_output_table")

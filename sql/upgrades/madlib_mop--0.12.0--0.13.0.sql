@@ -17,6 +17,10 @@ BEGIN
     END LOOP;
 END
 $drop$;
+-- Model selection in cycles over a growing table (sql/68_cycles.sql).
+-- @object cycles
+SELECT pg_catalog.pg_extension_config_dump('@extschema@.cycles', '');
+-- @object cycle_results
 -- @routines
 -- 0.11.0's update cleared the comments the refusing custom-function routines of 0.10.0
 -- had; they run here, after the routines exist (an update from 0.10.0 or earlier creates
