@@ -122,3 +122,18 @@ def test_readme_custom_functions_run(conn, extension_dsn):
     (loss_type, metrics), = evaluation
     assert loss_type == "focal_crossentropy" and 0.0 < metrics["top_2_accuracy"] <= 1.0
     assert 0.0 < metrics["loss"] < 2.0
+
+
+def test_readme_cycles_run(conn):
+    """The README's two cycles (the guide's block, the same), after its session: the rows
+    so far, then a day's more, each cycle recorded."""
+    assert block(page("README.md"), "### Data that grows") == block(page("growing-data.md"), "## Cycles")
+    if conn.execute("SELECT to_regclass('public.iris_models')").fetchone()[0] is None:
+        test_readme_session_runs(conn)
+    conn.execute("SET search_path = public, madlib_mop")
+    results = [conn.execute(statement) for statement in
+               block(page("README.md"), "### Data that grows").split(";\n") if statement.strip()]
+    cycles = results[-1].fetchall()
+    assert [row[:5] for row in cycles] == [(1, 100, 0, 4, 0), (2, 150, 50, 2, 2)]
+    assert all(row[6] is not None and row[7] > 0 for row in cycles)
+    assert conn.execute("SELECT count(*) FROM iris_nightly_c2_info").fetchone()[0] == 2

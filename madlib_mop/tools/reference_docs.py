@@ -37,6 +37,7 @@ SECTIONS = {
     "60_after_search": ("After the search", "after-search.md"),
     "65_steering": ("Steering a running job", "steering.md"),
     "67_transfer": ("Transfer learning", "transfer-learning.md"),
+    "68_cycles": ("Data that grows: cycles", "growing-data.md#cycles"),
     "90_usage": ("Usage texts", "#usage-texts"),
 }
 
