@@ -242,3 +242,50 @@ def test_a_job_does_not_go_on_over_rows_appended_since_it_started(conn, extensio
     error = _refusal(conn, "CALL resume(%s)", (job_id,))
     assert error.sqlstate == "55000" and "600 rows" in error.diag.message_primary
     assert "new job" in error.diag.message_hint
+
+
+def test_features_are_computed_for_the_rows_appended_since_and_again_for_new_weights(conn, growing):
+    """materialize_features into its own output again: the rows appended since (and the
+    block that was not full) are computed, every other buffer is left as it was, and the
+    table equals features computed from nothing; new weights of the layers compute every row."""
+    _drop(conn, "feature_source", "features", "features_fresh")
+    conn.execute("DROP TABLE IF EXISTS feature_arch")
+    weights = np.linspace(-1, 1, 3 * 8 + 8 + 8 * 3 + 3, dtype=np.float32)
+    conn.execute("SELECT load_keras_model('feature_arch', %s::json, %s)", (mlp_json(3, 8, 3), weights.tobytes()))
+    _up_to(conn, growing[399])
+    conn.execute("SELECT training_preprocessor_dl('growing_up_to', 'feature_source', 'y', 'x', %s, "
+                 "distribution_rules => '2', key_column => 'id')", (BUFFER,))
+    materialize = "SELECT materialize_features_byom('feature_arch', 1, 'feature_source', %s, '0')"
+    conn.execute(materialize, ("features",))
+    kept = conn.execute("SELECT buffer_id, xmin::text FROM features ORDER BY buffer_id").fetchall()
+    assert len(kept) == 10  # 5 full blocks of 2 buffers
+    _up_to(conn, growing[749])
+    conn.execute("SELECT preprocessor_dl_append('feature_source', 'growing_up_to')")
+    notices = []
+
+    def heard(notice) -> None:
+        notices.append(notice.message_primary)
+
+    conn.add_notice_handler(heard)
+    try:
+        conn.execute(materialize, ("features",))
+    finally:
+        conn.remove_notice_handler(heard)
+    assert any("750 rows" in n and "350 of them computed now" in n for n in notices), notices
+    now = conn.execute("SELECT buffer_id, xmin::text FROM features ORDER BY buffer_id").fetchall()
+    assert now[:10] == kept and len(now) == 19  # 9 full blocks, and one buffer of 30 rows
+    conn.execute(materialize, ("features_fresh",))
+    assert _buffers(conn, "features") == _buffers(conn, "features_fresh")
+    summary = "SELECT num_rows, rows_per_segment, features_digest FROM {}_summary"
+    assert conn.execute(summary.format("features")).fetchone() == conn.execute(summary.format("features_fresh")).fetchone()
+    # The layer's weights changed: every row again.
+    conn.execute("UPDATE feature_arch SET model_weights = %s", ((weights * 2).tobytes(),))
+    conn.execute(materialize, ("features",))
+    assert not set(conn.execute("SELECT buffer_id, xmin::text FROM features").fetchall()) & set(now)
+    assert conn.execute(summary.format("features")).fetchone()[2] != conn.execute(summary.format("features_fresh")).fetchone()[2]
+    _drop(conn, "features_fresh")
+    conn.execute(materialize, ("features_fresh",))
+    assert _buffers(conn, "features") == _buffers(conn, "features_fresh")
+    # Another layer's (or model's) features are not written into it.
+    error = _refusal(conn, "SELECT materialize_features_byom('feature_arch', 1, 'feature_source', 'features', '1')")
+    assert error.sqlstate == "42P07"

@@ -107,9 +107,12 @@ def _materialize(plpy: Any, ref: ModelRef, described: str, source_table: str, ou
             hint="Pack the data with the normalizing_const of the model's training data.")
     out = catalog.new_table(plpy, output_table, argument="output_table")
     summary_out = out.sibling("_summary", plpy)
-    out.must_not_exist(plpy)
-    summary_out.must_not_exist(plpy)
     feature_model, layer_name = _layer_model(ref, described, layer, summary)
+    features_of, digest = f"{described}, layers up to {layer_name}", feature_model.digest()
+    first = _computed_before(plpy, out, summary_out, summary, features_of, digest)
+    if first is None:
+        out.must_not_exist(plpy)
+        summary_out.must_not_exist(plpy)
     x_columns, y_columns = packed.packed_columns(summary)
     if len(x_columns) > 1 or len(y_columns) > 1:
         raise MadlibMopError(f"source_table {summary['packed_table']} was packed for a model of "
@@ -118,12 +121,19 @@ def _materialize(plpy: Any, ref: ModelRef, described: str, source_table: str, ou
                              hint="Pack one feature column and one label column.")
     columns = PackedColumns(x_columns, y_columns, summary["label_kind"] == "classification")
     output = PackedOutput(plpy, out, list(x_columns), list(y_columns), None)
-    insert = output.create(int(summary["num_segments"]))
+    if first is None:
+        insert, first = output.create(int(summary["num_segments"])), 0
+    else:  # the buffers from `first` on are computed (again)
+        insert = plpy.prepare(*output.insert_sql(out.quoted))
+        plpy.execute(plpy.prepare(f"DELETE FROM {out.quoted} WHERE buffer_id >= $1", ["integer"]), [first])
+        plpy.execute(f"DROP TABLE {summary_out.quoted}")
     feature_shape, rows = None, 0
     for segment in range(int(summary["num_segments"])):
         started, segment_rows = time.perf_counter(), 0
         # One buffer in memory at a time (a budget of 0 bytes): the table may be larger.
         for buffer in scan_partition(plpy, summary["packed_table"], columns, segment, budget_bytes=0):
+            if buffer.buffer_id < first:
+                continue
             x, y = buffer.load()
             features = feature_model(x)
             feature_shape = list(features.shape[1:])
@@ -136,9 +146,40 @@ def _materialize(plpy: Any, ref: ModelRef, described: str, source_table: str, ou
     if feature_shape is None:
         feature_shape = list(feature_model.shape)
     write_features_summary(plpy, source, summary_out, summary["packed_table"], out.quoted, feature_shape,
-                           f"{described}, layers up to {layer_name}")
-    plpy.notice(f"materialize_features: {out.quoted} holds {rows} rows of features of shape "
-                f"{feature_shape} ({described}, up to layer {layer_name})")
+                           features_of, digest)
+    computed = "" if first == 0 else f", {rows} of them computed now (the others were already)"
+    plpy.notice(f"materialize_features: {out.quoted} holds {summary['num_rows']} rows of features of shape "
+                f"{feature_shape} ({described}, up to layer {layer_name}){computed}")
+
+
+def _computed_before(plpy: Any, out: catalog.NewTable, summary_out: catalog.NewTable, source: dict,
+                     features_of: str, digest: str) -> int | None:
+    """None when `out` does not exist; else the first buffer whose features are to be
+    computed (again), when `out` holds this layer's features of the same source, packed in
+    key order: the block that was not full when they were computed, on (rows appended since
+    come after it), or every buffer (0) when the layers' weights changed since."""
+    if not out.exists(plpy):
+        return None
+    refused = MadlibMopError(
+        f"output_table {out.quoted} already exists", sqlstate=errors.DUPLICATE_TABLE,
+        hint="Drop it, or pass another name.  Features of the same layer of the same model, of a "
+             "source packed with key_column, are computed again into it for the rows appended since.")
+    found = catalog.summary_of(plpy, catalog.resolve_table(plpy, out.quoted, argument="output_table"))
+    before = dict(found[1][0]) if found and len(found[1]) == 1 else {}
+    order, then = (packed.rows_in_key_order(summary) for summary in (source, before))
+    if order is None or then is None or before.get("features_of") != features_of \
+            or before.get("source_table") != source["packed_table"] \
+            or before.get("num_segments") != source["num_segments"]:
+        raise refused
+    if before.get("features_digest") != digest or then > order:
+        plpy.notice(f"materialize_features: the weights of {features_of} changed since {out.quoted} "
+                    "was computed: every row's features are computed again"
+                    if before.get("features_digest") != digest else
+                    f"materialize_features: {source['packed_table']} holds fewer rows than when "
+                    f"{out.quoted} was computed: every row's features are computed again")
+        return 0
+    per_block = int(source["num_segments"]) * packed.key_order(source)["buffer_size"]
+    return then // per_block * int(source["num_segments"])
 
 
 HEAD_HINT = ('Pass a JSON array of Keras layer configs, e.g. [{"class_name": "Flatten", "config": {}}, '

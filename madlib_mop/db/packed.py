@@ -3,7 +3,6 @@ rest of the package reads them: their summary and their column names."""
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Any
@@ -11,6 +10,7 @@ from typing import Any
 from madlib_mop import errors
 from madlib_mop.db import catalog, settings
 from madlib_mop.errors import MadlibMopError
+from madlib_mop.json_values import json_value
 
 # The packed feature column when the features were several scalar columns.
 MULTI_COLUMN_FEATURES = "independent_var"
@@ -208,13 +208,18 @@ def hold_data(db: Any, tables: list[str | None], wait_seconds: float = 60.0) -> 
 KEY_ORDER_COLUMN = "packed_by_key"
 
 
+def key_order(summary: dict) -> dict | None:
+    """How a table packed in key order was packed, as its summary says (`preprocess.keyed.
+    KeyOrder`'s fields); None for a table packed otherwise."""
+    recorded = summary.get(KEY_ORDER_COLUMN)
+    return None if recorded is None else json_value(recorded)
+
+
 def rows_in_key_order(summary: dict) -> int | None:
     """The rows a table packed in key order holds, as its summary says; None for a table
     packed otherwise."""
-    recorded = summary.get(KEY_ORDER_COLUMN)
-    if recorded is None:
-        return None
-    return int((json.loads(recorded) if isinstance(recorded, str) else recorded)["rows"])
+    order = key_order(summary)
+    return None if order is None else int(order["rows"])
 
 
 def check_not_grown(db: Any, job_id: int, tables: dict[str, str | None], recorded: dict) -> None:

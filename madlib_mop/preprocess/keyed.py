@@ -22,6 +22,7 @@ import numpy as np
 from madlib_mop import errors
 from madlib_mop.db import catalog, packed
 from madlib_mop.errors import MadlibMopError
+from madlib_mop.json_values import json_value
 from madlib_mop.preprocess.buffers import Encoding, Packed, buffer_values, encode_rows
 from madlib_mop.preprocess.source import SourceReader, encode
 from madlib_mop.runtime import packing
@@ -51,8 +52,7 @@ class KeyOrder:
 
     @staticmethod
     def of(recorded: Any) -> "KeyOrder":
-        values = json.loads(recorded) if isinstance(recorded, str) else recorded
-        return KeyOrder(**values)
+        return KeyOrder(**json_value(recorded))
 
 
 def key_column(plpy: Any, table: catalog.Table, name: str | None) -> catalog.Column:

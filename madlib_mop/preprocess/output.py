@@ -343,15 +343,18 @@ def write_summary(plpy, summary_table, source_table, output_table, labels, featu
 
 def write_features_summary(plpy: Any, source: catalog.Table, summary_table: catalog.NewTable,
                            source_table: str, output_table: str, feature_shape: list[int],
-                           features_of: str) -> None:
+                           features_of: str, digest: str) -> None:
     """The summary of a packed table of features computed from the packed table `source`
     (its segments, buffers and labels): the source's summary, with the features' shape, no
-    normalizing (the source's was applied before the model saw them), and whose features
-    they are (`features_of`)."""
+    normalizing (the source's was applied before the model saw them), whose features they
+    are (`features_of`) and the digest of the layers and weights that computed them."""
     source_summary = catalog.sibling_table(plpy, source, "_summary")
     plpy.execute(f"CREATE TABLE {summary_table.quoted} AS SELECT * FROM {source_summary.name}")
-    plpy.execute(f"ALTER TABLE {summary_table.quoted} ADD COLUMN IF NOT EXISTS features_of text")
+    for column in ("features_of", "features_digest"):
+        if column not in catalog.columns(plpy, catalog.resolve_table(plpy, summary_table.quoted)):
+            plpy.execute(f"ALTER TABLE {summary_table.quoted} ADD COLUMN {column} text")
     plpy.execute(plpy.prepare(
         f"UPDATE {summary_table.quoted} SET source_table = $1, output_table = $2, feature_shape = $3, "
-        "normalizing_const = 1.0, features_of = $4", ["text", "text", "integer[]", "text"]),
-        [source_table, output_table, feature_shape, features_of])
+        "normalizing_const = 1.0, features_of = $4, features_digest = $5",
+        ["text", "text", "integer[]", "text", "text"]),
+        [source_table, output_table, feature_shape, features_of, digest])

@@ -103,11 +103,21 @@ class LayerOutput:
     def __init__(self, model):
         import tensorflow as tf
 
+        self.model = model
         self.shape = tuple(int(d) for d in model.compute_output_shape((1,) + tuple(model.input_shape[1:]))[1:])
         self._function = tf.function(
             lambda x: model(x, training=False), autograph=False,
             input_signature=[tf.TensorSpec((None,) + tuple(model.input_shape[1:]), tf.float32)],
         ).get_concrete_function()
+
+    def digest(self) -> str:
+        """What the output is a function of: the layers (their configurations, in order)
+        and their weights."""
+        hashed = hashlib.blake2b(json.dumps([layer.get_config() for layer in self.model.layers],
+                                            sort_keys=True, default=str).encode(), digest_size=16)
+        for variable in self.model.weights:
+            hashed.update(np.ascontiguousarray(variable.numpy()).tobytes())
+        return hashed.hexdigest()
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         import tensorflow as tf
