@@ -381,6 +381,33 @@ def _check_pareto(driver, conn, outcome: str) -> None:
     assert len(points[True]) + len(points[False]) == info[0] == MODELS
 
 
+def test_the_cycles_panel_draws_each_cycles_best_value(prepared, analysts, browser, dashboard):
+    """Two cycles of Alice's over a growing table: the panel draws the best value of each,
+    as the view cycle_results has it."""
+    with connect(analysts["alice"]) as conn:
+        conn.execute("CREATE TABLE arrivals (arrival bigint GENERATED ALWAYS AS IDENTITY, id integer, "
+                     "attributes float8[], class_text text)")
+        arrive = ("INSERT INTO arrivals (id, attributes, class_text) SELECT id, attributes, class_text "
+                  "FROM iris WHERE id % 3 {} 0 ORDER BY id")
+        conn.execute(arrive.format("<>"))
+        conn.execute("SELECT training_preprocessor_dl('arrivals', 'arrivals_packed', 'class_text', 'attributes', "
+                     "distribution_rules => %s, key_column => 'arrival')", (str(SEGMENTS),))
+        conn.execute("CALL run_cycle('weekly', 'arrivals_packed', 'arrivals', 'mst', 1)")
+        conn.execute(arrive.format("="))
+        conn.execute("CALL run_cycle('weekly', 'arrivals_packed', 'arrivals', NULL, 1, top_k => 2)")
+        expected = conn.execute("SELECT cycle, best_value FROM cycle_results WHERE cycle_name = 'weekly' "
+                                "ORDER BY cycle").fetchall()
+    driver = browser
+    _open(driver, dashboard(analysts["alice"]))
+    drawn = _wait(driver, lambda d: d.execute_script(
+        "const div = document.getElementById('cycles');"
+        "return div.data && div.data.length ? div.data.map(t => [t.meta.cycle_name, t.x, t.y]) : null;"),
+        what="the cycles")
+    assert drawn == [["weekly", [1, 2], [value for _, value in expected]]]
+    assert [cycle for cycle, _ in expected] == [1, 2]
+    _no_errors(driver)
+
+
 def test_another_role_sees_none_of_it(prepared, analysts, browser, dashboard):
     url = dashboard(analysts["bob"])
     _open(browser, url)
@@ -389,6 +416,8 @@ def test_another_role_sees_none_of_it(prepared, analysts, browser, dashboard):
     assert browser.execute_script("return document.querySelectorAll('#jobs tbody tr').length") == 0
     assert browser.find_element("id", "job-panel").is_displayed() is False
     assert json.loads(_get(url + "api/jobs")) == {"jobs": []}
+    assert json.loads(_get(url + "api/cycles")) == {"cycles": []}
+    assert browser.find_element("id", "cycles-panel").is_displayed() is False
     for panel in ("curves", "schedule", "importance", "pareto"):
         with pytest.raises(urllib.error.HTTPError) as refused:
             _get(f"{url}api/jobs/{prepared['first']}/{panel}")

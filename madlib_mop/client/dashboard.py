@@ -14,6 +14,7 @@ seconds, so it follows a job while it runs:
     /api/jobs/<id>/schedule            every sub-epoch: segment, model, start, seconds (a Gantt chart)
     /api/jobs/<id>/importance          hyperparameter_importance() of a finished job
     /api/jobs/<id>/pareto              the models' metric against their cost, and pareto_front()
+    /api/cycles                        the role's model selection cycles (`cycle_results`)
 
 Every read runs as the connection's role, in a READ ONLY transaction (and sessions this
 module opens default to read-only), so the page can show only what that role may read (the
@@ -111,6 +112,10 @@ class DashboardData:
     def jobs(self) -> list[dict]:
         with self.connection() as conn:
             return records(frames.jobs(conn, self.schema))
+
+    def cycles(self) -> list[dict]:
+        with self.connection() as conn:
+            return records(frames.cycles(conn, self.schema))
 
     def job(self, conn: sa.Connection, job_id: int) -> frames.JobRef:
         """The role's job `job_id` (LookupError: none of the role's)."""
@@ -381,6 +386,10 @@ def create_app(target: "str | sa.Engine | None", schema: str | None = None, *,
     @app.get("/api/jobs")
     def jobs():
         return jsonify({"jobs": data.jobs()})
+
+    @app.get("/api/cycles")
+    def cycles():
+        return jsonify({"cycles": data.cycles()})
 
     readers = {"curves": data.curves, "schedule": data.schedule,
                "importance": data.importance, "pareto": data.pareto}

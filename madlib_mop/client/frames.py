@@ -76,6 +76,16 @@ def jobs(conn: sa.Connection, schema: str) -> pd.DataFrame:
                                      "ORDER BY job_id DESC"), conn)
 
 
+def cycles(conn: sa.Connection, schema: str) -> pd.DataFrame:
+    """The `cycle_results` view: the connected role's model selection cycles, by name and
+    cycle (empty where the extension predates cycles)."""
+    if not conn.execute(sa.text("SELECT to_regclass(:view) IS NOT NULL"),
+                        {"view": f"{quote(schema)}.cycle_results"}).scalar():
+        return pd.DataFrame()
+    return pd.read_sql_query(sa.text(f"SELECT * FROM {quote(schema)}.cycle_results "
+                                     "ORDER BY cycle_name, cycle"), conn)
+
+
 def hyperparameters(compile_params: str | None, fit_params: str | None) -> dict[str, Any]:
     """The hyperparameters of one configuration as flat columns (the grammar's reading)."""
     return model_config.hyperparameters(compile_params, fit_params)

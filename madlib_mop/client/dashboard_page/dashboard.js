@@ -11,7 +11,7 @@ const PLOT_CONFIG = {displaylogo: false, responsive: true,
 const state = {
   pollMs: 2000, jobs: [], selected: null, userSelected: false, polls: 0,
   loaded: {curves: null, schedule: null, after: null}, afterPending: null, jobsShown: null, models: 0,
-  timer: null, busy: false, again: false,
+  timer: null, busy: false, again: false, cyclesShown: null,
 };
 
 // ---- helpers ---------------------------------------------------------------------------------
@@ -339,6 +339,33 @@ function renderPareto(data, jobId) {
           `(objectives: ${data.objectives.join(", ")}).`);
 }
 
+function renderCycles(cycles) {
+  // Redrawn only when a cycle changed.
+  const shown = JSON.stringify(cycles);
+  if (shown === state.cyclesShown) return;
+  state.cyclesShown = shown;
+  $("cycles-panel").hidden = cycles.length === 0;
+  if (!cycles.length) return;
+  const names = [...new Set(cycles.map((c) => c.cycle_name))];
+  const traces = names.map((name, k) => {
+    const done = cycles.filter((c) => c.cycle_name === name && c.best_value != null);
+    return {
+      type: "scatter", mode: "lines+markers", name, x: done.map((c) => c.cycle), y: done.map((c) => c.best_value),
+      line: {color: CATEGORY10[k % CATEGORY10.length]}, meta: {cycle_name: name},
+      customdata: done.map((c) => [c.num_rows, c.appended, c.configurations, c.carried_over, c.best_mst_key, c.objective]),
+      hovertemplate: `${name}, cycle %{x}: %{customdata[5]} %{y:.4f} (mst_key %{customdata[4]})<br>` +
+                     "%{customdata[0]} rows (%{customdata[1]} new), %{customdata[2]} configurations, " +
+                     "%{customdata[3]} carried over<extra></extra>",
+    };
+  });
+  const objectives = [...new Set(cycles.map((c) => c.objective).filter((o) => o))];
+  draw("cycles", traces, {xaxis: {title: {text: "cycle"}, dtick: 1}, yaxis: {title: {text: objectives.join(", ") || "best value"}},
+                          legend: {title: {text: "cycle_name"}}});
+  const open = cycles.filter((c) => c.state !== "finished").length;
+  setNote("cycles-note", `${cycles.length} cycles of ${names.length} name${names.length > 1 ? "s" : ""}` +
+          (open ? `; ${open} not finished` : "") + " (the view cycle_results).");
+}
+
 // ---- polling -----------------------------------------------------------------------------------
 function select(jobId, byUser) {
   if (byUser) {
@@ -403,6 +430,7 @@ async function poll() {
       select(state.jobs.length ? state.jobs[0].job_id : null, false);  // the newest job
     }
     renderJobs();
+    renderCycles((await getJSON("api/cycles")).cycles);
     const job = state.jobs.find((j) => j.job_id === state.selected) || null;
     renderJob(job);
     if (job) await refreshPanels(job);
