@@ -242,6 +242,14 @@ def test_a_job_does_not_go_on_over_rows_appended_since_it_started(conn, extensio
     error = _refusal(conn, "CALL resume(%s)", (job_id,))
     assert error.sqlstate == "55000" and "600 rows" in error.diag.message_primary
     assert "new job" in error.diag.message_hint
+    # Nor does a replay of its visits (they read the rows they were recorded on).
+    from madlib_mop.errors import MadlibMopError
+    from madlib_mop.tools.replay import replay
+
+    with psycopg.connect(extension_dsn, autocommit=True) as own, pytest.raises(MadlibMopError) as refused:
+        own.execute("SET search_path = public, madlib_mop")
+        replay(own, "halted", 1)
+    assert refused.value.sqlstate == "55000"
 
 
 def test_features_are_computed_for_the_rows_appended_since_and_again_for_new_weights(conn, growing):

@@ -20,6 +20,7 @@ from psycopg.rows import dict_row, tuple_row
 from psycopg.sql import SQL, Identifier
 
 from madlib_mop.db import packed
+from madlib_mop.errors import MadlibMopError
 from madlib_mop.job import outputs, repository, tables as job_tables
 from madlib_mop.job.record import JobArguments, JobRecord
 from madlib_mop.job.tables import identifiers
@@ -54,6 +55,10 @@ def _segment_buffers(conn: psycopg.Connection, summary: dict, segment: int,
 def replay(conn: psycopg.Connection, model_output_table: str, mst_key: int) -> np.ndarray:
     """The model's weights after replaying its recorded visits (float32, get_weights order)."""
     job = _job(conn, model_output_table)
+    if job.arguments.packed_rows:  # rows appended since: the visits would read other data
+        packed.check_not_grown(conn, job.job_id, {"source_table": job.source_table,
+                                                  "validation_table": job.validation_table},
+                               job.arguments.packed_rows)
     conn.row_factory = dict_row
     tables = identifiers(job.table_names)
     spec_row = conn.execute(SQL("SELECT * FROM {} WHERE mst_key = %s").format(tables["models"]),
@@ -116,7 +121,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("mst_key", type=int)
     args = parser.parse_args(argv)
     with psycopg.connect(configured_dsn()) as conn:
-        replayed = replay(conn, args.model_output_table, args.mst_key)
+        try:
+            replayed = replay(conn, args.model_output_table, args.mst_key)
+        except (LookupError, MadlibMopError) as error:
+            print(f"replay: {error}" + (f"\nHINT: {error.hint}" if getattr(error, "hint", None) else ""),
+                  file=sys.stderr)
+            return 1
         tables = identifiers(_job(conn, args.model_output_table).table_names)
         conn.row_factory = tuple_row
         stored = outputs.read_weights(conn, tables, args.mst_key)
