@@ -31,9 +31,10 @@ CREATE POLICY cycles_of_their_owner ON @extschema@.cycles
     USING (owner = current_user) WITH CHECK (owner = current_user);
 GRANT SELECT ON @extschema@.cycles TO PUBLIC;
 GRANT INSERT (cycle_name, cycle, arguments) ON @extschema@.cycles TO PUBLIC;
-GRANT UPDATE (state, num_rows, appended, validation_rows, model_selection_table,
-              model_output_table, job_id, carried, configurations, objective, best_mst_key,
-              best_value, finished_at) ON @extschema@.cycles TO PUBLIC;
+-- (One line each: an update script takes a table's statements by their first line.)
+GRANT UPDATE (arguments, state, num_rows, appended, validation_rows, model_selection_table, model_output_table, job_id, carried, configurations, objective, best_mst_key, best_value, finished_at) ON @extschema@.cycles TO PUBLIC;
+-- A role abandons a cycle of its own by deleting its row (row-level security: its own).
+GRANT DELETE ON @extschema@.cycles TO PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.cycles', '');
 
 -- security_invoker: read as the caller, so that each role sees its own cycles.

@@ -134,10 +134,28 @@ def test_a_stopped_cycle_continues_to_the_bits_of_one_run(conn, extension_dsn, g
     assert any("continuing job" in n for n in notices), notices
     assert _weights(conn, "again_c2") == _weights(conn, "nightly_c2")
     assert conn.execute("SELECT count(*) FROM cycles WHERE cycle_name = 'again'").fetchone()[0] == 2
-    # An unfinished cycle is continued with its own arguments only.
+    # A cycle whose data and configurations are committed is continued with its own
+    # arguments only; deleting its row abandons it.
     conn.execute("INSERT INTO cycles (cycle_name, cycle, arguments) VALUES ('again', 3, '{}')")
+    conn.execute("UPDATE cycles SET state = 'training' WHERE cycle_name = 'again' AND cycle = 3")
     error = _refusal(conn, "CALL run_cycle('again', 'again_packed', 'readings_up_to', 'mst', 1)")
     assert error.sqlstate == "55000" and "other arguments" in error.diag.message_primary
+    assert "DELETE FROM" in error.diag.message_hint
+    conn.execute("DELETE FROM cycles WHERE cycle_name = 'again' AND cycle = 3")
+
+
+def test_a_cycle_that_stopped_before_its_data_takes_the_next_calls_arguments(conn, grown):
+    """A refusal after the cycle's row is written (here: its packed table has no key) leaves
+    the cycle `packing`; the next call, with other arguments, goes on with those."""
+    _packed(conn, "later")
+    conn.execute("SELECT training_preprocessor_dl('readings_up_to', 'unkeyed', 'label', 'x', "
+                 "distribution_rules => '2')")
+    error = _refusal(conn, "CALL run_cycle('later', 'unkeyed', 'readings_up_to', 'mst', 1)")
+    assert error.sqlstate == "55000"
+    assert conn.execute("SELECT state FROM cycles WHERE cycle_name = 'later'").fetchall() == [("packing",)]
+    conn.execute("CALL run_cycle('later', 'later_packed', 'readings_up_to', 'mst', 1)")
+    assert conn.execute("SELECT cycle, state, arguments->>'packed_table' FROM cycles WHERE cycle_name = 'later'"
+                        ).fetchall() == [(1, "finished", "later_packed")]
 
 
 def _refusal(conn, statement: str, params: tuple = ()) -> psycopg.Error:

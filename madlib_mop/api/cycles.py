@@ -65,11 +65,19 @@ def run_cycle(plpy: Any, cycle_name: str, packed_table: str, source_table: str,
     if last is not None and last["state"] != FINISHED:
         cycle = last
         if json_value(cycle["arguments"]) != arguments:
-            raise MadlibMopError(
-                f"cycle {cycle['cycle']} of {name} is unfinished, and was started with other arguments",
-                sqlstate=errors.OBJECT_NOT_IN_PREREQUISITE_STATE,
-                detail=f"Its arguments: {json.dumps(json_value(cycle['arguments']))}.",
-                hint="Call run_cycle with those arguments to finish it first.")
+            if cycle["state"] != PACKING:  # its data and configurations are committed
+                raise MadlibMopError(
+                    f"cycle {cycle['cycle']} of {name} is unfinished, and was started with other arguments",
+                    sqlstate=errors.OBJECT_NOT_IN_PREREQUISITE_STATE,
+                    detail=f"Its arguments: {json.dumps(json_value(cycle['arguments']))}.",
+                    hint="Call run_cycle with those arguments to finish it first, or abandon it: DELETE "
+                         f"FROM {_table(plpy)} WHERE cycle_name = {plpy.quote_literal(name)} "
+                         f"AND cycle = {cycle['cycle']}.")
+            # Nothing of it is committed but its row: it starts with these arguments.
+            plpy.execute(plpy.prepare(
+                f"UPDATE {cycles} SET arguments = $1 WHERE owner = current_user AND cycle_name = $2 "
+                "AND cycle = $3", ["jsonb", "text", "integer"]), [json.dumps(arguments), name, cycle["cycle"]])
+            plpy.commit()
         plpy.notice(f"run_cycle: continuing cycle {cycle['cycle']} of {name} ({cycle['state']})")
     else:
         number = 1 if last is None else last["cycle"] + 1
@@ -128,9 +136,9 @@ def _pack_and_plan(plpy: Any, cycles: str, name: str, number: int, arguments: di
         new = [Config(c["model_id"], c["compile_params"], c["fit_params"]) for c in configs]
     carried, kept = [], []
     if previous is not None and arguments["top_k"] > 0:
-        before = previous["model_selection_table"]
-        if arch is None:
-            _, arch, _, objects = selection_configs(plpy, before)
+        _, before_arch, _, before_objects = selection_configs(plpy, previous["model_selection_table"])
+        arch = arch or before_arch
+        objects = objects or before_objects  # the carried models' custom functions
         for model, _, _ in analysis.ranked_models(analysis.results_of(plpy, previous["model_output_table"],
                                                                         None))[:arguments["top_k"]]:
             weights = plpy.execute(plpy.prepare(

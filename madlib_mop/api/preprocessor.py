@@ -32,7 +32,7 @@ from psycopg.types.json import Jsonb
 
 from madlib_mop import errors
 from madlib_mop.db import catalog, segments
-from madlib_mop.db.packed import data_lock_keys, packed_columns, read_summary
+from madlib_mop.db.packed import lock_for_change, packed_columns, read_summary
 from madlib_mop.engine.cluster import on_server
 from madlib_mop.engine.pool import run_all
 from madlib_mop.errors import MadlibMopError
@@ -144,6 +144,11 @@ def _preprocess(plpy, module, source_table, output_table, dependent_varname, ind
                 key.name, key.type, ordered.last, rows, size, training is None))
 
     ordered = None if key is None else keyed.copy_in_key_order(plpy, table, key, _source_names(features, labels), None)
+    if ordered is not None and ordered.rows != rows:  # (the copy is what is packed)
+        raise MadlibMopError(f"{table.name} changed while it was being packed",
+                             sqlstate=errors.DATA_EXCEPTION,
+                             detail=f"Counted {rows} rows, then copied {ordered.rows} in key order.",
+                             hint="Pack a table that is not being written to.")
     try:
         packed = _pack(plpy, table, out, features, labels, homes, lying, encoding, rows,
                        seed if training is None else None, buffer_size, segment_total,
@@ -167,6 +172,12 @@ def preprocessor_dl_append(plpy: Any, packed_table: str, source_table: str) -> i
     started = time.perf_counter()
     summary = read_summary(plpy, packed_table, argument="packed_table")
     packed = catalog.resolve_table(plpy, summary["packed_oid"], argument="packed_table")
+    if summary.get("features_of"):
+        raise MadlibMopError(f"{packed.name} holds features of {summary['features_of']}: rows are "
+                             "appended to the table they were computed from",
+                             sqlstate=errors.OBJECT_NOT_IN_PREREQUISITE_STATE,
+                             hint="Append to that table, then materialize_features into this one again: "
+                                  "it computes the new rows' features.")
     if not summary.get(keyed.SUMMARY_COLUMN):
         raise MadlibMopError(
             f"{packed.name} was not packed in key order: rows cannot be appended to it",
@@ -180,13 +191,7 @@ def preprocessor_dl_append(plpy: Any, packed_table: str, source_table: str) -> i
                              hint="Pack the grown table again.")
     order = keyed.KeyOrder.of(summary[keyed.SUMMARY_COLUMN])
     table = catalog.resolve_table(plpy, source_table)
-    if not plpy.execute(plpy.prepare("SELECT pg_try_advisory_xact_lock($1, $2) AS locked",
-                                     ["integer", "integer"]), list(data_lock_keys(packed.oid)))[0]["locked"]:
-        raise MadlibMopError(f"a job is training on {packed.name}, or rows are being appended to it",
-                             sqlstate=errors.OBJECT_IN_USE,
-                             detail="Rows appended under a running job would change its data "
-                                    "between epochs.",
-                             hint="Append when the job has ended (madlib_mop.job_progress).")
+    lock_for_change(plpy, packed, "appended to")
     q = plpy.quote_ident
     features = feature_columns(plpy, table, ", ".join(q(n) for n in summary["independent_varname"]))
     labels = label_columns(plpy, table, ", ".join(q(n) for n in summary["dependent_varname"]),

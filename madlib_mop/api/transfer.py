@@ -168,9 +168,18 @@ def _computed_before(plpy: Any, out: catalog.NewTable, summary_out: catalog.NewT
     before = dict(found[1][0]) if found and len(found[1]) == 1 else {}
     order, then = (packed.rows_in_key_order(summary) for summary in (source, before))
     if order is None or then is None or before.get("features_of") != features_of \
-            or before.get("source_table") != source["packed_table"] \
-            or before.get("num_segments") != source["num_segments"]:
+            or before.get("source_table") != source["packed_table"]:
         raise refused
+    packed.lock_for_change(plpy, catalog.resolve_table(plpy, out.quoted, argument="output_table"),
+                           "materialized into")
+    same_key = {k: v for k, v in packed.key_order(before).items() if k not in ("last", "rows")} == \
+        {k: v for k, v in packed.key_order(source).items() if k not in ("last", "rows")}
+    if before.get("features_source_oid") != source["packed_oid"] or not same_key \
+            or before.get("shuffle_seed") != source.get("shuffle_seed") \
+            or before.get("num_segments") != source["num_segments"]:
+        plpy.notice(f"materialize_features: {source['packed_table']} was packed again since {out.quoted} "
+                    "was computed: every row's features are computed again")
+        return 0
     if before.get("features_digest") != digest or then > order:
         plpy.notice(f"materialize_features: the weights of {features_of} changed since {out.quoted} "
                     "was computed: every row's features are computed again"

@@ -187,6 +187,18 @@ def data_lock_keys(oid: int) -> tuple[int, int]:
     return DATA_LOCK, oid - 2 ** 32 if oid >= 2 ** 31 else oid
 
 
+def lock_for_change(plpy: Any, table: catalog.Table, what: str) -> None:
+    """The exclusive data lock on the packed table `table` for this transaction, or 55006
+    when a job trains on it (or another call changes it)."""
+    if not plpy.execute(plpy.prepare("SELECT pg_try_advisory_xact_lock($1, $2) AS locked",
+                                     ["integer", "integer"]), list(data_lock_keys(table.oid)))[0]["locked"]:
+        raise MadlibMopError(f"a job is training on {table.name}, or rows are being {what} it",
+                             sqlstate=errors.OBJECT_IN_USE,
+                             detail="Rows changed under a running job would change its data between "
+                                    "epochs.",
+                             hint="Try again when the job has ended (madlib_mop.job_progress).")
+
+
 def hold_data(db: Any, tables: list[str | None], wait_seconds: float = 60.0) -> None:
     """A job coordinator's shared data locks on its packed tables (SQL names; None: none),
     held for as long as the connection `db` lives.  An append holds the exclusive one for

@@ -88,7 +88,24 @@ def copy_in_key_order(plpy: Any, table: catalog.Table, key: catalog.Column, name
     q = plpy.quote_ident
     column = q(key.name)
     ordered = f'{column} COLLATE "C"' if key.category == "S" else column
-    where = "" if after is None else f" WHERE {column} > CAST({plpy.quote_literal(after)} AS {key.type})"
+    where = "" if after is None else f" WHERE {ordered} > CAST({plpy.quote_literal(after)} AS {key.type})"
+    # The last key is kept as text: written and read under the same settings, whatever the
+    # session's (a pg_cron job's DateStyle may be another than the analyst's).
+    before = plpy.execute(
+        "SELECT current_setting('DateStyle') AS d, current_setting('IntervalStyle') AS i, "
+        "current_setting('extra_float_digits') AS f, set_config('DateStyle', 'ISO, YMD', true), "
+        "set_config('IntervalStyle', 'iso_8601', true), set_config('extra_float_digits', '3', true)")[0]
+    try:
+        return _copy(plpy, table, key, names, column, ordered, where)
+    finally:
+        plpy.execute(plpy.prepare("SELECT set_config('DateStyle', $1, true), set_config('IntervalStyle', $2, true), "
+                                  "set_config('extra_float_digits', $3, true)", ["text", "text", "text"]),
+                     [before["d"], before["i"], before["f"]])
+
+
+def _copy(plpy: Any, table: catalog.Table, key: catalog.Column, names: list[str], column: str,
+          ordered: str, where: str) -> NewRows:
+    q = plpy.quote_ident
     nulls = plpy.execute(f"SELECT count(*) AS n FROM {table.name} WHERE {column} IS NULL")[0]["n"]
     if nulls:
         raise MadlibMopError(f"{table.name} has {nulls} rows whose key_column {key.name} is NULL",

@@ -347,14 +347,15 @@ def write_features_summary(plpy: Any, source: catalog.Table, summary_table: cata
     """The summary of a packed table of features computed from the packed table `source`
     (its segments, buffers and labels): the source's summary, with the features' shape, no
     normalizing (the source's was applied before the model saw them), whose features they
-    are (`features_of`) and the digest of the layers and weights that computed them."""
+    are (`features_of`), the digest of the layers and weights that computed them and the
+    source's oid (a source packed again is another table)."""
     source_summary = catalog.sibling_table(plpy, source, "_summary")
     plpy.execute(f"CREATE TABLE {summary_table.quoted} AS SELECT * FROM {source_summary.name}")
-    for column in ("features_of", "features_digest"):
+    for column, kind in (("features_of", "text"), ("features_digest", "text"), ("features_source_oid", "oid")):
         if column not in catalog.columns(plpy, catalog.resolve_table(plpy, summary_table.quoted)):
-            plpy.execute(f"ALTER TABLE {summary_table.quoted} ADD COLUMN {column} text")
+            plpy.execute(f"ALTER TABLE {summary_table.quoted} ADD COLUMN {column} {kind}")
     plpy.execute(plpy.prepare(
         f"UPDATE {summary_table.quoted} SET source_table = $1, output_table = $2, feature_shape = $3, "
-        "normalizing_const = 1.0, features_of = $4, features_digest = $5",
-        ["text", "text", "integer[]", "text", "text"]),
-        [source_table, output_table, feature_shape, features_of, digest])
+        "normalizing_const = 1.0, features_of = $4, features_digest = $5, features_source_oid = $6",
+        ["text", "text", "integer[]", "text", "text", "oid"]),
+        [source_table, output_table, feature_shape, features_of, digest, source.oid])

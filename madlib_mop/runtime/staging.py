@@ -111,10 +111,12 @@ class LayerOutput:
         ).get_concrete_function()
 
     def digest(self) -> str:
-        """What the output is a function of: the layers (their configurations, in order)
-        and their weights."""
-        hashed = hashlib.blake2b(json.dumps([layer.get_config() for layer in self.model.layers],
-                                            sort_keys=True, default=str).encode(), digest_size=16)
+        """What the output is a function of: the layers (their classes and configurations
+        but their names, which Keras may make up anew in each session, in order) and their
+        weights."""
+        layers = [(type(layer).__name__, {k: v for k, v in layer.get_config().items() if k != "name"})
+                  for layer in self.model.layers]
+        hashed = hashlib.blake2b(json.dumps(layers, sort_keys=True, default=str).encode(), digest_size=16)
         for variable in self.model.weights:
             hashed.update(np.ascontiguousarray(variable.numpy()).tobytes())
         return hashed.hexdigest()

@@ -352,8 +352,10 @@ function renderCycles(cycles) {
     return {
       type: "scatter", mode: "lines+markers", name, x: done.map((c) => c.cycle), y: done.map((c) => c.best_value),
       line: {color: CATEGORY10[k % CATEGORY10.length]}, meta: {cycle_name: name},
+      // The name goes in as data, not into the template (Plotly reads a template's %{...}).
+      text: done.map(() => name),
       customdata: done.map((c) => [c.num_rows, c.appended, c.configurations, c.carried_over, c.best_mst_key, c.objective]),
-      hovertemplate: `${name}, cycle %{x}: %{customdata[5]} %{y:.4f} (mst_key %{customdata[4]})<br>` +
+      hovertemplate: "%{text}, cycle %{x}: %{customdata[5]} %{y:.4f} (mst_key %{customdata[4]})<br>" +
                      "%{customdata[0]} rows (%{customdata[1]} new), %{customdata[2]} configurations, " +
                      "%{customdata[3]} carried over<extra></extra>",
     };
