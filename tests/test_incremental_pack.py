@@ -298,3 +298,32 @@ def test_features_are_computed_for_the_rows_appended_since_and_again_for_new_wei
     conn.execute("SELECT load_keras_model('feature_arch', %s::json, %s)", (mlp_json(3, 8, 3), weights.tobytes()))
     error = _refusal(conn, "SELECT materialize_features_byom('feature_arch', 2, 'feature_source', 'features', '0')")
     assert error.sqlstate == "42P07"
+
+
+@pytest.mark.parametrize("key", ["stamp", "label"])
+def test_keys_of_time_and_text_append_alike_under_other_session_settings(conn, growing, key):
+    """A timestamp key (its last value read back under another DateStyle than it was
+    written under) and a text key (in byte order, whatever the collation) append to the
+    buffers of one packing."""
+    _drop(conn, "by_key", "by_key_whole")
+    conn.execute("DROP TABLE IF EXISTS keyed_rows")
+    conn.execute("CREATE TABLE keyed_rows AS SELECT timestamptz '2026-01-01 00:00:00+00' + id * interval '1.5 s' "
+                 "AS stamp, 'k' || lpad(id::text, 8, '0') || CASE WHEN id % 2 = 0 THEN 'B' ELSE 'a' END AS label, "
+                 "x, y, id FROM growing")
+    conn.execute("CREATE VIEW keyed_rows_up_to AS SELECT * FROM keyed_rows "
+                 "WHERE id <= current_setting('test.up_to')::bigint")
+    pack = ("SELECT training_preprocessor_dl({}, {}, 'y', 'x', %s, distribution_rules => '2', "
+            "key_column => %s)")
+    conn.execute(sql.SQL(pack).format(sql.Literal("keyed_rows"), sql.Literal("by_key_whole")), (BUFFER, key))
+    _up_to(conn, growing[449])
+    conn.execute("SET DateStyle = 'ISO, MDY'")
+    conn.execute(sql.SQL(pack).format(sql.Literal("keyed_rows_up_to"), sql.Literal("by_key")), (BUFFER, key))
+    conn.execute("SET DateStyle = 'SQL, DMY'")
+    try:
+        assert conn.execute("SELECT preprocessor_dl_append('by_key', 'keyed_rows')").fetchone()[0] == ROWS - 450
+        assert conn.execute("SELECT preprocessor_dl_append('by_key', 'keyed_rows')").fetchone()[0] == 0
+        assert conn.execute("SHOW DateStyle").fetchone()[0] == "SQL, DMY"
+    finally:
+        conn.execute("RESET DateStyle")
+    assert _buffers(conn, "by_key") == _buffers(conn, "by_key_whole")
+    conn.execute("DROP VIEW keyed_rows_up_to")
