@@ -82,36 +82,14 @@ def _preprocess(plpy, module, source_table, output_table, dependent_varname, ind
     summary_table.must_not_exist(plpy)
     features = feature_columns(plpy, table, independent_varname)
     labels = label_columns(plpy, table, dependent_varname, regression)
-    if training is None:
-        check_num_classes(num_classes, len(labels))
-    elif (len(features), len(labels)) != tuple(len(c) for c in packed_columns(training)):
-        inputs, outputs = (len(c) for c in packed_columns(training))
-        raise MadlibMopError(
-            f"{len(features)} feature and {len(labels)} label columns, the training data "
-            f"{training['packed_table']} has {inputs} and {outputs}",
-            sqlstate=errors.INVALID_PARAMETER_VALUE,
-            hint="Name as many feature and label columns as the training data has, in its order.")
+    _check_columns(features, labels, training, num_classes)
     check_positive(buffer_size, "buffer_size")
     check_positive(normalizing_const, "normalizing_const")
     if normalizing_const is None:
         normalizing_const = 1.0
     homes = segment_homes(plpy, distribution_rules, training)
-    key = None if key_column is None else keyed.key_column(plpy, table, key_column)
-    if key is not None and homes is not None:
-        raise MadlibMopError(
-            "key_column: tables packed in key order are kept on this server",
-            sqlstate=errors.FEATURE_NOT_SUPPORTED,
-            detail="Segment servers are registered, and the packed table would be spread over them.",
-            hint="Pass distribution_rules => '2' (a number of segments of this server), or pack "
-                 "without key_column.")
+    key = _key(plpy, table, key_column, homes)
     segment_total = _segment_total(plpy, distribution_rules, training, homes)
-    names = [f.packed_column for f in features] + [label.name for label in labels]
-    columns = {*names, *(f"{name}_shape" for name in names), "buffer_id", "__dist_key__"}
-    if len(columns) != 2 * len(names) + 2:
-        raise MadlibMopError("the feature and label columns' names collide in the packed table",
-                             sqlstate=errors.INVALID_PARAMETER_VALUE,
-                             hint="Rename the columns in a view (not buffer_id or __dist_key__, "
-                                  "and not the same column twice).")
 
     lying = _source_on_segment_servers(plpy, table, homes, training is None)
     if lying is not None:
@@ -143,12 +121,7 @@ def _preprocess(plpy, module, source_table, output_table, dependent_varname, ind
             keyed.record(plpy, summary_table.quoted, keyed.KeyOrder(
                 key.name, key.type, ordered.last, rows, size, training is None))
 
-    ordered = None if key is None else keyed.copy_in_key_order(plpy, table, key, _source_names(features, labels), None)
-    if ordered is not None and ordered.rows != rows:  # (the copy is what is packed)
-        raise MadlibMopError(f"{table.name} changed while it was being packed",
-                             sqlstate=errors.DATA_EXCEPTION,
-                             detail=f"Counted {rows} rows, then copied {ordered.rows} in key order.",
-                             hint="Pack a table that is not being written to.")
+    ordered = None if key is None else _in_key_order(plpy, table, key, features, labels, rows)
     try:
         packed = _pack(plpy, table, out, features, labels, homes, lying, encoding, rows,
                        seed if training is None else None, buffer_size, segment_total,
@@ -162,6 +135,56 @@ def _preprocess(plpy, module, source_table, output_table, dependent_varname, ind
     plpy.notice(f"{module}: packed {rows} rows of {table.name} into {packed.buffers} buffers on "
                 f"{segment_total} segments{where}{how} in {out.quoted} "
                 f"({time.perf_counter() - started:.1f}s)")
+
+
+def _check_columns(features: list[Features], labels: list, training: dict | None,
+                   num_classes: list | None) -> None:
+    """As many columns as the training data's (validation), num_classes one per label, and
+    no two of the packed table's column names alike."""
+    if training is None:
+        check_num_classes(num_classes, len(labels))
+    elif (len(features), len(labels)) != tuple(len(c) for c in packed_columns(training)):
+        inputs, outputs = (len(c) for c in packed_columns(training))
+        raise MadlibMopError(
+            f"{len(features)} feature and {len(labels)} label columns, the training data "
+            f"{training['packed_table']} has {inputs} and {outputs}",
+            sqlstate=errors.INVALID_PARAMETER_VALUE,
+            hint="Name as many feature and label columns as the training data has, in its order.")
+    names = [f.packed_column for f in features] + [label.name for label in labels]
+    columns = {*names, *(f"{name}_shape" for name in names), "buffer_id", "__dist_key__"}
+    if len(columns) != 2 * len(names) + 2:
+        raise MadlibMopError("the feature and label columns' names collide in the packed table",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint="Rename the columns in a view (not buffer_id or __dist_key__, "
+                                  "and not the same column twice).")
+
+
+def _key(plpy: Any, table: catalog.Table, key_column: str | None, homes: list | None):
+    """The key column of a table packed in key order (None: packed otherwise)."""
+    if key_column is None:
+        return None
+    key = keyed.key_column(plpy, table, key_column)
+    if homes is not None:
+        raise MadlibMopError(
+            "key_column: tables packed in key order are kept on this server",
+            sqlstate=errors.FEATURE_NOT_SUPPORTED,
+            detail="Segment servers are registered, and the packed table would be spread over them.",
+            hint="Pass distribution_rules => '2' (a number of segments of this server), or pack "
+                 "without key_column.")
+    return key
+
+
+def _in_key_order(plpy: Any, table: catalog.Table, key, features: list[Features], labels: list,
+                  rows: int) -> keyed.NewRows:
+    """The source's rows copied in key order: what is packed (they were counted before)."""
+    ordered = keyed.copy_in_key_order(plpy, table, key, _source_names(features, labels), None)
+    if ordered.rows != rows:
+        ordered.drop(plpy)
+        raise MadlibMopError(f"{table.name} changed while it was being packed",
+                             sqlstate=errors.DATA_EXCEPTION,
+                             detail=f"Counted {rows} rows, then copied {ordered.rows} in key order.",
+                             hint="Pack a table that is not being written to.")
+    return ordered
 
 
 def preprocessor_dl_append(plpy: Any, packed_table: str, source_table: str) -> int:

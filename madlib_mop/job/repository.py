@@ -258,4 +258,12 @@ class JobRowUpdates:
                        (str(state), str(error)[:2000], self.job_id, str(JobState.FINISHED)))
             except psycopg.Error:
                 pass
+        if not self.db.closed:
+            # The job's lock and its data locks go now: a backend releases them when it
+            # exits, which is after the close returns (an append right after the job would
+            # find them held).
+            try:
+                self.execute("SELECT pg_advisory_unlock_all()")
+            except psycopg.Error:
+                pass
         self.db.close()
