@@ -58,44 +58,13 @@ def run_cycle(plpy: Any, cycle_name: str, packed_table: str, source_table: str,
                  "seed": int(seed or 0)}
     cycles = _table(plpy)
     name = _name(plpy, cycle_name)
-    rows = plpy.execute(plpy.prepare(
+    rows = [dict(r) for r in plpy.execute(plpy.prepare(
         f"SELECT * FROM {cycles} WHERE owner = current_user AND cycle_name = $1 ORDER BY cycle",
-        ["text"]), [name])
-    last = dict(rows[-1]) if rows else None
-    if last is not None and last["state"] != FINISHED:
-        cycle = last
-        if json_value(cycle["arguments"]) != arguments:
-            if cycle["state"] != PACKING:  # its data and configurations are committed
-                raise MadlibMopError(
-                    f"cycle {cycle['cycle']} of {name} is unfinished, and was started with other arguments",
-                    sqlstate=errors.OBJECT_NOT_IN_PREREQUISITE_STATE,
-                    detail=f"Its arguments: {json.dumps(json_value(cycle['arguments']))}.",
-                    hint="Call run_cycle with those arguments to finish it first, or abandon it: DELETE "
-                         f"FROM {_table(plpy)} WHERE cycle_name = {plpy.quote_literal(name)} "
-                         f"AND cycle = {cycle['cycle']}.")
-            # Nothing of it is committed but its row: it starts with these arguments.
-            plpy.execute(plpy.prepare(
-                f"UPDATE {cycles} SET arguments = $1 WHERE owner = current_user AND cycle_name = $2 "
-                "AND cycle = $3", ["jsonb", "text", "integer"]), [json.dumps(arguments), name, cycle["cycle"]])
-            plpy.commit()
-        plpy.notice(f"run_cycle: continuing cycle {cycle['cycle']} of {name} ({cycle['state']})")
-    else:
-        number = 1 if last is None else last["cycle"] + 1
-        if model_selection_table is None and (last is None or top_k == 0):
-            raise MadlibMopError(f"cycle {number} of {name} would train no model",
-                                 sqlstate=errors.INVALID_PARAMETER_VALUE,
-                                 hint="Pass a model_selection_table of new configurations"
-                                      + (" (the first cycle has none to carry over)." if last is None
-                                         else ", or a top_k above 0."))
-        plpy.execute(plpy.prepare(f"INSERT INTO {cycles} (cycle_name, cycle, arguments) VALUES ($1, $2, $3)",
-                                  ["text", "integer", "jsonb"]), [name, number, json.dumps(arguments)])
-        plpy.commit()
-        cycle = dict(plpy.execute(plpy.prepare(
-            f"SELECT * FROM {cycles} WHERE owner = current_user AND cycle_name = $1 AND cycle = $2",
-            ["text", "integer"]), [name, number])[0])
+        ["text"]), [name])]
+    cycle = _current(plpy, cycles, name, arguments, rows[-1] if rows else None)
     number = cycle["cycle"]
     out, mst = f"{cycle_name}_c{number}", f"{cycle_name}_c{number}_mst"
-    previous = next((dict(r) for r in reversed(rows) if r["cycle"] < number and r["state"] == FINISHED), None)
+    previous = next((r for r in reversed(rows) if r["cycle"] < number and r["state"] == FINISHED), None)
     if cycle["state"] == PACKING:
         _pack_and_plan(plpy, cycles, name, number, arguments, out, mst, previous)
         plpy.commit()
@@ -104,6 +73,46 @@ def run_cycle(plpy: Any, cycle_name: str, packed_table: str, source_table: str,
         fit.fit_multiple_model(plpy, packed_table, out, mst, num_iterations, False, validation_table,
                                metrics_compute_frequency, False, f"{name} cycle {number}", None,
                                True, int(seed or 0), can_commit=True)
+    _finish(plpy, cycles, name, number, out)
+
+
+def _current(plpy: Any, cycles: str, name: str, arguments: dict, last: dict | None) -> dict:
+    """The cycle this call works on: the last one if unfinished (with these arguments, or
+    any while nothing of it but its row is committed), else a new one, recorded."""
+    if last is not None and last["state"] != FINISHED:
+        if json_value(last["arguments"]) != arguments:
+            if last["state"] != PACKING:  # its data and configurations are committed
+                raise MadlibMopError(
+                    f"cycle {last['cycle']} of {name} is unfinished, and was started with other arguments",
+                    sqlstate=errors.OBJECT_NOT_IN_PREREQUISITE_STATE,
+                    detail=f"Its arguments: {json.dumps(json_value(last['arguments']))}.",
+                    hint="Call run_cycle with those arguments to finish it first, or abandon it: DELETE "
+                         f"FROM {cycles} WHERE cycle_name = {plpy.quote_literal(name)} "
+                         f"AND cycle = {last['cycle']}.")
+            # Nothing of it is committed but its row: it starts with these arguments.
+            plpy.execute(plpy.prepare(
+                f"UPDATE {cycles} SET arguments = $1 WHERE owner = current_user AND cycle_name = $2 "
+                "AND cycle = $3", ["jsonb", "text", "integer"]), [json.dumps(arguments), name, last["cycle"]])
+            plpy.commit()
+        plpy.notice(f"run_cycle: continuing cycle {last['cycle']} of {name} ({last['state']})")
+        return last
+    number = 1 if last is None else last["cycle"] + 1
+    if arguments["model_selection_table"] is None and (last is None or arguments["top_k"] == 0):
+        raise MadlibMopError(f"cycle {number} of {name} would train no model",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint="Pass a model_selection_table of new configurations"
+                                  + (" (the first cycle has none to carry over)." if last is None
+                                     else ", or a top_k above 0."))
+    plpy.execute(plpy.prepare(f"INSERT INTO {cycles} (cycle_name, cycle, arguments) VALUES ($1, $2, $3)",
+                              ["text", "integer", "jsonb"]), [name, number, json.dumps(arguments)])
+    plpy.commit()
+    return dict(plpy.execute(plpy.prepare(
+        f"SELECT * FROM {cycles} WHERE owner = current_user AND cycle_name = $1 AND cycle = $2",
+        ["text", "integer"]), [name, number])[0])
+
+
+def _finish(plpy: Any, cycles: str, name: str, number: int, out: str) -> None:
+    """The cycle's job has finished: its best model recorded, the cycle finished."""
     results = analysis.results_of(plpy, out, None)
     ranked = analysis.ranked_models(results)
     job = analysis.job_of(plpy, catalog.resolve_table(plpy, out, argument="model_output_table"))
