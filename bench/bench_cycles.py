@@ -16,7 +16,7 @@ its validation set with it, for `--cycles` (5) cycles.  In the same run:
 
 Per cycle: the rows, the packing's seconds, the training job's (of which the frozen layers'
 features, as worker-seconds of the job's visits), the total, and the best validation
-accuracy; then the five cycles' totals and their ratio.
+accuracy; then the cycles' totals and their ratio.
 
     .venv/bin/python bench/bench_cycles.py [--rows 2000] [--cycles 5] [--growth 0.2] [--iterations 2] [--top-k 3] [--new 1]
 """
@@ -59,6 +59,49 @@ def _features_seconds(conn, out: str) -> float:
 
 def _best(conn, out: str) -> float:
     return float(conn.execute(f"SELECT max(validation_metrics_final) FROM {out}_info").fetchone()[0])
+
+
+def _from_nothing(conn, cycle: int, size: int, args, configurations: int, rows: dict) -> None:
+    """The whole grown table packed, every configuration trained from its start."""
+    for table in ("scratch", "scratch_valid"):
+        conn.execute(f"DROP TABLE IF EXISTS {table}, {table}_summary")
+    started = time.perf_counter()
+    conn.execute("SELECT training_preprocessor_dl('task_so_far', 'scratch', 'label', 'rgb', "
+                 "buffer_size => 250, distribution_rules => '2')")
+    conn.execute("SELECT validation_preprocessor_dl('valid_so_far', 'scratch_valid', 'label', 'rgb', 'scratch')")
+    pack = time.perf_counter() - started
+    out = f"nothing_{cycle}"
+    started = time.perf_counter()
+    conn.execute("SELECT madlib_keras_fit_multiple_model('scratch', %s, 'grid_mst', %s, FALSE, "
+                 "'scratch_valid', NULL, FALSE, NULL, NULL, TRUE, %s)", (out, args.iterations, SEED))
+    train = time.perf_counter() - started
+    rows["nothing"].append({"rows": size, "pack": pack, "train": train, "features": _features_seconds(conn, out),
+                            "best": _best(conn, out), "configurations": configurations})
+
+
+def _in_cycles(conn, cycle: int, size: int, args, configurations: int, rows: dict) -> None:
+    """The new rows appended (the first cycle: packed in key order), then run_cycle (whose
+    own append finds none)."""
+    started = time.perf_counter()
+    if cycle == 1:
+        conn.execute("SELECT training_preprocessor_dl('task_so_far', 'growing', 'label', 'rgb', "
+                     "buffer_size => 250, distribution_rules => '2', key_column => 'id')")
+        conn.execute("SELECT validation_preprocessor_dl('valid_so_far', 'growing_valid', 'label', 'rgb', "
+                     "'growing', key_column => 'id')")
+    else:
+        conn.execute("SELECT preprocessor_dl_append('growing', 'task_so_far')")
+        conn.execute("SELECT preprocessor_dl_append('growing_valid', 'valid_so_far')")
+    pack = time.perf_counter() - started
+    started = time.perf_counter()
+    conn.execute("CALL run_cycle('bench_cycles', 'growing', 'task_so_far', %s, %s, 'growing_valid', "
+                 "'valid_so_far', %s, NULL, %s)",
+                 ("grid_mst" if cycle == 1 else (f"new_mst_{cycle}" if args.new else None),
+                  args.iterations, args.top_k, SEED))
+    train = time.perf_counter() - started
+    out = f"bench_cycles_c{cycle}"
+    rows["cycles"].append({"rows": size, "pack": pack, "train": train, "features": _features_seconds(conn, out),
+                           "best": _best(conn, out),
+                           "configurations": conn.execute(f"SELECT count(*) FROM {out}_mst").fetchone()[0]})
 
 
 def main() -> None:
@@ -116,47 +159,13 @@ def main() -> None:
         conn.execute("SELECT madlib_keras_fit_multiple_model('warm_packed', 'warm_up', 'grid_mst', 1)")
 
         rows = {"nothing": [], "cycles": []}
+        configurations = len(ids) * len(RATES)
         for cycle, size in enumerate(sizes, start=1):
             conn.execute(f"SET bench.rows = {size}")
-            # From nothing: the whole grown table packed, every configuration from its start.
-            for table in ("scratch", "scratch_valid"):
-                conn.execute(f"DROP TABLE IF EXISTS {table}, {table}_summary")
-            started = time.perf_counter()
-            conn.execute("SELECT training_preprocessor_dl('task_so_far', 'scratch', 'label', 'rgb', "
-                         "buffer_size => 250, distribution_rules => '2')")
-            conn.execute("SELECT validation_preprocessor_dl('valid_so_far', 'scratch_valid', 'label', 'rgb', "
-                         "'scratch')")
-            pack = time.perf_counter() - started
-            out = f"nothing_{cycle}"
-            started = time.perf_counter()
-            conn.execute("SELECT madlib_keras_fit_multiple_model('scratch', %s, 'grid_mst', %s, FALSE, "
-                         "'scratch_valid', NULL, FALSE, NULL, NULL, TRUE, %s)", (out, args.iterations, SEED))
-            train = time.perf_counter() - started
-            rows["nothing"].append({"rows": size, "pack": pack, "train": train,
-                                    "features": _features_seconds(conn, out), "best": _best(conn, out),
-                                    "configurations": len(ids) * len(RATES)})
-            # Cycles: the new rows appended, then run_cycle (whose own append finds none).
-            started = time.perf_counter()
-            if cycle == 1:
-                conn.execute("SELECT training_preprocessor_dl('task_so_far', 'growing', 'label', 'rgb', "
-                             "buffer_size => 250, distribution_rules => '2', key_column => 'id')")
-                conn.execute("SELECT validation_preprocessor_dl('valid_so_far', 'growing_valid', 'label', 'rgb', "
-                             "'growing', key_column => 'id')")
-            else:
-                conn.execute("SELECT preprocessor_dl_append('growing', 'task_so_far')")
-                conn.execute("SELECT preprocessor_dl_append('growing_valid', 'valid_so_far')")
-            pack = time.perf_counter() - started
-            started = time.perf_counter()
-            conn.execute("CALL run_cycle('bench_cycles', 'growing', 'task_so_far', %s, %s, 'growing_valid', "
-                         "'valid_so_far', %s, NULL, %s)",
-                         ("grid_mst" if cycle == 1 else (f"new_mst_{cycle}" if args.new else None),
-                          args.iterations, args.top_k, SEED))
-            train = time.perf_counter() - started
-            out = f"bench_cycles_c{cycle}"
-            configurations = conn.execute(f"SELECT count(*) FROM {out}_mst").fetchone()[0]
-            rows["cycles"].append({"rows": size, "pack": pack, "train": train,
-                                   "features": _features_seconds(conn, out), "best": _best(conn, out),
-                                   "configurations": configurations})
+            # Each arm goes first in every other cycle (a first job may pay more).
+            arms = (_from_nothing, _in_cycles) if cycle % 2 else (_in_cycles, _from_nothing)
+            for arm in arms:
+                arm(conn, cycle, size, args, configurations, rows)
             print(f"cycle {cycle}: {size} rows; from nothing {sum(rows['nothing'][-1][k] for k in ('pack', 'train')):.1f} s, "
                   f"cycles {sum(rows['cycles'][-1][k] for k in ('pack', 'train')):.1f} s", flush=True)
         conn.execute(f"DELETE FROM {schema}.cycles WHERE cycle_name LIKE 'bench_%'")
@@ -177,7 +186,7 @@ def main() -> None:
                   f"| {r['features']:.1f} | {r['pack'] + r['train']:.1f} | {r['best']:.3f} |")
     totals = {arm: sum(r["pack"] + r["train"] for r in rows[arm]) for arm in rows}
     worst = max(rows["nothing"][k]["best"] - rows["cycles"][k]["best"] for k in range(args.cycles))
-    print(f"\nfive cycles: from nothing {totals['nothing']:.1f} s, cycles {totals['cycles']:.1f} s: "
+    print(f"\n{args.cycles} cycles: from nothing {totals['nothing']:.1f} s, cycles {totals['cycles']:.1f} s: "
           f"{totals['nothing'] / totals['cycles']:.2f}x; the cycles' best validation accuracy at most "
           f"{100 * worst:.1f} points below from nothing's, per cycle")
     RESULTS.parent.mkdir(exist_ok=True)

@@ -68,8 +68,9 @@ def run_cycle(plpy: Any, cycle_name: str, packed_table: str, source_table: str,
     if cycle["state"] == PACKING:
         _pack_and_plan(plpy, cycles, name, number, arguments, out, mst, previous)
         plpy.commit()
-    if repository.find_job(plpy, catalog.new_table(plpy, out, argument="cycle_name").quoted,
-                           unfinished=False) is None:
+    done = repository.find_job(plpy, catalog.new_table(plpy, out, argument="cycle_name").quoted,
+                               unfinished=False)
+    if done is None or not repository.tables_exist(plpy, done):  # (not a dropped output's job)
         fit.fit_multiple_model(plpy, packed_table, out, mst, num_iterations, False, validation_table,
                                metrics_compute_frequency, False, f"{name} cycle {number}", None,
                                True, int(seed or 0), can_commit=True)
