@@ -231,6 +231,7 @@ bench: install db-start
 	$(PY) bench/bench_coordinator.py
 	$(PY) bench/bench_big_table.py
 	$(PY) bench/bench_transfer.py
+	$(PY) bench/bench_cycles.py
 
 clean:
 	-@$(PGXS_MAKE) clean

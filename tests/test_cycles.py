@@ -156,6 +156,13 @@ def test_a_cycle_that_stopped_before_its_data_takes_the_next_calls_arguments(con
     conn.execute("CALL run_cycle('later', 'later_packed', 'readings_up_to', 'mst', 1)")
     assert conn.execute("SELECT cycle, state, arguments->>'packed_table' FROM cycles WHERE cycle_name = 'later'"
                         ).fetchall() == [(1, "finished", "later_packed")]
+    # Its rows deleted and its outputs dropped, the name starts again: the finished job of the
+    # dropped output is not taken for this cycle's.
+    conn.execute("DELETE FROM cycles WHERE cycle_name = 'later'")
+    conn.execute("DROP TABLE later_c1, later_c1_summary, later_c1_info, later_c1_mst, later_c1_mst_summary")
+    conn.execute("CALL run_cycle('later', 'later_packed', 'readings_up_to', 'mst', 1)")
+    assert conn.execute("SELECT count(*) FROM later_c1_info").fetchone()[0] == 3
+    assert conn.execute("SELECT state FROM cycles WHERE cycle_name = 'later'").fetchall() == [("finished",)]
 
 
 def _refusal(conn, statement: str, params: tuple = ()) -> psycopg.Error:
