@@ -2,6 +2,30 @@
 -- model written once into a packed table, for later jobs to train heads on.  (A job stages
 -- its models' frozen first layers by itself: madlib_mop.runtime.staging.)
 
+-- Staged features, kept across jobs (madlib_mop.segment.features): a packed table's buffer
+-- through a frozen prefix (its digest: the layers and their weights), computed once by
+-- whichever worker session needs it first, then read by the others, in this job and the
+-- next.  A buffer of a table packed in key order that grows is computed again (its rows
+-- are part of the key).  A cache: unlogged, each role's rows its own.
+CREATE UNLOGGED TABLE @extschema@.staged_features (
+    owner     name NOT NULL DEFAULT current_user,
+    source    oid NOT NULL,        -- the packed table (a segment server's: its own table)
+    segment   integer NOT NULL,
+    prefix    text NOT NULL,       -- the frozen layers' digest
+    buffer_id integer NOT NULL,
+    rows      integer NOT NULL,    -- the buffer's rows
+    x bytea NOT NULL, xs integer[] NOT NULL, y bytea NOT NULL, ys integer[] NOT NULL,
+    PRIMARY KEY (owner, source, segment, prefix, buffer_id, rows)
+);
+COMMENT ON TABLE @extschema@.staged_features IS
+    'Staged features kept across jobs: a buffer through a frozen prefix, computed once (a cache; each role sees its own)';
+ALTER TABLE @extschema@.staged_features ALTER COLUMN x SET STORAGE EXTERNAL;
+ALTER TABLE @extschema@.staged_features ENABLE ROW LEVEL SECURITY;
+CREATE POLICY staged_features_of_their_owner ON @extschema@.staged_features
+    USING (owner = current_user) WITH CHECK (owner = current_user);
+GRANT SELECT, DELETE ON @extschema@.staged_features TO PUBLIC;
+GRANT INSERT (source, segment, prefix, buffer_id, rows, x, xs, y, ys) ON @extschema@.staged_features TO PUBLIC;
+
 CREATE FUNCTION @extschema@.materialize_features(
     model_table  varchar,   -- a fit's model_output_table, or a deployment's name
     source_table varchar,   -- packed by training_preprocessor_dl or validation_preprocessor_dl

@@ -5,6 +5,7 @@ jobs (shared and unshared prefixes, spilled features) against the real server.""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -274,8 +275,9 @@ def test_a_job_trains_staged_models_to_the_unstaged_weights(db, extension_dsn):
 
 
 def test_features_over_the_memory_budget_spill_to_a_table_with_the_same_weights(db, extension_dsn):
-    """use_caching => FALSE keeps nothing decoded: the features go to the worker session's
-    temporary table, and are read back a buffer at a time."""
+    """use_caching => FALSE keeps nothing decoded: the features go to the table of staged
+    features, and are read back a buffer at a time."""
+    db.execute("DELETE FROM madlib_mop.staged_features")  # computed by this job, not kept before
     _fit(extension_dsn, "spilled_out", staged=True, caching=False)
     _fit(extension_dsn, "whole_uncached_out", staged=False, caching=False)
     assert _same(_weights(db, "spilled_out"), _weights(db, "whole_uncached_out"))
@@ -289,6 +291,40 @@ def test_features_over_the_memory_budget_spill_to_a_table_with_the_same_weights(
     assert reports and all(r["spilled"] for r in reports)
     computed = [r for r in reports if r["computed"]]
     assert 0 < len(computed) < len(reports)
+
+
+def _stored(conn) -> list[tuple]:
+    return conn.execute("SELECT source::regclass::text, segment, prefix, buffer_id, rows, md5(x) "
+                        "FROM madlib_mop.staged_features ORDER BY 1, 2, 3, 4, 5").fetchall()
+
+
+def test_staged_features_are_computed_once_per_buffer_for_every_worker_and_job(db, extension_dsn):
+    """A job computes each buffer's features once (whichever worker visits a segment first),
+    the other workers and the next job read them; the next job ends with the same bits."""
+    db.execute("DELETE FROM madlib_mop.staged_features")
+    _fit(extension_dsn, "kept_first_out", staged=True)
+    visits = [r for _, r, _, _ in _staged_visits(db, "kept_first_out") if r]
+    computed = [(r["prefix"], segment) for _, r, _, segment in _staged_visits(db, "kept_first_out")
+                if r and r["computed_buffers"]]
+    assert len(computed) == len(set(computed)) == 2 * 2  # 2 prefixes x 2 segments, once each
+    buffers = db.execute("SELECT count(*) FROM iris_packed").fetchone()[0] + \
+        db.execute("SELECT count(*) FROM iris_valid").fetchone()[0]
+    stored = _stored(db)
+    assert len(stored) == 2 * buffers and {row[0] for row in stored} == {"iris_packed", "iris_valid"}
+    _fit(extension_dsn, "kept_again_out", staged=True)
+    again = [r for _, r, _, _ in _staged_visits(db, "kept_again_out") if r]
+    assert again and not any(r["computed"] for r in again) and all(r["stored_buffers"] > 0 for r in again)
+    assert _weights(db, "kept_again_out") == _weights(db, "kept_first_out")
+    assert _stored(db) == stored and len(visits) == len(again)
+    # Another role sees none of them (and computes its own).
+    stranger = sql.Identifier(f"staged_stranger_{os.getpid()}")
+    db.execute(sql.SQL("CREATE ROLE {0}; GRANT USAGE ON SCHEMA madlib_mop TO {0}").format(stranger))
+    try:
+        db.execute(sql.SQL("SET ROLE {}").format(stranger))
+        assert db.execute("SELECT count(*) FROM madlib_mop.staged_features").fetchone()[0] == 0
+    finally:
+        db.execute("RESET ROLE")
+        db.execute(sql.SQL("DROP OWNED BY {0}; DROP ROLE {0}").format(stranger))
 
 
 def test_a_bad_staging_setting_is_refused(db):

@@ -1,14 +1,19 @@
 """A worker's staged features (`runtime.staging`): a segment's rows through a frozen prefix,
-computed once per (packed table, segment, prefix digest) and kept for the job.
+computed once per (packed table, segment, prefix digest, buffer) and kept.
 
-They are kept decoded when they fit what the worker's memory budget leaves, else spilled
-to a temporary table of the worker's session (`pg_temp.mop_staged_features`) and read a
-buffer at a time, like a segment's buffers that do not fit; they are removed when the
-session takes another job (`forget`), or ends.  A spill is
-written by the call that computes it: if that call fails, its transaction and the rows go,
-and the next call computes them again (the transaction that wrote them is asked for).
-Without the right to create temporary tables the features are computed at every call (the
-results are the same).
+Each buffer's features are written to the extension's table `staged_features` by the
+worker session that needs them first, and read from there by every other one: the job's
+other workers (a worker that takes a model due on another segment), and the role's later
+jobs over the same table and prefix (the next cycle over a table that grew computes its new
+buffers alone).  A worker keeps them decoded when they fit what its memory budget leaves,
+else reads them a buffer at a time.  Rows are written by the call that computes them: if
+that call fails, its transaction and the rows go, and the next call computes them again
+(the transaction that wrote them is asked for).
+
+Where that table is missing (a segment server of an earlier version) the features are kept
+for the job by the worker session alone, spilled to its temporary table
+(`pg_temp.mop_staged_features`) when they do not fit; without the right to create
+temporary tables they are computed at every call (the results are the same).
 """
 
 from __future__ import annotations
@@ -25,11 +30,15 @@ from madlib_mop.runtime.staging import StagedProgram
 SPILL_TABLE = "pg_temp.mop_staged_features"
 
 
+STORE = "staged_features"  # the extension's table of staged features kept across jobs
+
+
 @dataclass
 class Staged:
     buffers: list[Buffer]
     bytes: int
-    spilled_by: str | None = None  # the transaction that wrote the spilled rows
+    spilled_by: str | None = None  # the transaction that wrote the rows the buffers read
+    in_memory: bool = True  # False: a buffer at a time from a table
 
 
 @dataclass
@@ -42,10 +51,70 @@ class Report:
     spilled: bool
     bytes: int
     seconds: float = 0.0
+    computed_buffers: int | None = None  # of the segment's buffers, computed by this call
+    stored_buffers: int | None = None  # read from staged_features, computed before
 
     def to_dict(self) -> dict:
-        return {"prefix": self.prefix[:16], "layers": self.layers, "computed": self.computed,
-                "spilled": self.spilled, "bytes": self.bytes, "seconds": self.seconds}
+        found = {"prefix": self.prefix[:16], "layers": self.layers, "computed": self.computed,
+                 "spilled": self.spilled, "bytes": self.bytes, "seconds": self.seconds}
+        if self.computed_buffers is not None:
+            found.update(computed_buffers=self.computed_buffers, stored_buffers=self.stored_buffers)
+        return found
+
+
+def _store_name(plpy: Any) -> str | None:
+    """The extension's `staged_features`, qualified; None where it is missing."""
+    row = plpy.execute("SELECT n.nspname FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n "
+                       f"ON n.oid = e.extnamespace WHERE e.extname = 'madlib_mop' "
+                       f"AND to_regclass(format('%I.%I', n.nspname, '{STORE}')) IS NOT NULL")
+    return f"{plpy.quote_ident(row[0]['nspname'])}.{STORE}" if row else None
+
+
+def _from_store(plpy: Any, store: str, source: int, key: tuple, raw: list[Buffer], program: StagedProgram,
+                classification: bool, keep: bool) -> tuple[Staged, int]:
+    """The features of `raw` (of the table `source`) from `store`: those there read, the
+    others computed and written; kept decoded (`keep`) or read a buffer at a time.  And how
+    many were computed."""
+    _, segment, digest = key
+    where = "owner = current_user AND source = $1 AND segment = $2 AND prefix = $3"
+    types = ["oid", "integer", "text"]
+    present = {(r["buffer_id"], r["rows"]) for r in plpy.execute(plpy.prepare(
+        f"SELECT buffer_id, rows FROM {store} WHERE {where}", types), [source, segment, digest])}
+    select = plpy.prepare(f"SELECT x, xs, y, ys FROM {store} WHERE {where} AND buffer_id = $4 AND rows = $5",
+                          types + ["integer", "integer"])
+    stale = plpy.prepare(f"DELETE FROM {store} WHERE {where} AND buffer_id = $4 AND rows <> $5",
+                         types + ["integer", "integer"])
+    insert = plpy.prepare(f"INSERT INTO {store} (source, segment, prefix, buffer_id, rows, x, xs, y, ys) "
+                          "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT DO NOTHING",
+                          types + ["integer", "integer", "bytea", "integer[]", "bytea", "integer[]"])
+
+    def read(buffer_id: int, rows: int):
+        found = plpy.execute(select, [source, segment, digest, buffer_id, rows])
+        if not found:  # (the transaction that wrote them is checked before every call's use)
+            raise MadlibMopError(f"the staged features of buffer {buffer_id} of segment {segment} are gone",
+                                 sqlstate=errors.DATA_EXCEPTION,
+                                 hint="Resume the job: its workers compute them again.")
+        return decode(found[0], classification)
+
+    buffers, total, computed = [], 0, 0
+    for buffer in raw:
+        ident = (buffer.buffer_id, buffer.rows)
+        if ident in present:
+            kept = read(*ident) if keep else None
+        else:
+            x, y = buffer.load()
+            features = program.features(x)
+            plpy.execute(stale, [source, segment, digest, *ident])
+            plpy.execute(insert, [source, segment, digest, *ident, features.tobytes(), list(features.shape),
+                                  y.tobytes(), list(y.shape)])
+            kept, computed = ((features, y) if keep else None), computed + 1
+            del x
+        total += program.feature_bytes(buffer.rows)
+        buffers.append(Buffer(buffer.rows, lambda d=kept: d) if keep else
+                       Buffer(buffer.rows, lambda i=ident: read(*i), in_memory=False))
+    written = (plpy.execute("SELECT pg_catalog.pg_current_xact_id()::text AS x")[0]["x"]
+               if computed else None)
+    return Staged(buffers, total, spilled_by=written, in_memory=keep), computed
 
 
 def _still_there(plpy: Any, staged: Staged) -> bool:
@@ -105,7 +174,7 @@ def _spill(plpy: Any, job_id: int, key: tuple, raw: list[Buffer], program: Stage
         buffers.append(Buffer(buffer.rows, lambda n=number: read(n), in_memory=False))
         del x, features
     xid = plpy.execute("SELECT pg_catalog.pg_current_xact_id()::text AS x")[0]["x"]
-    return Staged(buffers, total, spilled_by=xid)
+    return Staged(buffers, total, spilled_by=xid, in_memory=False)
 
 
 def _through(program: StagedProgram, x, y) -> tuple:
@@ -119,6 +188,14 @@ def staged_buffers(plpy: Any, cache: dict, job_id: int, key: tuple, raw: list[Bu
     started = time.perf_counter()
     staged = cache.get(key)
     computed = staged is None or not _still_there(plpy, staged)
+    store = _store_name(plpy) if computed and all(b.buffer_id is not None for b in raw) else None
+    source = store and plpy.execute(plpy.prepare("SELECT to_regclass($1)::oid AS o", ["text"]), [key[0]])[0]["o"]
+    if source is not None:
+        need = program.feature_bytes(sum(b.rows for b in raw))
+        staged, count = _from_store(plpy, store, source, key, raw, program, classification, need <= free_bytes)
+        cache[key] = staged
+        return staged.buffers, Report(key[2], program.cut, count > 0, not staged.in_memory, staged.bytes,
+                                      time.perf_counter() - started, count, len(raw) - count)
     if computed:
         need = program.feature_bytes(sum(b.rows for b in raw))
         staged = None
@@ -134,7 +211,7 @@ def staged_buffers(plpy: Any, cache: dict, job_id: int, key: tuple, raw: list[Bu
             lazy = [Buffer(b.rows, lambda b=b: _through(program, *b.load()), False) for b in raw]
             return lazy, Report(key[2], program.cut, True, False, 0, time.perf_counter() - started)
         cache[key] = staged
-    return staged.buffers, Report(key[2], program.cut, computed, staged.spilled_by is not None,
+    return staged.buffers, Report(key[2], program.cut, computed, not staged.in_memory,
                                   staged.bytes, time.perf_counter() - started)
 
 
@@ -143,11 +220,16 @@ def _spill_table_exists(plpy: Any) -> bool:
 
 
 def forget(plpy: Any) -> None:
-    """Another job's spilled features go: a worker session is kept for its role's next job."""
+    """Another job's spilled features go: a worker session is kept for its role's next job.
+    And the role's kept features of tables since dropped."""
     if _spill_table_exists(plpy):
         plpy.execute(f"TRUNCATE {SPILL_TABLE}")
+    store = _store_name(plpy)
+    if store is not None:
+        plpy.execute(f"DELETE FROM {store} s WHERE owner = current_user AND NOT EXISTS "
+                     "(SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = s.source)")
 
 
 def held_bytes(cache: dict) -> int:
     """What the kept (not spilled) features take."""
-    return sum(s.bytes for s in cache.values() if s.spilled_by is None)
+    return sum(s.bytes for s in cache.values() if s.in_memory)

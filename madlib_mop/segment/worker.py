@@ -203,8 +203,10 @@ def _trained_on(plpy: Any, ctx: JobContext, data: PackedData, segment: int, mst_
         return buffers, None
     if mst_key not in ctx.digests:  # frozen: a model's prefix is the same all its job long
         ctx.digests[mst_key] = program.digest()
+    # Keyed by the table that holds the segment's rows (on a segment server, its own).
+    table = data.partitions.get(segment, data.table)
     staged, report = features.staged_buffers(
-        plpy, ctx.features, ctx.job_id, (data.table, segment, ctx.digests[mst_key]), buffers,
+        plpy, ctx.features, ctx.job_id, (table, segment, ctx.digests[mst_key]), buffers,
         program, data.columns.classification, max(0, ctx.budget_bytes - _held_bytes(ctx)))
     return staged, report.to_dict()
 

@@ -21,6 +21,8 @@ $drop$;
 -- @object cycles
 SELECT pg_catalog.pg_extension_config_dump('@extschema@.cycles', '');
 -- @object cycle_results
+-- Staged features kept across jobs (sql/67_transfer.sql).
+-- @object staged_features
 -- @routines
 -- 0.11.0's update cleared the comments the refusing custom-function routines of 0.10.0
 -- had; they run here, after the routines exist (an update from 0.10.0 or earlier creates
