@@ -42,7 +42,8 @@ SECTIONS = {
 }
 
 _OBJECT = r"(FUNCTION|PROCEDURE|AGGREGATE|VIEW|TABLE)"
-_STATEMENT = re.compile(rf"^(CREATE {_OBJECT}|COMMENT ON {_OBJECT}) @extschema@\.\w+")
+_CREATE = rf"CREATE (?:UNLOGGED )?{_OBJECT}"  # (an unlogged table is a table)
+_STATEMENT = re.compile(rf"^({_CREATE}|COMMENT ON {_OBJECT}) @extschema@\.\w+")
 _NAME = re.compile(r"@extschema@\.(\w+)")
 # Where a routine's declaration ends and its attributes and body begin.
 _DECLARATION_END = re.compile(r"^\s*(LANGUAGE|AS|SET|IMMUTABLE|STABLE|VOLATILE|STRICT|PARALLEL|SECURITY|#)\b",
@@ -82,7 +83,7 @@ def _script_objects(script: str) -> list[dict]:
         name = _NAME.search(statement).group(1)
         if name.startswith("_"):
             continue
-        create = re.match(rf"CREATE {_OBJECT}", statement)
+        create = re.match(_CREATE, statement)
         if create:
             kind = create.group(1)
             entry = objects.setdefault(name, {"name": name, "kind": kind, "declarations": [], "comments": []})
