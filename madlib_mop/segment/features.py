@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from madlib_mop import errors
+from madlib_mop.db import catalog
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.runtime.buffers import Buffer, decode
 from madlib_mop.runtime.staging import StagedProgram
@@ -63,11 +64,11 @@ class Report:
 
 
 def _store_name(plpy: Any) -> str | None:
-    """The extension's `staged_features`, qualified; None where it is missing."""
-    row = plpy.execute("SELECT n.nspname FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n "
-                       f"ON n.oid = e.extnamespace WHERE e.extname = 'madlib_mop' "
-                       f"AND to_regclass(format('%I.%I', n.nspname, '{STORE}')) IS NOT NULL")
-    return f"{plpy.quote_ident(row[0]['nspname'])}.{STORE}" if row else None
+    """The extension's `staged_features`, qualified; None where it is missing.  (Looked up
+    in the extension's schema alone: to_regclass refuses a schema the role may not use.)"""
+    name = f"{catalog.extension_schema(plpy)}.{STORE}"
+    found = plpy.execute(plpy.prepare("SELECT to_regclass($1) IS NOT NULL AS e", ["text"]), [name])[0]["e"]
+    return name if found else None
 
 
 def _from_store(plpy: Any, store: str, source: int, key: tuple, raw: list[Buffer], program: StagedProgram,
