@@ -18,7 +18,8 @@ The table shows the time, the ratios, the validation accuracy (best and mean of 
 whether staged and unstaged give the same weights, the staged features' size and the
 workers' peak memory.
 
-    .venv/bin/python bench/bench_transfer.py [--rows 4000] [--iterations 4] [--base-iterations 4] [--batch-size 32]
+    .venv/bin/python bench/bench_transfer.py [--rows 4000] [--iterations 4] [--base-iterations 4]
+        [--batch-size 32] [--runs 1]
 """
 
 from __future__ import annotations
@@ -129,6 +130,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=4)
     parser.add_argument("--base-iterations", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--runs", type=int, default=1, help="staged and unstaged jobs, this many times each")
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import keras
@@ -173,32 +175,15 @@ def main() -> None:
         # Warm worker sessions for both jobs alike (TensorFlow imported, data decoded).
         conn.execute("SELECT madlib_keras_fit_multiple_model('task_packed', 'warm_up', 'transfer_mst', 1, "
                      "FALSE, NULL, NULL, FALSE, NULL, NULL, TRUE, 1)")
-        runs = {}
-        for label, staged in (("unstaged", False), ("staged", True)):
-            conn.execute(f"SET madlib_mop.stage_frozen_layers = {'on' if staged else 'off'}")
-            with MemoryWatch(postmaster) as watch:
-                started = time.perf_counter()
-                conn.execute("SELECT madlib_keras_fit_multiple_model('task_packed', %s, 'transfer_mst', %s, "
-                             "FALSE, 'task_valid_packed', NULL, FALSE, NULL, NULL, TRUE, %s)",
-                             (f"models_{label}", args.iterations, SEED))
-                seconds = time.perf_counter() - started
-            visits = [json.loads(r[0]) if isinstance(r[0], str) else r[0] for r in conn.execute(
-                f"SELECT result FROM models_{label}_mop_visits")]
-            pids = {v["pid"] for v in visits}
-            features = {}
-            for v in visits:
-                if v.get("staged"):
-                    features[(v["pid"], v["segment"], v["staged"]["prefix"])] = v["staged"]["bytes"]
-            accuracy = [float(r[0]) for r in conn.execute(
-                f"SELECT validation_metrics_final FROM models_{label}_info")]
-            parts = {part: sum(sum(v["seconds"].get(k, 0.0) for k in keys) for v in visits)
-                     for part, keys in PARTS.items()}
-            runs[label] = {"seconds": seconds, "accuracy": accuracy, "parts": parts, "visits": len(visits),
-                           "weights": {k: bytes(w) for k, w in conn.execute(
-                               f"SELECT mst_key, model_weights FROM models_{label}")},
-                           "peak_worker_mb": max(watch.peak.get(p, 0) for p in pids),
-                           "feature_mb": sum(features.values()) / 2 ** 20,
-                           "prefixes": len({k[2] for k in features})}
+        runs = []
+        for repeat in range(args.runs):
+            runs.append({})
+            for label, staged in (("unstaged", False), ("staged", True)):
+                # Each staged run computes its features: none kept by an earlier job (the
+                # warm-up's, an earlier repeat's).
+                conn.execute(f"DELETE FROM {schema}.staged_features")
+                conn.execute(f"SET madlib_mop.stage_frozen_layers = {'on' if staged else 'off'}")
+                runs[-1][label] = _run(conn, postmaster, f"models_{label}_{repeat}", args.iterations)
         conn.execute("RESET madlib_mop.stage_frozen_layers")
         x_train, y_train = _arrays(conn, "task_train")
         x_valid, y_valid = _arrays(conn, "task_valid")
@@ -219,8 +204,7 @@ def main() -> None:
                                                  verbose=0)[1])
     keras_seconds = time.perf_counter() - started
 
-    staged, unstaged = runs["staged"], runs["unstaged"]
-    same = staged["weights"] == unstaged["weights"]
+    same = all(run["staged"]["weights"] == run["unstaged"]["weights"] for run in runs)
     print(f"\nbase CNN ({base_parameters:,} parameters) trained in the database in {base_seconds:.1f} s "
           f"(training accuracy {base_accuracy:.3f}); "
           f"new task: {args.rows:,} training and {args.rows // 4:,} validation images (32x32x3), "
@@ -228,31 +212,59 @@ def main() -> None:
           f"{len(models) * len(RATES)} models, {args.iterations} iterations, batch size {args.batch_size}\n")
     print("| run | seconds | vs staged | best val. accuracy | mean val. accuracy | peak worker memory |")
     print("|---|---|---|---|---|---|")
-    for label, seconds, accuracy, memory in (
-            ("staged (madlib_mop default)", staged["seconds"], staged["accuracy"], staged["peak_worker_mb"]),
-            ("unstaged (stage_frozen_layers = off)", unstaged["seconds"], unstaged["accuracy"],
-             unstaged["peak_worker_mb"]),
-            ("plain Keras, one model after another", keras_seconds, keras_accuracy, None)):
-        print(f"| {label} | {seconds:.1f} | {seconds / staged['seconds']:.2f}x | {max(accuracy):.3f} | "
-              f"{np.mean(accuracy):.3f} | {'-' if memory is None else f'{memory:,.0f} MB'} |")
-    print("\n| run | sub-epochs | " + " | ".join(f"{part} (s)" for part in PARTS) + " |")
-    print("|---|---|" + "---|" * len(PARTS))
+    for number, run in enumerate(runs, 1):
+        at = f" (run {number})" if len(runs) > 1 else ""
+        for label, key in (("staged (madlib_mop default)", "staged"),
+                           ("unstaged (stage_frozen_layers = off)", "unstaged")):
+            print(f"| {label}{at} | {run[key]['seconds']:.1f} | {run[key]['seconds'] / run['staged']['seconds']:.2f}x"
+                  f" | {max(run[key]['accuracy']):.3f} | {np.mean(run[key]['accuracy']):.3f} | "
+                  f"{run[key]['peak_worker_mb']:,.0f} MB |")
+    print(f"| plain Keras, one model after another | {keras_seconds:.1f} | "
+          f"{keras_seconds / runs[0]['staged']['seconds']:.2f}x | {max(keras_accuracy):.3f} | "
+          f"{np.mean(keras_accuracy):.3f} | - |")
+    print("\n| run | sub-epochs | " + " | ".join(f"{part} (s)" for part in PARTS) + " | state per hop (MB) |")
+    print("|---|---|" + "---|" * (len(PARTS) + 1))
     for label in ("staged", "unstaged"):
-        print(f"| {label} | {runs[label]['visits']} | "
-              + " | ".join(f"{runs[label]['parts'][part]:.1f}" for part in PARTS) + " |")
-    print(f"\nstaged features: {staged['prefixes']} prefixes, {staged['feature_mb']:.1f} MiB over the workers "
+        run = runs[0][label]
+        print(f"| {label} | {run['visits']} | " + " | ".join(f"{run['parts'][part]:.1f}" for part in PARTS)
+              + f" | {run['state_mb_per_hop']:.2f} |")
+    print(f"\nstaged features: {runs[0]['staged']['prefixes']} prefixes, "
+          f"{runs[0]['staged']['feature_mb']:.1f} MiB over the workers "
           f"(the packed images: {args.rows * 32 * 32 * 3 * 4 / 2 ** 20:.1f} MiB); "
           f"staged and unstaged weights bitwise equal: {same}")
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps({
         "rows": args.rows, "iterations": args.iterations, "batch_size": args.batch_size,
-        "staged_seconds": staged["seconds"], "unstaged_seconds": unstaged["seconds"],
-        "keras_seconds": keras_seconds, "staged_accuracy": staged["accuracy"],
-        "unstaged_accuracy": unstaged["accuracy"], "keras_accuracy": keras_accuracy,
-        "same_weights": same, "feature_mb": staged["feature_mb"], "base_accuracy": base_accuracy,
-        "parts": {label: runs[label]["parts"] for label in runs},
-        "peak_worker_mb": {"staged": staged["peak_worker_mb"], "unstaged": unstaged["peak_worker_mb"]}},
-        indent=2))
+        "keras_seconds": keras_seconds, "keras_accuracy": keras_accuracy, "same_weights": same,
+        "base_accuracy": base_accuracy,
+        "runs": [{label: {k: v for k, v in run[label].items() if k != "weights"} for label in run}
+                 for run in runs]}, indent=2))
+
+
+def _run(conn, postmaster: int, out: str, iterations: int) -> dict:
+    """One job of the 24 models into `out`: its time, accuracy, parts, weights and memory."""
+    with MemoryWatch(postmaster) as watch:
+        started = time.perf_counter()
+        conn.execute("SELECT madlib_keras_fit_multiple_model('task_packed', %s, 'transfer_mst', %s, "
+                     "FALSE, 'task_valid_packed', NULL, FALSE, NULL, NULL, TRUE, %s)",
+                     (out, iterations, SEED))
+        seconds = time.perf_counter() - started
+    visits = [json.loads(r[0]) if isinstance(r[0], str) else r[0] for r in conn.execute(
+        f"SELECT result FROM {out}_mop_visits")]
+    pids = {v["pid"] for v in visits}
+    features = {}
+    for v in visits:
+        if v.get("staged"):
+            features[(v["pid"], v["segment"], v["staged"]["prefix"])] = v["staged"]["bytes"]
+    accuracy = [float(r[0]) for r in conn.execute(f"SELECT validation_metrics_final FROM {out}_info")]
+    parts = {part: sum(sum(v["seconds"].get(k, 0.0) for k in keys) for v in visits)
+             for part, keys in PARTS.items()}
+    return {"seconds": seconds, "accuracy": accuracy, "parts": parts, "visits": len(visits),
+            "weights": {k: bytes(w) for k, w in conn.execute(f"SELECT mst_key, model_weights FROM {out}")},
+            "peak_worker_mb": max(watch.peak.get(p, 0) for p in pids),
+            "feature_mb": sum(features.values()) / 2 ** 20,
+            "state_mb_per_hop": float(np.mean([v.get("state_bytes", 0) for v in visits])) / 2 ** 20,
+            "prefixes": len({k[2] for k in features})}
 
 
 def _arrays(conn, table: str):

@@ -4,6 +4,8 @@ jobs (shared and unshared prefixes, spilled features) against the real server.""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 
@@ -137,6 +139,46 @@ def test_staged_training_gives_the_whole_models_state_bit_for_bit():
         results.append((metrics, blob[state.split(blob)[1]:]))
     assert _same(results[0][0], results[1][0])
     assert _same(results[0][1], results[1][1])  # the payload: the names in the header differ
+
+
+def test_a_staged_models_hop_leaves_its_frozen_prefix_out():
+    """A head state (the state but the prefix's weights) and the prefix's state compose the
+    whole state's bytes; a program restores a head state, reading the prefix only where it
+    does not hold it; a head state without a prefix to add, or into a model trained whole,
+    is refused."""
+    arch, flat = _base_and_flat()
+    spec = training.ModelSpec(3, arch, COMPILE, "batch_size=16", flat)
+    staged = staging.StagedProgram.for_spec(spec)
+    staged.restore(model_state.capture_state(training.compiled_model(spec, 11)))
+    used = [Buffer(b.rows, lambda b=b: (staged.features(b.load()[0]), b.load()[1])) for b in _buffers()]
+    training.train_subepoch(staged, spec, used, 5, 0, True)
+    staged.held_prefix = staged.digest()
+    head, prefix = io.BytesIO(), io.BytesIO()
+    staged.write_head(head)
+    staged.write_prefix(prefix)
+    whole = bytes(staged.capture())
+    assert state.compose(head.getvalue(), prefix.getvalue()) == whole
+    # The prefix: 3 frozen layers' weights (2 convolutions, a BatchNormalization), most bytes.
+    assert len(staged.prefix_entries) == 8 and len(head.getvalue()) < len(whole) - 2000
+    asked = []
+
+    @contextlib.contextmanager
+    def prefixes(digest):
+        asked.append(digest)
+        yield prefix.getvalue()
+
+    other = staging.StagedProgram.for_spec(spec)
+    other.restore(model_state.capture_state(training.compiled_model(spec, 12)))
+    payload = whole[state.split(whole)[1]:]  # (the names in the header differ)
+    for _ in range(2):
+        other.restore(head.getvalue(), prefixes)
+        restored = bytes(other.capture())
+        assert restored[state.split(restored)[1]:] == payload
+    assert asked == [staged.held_prefix]  # read once: then the model holds it
+    with pytest.raises(state.StateFormatError, match="none to add"):
+        staging.StagedProgram.for_spec(spec).restore(head.getvalue())
+    with pytest.raises(state.StateFormatError, match="does not fit"):
+        training.Program.for_spec(spec).restore(head.getvalue(), prefixes)
 
 
 def test_features_are_the_same_bits_whatever_the_rows_computed_at_once(monkeypatch):

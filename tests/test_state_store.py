@@ -69,3 +69,36 @@ def test_madlib_weights_of_a_state_are_a_view_when_they_are_float32():
     # float16 weights are converted (a copy), as MADlib's model_weights are float32
     half = state.encode([state.Entry("weights", "w", np.arange(4, dtype="<f2"))])
     assert np.array_equal(np.frombuffer(state.madlib_weights(half), dtype="<f4"), np.arange(4))
+
+
+def _entries(*arrays) -> list[state.Entry]:
+    return [state.Entry("weights" if i < 3 else "optimizer", f"v{i}", a) for i, a in enumerate(arrays)]
+
+
+def test_a_head_state_is_read_whole_composed_with_its_prefix(tmp_path):
+    """A hop file without a staged model's frozen prefix: read whole (the prefix's arrays in
+    their places, the bytes of the whole state), or as stored where a worker asks so."""
+    arrays = [np.arange(6, dtype="<f4").reshape(2, 3), np.ones(4, "<f4"), np.full(3, 7, "<f4"),
+              np.array([5], "<i8")]
+    whole = bytes(state.encode(_entries(*arrays)))
+    digest = "ab12"
+    prefix = bytes(state.encode([_entries(*arrays)[i] for i in (0, 2)], state.prefix_meta(digest)))
+    head = bytes(state.encode([_entries(*arrays)[i] for i in (1, 3)], state.head_meta(digest, [0, 2])))
+    assert state.compose(head, prefix) == whole
+    hops = HopFiles(16384, 7, "run-a", root=tmp_path)
+    hops.create()
+    hops.write(1, 2, head)
+    with pytest.raises(MadlibMopError) as raised:  # its prefix is not kept: not read as whole
+        hops.read(1, 2)
+    assert raised.value.sqlstate == "55000"
+    written = []
+    for _ in range(2):  # kept once
+        hops.keep_prefix(digest, lambda handle: written.append(handle.write(prefix)))
+    assert len(written) == 1
+    assert hops.read(1, 2) == whole
+    with hops.mapped(1, 2, whole=False) as stored:
+        assert bytes(stored) == head and state.left_out_prefix(stored) == digest
+    with pytest.raises(state.StateFormatError, match="not the one"):  # another prefix's
+        state.compose(head, bytes(state.encode(_entries(*arrays)[:2], state.prefix_meta("cd34"))))
+    with pytest.raises(ValueError, match="digest"):  # a digest never names another path
+        hops.prefix_path("../x")

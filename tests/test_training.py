@@ -122,9 +122,11 @@ def test_initial_states_are_those_of_models_built_one_by_one(optimizer):
             assert a.kind == b.kind and np.array_equal(a.array, b.array), (spec.mst_key, b.name)
 
 
-def test_state_bytes_go_in_and_out_whole():
-    """The program's one-call restore and capture give the bytes of `capture_state` and the
-    model's values; a truncated state is refused."""
+@pytest.mark.parametrize("traced", [True, False])
+def test_state_bytes_go_in_and_out_whole(monkeypatch, traced):
+    """The program's restore and capture, per variable or by the traced call, give the bytes
+    of `capture_state` and the model's values; a truncated state is refused."""
+    monkeypatch.setattr(model_state.ModelState, "TRACE_AFTER_SECONDS", 0.0 if traced else float("inf"))
     program = training.Program(training.compiled_model(_spec(1, 0.01, dropout=True), 0))
     x, y, _ = _data()
     program.train(x, y, 8)
@@ -137,6 +139,7 @@ def test_state_bytes_go_in_and_out_whole():
         assert np.array_equal(found, expected)
     with pytest.raises(ValueError, match="truncated"):
         other.restore(blob[:-4])
+    assert other.state._traced("assign") == traced and program.state._traced("read") == traced
 
 
 def test_differently_wired_networks_do_not_share_a_program():

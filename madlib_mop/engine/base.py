@@ -68,6 +68,9 @@ class VisitRecord:
     # Functions this sub-epoch traced (0: its program's were ready, from an earlier visit,
     # job, or a session kept ready for the role).
     traced: int = 0
+    # The bytes of the state this sub-epoch left (its hop file, or the state shipped back):
+    # a staged model's hop leaves its frozen prefix out.
+    state_bytes: int = 0
 
     def to_json(self) -> str:
         return finite_json(asdict(self))

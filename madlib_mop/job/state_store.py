@@ -9,7 +9,9 @@ several times the sub-epoch for big models.  So:
   the server (`HopFiles`: written and renamed into place, not fsynced: it costs about one
   copy into the page cache) and the worker of the next hop reads it from there.  The
   state never passes through the coordinator, nor through one SQL value (so it may be
-  larger than PostgreSQL's 1 GB).
+  larger than PostgreSQL's 1 GB).  A staged model's hop file leaves out its frozen prefix's
+  weights (a head state, `state.head_meta`): they are in a file of their own, written once
+  per job and digest; whatever reads a hop file but a worker gets it whole (`compose`).
 - **Once per iteration** (the state after a model's last sub-epoch of an iteration) and at
   step 0 the state is also written into the job's state table, in pieces of at most
   `PIECE_BYTES` (`StateTable`), by the coordinator's `DurableWriter`, beside the hops:
@@ -36,6 +38,7 @@ import errno
 import mmap
 import os
 import queue
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -89,11 +92,25 @@ class HopFiles:
         not make it: a late one of a finished job then leaves nothing behind)."""
         self.run_directory.mkdir(parents=True, exist_ok=True)
 
+    def prefix_path(self, digest: str) -> Path:
+        """The file of a staged model's frozen prefix (`state.head_meta`), by its digest."""
+        if not re.fullmatch(r"[0-9a-f]{1,64}", digest):
+            raise ValueError(f"not a prefix digest: {digest!r}")
+        return self.run_directory / f"prefix-{digest}.state"
+
     def write(self, mst_key: int, step: int, blob: bytes | Callable[[Any], None]) -> None:
         """Written whole or not at all: to a file of this process, then renamed.  `blob`:
         the state's bytes, or a function that writes them to a file handle (a big state
         is written a part at a time, never whole in memory)."""
-        target = self.path(mst_key, step)
+        self._write(self.path(mst_key, step), blob, f"the state of model {mst_key} after step {step}")
+
+    def keep_prefix(self, digest: str, write: Callable[[Any], None]) -> None:
+        """The prefix's state, by the first worker that hops a head state of it; it stays
+        as long as the job's run directory."""
+        if not self.prefix_path(digest).exists():
+            self._write(self.prefix_path(digest), write, f"the frozen layers' state {digest}")
+
+    def _write(self, target: Path, blob: bytes | Callable[[Any], None], what: str) -> None:
         partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
         try:
             with open(partial, "wb") as handle:
@@ -105,37 +122,40 @@ class HopFiles:
         except OSError as error:
             partial.unlink(missing_ok=True)
             raise MadlibMopError(
-                f"the state of model {mst_key} after step {step} could not be written: {error}",
+                f"{what} could not be written: {error}",
                 sqlstate=errors.DISK_FULL if error.errno == errno.ENOSPC else errors.IO_ERROR,
                 detail=f"in {self.run_directory}",
                 hint="Free space on the server's data directory, then resume the job "
                      "(CALL resume(job_id)); finished sub-epochs are kept.") from None
 
-    def read(self, mst_key: int, step: int) -> bytes | None:
-        try:
-            with open(self.path(mst_key, step), "rb") as handle:
-                return handle.read()
-        except FileNotFoundError:
-            return None
+    def read(self, mst_key: int, step: int) -> bytes | bytearray | None:
+        """The whole state (a head state composed with its prefix)."""
+        with self.mapped(mst_key, step) as blob:
+            return None if blob is None else bytes(blob)
 
     @contextlib.contextmanager
-    def mapped(self, mst_key: int, step: int) -> Iterator[mmap.mmap | None]:
+    def mapped(self, mst_key: int, step: int, whole: bool = True) -> Iterator[Any]:
         """The hop file mapped into memory, read-only (None: there is none): a state read
-        this way is not copied whole into the process, its pages are the page cache's."""
-        try:
-            handle = open(self.path(mst_key, step), "rb")
-        except FileNotFoundError:
-            yield None
-            return
-        with handle:
-            mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
-            try:
-                yield mapped
-            finally:
-                try:
-                    mapped.close()
-                except BufferError:  # a view of it outlives the block (an error's traceback):
-                    pass             # it is unmapped when the last one goes
+        this way is not copied whole into the process, its pages are the page cache's.
+        A head state is given composed with its prefix (a copy), unless not `whole`."""
+        with _mapped_file(self.path(mst_key, step)) as blob:
+            digest = None if blob is None or not whole else state.left_out_prefix(blob)
+            if digest is None:
+                yield blob
+                return
+            with self.mapped_prefix(digest) as prefix:
+                composed = state.compose(blob, prefix)
+        yield composed
+
+    @contextlib.contextmanager
+    def mapped_prefix(self, digest: str) -> Iterator[mmap.mmap]:
+        """A prefix's state (`keep_prefix`), mapped."""
+        with _mapped_file(self.prefix_path(digest)) as blob:
+            if blob is None:
+                raise MadlibMopError(f"no state of the frozen layers {digest} in the job's store",
+                                     sqlstate=errors.OBJECT_NOT_IN_PREREQUISITE_STATE,
+                                     hint="Resume the job: it goes back to its last durable states.")
+            yield blob
 
     def holds(self, mst_key: int, step: int) -> bool:
         return self.path(mst_key, step).exists()
@@ -163,6 +183,25 @@ class HopFiles:
 
     def remove_job(self) -> None:
         shutil.rmtree(self.job_directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _mapped_file(path: Path) -> Iterator[mmap.mmap | None]:
+    """A file mapped into memory, read-only (None: there is none)."""
+    try:
+        handle = open(path, "rb")
+    except FileNotFoundError:
+        yield None
+        return
+    with handle:
+        mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            yield mapped
+        finally:
+            try:
+                mapped.close()
+            except BufferError:  # a view of it outlives the block (an error's traceback):
+                pass             # it is unmapped when the last one goes
 
 
 def found(blob: Any, mst_key: int, step: int) -> Any:
@@ -343,10 +382,11 @@ class StateStore:
         return blob if blob is not None else self.table.read(mst_key, step)
 
     @contextlib.contextmanager
-    def mapped(self, mst_key: int, step: int) -> Iterator[Any]:
-        """The state, its hop file mapped (`HopFiles.mapped`), else read from the table;
-        None if there is neither.  Views of it must not outlive the block."""
-        with self.hops.mapped(mst_key, step) as mapped:
+    def mapped(self, mst_key: int, step: int, whole: bool = True) -> Iterator[Any]:
+        """The state, its hop file mapped (`HopFiles.mapped`: a head state unless `whole`),
+        else read from the table; None if there is neither.  Views of it must not outlive
+        the block."""
+        with self.hops.mapped(mst_key, step, whole) as mapped:
             yield mapped if mapped is not None else self.table.read(mst_key, step)
 
     @contextlib.contextmanager

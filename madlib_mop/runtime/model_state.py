@@ -6,7 +6,9 @@ format is `runtime.state`'s."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import time
 from typing import Any, Iterator
 
 import numpy as np
@@ -100,8 +102,12 @@ def state_header(variables: list[tuple[str, Any]]) -> list[dict]:
 
 def capture_state(model) -> bytearray:
     """The model's state, each variable copied once into its place (a state may be GBs)."""
-    variables = state_variables(model)
-    head = state.assemble(state_header(variables), b"")
+    return capture_variables(state_variables(model))
+
+
+def capture_variables(variables: list[tuple[str, Any]], meta: dict | None = None) -> bytearray:
+    """A state of these (kind, variable) pairs, `meta` in its header."""
+    head = state.assemble(state_header(variables), b"", meta)
     blob = bytearray(len(head) + sum(int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize
                                      for _, v in variables))
     blob[:len(head)] = head
@@ -113,39 +119,65 @@ def capture_state(model) -> bytearray:
     return blob
 
 
-def write_state(model, handle) -> None:
-    """The model's state (`capture_state`'s bytes) into a file, a part of a variable at a
-    time: never the whole state in memory beside the model."""
-    variables = state_variables(model)
-    handle.write(state.assemble(state_header(variables), b""))
+def write_variables(variables: list[tuple[str, Any]], handle, meta: dict | None = None) -> None:
+    """`capture_variables`' bytes into a file, a part of a variable at a time: never the
+    whole state in memory beside the model."""
+    handle.write(state.assemble(state_header(variables), b"", meta))
     for _, variable in variables:
         for part in variable_parts(variable):
             handle.write(memoryview(np.ascontiguousarray(part)).cast("B"))
 
 
 class ModelState:
-    """The state of one compiled model, restored into it and read out of it at every hop.
+    """The state of one compiled model (or of a part of its variables), restored into it
+    and read out of it at every hop.
 
-    A hop restores a state into the model and reads the new one out.  Done per variable,
-    that is a call into TensorFlow per variable (tens per model) each way; here it is one
-    traced call each way on the state's bytes: the arrays are cut from the bytes and
-    bitcast to their dtypes inside the graph, and read out the same way.  On a big-endian
-    host, or for a dtype bitcast does not take, it falls back to one array at a time."""
+    Done per variable, a hop is a call into TensorFlow per variable (tens per model) each
+    way.  A traced call each way on the state's bytes costs less per hop (the arrays cut
+    from the bytes and bitcast to their dtypes inside the graph), but tracing it costs
+    0.1-0.4 s, as much as tens of hops: a model that hops a few times (a short job, a
+    model a pruner stops early) never earns it back.  So a state goes per variable until
+    that has cost TRACE_AFTER_SECONDS in this program, then by the traced call (so the
+    first way costs about twice the better one at most).  Both copy the same bytes.  On
+    a big-endian host, for a dtype bitcast does not take, or above RAW_PATH_BYTES, it stays
+    per variable."""
 
     _BITCAST = frozenset("float16 float32 float64 int8 int16 int32 int64 uint8 uint16 uint32 "
                          "uint64".split())
+    TRACE_AFTER_SECONDS = 0.25
+    # Above this size a state goes one variable at a time all the same: the one traced call
+    # would copy the whole state several times more (a string tensor in, its bytes out),
+    # and a variable's copy costs far more than a call into TensorFlow.
+    RAW_PATH_BYTES = 16 * 1024 * 1024
 
-    def __init__(self, model):
+    def __init__(self, model, variables: list[tuple[str, Any]] | None = None):
         self.model = model
-        self.variables = state_variables(model)
+        self.variables = state_variables(model) if variables is None else variables
         self.layout = [(kind, tuple(v.shape)) for kind, v in self.variables]
         self._header = state_header(self.variables)
         self._dtypes = [item["dtype"] for item in self._header]
         self._state_bytes = sum(int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize
                                 for _, v in self.variables)
-        self._raw_path = sys.byteorder == "little" and all(
-            np.dtype(v.dtype).name in self._BITCAST for _, v in self.variables)
+        self._raw_path = (sys.byteorder == "little" and self._state_bytes <= self.RAW_PATH_BYTES
+                          and all(np.dtype(v.dtype).name in self._BITCAST for _, v in self.variables))
         self._functions: dict[str, object] = {}
+        self._untraced_seconds = {"assign": 0.0, "read": 0.0}
+
+    def trace(self) -> None:
+        """Trace both calls now (a worker warming up for the jobs to come)."""
+        if self._raw_path:
+            self._function("assign")
+            self._function("read")
+
+    def _traced(self, kind: str) -> bool:
+        return self._raw_path and (kind in self._functions
+                                   or self._untraced_seconds[kind] >= self.TRACE_AFTER_SECONDS)
+
+    @contextlib.contextmanager
+    def _untraced(self, kind: str) -> Iterator[None]:
+        started = time.perf_counter()
+        yield
+        self._untraced_seconds[kind] += time.perf_counter() - started
 
     def _function(self, kind: str):
         import tensorflow as tf
@@ -178,31 +210,28 @@ class ModelState:
             self._functions[kind] = function.get_concrete_function()
         return self._functions[kind]
 
-    # Above this size a state goes one variable at a time all the same: the one traced call
-    # would copy the whole state several times more (a string tensor in, its bytes out),
-    # and a variable's copy costs far more than a call into TensorFlow.
-    RAW_PATH_BYTES = 16 * 1024 * 1024
-
     def restore(self, blob: bytes | bytearray) -> None:
         import tensorflow as tf
 
         header, offset = state.split(blob)
         state.check_layout(state.header_layout(header), self.layout)
-        if (self._raw_path and len(blob) <= self.RAW_PATH_BYTES
-                and [item["dtype"] for item in header["layout"]] == self._dtypes):
+        if self._traced("assign") and [item["dtype"] for item in header["layout"]] == self._dtypes:
             self._function("assign")(tf.constant(bytes(blob[offset:])))
             return
-        for (_, variable), entry in zip(self.variables, state.decode(blob)[0]):
-            assign_variable(variable, entry.array)
+        with self._untraced("assign"):
+            for (_, variable), entry in zip(self.variables, state.decode(blob)[0]):
+                assign_variable(variable, entry.array)
 
-    def capture(self) -> bytes | bytearray:
-        if not self._raw_path or self._state_bytes > self.RAW_PATH_BYTES:
-            return capture_state(self.model)
-        return state.assemble(self._header, self._function("read")().numpy().tobytes())
+    def capture(self, meta: dict | None = None) -> bytes | bytearray:
+        if self._traced("read"):
+            return state.assemble(self._header, self._function("read")().numpy().tobytes(), meta)
+        with self._untraced("read"):
+            return capture_variables(self.variables, meta)
 
-    def write(self, handle) -> None:
+    def write(self, handle, meta: dict | None = None) -> None:
         """`capture()`'s bytes into a file; a big state a part of a variable at a time."""
-        if not self._raw_path or self._state_bytes > self.RAW_PATH_BYTES:
-            write_state(self.model, handle)
-        else:
-            handle.write(self.capture())
+        if self._traced("read"):
+            handle.write(self.capture(meta))
+            return
+        with self._untraced("read"):
+            write_variables(self.variables, handle, meta)

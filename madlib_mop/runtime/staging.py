@@ -15,8 +15,10 @@ mask is not part of the features), a model nested as a layer.  A functional mode
 trained whole.
 
 The head shares the model's layers, variables and optimizer: a state is restored into the
-whole model and captured from it as for any model, so a staged model's state, hops, outputs
-and replays are those of the unstaged model.  The features of a row are computed by the same
+whole model and captured from it as for any model, so a staged model's state, outputs and
+replays are those of the unstaged model.  Between hops on the job's server its frozen
+weights stay put: a hop carries a head state (`state.head_meta`), and the prefix's weights
+are kept once per job and digest (`job.state_store.HopFiles.keep_prefix`).  The features of a row are computed by the same
 layers as inside a training step.  Where a row's output is the same bits whatever the number
 of rows computed with it (Dense layers; some convolutions), staged training gives the
 unstaged weights bit for bit; oneDNN picks other convolutions' algorithm by the number of
@@ -31,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from madlib_mop.runtime import keras_json, training
+from madlib_mop.runtime import keras_json, model_state, state, training
 
 # Layers whose output in training is their output in inference when they are frozen (a
 # frozen BatchNormalization runs in inference mode in Keras 3).
@@ -151,6 +153,16 @@ class StagedProgram(training.Program):
         self.trainer = head
         self._prefix_cost: dict[int, float] = {}
         self.features = LayerOutput(self.prefix)
+        # The frozen prefix's weights never change: between hops on the job's server they
+        # stay in a file of their own, once per job and digest, and a hop carries the rest
+        # (`state.head_meta`).  `held_prefix`: the digest of the prefix weights the model
+        # holds now (None: not known since the last whole state restored).
+        variables = model_state.state_variables(model)
+        frozen = {id(v) for v in self.prefix.weights}
+        self.prefix_entries = [i for i, (_, v) in enumerate(variables) if id(v) in frozen]
+        self.prefix_state = model_state.ModelState(model, [p for p in variables if id(p[1]) in frozen])
+        self.head_state = model_state.ModelState(model, [p for p in variables if id(p[1]) not in frozen])
+        self.held_prefix: str | None = None
 
     @classmethod
     def for_spec(cls, spec: training.ModelSpec) -> training.Program:
@@ -162,6 +174,33 @@ class StagedProgram(training.Program):
         if not cut:
             return training.Program.for_spec(spec)
         return cls(training.compiled_model(spec, None), spec, cut, prefix_description(config, cut))
+
+    def restore(self, blob: bytes | bytearray, prefixes: training.PrefixSource | None = None) -> None:
+        """A whole state, or a head state whose prefix is the one the model holds or is
+        read by `prefixes(digest)` (a context giving the prefix's state)."""
+        header, _ = state.split(blob)
+        digest = state.head_prefix(header)
+        if digest is None:
+            self.state.restore(blob)
+            self.held_prefix = None
+            return
+        if header["meta"]["prefix"]["entries"] != self.prefix_entries:
+            raise state.StateFormatError("model state does not fit this model: its frozen layers differ")
+        if digest != self.held_prefix:
+            if prefixes is None:
+                raise state.StateFormatError("a state without its frozen layers, and none to add")
+            with prefixes(digest) as prefix:
+                self.prefix_state.restore(prefix)
+            self.held_prefix = digest
+        self.head_state.restore(blob)
+
+    def write_head(self, handle) -> None:
+        """The model's state but its prefix's weights (a head state) into a file."""
+        self.head_state.write(handle, state.head_meta(self.held_prefix, self.prefix_entries))
+
+    def write_prefix(self, handle) -> None:
+        """The prefix's weights, the state a head state leaves out, into a file."""
+        self.prefix_state.write(handle, state.prefix_meta(self.held_prefix))
 
     def digest(self) -> str:
         """What the restored model's features are a function of: the prefix's layers and

@@ -85,13 +85,16 @@ def split(blob: bytes) -> tuple[dict, int]:
         raise StateFormatError(f"model state format {version}, this version reads {FORMAT_VERSION}")
     start = len(MAGIC) + _PREFIX.size
     header = json.loads(blob[start: start + length])
-    size = sum(int(np.prod(item["shape"], dtype=np.int64)) * np.dtype(item["dtype"]).itemsize
-               for item in header["layout"])
+    size = sum(_nbytes(item) for item in header["layout"])
     if start + length + size > len(blob):
         raise StateFormatError("model state is truncated")
     if start + length + size < len(blob):
         raise StateFormatError("model state has trailing bytes")
     return header, start + length
+
+
+def _nbytes(item: dict) -> int:
+    return int(np.prod(item["shape"], dtype=np.int64)) * np.dtype(item["dtype"]).itemsize
 
 
 def decode(blob: bytes | bytearray) -> tuple[list[Entry], dict]:
@@ -122,6 +125,63 @@ def check_layout(found: list[tuple[str, tuple]], expected: list[tuple[str, tuple
     """Two layouts (`layout_of`, `header_layout`) must be the same model's."""
     if found != expected:
         raise StateFormatError("model state does not fit this model: its variables differ")
+
+
+# A *head state* is a staged model's state without its frozen prefix's weights
+# (`runtime.staging`), which never change: they are kept once per job and prefix, as a
+# state of their own whose meta names their digest, and a head state's meta names that
+# digest and where the prefix's entries go in the whole state.  Hop files of the job's own
+# server may be head states; everything else (the state table, outputs, a shipped state)
+# is whole, made by `compose`.
+def head_meta(digest: str, entries: list[int]) -> dict:
+    return {"prefix": {"digest": digest, "entries": list(entries)}}
+
+
+def prefix_meta(digest: str) -> dict:
+    return {"digest": digest}
+
+
+def head_prefix(header: dict) -> str | None:
+    """The digest of the prefix a head state (`split`'s header) leaves out; None: whole."""
+    prefix = header["meta"].get("prefix")
+    return None if prefix is None else str(prefix["digest"])
+
+
+def left_out_prefix(blob: bytes | bytearray | memoryview) -> str | None:
+    """`head_prefix` of a state's bytes; None also for bytes that are not a state (decoding
+    them says what is wrong with them)."""
+    if blob[:len(MAGIC)] != MAGIC:
+        return None
+    return head_prefix(split(blob)[0])
+
+
+def compose(head: bytes | bytearray | memoryview, prefix: bytes | bytearray | memoryview) -> bytearray:
+    """The whole state of a head state and its prefix's state, each array copied once."""
+    head_header, head_offset = split(head)
+    prefix_header, prefix_offset = split(prefix)
+    meta = dict(head_header["meta"])
+    where = meta.pop("prefix")
+    slots = set(where["entries"])
+    if (prefix_header["meta"].get("digest") != where["digest"]
+            or len(slots) != len(prefix_header["layout"])):
+        raise StateFormatError("the frozen layers' state is not the one this head state was cut from")
+    sources = {False: (head, iter(head_header["layout"]), [head_offset]),
+               True: (prefix, iter(prefix_header["layout"]), [prefix_offset])}
+    layout, spans = [], []
+    for index in range(len(head_header["layout"]) + len(slots)):
+        blob, items, offset = sources[index in slots]
+        item = next(items)
+        layout.append(item)
+        spans.append((blob, offset[0], _nbytes(item)))
+        offset[0] += _nbytes(item)
+    start = _head(layout, meta)
+    whole = bytearray(len(start) + sum(size for _, _, size in spans))
+    whole[:len(start)] = start
+    position = len(start)
+    for blob, offset, size in spans:
+        whole[position:position + size] = memoryview(blob)[offset:offset + size]
+        position += size
+    return whole
 
 
 WEIGHT_BYTES = 4  # a value of MADlib's model_weights: float32

@@ -15,7 +15,7 @@ import math
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, ContextManager, Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -26,6 +26,8 @@ from madlib_mop.runtime.custom_functions import CustomFunctions
 from madlib_mop.runtime.tf_runtime import import_tensorflow
 
 SPARSE_LOSSES = {"sparse_categorical_crossentropy"}
+# A staged model's frozen prefix's state by its digest (`runtime.staging`), as a context.
+PrefixSource = Callable[[str], ContextManager[Any]]
 
 
 def derived_seed(*parts: int) -> int:
@@ -247,7 +249,8 @@ class Program:
         return cls(compiled_model(spec, None))
 
     # ---- state: the model's (`runtime.model_state`) ----
-    def restore(self, blob: bytes | bytearray) -> None:
+    def restore(self, blob: bytes | bytearray, prefixes: PrefixSource | None = None) -> None:
+        """`blob`: a whole state (`prefixes`: for a staged program's head states)."""
         self.state.restore(blob)
 
     def capture(self) -> bytes | bytearray:

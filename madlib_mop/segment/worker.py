@@ -23,7 +23,6 @@ has no job row there: the engine ships the job's description when it opens the s
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import time
 from dataclasses import dataclass, field
@@ -202,7 +201,8 @@ def _trained_on(plpy: Any, ctx: JobContext, data: PackedData, segment: int, mst_
     if not isinstance(program, staging.StagedProgram):
         return buffers, None
     if mst_key not in ctx.digests:  # frozen: a model's prefix is the same all its job long
-        ctx.digests[mst_key] = program.digest()
+        ctx.digests[mst_key] = program.held_prefix or program.digest()
+    program.held_prefix = ctx.digests[mst_key]
     # Keyed by the table that holds the segment's rows (on a segment server, its own).
     table = data.partitions.get(segment, data.table)
     staged, report = features.staged_buffers(
@@ -235,8 +235,26 @@ def _state(ctx: JobContext, mst_key: int, step: int, model_state: bytes | None) 
         raise MadlibMopError(f"job {ctx.job_id}: no state given for model {mst_key}",
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
                              hint="A segment server's worker is given the state with the call.")
-    with ctx.states.mapped(mst_key, step) as blob:
+    with ctx.states.mapped(mst_key, step, whole=False) as blob:
         yield state_store.found(blob, mst_key, step)
+
+
+def _restore(ctx: JobContext, program: training.Program, blob: Any) -> None:
+    """The state into the program; a staged model's head state with its prefix's, kept in the
+    job's store (where the model does not hold it already)."""
+    program.restore(blob, ctx.states.hops.mapped_prefix if ctx.states is not None else None)
+
+
+def _write_hop(ctx: JobContext, program: training.Program, mst_key: int, step: int) -> int:
+    """The state into its hop file, a part at a time: a staged model's without its frozen
+    prefix, whose weights never change (kept once per job and digest).  Its bytes."""
+    hops = ctx.states.hops
+    if isinstance(program, staging.StagedProgram) and program.held_prefix is not None:
+        hops.keep_prefix(program.held_prefix, program.write_prefix)
+        hops.write(mst_key, step, program.write_head)
+    else:
+        hops.write(mst_key, step, program.write_state)
+    return hops.path(mst_key, step).stat().st_size
 
 
 def train(plpy: Any, job_id: int, mst_key: int, step: int, segment: int,
@@ -255,7 +273,7 @@ def train(plpy: Any, job_id: int, mst_key: int, step: int, segment: int,
     shipped = model_state is not None
     with _state(ctx, mst_key, step, model_state) as blob:
         loaded = time.perf_counter()
-        program.restore(blob)
+        _restore(ctx, program, blob)
     del blob, model_state
     restored = time.perf_counter()
     buffers, staged = _trained_on(plpy, ctx, ctx.train, segment, mst_key, program, buffers)
@@ -270,11 +288,12 @@ def train(plpy: Any, job_id: int, mst_key: int, step: int, segment: int,
     if diverged or shipped:
         new_state = b"" if diverged else program.capture()
     else:  # straight into the hop file, a part at a time (save is then the whole write)
-        ctx.states.hops.write(mst_key, step + 1, program.write_state)
+        state_bytes = _write_hop(ctx, program, mst_key, step + 1)
         new_state = None
     captured = saved = time.perf_counter()
     if new_state is not None:
         new_state = bytes(new_state)  # PL/Python returns bytes as bytea
+        state_bytes = len(new_state)
     # load: the state from the job's store (its hop file mapped, else the state table);
     # restore: into the model; stage: a staged model's features, when this call computed them;
     # save: out of the model (into the hop file on the job's own
@@ -286,7 +305,7 @@ def train(plpy: Any, job_id: int, mst_key: int, step: int, segment: int,
          "other": trained - restored - staging_seconds - outcome.seconds_train,
          "save": captured - trained,
          "keep": saved - captured, "total": saved - started}, diverged, staged,
-        program.traced - traced_before).to_json()
+        program.traced - traced_before, state_bytes).to_json()
     return {"new_state": new_state, "result": result}
 
 
@@ -303,7 +322,7 @@ def evaluate(plpy: Any, job_id: int, mst_key: int, step: int, partition: int,
     buffers = _buffers(plpy, ctx, ctx.validation, partition)
     program = _program(plpy, ctx, mst_key)
     with _state(ctx, mst_key, step, model_state) as blob:
-        program.restore(blob)
+        _restore(ctx, program, blob)
     del blob
     raw = buffers
     buffers, staged = _trained_on(plpy, ctx, ctx.validation, partition, mst_key, program, buffers)
@@ -357,8 +376,7 @@ def trace_latest_job(plpy: Any) -> int:
         program = _program(plpy, ctx, mst_key)
         if isinstance(program, staging.StagedProgram):
             continue
-        program.write_state(io.BytesIO())
-        program.restore(program.capture())
+        program.state.trace()
         rows = train_rows(spec.fit.get("batch_size", 32) + 1)
         training.train_subepoch(program, spec, [rows], ctx.seed, 0, ctx.train.columns.classification)
         # Training metrics are an evaluation of the training data; validation data may
