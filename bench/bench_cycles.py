@@ -14,9 +14,10 @@ its validation set with it, for `--cycles` (5) cycles.  In the same run:
   models from their weights, with `--new` new configurations per cycle (the first
   cycle: all 12).
 
-Per cycle: the rows, the packing's seconds, the training job's (of which the frozen layers'
-features, as worker-seconds of the job's visits), the total, and the best validation
-accuracy; then the cycles' totals and their ratio.
+Per cycle: the rows, the packing's seconds, the training job's, the worker-seconds of the
+job's visits computing the frozen layers' features and moving states in and out of the
+models, the total, and the best validation accuracy; then the cycles' totals and their
+ratio.
 
     .venv/bin/python bench/bench_cycles.py [--rows 2000] [--cycles 5] [--growth 0.2] [--iterations 2] [--top-k 3] [--new 1]
 """
@@ -33,7 +34,7 @@ from pathlib import Path
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_transfer import base_cnn, heads, load_images  # noqa: E402  (the same base and heads)
+from bench_transfer import PARTS, base_cnn, heads, load_images  # noqa: E402  (the same base and heads)
 
 from madlib_mop.tools.demo import ensure_extension  # noqa: E402
 from madlib_mop.tools.embedded import configured_dsn  # noqa: E402
@@ -51,10 +52,13 @@ def _compile(rate: float) -> str:
     return f"loss='categorical_crossentropy', optimizer='Adam(learning_rate={rate})', metrics=['accuracy']"
 
 
-def _features_seconds(conn, out: str) -> float:
-    """Worker-seconds the job's visits spent computing the frozen layers' features."""
-    return sum(float((json.loads(r[0]) if isinstance(r[0], str) else r[0])["seconds"].get("stage", 0.0))
-               for r in conn.execute(f"SELECT result FROM {out}_mop_visits"))
+def _parts(conn, out: str) -> dict[str, float]:
+    """Worker-seconds the job's visits spent computing the frozen layers' features (features)
+    and moving states in and out of the models (state), as bench_transfer counts them."""
+    visits = [json.loads(r[0]) if isinstance(r[0], str) else r[0]
+              for r in conn.execute(f"SELECT result FROM {out}_mop_visits")]
+    return {name: sum(float(v["seconds"].get(k, 0.0)) for v in visits for k in PARTS[part])
+            for name, part in (("features", "features"), ("state", "state in and out"))}
 
 
 def _best(conn, out: str) -> float:
@@ -75,7 +79,7 @@ def _from_nothing(conn, cycle: int, size: int, args, configurations: int, rows: 
     conn.execute("SELECT madlib_keras_fit_multiple_model('scratch', %s, 'grid_mst', %s, FALSE, "
                  "'scratch_valid', NULL, FALSE, NULL, NULL, TRUE, %s)", (out, args.iterations, SEED))
     train = time.perf_counter() - started
-    rows["nothing"].append({"rows": size, "pack": pack, "train": train, "features": _features_seconds(conn, out),
+    rows["nothing"].append({"rows": size, "pack": pack, "train": train, **_parts(conn, out),
                             "best": _best(conn, out), "configurations": configurations})
 
 
@@ -99,7 +103,7 @@ def _in_cycles(conn, cycle: int, size: int, args, configurations: int, rows: dic
                   args.iterations, args.top_k, SEED))
     train = time.perf_counter() - started
     out = f"bench_cycles_c{cycle}"
-    rows["cycles"].append({"rows": size, "pack": pack, "train": train, "features": _features_seconds(conn, out),
+    rows["cycles"].append({"rows": size, "pack": pack, "train": train, **_parts(conn, out),
                            "best": _best(conn, out),
                            "configurations": conn.execute(f"SELECT count(*) FROM {out}_mst").fetchone()[0]})
 
@@ -176,14 +180,14 @@ def main() -> None:
           f"{len(CUTS)} cuts x {len(HEADS)} heads x {len(RATES)} learning rates = {len(ids) * len(RATES)} "
           f"configurations, {args.iterations} iterations per cycle; cycles carry the top {args.top_k} over "
           f"with {args.new} new configuration(s) per cycle\n")
-    print("| cycle | rows | arm | configurations | pack (s) | training (s) | of which features (worker-s) "
-          "| total (s) | best val. accuracy |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    print("| cycle | rows | arm | configurations | pack (s) | training (s) | features (worker-s) "
+          "| states in and out (worker-s) | total (s) | best val. accuracy |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for k in range(args.cycles):
         for arm, label in (("nothing", "from nothing"), ("cycles", "cycles")):
             r = rows[arm][k]
             print(f"| {k + 1} | {r['rows']:,} | {label} | {r['configurations']} | {r['pack']:.1f} | {r['train']:.1f} "
-                  f"| {r['features']:.1f} | {r['pack'] + r['train']:.1f} | {r['best']:.3f} |")
+                  f"| {r['features']:.1f} | {r['state']:.1f} | {r['pack'] + r['train']:.1f} | {r['best']:.3f} |")
     totals = {arm: sum(r["pack"] + r["train"] for r in rows[arm]) for arm in rows}
     worst = max(rows["nothing"][k]["best"] - rows["cycles"][k]["best"] for k in range(args.cycles))
     print(f"\n{args.cycles} cycles: from nothing {totals['nothing']:.1f} s, cycles {totals['cycles']:.1f} s: "

@@ -45,7 +45,7 @@ RATES = (0.001, 0.003)
 SEED = 7
 # A visit's time (`<out>_mop_visits.result->'seconds'`), summed over the job's visits.
 PARTS = {"training": ("train",), "features": ("stage",),
-         "state in and out": ("load", "restore", "save", "keep"), "other": ("setup", "read", "other")}
+         "state in and out": ("load", "restore", "save", "keep"), "other": ("setup", "read", "build", "other")}
 
 
 def base_cnn():

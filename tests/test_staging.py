@@ -219,7 +219,7 @@ def test_the_digest_is_the_prefix_layers_and_their_weights():
 
 from psycopg import sql  # noqa: E402
 
-from tests.conftest import connect, packed_iris  # noqa: E402
+from tests.conftest import connect, coordinator_killed_mid_job, packed_iris  # noqa: E402
 
 MST_COMPILE = ("{'loss': ['categorical_crossentropy'], 'optimizer_params_list': [{'optimizer': ['Adam'], "
                "'lr': [0.01, 0.05]}], 'metrics': ['accuracy']}")
@@ -314,6 +314,30 @@ def test_a_job_trains_staged_models_to_the_unstaged_weights(db, extension_dsn):
     assert all(r["bytes"] > 0 for _, r, _, _ in visits if r)
     # Unstaged, no visit has features.
     assert all(r is None for _, r, _, _ in _staged_visits(db, "whole_out"))
+    # The staged models' hops left their frozen weights out; model 4's state is whole.
+    staged_bytes, whole_bytes = _state_bytes(db, "staged_out"), _state_bytes(db, "whole_out")
+    assert staged_bytes[4] == whole_bytes[4]
+    for model_id in (1, 2, 3):
+        assert 0 < staged_bytes[model_id] < whole_bytes[model_id] - 4 * 16 * 4, model_id
+
+
+def _state_bytes(conn, out: str) -> dict[int, int]:
+    """Each architecture's largest state left by a visit."""
+    return dict(conn.execute(sql.SQL(
+        "SELECT m.model_id, max((v.result->>'state_bytes')::bigint) FROM {} v JOIN {} m USING (mst_key) "
+        "GROUP BY m.model_id").format(sql.Identifier(f"{out}_mop_visits"), sql.Identifier(out + "_info"))))
+
+
+def test_a_staged_job_killed_between_hops_resumes_to_the_same_weights(db, extension_dsn):
+    """The coordinator dies while hop files hold head states: the resumed job composes the
+    whole states it needs and ends with the weights of a job never stopped."""
+    _fit(extension_dsn, "staged_reference", staged=True)
+    with connect(extension_dsn) as watcher:
+        job_id = coordinator_killed_mid_job(watcher, "staged_killed", 9,
+                                            lambda: _fit(extension_dsn, "staged_killed", staged=True))
+        watcher.execute("CALL resume(%s)", (job_id,))
+    assert _same(_weights(db, "staged_killed"), _weights(db, "staged_reference"))
+    assert _same(_validation(db, "staged_killed"), _validation(db, "staged_reference"))
 
 
 def test_features_over_the_memory_budget_spill_to_a_table_with_the_same_weights(db, extension_dsn):

@@ -57,7 +57,8 @@ class VisitRecord:
     pid: int  # the worker session's
     in_memory: bool  # the segment's buffers were kept decoded (else read per sub-epoch)
     finished_at: float  # epoch seconds
-    # setup, read, restore, train, other, save, total; `call` as the coordinator saw it
+    # setup, read, build, load, restore, stage, train, other, save, keep, total; `call` as
+    # the coordinator saw it
     seconds: dict[str, float] = field(default_factory=dict)
     # Why the model diverged in this sub-epoch (its loss, a metric or a weight became NaN
     # or infinite), else None.  A diverged visit brings no state back and does not count.

@@ -269,6 +269,7 @@ def train(plpy: Any, job_id: int, mst_key: int, step: int, segment: int,
     buffers = _buffers(plpy, ctx, ctx.train, segment)
     read = time.perf_counter()
     program = _program(plpy, ctx, mst_key)
+    built = time.perf_counter()  # a program's first visit on this worker builds its model
     traced_before = program.traced
     shipped = model_state is not None
     with _state(ctx, mst_key, step, model_state) as blob:
@@ -294,13 +295,14 @@ def train(plpy: Any, job_id: int, mst_key: int, step: int, segment: int,
     if new_state is not None:
         new_state = bytes(new_state)  # PL/Python returns bytes as bytea
         state_bytes = len(new_state)
+    # build: the compiled model, on a program's first visit on this worker;
     # load: the state from the job's store (its hop file mapped, else the state table);
     # restore: into the model; stage: a staged model's features, when this call computed them;
     # save: out of the model (into the hop file on the job's own
     # server, a part at a time); keep: 0 (written by save).
     result = VisitRecord(
         outcome.rows, outcome.means(), segment, os.getpid(), chunk_rows is None, time.time(),
-        {"setup": setup - started, "read": read - setup, "load": loaded - read,
+        {"setup": setup - started, "read": read - setup, "build": built - read, "load": loaded - built,
          "restore": restored - loaded, "stage": staging_seconds, "train": outcome.seconds_train,
          "other": trained - restored - staging_seconds - outcome.seconds_train,
          "save": captured - trained,
