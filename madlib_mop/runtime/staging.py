@@ -18,11 +18,12 @@ The head shares the model's layers, variables and optimizer: a state is restored
 whole model and captured from it as for any model, so a staged model's state, outputs and
 replays are those of the unstaged model.  Between hops on the job's server its frozen
 weights stay put: a hop carries a head state (`state.head_meta`), and the prefix's weights
-are kept once per job and digest (`job.state_store.HopFiles.keep_prefix`).  The features of a row are computed by the same
-layers as inside a training step.  Where a row's output is the same bits whatever the number
-of rows computed with it (Dense layers; some convolutions), staged training gives the
-unstaged weights bit for bit; oneDNN picks other convolutions' algorithm by the number of
-rows, and the weights then agree within float rounding (see docs/architecture.md).
+are kept once per job and digest (`job.state_store.HopFiles.keep_prefix`).  The features
+of a row are computed by the same layers as inside a training step.  Where a row's output
+is the same bits whatever the number of rows computed with it (Dense layers; some
+convolutions, on some processors), staged training gives the unstaged weights bit for bit;
+oneDNN picks other convolutions' algorithm by the number of rows, and the weights then
+agree within float rounding (see docs/architecture.md).
 """
 
 from __future__ import annotations
