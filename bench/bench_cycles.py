@@ -160,7 +160,11 @@ def main() -> None:
         conn.execute(f"SET bench.rows = {sizes[0]}")
         conn.execute("SELECT training_preprocessor_dl('task_so_far', 'warm_packed', 'label', 'rgb', "
                      "buffer_size => 250, distribution_rules => '2')")
-        conn.execute("SELECT madlib_keras_fit_multiple_model('warm_packed', 'warm_up', 'grid_mst', 1)")
+        conn.execute("SELECT validation_preprocessor_dl('valid_so_far', 'warm_valid', 'label', 'rgb', "
+                     "'warm_packed')")
+        # With validation: a worker session measures each frozen prefix's inference cost once.
+        conn.execute("SELECT madlib_keras_fit_multiple_model('warm_packed', 'warm_up', 'grid_mst', 1, FALSE, "
+                     "'warm_valid')")
 
         rows = {"nothing": [], "cycles": []}
         configurations = len(ids) * len(RATES)

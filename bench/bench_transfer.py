@@ -173,8 +173,9 @@ def main() -> None:
                  f"'lr': {list(RATES)}}}], 'metrics': ['accuracy']}}",
             f"{{'batch_size': [{args.batch_size}], 'epochs': [1]}}"))
         # Warm worker sessions for both jobs alike (TensorFlow imported, data decoded).
+        # With validation: a worker session measures each frozen prefix's inference cost once.
         conn.execute("SELECT madlib_keras_fit_multiple_model('task_packed', 'warm_up', 'transfer_mst', 1, "
-                     "FALSE, NULL, NULL, FALSE, NULL, NULL, TRUE, 1)")
+                     "FALSE, 'task_valid_packed', NULL, FALSE, NULL, NULL, TRUE, 1)")
         runs = []
         for repeat in range(args.runs):
             runs.append({})

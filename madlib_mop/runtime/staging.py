@@ -152,7 +152,6 @@ class StagedProgram(training.Program):
         head.compile(optimizer=model.optimizer, loss=params.loss,
                      metrics=training.keras_metrics(params), **dict(params.extra))
         self.trainer = head
-        self._prefix_cost: dict[int, float] = {}
         self.features = LayerOutput(self.prefix)
         # The frozen prefix's weights never change: between hops on the job's server they
         # stay in a file of their own, once per job and digest, and a hop carries the rest
@@ -215,20 +214,27 @@ class StagedProgram(training.Program):
         return 4 * rows * int(np.prod(self.feature_shape, dtype=np.int64))
 
     def prefix_seconds_per_row(self, x: np.ndarray) -> float:
-        """What computing the features costs per row, the best of a few runs on `x`: a
-        staged model's evaluation runs its head alone, and its inference cost is both.
-        Measured once per program and row count: it is the same for all its models."""
+        """What computing the features costs per row, the best of a few runs on (at most
+        COST_ROWS of) `x`: a staged model's evaluation runs its head alone, and its
+        inference cost is both.  The cost is the prefix's layers', whatever their weights:
+        measured once per prefix architecture in a worker session (measured at every
+        validation pass, it cost more than the passes themselves)."""
         import time
 
-        if len(x) not in self._prefix_cost:
+        if self.description not in _prefix_costs:
+            x = x[:COST_ROWS]
             self.features(x[:1])  # (a first call of a shape may trace)
             runs = []
             for _ in range(3):
                 started = time.perf_counter()
                 self.features(x)
                 runs.append(time.perf_counter() - started)
-            self._prefix_cost[len(x)] = min(runs) / max(1, len(x))
-        return self._prefix_cost[len(x)]
+            _prefix_costs[self.description] = min(runs) / max(1, len(x))
+        return _prefix_costs[self.description]
+
+
+COST_ROWS = 256
+_prefix_costs: dict[str, float] = {}  # prefix description -> seconds per row
 
 
 def program_for(spec: training.ModelSpec, staged: bool) -> training.Program:

@@ -322,21 +322,29 @@ def evaluate(plpy: Any, job_id: int, mst_key: int, step: int, partition: int,
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
                              hint="Only the jobs of a fit given a validation_table evaluate.")
     buffers = _buffers(plpy, ctx, ctx.validation, partition)
+    read = time.perf_counter()
     program = _program(plpy, ctx, mst_key)
+    built = time.perf_counter()
     with _state(ctx, mst_key, step, model_state) as blob:
         _restore(ctx, program, blob)
     del blob
+    restored = time.perf_counter()
     raw = buffers
     buffers, staged = _trained_on(plpy, ctx, ctx.validation, partition, mst_key, program, buffers)
+    features_ready = time.perf_counter()
     outcome = training.evaluate(program, ctx.specs[mst_key], buffers,
                                 ctx.validation.columns.classification)
+    evaluated = time.perf_counter()
     if staged is not None and outcome.seconds_per_row is not None:
         outcome.seconds_per_row += program.prefix_seconds_per_row(raw[0].load()[0])
+    seconds = {"read": read - started, "build": built - read, "restore": restored - built,
+               "stage": features_ready - restored, "evaluate": evaluated - features_ready,
+               "cost": time.perf_counter() - evaluated, "total": time.perf_counter() - started}
     return finite_json({"rows": outcome.rows, "metrics": outcome.means(), "pid": os.getpid(),
                         "finished_at": time.time(), "diverged": training.divergence(outcome.means()),
                         "ms_per_row": None if outcome.seconds_per_row is None
                         else 1000.0 * outcome.seconds_per_row,
-                        "seconds": {"total": time.perf_counter() - started}, "staged": staged})
+                        "seconds": seconds, "staged": staged})
 
 
 def warm_up(plpy: Any, segments: int) -> None:
