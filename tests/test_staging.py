@@ -141,6 +141,11 @@ def test_staged_training_gives_the_whole_models_state_bit_for_bit():
     assert _same(results[0][1], results[1][1])  # the payload: the names in the header differ
 
 
+def _same_prefix(a, b) -> bool:
+    """Two programs hold the same frozen weights, bit for bit."""
+    return all(np.array_equal(x.numpy(), y.numpy()) for x, y in zip(a.prefix.weights, b.prefix.weights, strict=True))
+
+
 def test_a_staged_models_hop_leaves_its_frozen_prefix_out():
     """A head state (the state but the prefix's weights) and the prefix's state compose the
     whole state's bytes; a program restores a head state, reading the prefix only where it
@@ -168,13 +173,17 @@ def test_a_staged_models_hop_leaves_its_frozen_prefix_out():
         yield prefix.getvalue()
 
     other = staging.StagedProgram.for_spec(spec)
-    other.restore(model_state.capture_state(training.compiled_model(spec, 12)))
+    # Its frozen layers start from other weights (no initial weights: drawn from a seed).
+    unweighted = training.ModelSpec(3, arch, COMPILE, "batch_size=16", None)
+    other.restore(model_state.capture_state(training.compiled_model(unweighted, 12)))
+    assert not _same_prefix(other, staged)
     payload = whole[state.split(whole)[1]:]  # (the names in the header differ)
     for _ in range(2):
         other.restore(head.getvalue(), prefixes)
         restored = bytes(other.capture())
         assert restored[state.split(restored)[1]:] == payload
     assert asked == [staged.held_prefix]  # read once: then the model holds it
+    assert _same_prefix(other, staged)
     with pytest.raises(state.StateFormatError, match="none to add"):
         staging.StagedProgram.for_spec(spec).restore(head.getvalue())
     with pytest.raises(state.StateFormatError, match="does not fit"):

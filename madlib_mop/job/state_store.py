@@ -131,13 +131,14 @@ class HopFiles:
     def read(self, mst_key: int, step: int) -> bytes | bytearray | None:
         """The whole state (a head state composed with its prefix)."""
         with self.mapped(mst_key, step) as blob:
-            return None if blob is None else bytes(blob)
+            return blob if blob is None or isinstance(blob, bytearray) else bytes(blob)
 
     @contextlib.contextmanager
     def mapped(self, mst_key: int, step: int, whole: bool = True) -> Iterator[Any]:
         """The hop file mapped into memory, read-only (None: there is none): a state read
         this way is not copied whole into the process, its pages are the page cache's.
-        A head state is given composed with its prefix (a copy), unless not `whole`."""
+        A head state is given composed with its prefix (a copy in memory), unless not
+        `whole`."""
         with _mapped_file(self.path(mst_key, step)) as blob:
             digest = None if blob is None or not whole else state.left_out_prefix(blob)
             if digest is None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -181,14 +181,15 @@ class StagedProgram(training.Program):
         header, _ = state.split(blob)
         digest = state.head_prefix(header)
         if digest is None:
+            self.held_prefix = None  # (also if the restore fails half way)
             self.state.restore(blob)
-            self.held_prefix = None
             return
         if header["meta"]["prefix"]["entries"] != self.prefix_entries:
             raise state.StateFormatError("model state does not fit this model: its frozen layers differ")
         if digest != self.held_prefix:
             if prefixes is None:
                 raise state.StateFormatError("a state without its frozen layers, and none to add")
+            self.held_prefix = None
             with prefixes(digest) as prefix:
                 self.prefix_state.restore(prefix)
             self.held_prefix = digest
@@ -196,10 +197,12 @@ class StagedProgram(training.Program):
 
     def write_head(self, handle) -> None:
         """The model's state but its prefix's weights (a head state) into a file."""
+        assert self.held_prefix is not None, "a head state names the prefix the model holds"
         self.head_state.write(handle, state.head_meta(self.held_prefix, self.prefix_entries))
 
     def write_prefix(self, handle) -> None:
         """The prefix's weights, the state a head state leaves out, into a file."""
+        assert self.held_prefix is not None, "a prefix's state names its digest"
         self.prefix_state.write(handle, state.prefix_meta(self.held_prefix))
 
     def digest(self) -> str:
@@ -213,16 +216,16 @@ class StagedProgram(training.Program):
     def feature_bytes(self, rows: int) -> int:
         return 4 * rows * int(np.prod(self.feature_shape, dtype=np.int64))
 
-    def prefix_seconds_per_row(self, x: np.ndarray) -> float:
+    def prefix_seconds_per_row(self, rows: Callable[[], np.ndarray]) -> float:
         """What computing the features costs per row, the best of a few runs on (at most
-        COST_ROWS of) `x`: a staged model's evaluation runs its head alone, and its
+        COST_ROWS of) `rows()`: a staged model's evaluation runs its head alone, and its
         inference cost is both.  The cost is the prefix's layers', whatever their weights:
         measured once per prefix architecture in a worker session (measured at every
         validation pass, it cost more than the passes themselves)."""
         import time
 
         if self.description not in _prefix_costs:
-            x = x[:COST_ROWS]
+            x = rows()[:COST_ROWS]
             self.features(x[:1])  # (a first call of a shape may trace)
             runs = []
             for _ in range(3):

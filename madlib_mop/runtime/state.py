@@ -162,13 +162,15 @@ def compose(head: bytes | bytearray | memoryview, prefix: bytes | bytearray | me
     meta = dict(head_header["meta"])
     where = meta.pop("prefix")
     slots = set(where["entries"])
+    total = len(head_header["layout"]) + len(prefix_header["layout"])
     if (prefix_header["meta"].get("digest") != where["digest"]
-            or len(slots) != len(prefix_header["layout"])):
+            or sorted(slots) != list(where["entries"]) or len(slots) != len(prefix_header["layout"])
+            or not all(0 <= int(slot) < total for slot in slots)):
         raise StateFormatError("the frozen layers' state is not the one this head state was cut from")
     sources = {False: (head, iter(head_header["layout"]), [head_offset]),
                True: (prefix, iter(prefix_header["layout"]), [prefix_offset])}
     layout, spans = [], []
-    for index in range(len(head_header["layout"]) + len(slots)):
+    for index in range(total):
         blob, items, offset = sources[index in slots]
         item = next(items)
         layout.append(item)

@@ -202,7 +202,8 @@ def _trained_on(plpy: Any, ctx: JobContext, data: PackedData, segment: int, mst_
         return buffers, None
     if mst_key not in ctx.digests:  # frozen: a model's prefix is the same all its job long
         ctx.digests[mst_key] = program.held_prefix or program.digest()
-    program.held_prefix = ctx.digests[mst_key]
+    if program.held_prefix is None:  # a whole state was restored: its prefix is the model's
+        program.held_prefix = ctx.digests[mst_key]
     # Keyed by the table that holds the segment's rows (on a segment server, its own).
     table = data.partitions.get(segment, data.table)
     staged, report = features.staged_buffers(
@@ -336,7 +337,7 @@ def evaluate(plpy: Any, job_id: int, mst_key: int, step: int, partition: int,
                                 ctx.validation.columns.classification)
     evaluated = time.perf_counter()
     if staged is not None and outcome.seconds_per_row is not None:
-        outcome.seconds_per_row += program.prefix_seconds_per_row(raw[0].load()[0])
+        outcome.seconds_per_row += program.prefix_seconds_per_row(lambda: raw[0].load()[0])
     seconds = {"read": read - started, "build": built - read, "restore": restored - built,
                "stage": features_ready - restored, "evaluate": evaluated - features_ready,
                "cost": time.perf_counter() - evaluated, "total": time.perf_counter() - started}
