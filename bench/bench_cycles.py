@@ -100,7 +100,7 @@ def _in_cycles(conn, cycle: int, size: int, args, configurations: int, rows: dic
     conn.execute("CALL run_cycle('bench_cycles', 'growing', 'task_so_far', %s, %s, 'growing_valid', "
                  "'valid_so_far', %s, NULL, %s)",
                  ("grid_mst" if cycle == 1 else (f"new_mst_{cycle}" if args.new else None),
-                  args.iterations, args.top_k, SEED))
+                  args.iterations if cycle == 1 else args.cycle_iterations, args.top_k, SEED))
     train = time.perf_counter() - started
     out = f"bench_cycles_c{cycle}"
     rows["cycles"].append({"rows": size, "pack": pack, "train": train, **_parts(conn, out),
@@ -114,11 +114,16 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=5)
     parser.add_argument("--growth", type=float, default=0.2)
     parser.add_argument("--iterations", type=int, default=2)
+    parser.add_argument("--cycle-iterations", type=int, default=None,
+                        help="the cycles' iterations after the first (default: --iterations): models "
+                             "carried over continue from their weights and may need fewer")
     parser.add_argument("--base-iterations", type=int, default=3)
     parser.add_argument("--top-k", type=int, default=3)
     parser.add_argument("--new", type=int, default=1, help="new configurations per cycle after the first")
     parser.add_argument("--batch-size", type=int, default=32)
     args = parser.parse_args()
+    if args.cycle_iterations is None:
+        args.cycle_iterations = args.iterations
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     sizes = [round(args.rows * (1 + args.growth) ** k) for k in range(args.cycles)]
 
@@ -182,7 +187,8 @@ def main() -> None:
     print(f"\n{args.cycles} cycles, training rows {sizes[0]:,} growing by {args.growth:.0%} per cycle to "
           f"{sizes[-1]:,} (validation: a quarter as many), CIFAR-10-shaped images, 2 segments; "
           f"{len(CUTS)} cuts x {len(HEADS)} heads x {len(RATES)} learning rates = {len(ids) * len(RATES)} "
-          f"configurations, {args.iterations} iterations per cycle; cycles carry the top {args.top_k} over "
+          f"configurations, {args.iterations} iterations per cycle (the cycles after the first: "
+          f"{args.cycle_iterations}); cycles carry the top {args.top_k} over "
           f"with {args.new} new configuration(s) per cycle\n")
     print("| cycle | rows | arm | configurations | pack (s) | training (s) | features (worker-s) "
           "| states in and out (worker-s) | total (s) | best val. accuracy |")
