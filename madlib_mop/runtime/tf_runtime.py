@@ -66,8 +66,9 @@ def import_tensorflow(threads: int | None = None) -> ModuleType:
         import keras  # noqa: F401  (imported by TensorFlow's own import; here under the guard)
     if first:
         # TensorFlow's and Keras' modules are some 400,000 objects that live as long as
-        # the process: every full collection walked them (0.13 s each here, two or three
-        # per job start in a worker).  Frozen, a collection walks what came after them.
+        # the process: every full collection walked them (0.13 s each here; `model_facts`
+        # collects after the facts and after the step-0 states of a job, evaluate after
+        # each model).  Frozen, a collection walks what came after them.
         gc.collect()
         gc.freeze()
 
