@@ -232,6 +232,7 @@ bench: install db-start
 	$(PY) bench/bench_big_table.py
 	$(PY) bench/bench_transfer.py
 	$(PY) bench/bench_cycles.py
+	$(PY) bench/bench_fusion.py
 
 clean:
 	-@$(PGXS_MAKE) clean

@@ -1,0 +1,179 @@
+"""A fused program (see `runtime.fusion` for what fuses and what a model keeps): K models'
+variables stacked, restored from and captured to each model's own state, trained together
+by one traced loop over each model's own rows order."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from madlib_mop.runtime import fused_ops, model_state, state
+from madlib_mop.runtime.buffers import Buffer
+from madlib_mop.runtime.fusion import (KERAS_DEFAULTS, ONE_MINUS, PER_MODEL_ARGUMENTS,
+                                       SHARED_ARGUMENTS, per_model_arguments)
+from madlib_mop.runtime.training import ModelSpec, Outcome, compiled_model, labels_for, subepoch_order
+
+
+class FusedProgram:
+    """K models of one fusion key, their variables stacked: restored from and captured to
+    each model's own state, trained together over the same rows in each model's own order.
+
+    Built from a template model of the key (`training.compiled_model`): its variables give
+    the state's layout, and its layers the steps of the fused forward pass."""
+
+    def __init__(self, spec: ModelSpec, size: int):
+        import tensorflow as tf
+
+        self.size = size
+        self.template = compiled_model(spec, None)
+        self.optimizer_name = spec.compile.optimizer.name
+        self.loss = spec.compile.loss
+        self.metrics = spec.compile.metrics
+        written = spec.compile.optimizer.written_arguments()
+        self.shared = {key: bool(written.get(key, KERAS_DEFAULTS[self.optimizer_name][key]))
+                       for key in SHARED_ARGUMENTS[self.optimizer_name]}
+        self.variables = model_state.state_variables(self.template)
+        self.layout = [(kind, tuple(v.shape)) for kind, v in self.variables]
+        self.header = model_state.state_header(self.variables)
+        # One stacked variable per variable of the template's state, in its order.
+        self.stacked = [tf.Variable(tf.zeros((size,) + tuple(v.shape), dtype=v.dtype),
+                                    trainable=False, name=f"fused_{i}")
+                        for i, (_, v) in enumerate(self.variables)]
+        self._by_id = {id(v): stacked for (_, v), stacked in zip(self.variables, self.stacked)}
+        self.trainable = [self._by_id[id(v)] for v in self.template.trainable_variables]
+        self._functions: dict[tuple, Any] = {}
+        self.traced = 0
+        self.last_seconds = 0.0
+
+    def of(self, variable):
+        """The stacked variable of a template variable."""
+        return self._by_id[id(variable)]
+
+    # ---- state ----
+    def restore(self, blobs: Sequence[bytes | bytearray]) -> None:
+        """Each model's whole state, in the order of the group."""
+        if len(blobs) != self.size:
+            raise ValueError(f"a fused program of {self.size} models given {len(blobs)} states")
+        entries = []
+        for blob in blobs:
+            decoded, _ = state.decode(blob)
+            state.check_layout(state.layout_of(decoded), self.layout)
+            entries.append(decoded)
+        for index, stacked in enumerate(self.stacked):
+            stacked.assign(np.stack([each[index].array for each in entries]))
+
+    def capture(self) -> list[bytes]:
+        """Each model's state, the bytes an unfused program of it would write."""
+        values = [stacked.numpy() for stacked in self.stacked]
+        payloads = []
+        for k in range(self.size):
+            payloads.append(b"".join(np.ascontiguousarray(
+                value[k].astype(value.dtype.newbyteorder("<"), copy=False)).tobytes() for value in values))
+        return [state.assemble(self.header, payload) for payload in payloads]
+
+    # ---- the fused forward pass ----
+    def _function(self, kind: str, x: np.ndarray, y: np.ndarray):
+        """The traced pass over stacked rows (K, rows, ...) for these dtypes and shapes: a
+        training pass in minibatches, or an evaluation."""
+        import tensorflow as tf
+
+        key = (kind, x.dtype.str, x.shape[2:], y.dtype.str, y.shape[2:])
+        if key not in self._functions:
+            k = self.size
+            columns = len(PER_MODEL_ARGUMENTS[self.optimizer_name]) + len(ONE_MINUS[self.optimizer_name])
+            training = kind == "train"
+
+            def loop(x, y, arguments, batch_size):
+                rows = tf.shape(x)[1]
+                zeros = (tf.zeros([k]), tf.zeros([k, len(self.metrics)]))
+
+                def body(start, loss_sums, metric_sums):
+                    end = tf.minimum(start + batch_size, rows)
+                    xb, yb = x[:, start:end], y[:, start:end]
+                    with tf.GradientTape(watch_accessed_variables=False) as tape:
+                        tape.watch(self.trainable)
+                        predicted = fused_ops.forward(self, xb, training)
+                        losses = fused_ops.losses(self, yb, predicted, tf)
+                        total = tf.reduce_sum(losses)
+                    if training:
+                        fused_ops.apply_update(self, tape.gradient(total, self.trainable), arguments, tf)
+                    batch = tf.cast(end - start, tf.float32)
+                    return (end, loss_sums + losses * batch,
+                            metric_sums + fused_ops.metric_sums(self, yb, predicted, tf))
+
+                _, loss_sums, metric_sums = tf.while_loop(
+                    lambda start, *_: start < rows, body, (tf.constant(0),) + zeros,
+                    parallel_iterations=1)
+                return loss_sums, metric_sums
+
+            specs = [tf.TensorSpec((k, None) + x.shape[2:], tf.as_dtype(x.dtype)),
+                     tf.TensorSpec((k, None) + y.shape[2:], tf.as_dtype(y.dtype)),
+                     tf.TensorSpec((k, columns), tf.float32), tf.TensorSpec((), tf.int32)]
+            self._functions[key] = tf.function(loop, autograph=False,
+                                               input_signature=specs).get_concrete_function()
+            self.traced += 1
+        return self._functions[key]
+
+    def run(self, kind: str, x: np.ndarray, y: np.ndarray, arguments: np.ndarray,
+            batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each model's sums over the rows (K,) of its loss (times each minibatch's rows)
+        and (K, metrics) of its metrics."""
+        import tensorflow as tf
+
+        function = self._function(kind, x, y)
+        started = time.perf_counter()
+        loss_sums, metric_sums = function(tf.constant(x), tf.constant(y),
+                                          tf.constant(arguments, tf.float32),
+                                          tf.constant(batch_size, tf.int32))
+        result = loss_sums.numpy(), metric_sums.numpy()
+        self.last_seconds = time.perf_counter() - started
+        return result
+
+
+def train_fused_subepoch(program: FusedProgram, specs: Sequence[ModelSpec], buffers: list[Buffer],
+                         seed: int, step: int, classification: bool,
+                         chunk_rows: int | None = None) -> tuple[list[Outcome], dict[str, float]]:
+    """Train the program's models (their states restored, in the order of `specs`) over
+    the buffers once, each in its own seeded order (`training.subepoch_order`), as
+    `training.train_subepoch` trains one; the buffers are decoded once for all.  Returns
+    each model's outcome and the seconds spent decoding, gathering and training."""
+    seconds = {"decode": 0.0, "gather": 0.0, "train": 0.0}
+    fit = specs[0].fit
+    batch_size = fit.get("batch_size", 32)
+    started = time.perf_counter()
+    loaded = [buffer.load() for buffer in buffers]
+    if any(isinstance(x, list) or isinstance(y, list) for x, y in loaded):
+        raise ValueError("a fused program takes one input and one output")
+    x_all = np.concatenate([x for x, _ in loaded])
+    y_all = labels_for(program.loss, np.concatenate([y for _, y in loaded]), classification)
+    offsets = np.cumsum([0] + [len(x) for x, _ in loaded])
+    seconds["decode"] = time.perf_counter() - started
+    orders = []
+    for spec in specs:
+        order = subepoch_order([b.rows for b in buffers], seed, spec.mst_key, step,
+                               fit.get("shuffle", True))
+        orders.append(np.concatenate([offsets[index] + permutation for index, permutation in order])
+                      if order else np.zeros(0, np.int64))
+    arguments = np.array([per_model_arguments(spec) for spec in specs], np.float32).reshape(len(specs), -1)
+    rows = len(x_all)
+    limit = rows if chunk_rows is None else max(batch_size, chunk_rows // batch_size * batch_size)
+    outcomes = [Outcome() for _ in specs]
+    for begin in range(0, rows, max(1, limit)):
+        started = time.perf_counter()
+        positions = slice(begin, min(begin + limit, rows))
+        xs = np.stack([x_all[order[positions]] for order in orders])
+        ys = np.stack([y_all[order[positions]] for order in orders])
+        seconds["gather"] += time.perf_counter() - started
+        started = time.perf_counter()
+        loss_sums, metric_sums = program.run("train", xs, ys, arguments, batch_size)
+        seconds["train"] += time.perf_counter() - started
+        count = xs.shape[1]
+        for k, outcome in enumerate(outcomes):
+            values = {"loss": loss_sums[k] / count}
+            values.update({name: metric_sums[k, i] / count for i, name in enumerate(program.metrics)})
+            outcome.add(count, values)
+    for outcome in outcomes:
+        outcome.seconds_train = seconds["train"] / len(outcomes)
+    return outcomes, seconds

@@ -1,0 +1,176 @@
+"""Fused training (madlib_mop.runtime.fusion) against each model trained alone by the unfused
+loop (`training.train_subepoch`), in this process, without a database: each model's state
+equal within float rounding, its reported loss and metrics too, and fused runs repeatable
+bit for bit.
+
+Tolerances (measured on this processor; a batched product sums in another order than a
+single one): weights and optimizer slots within 2e-5 relative after three sub-epochs of
+Dense, Conv2D, BatchNormalization and Dropout models; integer variables (iteration counts,
+seed generator states) exactly."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+
+from madlib_mop.runtime import fused_program, fusion, state, training
+from madlib_mop.runtime.buffers import Buffer
+
+
+def _mlp(dropout: bool = False, batch_norm: bool = False) -> str:
+    layers = [keras.Input((6,)), keras.layers.Dense(16, activation="relu")]
+    layers += [keras.layers.BatchNormalization()] if batch_norm else []
+    layers += [keras.layers.Dropout(0.25)] if dropout else []
+    layers += [keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(3, activation="softmax")]
+    return keras.Sequential(layers).to_json()
+
+
+def _cnn() -> str:
+    return keras.Sequential([
+        keras.Input((8, 8, 2)), keras.layers.Conv2D(4, 3, padding="same", activation="relu"),
+        keras.layers.BatchNormalization(), keras.layers.MaxPooling2D(2),
+        keras.layers.Conv2D(6, 3, strides=1, activation="relu"), keras.layers.Dropout(0.2),
+        keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(3, activation="softmax")]).to_json()
+
+
+OPTIMIZERS = {
+    "Adam": ["Adam(lr=0.01)", "Adam(lr=0.003, beta_1=0.8)", "Adam(lr=0.001, epsilon=1e-5)"],
+    "SGD": ["SGD(lr=0.05, momentum=0.9)", "SGD(lr=0.01, momentum=0.5)",
+            "SGD(lr=0.1, momentum=0.9)"],
+    "RMSprop": ["RMSprop(lr=0.001)", "RMSprop(lr=0.003, rho=0.8)", "RMSprop(lr=0.0005)"],
+}
+
+
+def _specs(architecture: str, optimizers: list[str], loss="categorical_crossentropy",
+           batch_size: int = 8) -> list[training.ModelSpec]:
+    return [training.ModelSpec(key, architecture,
+                               f"optimizer='{optimizer}',loss='{loss}',metrics=['accuracy']",
+                               f"batch_size={batch_size}")
+            for key, optimizer in enumerate(optimizers, start=1)]
+
+
+def _buffers(shape: tuple, rows_per_buffer=(23, 19, 30), seed: int = 5) -> list[Buffer]:
+    rng = np.random.default_rng(seed)
+    buffers = []
+    for rows in rows_per_buffer:
+        x = rng.standard_normal((rows,) + shape).astype(np.float32)
+        flat = x.reshape(rows, -1)
+        classes = (flat[:, 0] > 0).astype(int) + (flat[:, 1] > 0.5).astype(int)
+        y = np.eye(3, dtype=np.int16)[classes]
+        buffers.append(Buffer(rows, lambda x=x, y=y: (x, y)))
+    return buffers
+
+
+def _alone(specs, buffers, steps):
+    """Each model trained by the unfused loop; its states and reported metrics."""
+    states, reports = {}, {}
+    for spec in specs:
+        program = training.Program.for_spec(spec)
+        program.restore(training.initial_states([spec], 7)[spec.mst_key])
+        reports[spec.mst_key] = [training.train_subepoch(program, spec, buffers, 7, step, True).means()
+                                 for step in range(steps)]
+        states[spec.mst_key] = program.capture()
+    return states, reports
+
+
+def _fused(specs, buffers, steps):
+    program = fused_program.FusedProgram(specs[0], len(specs))
+    program.restore([training.initial_states([spec], 7)[spec.mst_key] for spec in specs])
+    reports = {spec.mst_key: [] for spec in specs}
+    for step in range(steps):
+        outcomes, seconds = fused_program.train_fused_subepoch(program, specs, buffers, 7, step, True)
+        assert set(seconds) == {"decode", "gather", "train"}
+        for spec, outcome in zip(specs, outcomes):
+            reports[spec.mst_key].append(outcome.means())
+    return dict(zip((s.mst_key for s in specs), program.capture())), reports
+
+
+def _payload(blob) -> bytes:
+    """A state's arrays' bytes."""
+    return bytes(blob[state.split(blob)[1]:])
+
+
+def _assert_close(fused: bytes, alone: bytes, rtol=2e-5, atol=2e-6):
+    (found, _), (expected, _) = state.decode(fused), state.decode(alone)
+    assert state.layout_of(found) == state.layout_of(expected)
+    for a, b in zip(found, expected, strict=True):
+        if a.array.dtype.kind in "iu":
+            assert np.array_equal(a.array, b.array), a.name
+        else:
+            np.testing.assert_allclose(a.array, b.array, rtol=rtol, atol=atol, err_msg=a.name)
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("layers", ["dense", "batch_norm_dropout"])
+def test_fused_models_train_as_each_alone(optimizer, layers):
+    specs = _specs(_mlp(dropout=layers != "dense", batch_norm=layers != "dense"), OPTIMIZERS[optimizer])
+    assert len({fusion.fusion_key(spec) for spec in specs}) == 1
+    buffers = _buffers((6,))
+    fused, fused_reports = _fused(specs, buffers, 3)
+    alone, alone_reports = _alone(specs, buffers, 3)
+    for spec in specs:
+        _assert_close(fused[spec.mst_key], alone[spec.mst_key])
+        for got, expected in zip(fused_reports[spec.mst_key], alone_reports[spec.mst_key], strict=True):
+            assert got.keys() == expected.keys()
+            assert got == pytest.approx(expected, rel=1e-5)
+
+
+def test_fused_convolutions_train_as_each_alone():
+    specs = _specs(_cnn(), OPTIMIZERS["Adam"][:2], batch_size=6)
+    buffers = _buffers((8, 8, 2), (10, 13))
+    fused, _ = _fused(specs, buffers, 2)
+    alone, _ = _alone(specs, buffers, 2)
+    for spec in specs:
+        _assert_close(fused[spec.mst_key], alone[spec.mst_key], rtol=1e-4, atol=1e-5)
+
+
+def test_a_fused_run_is_repeatable_bit_for_bit():
+    specs = _specs(_mlp(dropout=True), OPTIMIZERS["Adam"])
+    first, _ = _fused(specs, _buffers((6,)), 2)
+    again, _ = _fused(specs, _buffers((6,)), 2)
+    for key in first:  # (the names in the headers are Keras' numbering of this process)
+        assert _payload(first[key]) == _payload(again[key])
+
+
+def test_a_model_trains_the_same_whatever_it_is_fused_with():
+    """Model 1 in a group of three and in a group of two with another partner: bitwise the
+    same state (its own rows order, its own seeds; the others' rows never mix in)."""
+    specs = _specs(_mlp(dropout=True), OPTIMIZERS["SGD"])
+    three, _ = _fused(specs, _buffers((6,)), 2)
+    two, _ = _fused([specs[0], specs[2]], _buffers((6,)), 2)
+    _assert_close(three[1], two[1], rtol=1e-6, atol=1e-7)
+
+
+def test_what_fuses_is_decided_from_the_configuration():
+    mlp = _mlp()
+    key = fusion.fusion_key(_specs(mlp, ["Adam(lr=0.01)"])[0])
+    assert key == fusion.fusion_key(_specs(mlp, ["Adam(lr=0.1, beta_2=0.9)"])[0])
+    assert key != fusion.fusion_key(_specs(mlp, ["Adam(lr=0.01)"], batch_size=16)[0])
+    assert key != fusion.fusion_key(_specs(mlp, ["SGD(lr=0.01)"])[0])
+    # momentum 0 and nonzero: states of different layouts
+    assert fusion.fusion_key(_specs(mlp, ["SGD(lr=0.01)"])[0]) != \
+        fusion.fusion_key(_specs(mlp, ["SGD(lr=0.01, momentum=0.9)"])[0])
+    lstm = keras.Sequential([keras.Input((4, 2)), keras.layers.LSTM(3), keras.layers.Dense(3)]).to_json()
+    unfused = {
+        "layer": _specs(lstm, ["Adam(lr=0.01)"])[0],
+        "optimizer": _specs(mlp, ["Adagrad(lr=0.01)"])[0],
+        "clipping": _specs(mlp, ["Adam(lr=0.01, clipnorm=1.0)"])[0],
+        "decay": _specs(mlp, ["SGD(lr=0.01, decay=1e-4)"])[0],
+    }
+    for why, spec in unfused.items():
+        assert fusion.fusion_key(spec) is None, why
+        assert fusion.why_unfused(spec)
+    frozen = keras.Sequential([keras.Input((6,)), keras.layers.Dense(4, trainable=False),
+                               keras.layers.Dense(3, activation="softmax")]).to_json()
+    assert fusion.why_unfused(_specs(frozen, ["Adam(lr=0.01)"])[0]) == "a layer is frozen"
+
+
+def test_a_fused_state_restores_into_an_unfused_program():
+    """States leave a fused program in the unfused format: a model can hop from a fused
+    visit to an unfused one."""
+    specs = _specs(_mlp(), OPTIMIZERS["Adam"][:2])
+    fused, _ = _fused(specs, _buffers((6,)), 1)
+    program = training.Program.for_spec(specs[0])
+    program.restore(fused[1])
+    assert _payload(program.capture()) == _payload(fused[1])
