@@ -9,7 +9,9 @@ Data: W1's (64 generated features, 10 classes), one segment's rows (W1 has 200,0
 to train on over 2 segments).  One thread, as each of 2 workers has on this machine.
 Each cell: seconds for one sub-epoch of all K models (the best of --repeats, after one
 untimed sub-epoch that traces), the fused run's split into decode, gather and train, and
-the ratio fused / unfused.
+the ratio fused / unfused; then the seconds to evaluate the K trained models over the same
+rows, one after another (`training.evaluate`) and fused (`fused_program.evaluate_fused`,
+each buffer decoded once).
 
     .venv/bin/python bench/bench_fusion.py [--rows 100000] [--sizes 2,4,8,16] [--repeats 2]
 """
@@ -96,6 +98,29 @@ def fused(group, data, repeats: int) -> tuple[float, dict, list[float]]:
     return best, parts, accuracy
 
 
+def evaluations(group, data, repeats: int) -> tuple[float, float]:
+    """Seconds to evaluate the group's models (step-0 states) unfused and fused."""
+    from madlib_mop.runtime import fused_program, training
+
+    states = training.initial_states(group, 0)
+    program = training.Program.for_spec(group[0])
+    together = fused_program.FusedProgram(group[0], len(group))
+    together.restore([states[spec.mst_key] for spec in group])
+    alone_best = fused_best = float("inf")
+    for step in range(repeats + 1):
+        started = time.perf_counter()
+        for spec in group:
+            program.restore(states[spec.mst_key])
+            training.evaluate(program, spec, data, True)
+        alone = time.perf_counter() - started
+        started = time.perf_counter()
+        fused_program.evaluate_fused(together, group, data, True)
+        fused = time.perf_counter() - started
+        if step:
+            alone_best, fused_best = min(alone_best, alone), min(fused_best, fused)
+    return alone_best, fused_best
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=100_000)
@@ -108,8 +133,8 @@ def main() -> None:
     data = buffers(args.rows)
     rows = []
     print("| architecture | batch | K | unfused s | fused s | decode | gather | train | fused / unfused "
-          "| accuracy max diff |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| accuracy max diff | evaluate unfused s | evaluate fused s | fused / unfused |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, hidden in ARCHITECTURES.items():
         for batch in BATCHES:
             for size in (int(s) for s in args.sizes.split(",")):
@@ -117,13 +142,16 @@ def main() -> None:
                 alone, alone_accuracy = unfused(group, data, args.repeats)
                 together, parts, fused_accuracy = fused(group, data, args.repeats)
                 difference = max(abs(a - b) for a, b in zip(alone_accuracy, fused_accuracy))
+                evaluate_alone, evaluate_fused = evaluations(group, data, args.repeats)
                 row = {"architecture": name, "batch": batch, "models": size, "unfused": alone,
                        "fused": together, **parts, "ratio": together / alone,
-                       "accuracy_max_diff": difference}
+                       "accuracy_max_diff": difference, "evaluate_unfused": evaluate_alone,
+                       "evaluate_fused": evaluate_fused}
                 rows.append(row)
                 print(f"| {name} | {batch} | {size} | {alone:.2f} | {together:.2f} | {parts['decode']:.2f} "
                       f"| {parts['gather']:.2f} | {parts['train']:.2f} | {together / alone:.2f} "
-                      f"| {difference:.4f} |", flush=True)
+                      f"| {difference:.4f} | {evaluate_alone:.2f} | {evaluate_fused:.2f} "
+                      f"| {evaluate_fused / evaluate_alone:.2f} |", flush=True)
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps({"date": datetime.now(timezone.utc).isoformat(), "rows": args.rows,
                                    "results": rows}, indent=1))

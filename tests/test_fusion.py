@@ -174,3 +174,22 @@ def test_a_fused_state_restores_into_an_unfused_program():
     program = training.Program.for_spec(specs[0])
     program.restore(fused[1])
     assert _payload(program.capture()) == _payload(fused[1])
+
+
+def test_fused_evaluation_is_each_models_own():
+    """Models trained fused, then evaluated fused over other rows: each model's loss and
+    accuracy as the unfused evaluation of its state gives them (BatchNormalization's
+    moving statistics and no Dropout at inference)."""
+    specs = _specs(_mlp(dropout=True, batch_norm=True), OPTIMIZERS["Adam"])
+    trained, _ = _fused(specs, _buffers((6,)), 2)
+    held_out = _buffers((6,), (17, 1100), seed=9)  # a buffer longer than one evaluation batch
+    program = fused_program.FusedProgram(specs[0], len(specs))
+    program.restore([trained[spec.mst_key] for spec in specs])
+    fused = fused_program.evaluate_fused(program, specs, held_out, True)
+    alone = training.Program.for_spec(specs[0])
+    for spec, outcome in zip(specs, fused):
+        alone.restore(trained[spec.mst_key])
+        expected = training.evaluate(alone, spec, held_out, True).means()
+        assert outcome.means().keys() == expected.keys()
+        assert outcome.means() == pytest.approx(expected, rel=1e-5)
+    assert len({round(o.means()["loss"], 6) for o in fused}) == len(specs)  # three models

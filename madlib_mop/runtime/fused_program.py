@@ -75,30 +75,42 @@ class FusedProgram:
 
     # ---- the fused forward pass ----
     def _function(self, kind: str, x: np.ndarray, y: np.ndarray):
-        """The traced pass over stacked rows (K, rows, ...) for these dtypes and shapes: a
-        training pass in minibatches, or an evaluation."""
+        """The traced pass for these dtypes and shapes: a training pass in minibatches over
+        stacked rows (K, rows, ...), each model's own; or an evaluation of the same rows
+        (rows, ...) by every model."""
         import tensorflow as tf
 
-        key = (kind, x.dtype.str, x.shape[2:], y.dtype.str, y.shape[2:])
+        training = kind == "train"
+        leading = 2 if training else 1  # the axes before a row's own shape
+        key = (kind, x.dtype.str, x.shape[leading:], y.dtype.str, y.shape[leading:])
         if key not in self._functions:
             k = self.size
             columns = len(PER_MODEL_ARGUMENTS[self.optimizer_name]) + len(ONE_MINUS[self.optimizer_name])
-            training = kind == "train"
+
+            def rows_of(tensor, start, end):
+                """The minibatch of every model: its own rows, or the shared rows K times."""
+                if training:
+                    return tensor[:, start:end]
+                part = tensor[start:end][None]
+                return tf.broadcast_to(part, tf.concat([[k], tf.shape(part)[1:]], 0))
 
             def loop(x, y, arguments, batch_size):
-                rows = tf.shape(x)[1]
+                rows = tf.shape(x)[leading - 1]
                 zeros = (tf.zeros([k]), tf.zeros([k, len(self.metrics)]))
 
                 def body(start, loss_sums, metric_sums):
                     end = tf.minimum(start + batch_size, rows)
-                    xb, yb = x[:, start:end], y[:, start:end]
-                    with tf.GradientTape(watch_accessed_variables=False) as tape:
-                        tape.watch(self.trainable)
-                        predicted = fused_ops.forward(self, xb, training)
-                        losses = fused_ops.losses(self, yb, predicted, tf)
-                        total = tf.reduce_sum(losses)
+                    xb, yb = rows_of(x, start, end), rows_of(y, start, end)
                     if training:
+                        with tf.GradientTape(watch_accessed_variables=False) as tape:
+                            tape.watch(self.trainable)
+                            predicted = fused_ops.forward(self, xb, True)
+                            losses = fused_ops.losses(self, yb, predicted, tf)
+                            total = tf.reduce_sum(losses)
                         fused_ops.apply_update(self, tape.gradient(total, self.trainable), arguments, tf)
+                    else:
+                        predicted = fused_ops.forward(self, xb, False)
+                        losses = fused_ops.losses(self, yb, predicted, tf)
                     batch = tf.cast(end - start, tf.float32)
                     return (end, loss_sums + losses * batch,
                             metric_sums + fused_ops.metric_sums(self, yb, predicted, tf))
@@ -108,8 +120,9 @@ class FusedProgram:
                     parallel_iterations=1)
                 return loss_sums, metric_sums
 
-            specs = [tf.TensorSpec((k, None) + x.shape[2:], tf.as_dtype(x.dtype)),
-                     tf.TensorSpec((k, None) + y.shape[2:], tf.as_dtype(y.dtype)),
+            stacked = (k, None) if training else (None,)
+            specs = [tf.TensorSpec(stacked + x.shape[leading:], tf.as_dtype(x.dtype)),
+                     tf.TensorSpec(stacked + y.shape[leading:], tf.as_dtype(y.dtype)),
                      tf.TensorSpec((k, columns), tf.float32), tf.TensorSpec((), tf.int32)]
             self._functions[key] = tf.function(loop, autograph=False,
                                                input_signature=specs).get_concrete_function()
@@ -119,7 +132,8 @@ class FusedProgram:
     def run(self, kind: str, x: np.ndarray, y: np.ndarray, arguments: np.ndarray,
             batch_size: int) -> tuple[np.ndarray, np.ndarray]:
         """Each model's sums over the rows (K,) of its loss (times each minibatch's rows)
-        and (K, metrics) of its metrics."""
+        and (K, metrics) of its metrics.  "train": x and y stacked (K, rows, ...), each
+        model's rows; "test": (rows, ...), the same rows for all."""
         import tensorflow as tf
 
         function = self._function(kind, x, y)
@@ -177,3 +191,22 @@ def train_fused_subepoch(program: FusedProgram, specs: Sequence[ModelSpec], buff
     for outcome in outcomes:
         outcome.seconds_train = seconds["train"] / len(outcomes)
     return outcomes, seconds
+
+
+def evaluate_fused(program: FusedProgram, specs: Sequence[ModelSpec], buffers: list[Buffer],
+                   classification: bool, batch_size: int = 1024) -> list[Outcome]:
+    """Loss and metrics of each of the program's models over the buffers, as
+    `training.evaluate` gives them one model at a time; each buffer decoded once for all."""
+    arguments = np.array([per_model_arguments(spec) for spec in specs], np.float32).reshape(len(specs), -1)
+    outcomes = [Outcome() for _ in specs]
+    for buffer in buffers:
+        x, y = buffer.load()
+        if isinstance(x, list) or isinstance(y, list):
+            raise ValueError("a fused program takes one input and one output")
+        loss_sums, metric_sums = program.run("test", x, labels_for(program.loss, y, classification),
+                                             arguments, batch_size)
+        for k, outcome in enumerate(outcomes):
+            values = {"loss": loss_sums[k] / len(x)}
+            values.update({name: metric_sums[k, i] / len(x) for i, name in enumerate(program.metrics)})
+            outcome.add(len(x), values)
+    return outcomes
