@@ -9,9 +9,11 @@ Data: W1's (64 generated features, 10 classes), one segment's rows (W1 has 200,0
 to train on over 2 segments).  One thread, as each of 2 workers has on this machine.
 Each cell: seconds for one sub-epoch of all K models (the best of --repeats, after one
 untimed sub-epoch that traces), the fused run's split into decode, gather and train, and
-the ratio fused / unfused; then the seconds to evaluate the K trained models over the same
-rows, one after another (`training.evaluate`) and fused (`fused_program.evaluate_fused`,
-each buffer decoded once).
+the ratio fused / unfused, and the largest difference of a model's accuracy in the last
+timed sub-epoch; then the seconds to evaluate the K models over the same rows, one after
+another (`Program.evaluate` of each buffer, without `training.evaluate`'s timing runs) and
+fused (`fused_program.evaluate_fused`, each buffer decoded once).  The models differ in
+learning rate (4 values) and, from K = 8 on, in Adam's beta_1.
 
     .venv/bin/python bench/bench_fusion.py [--rows 100000] [--sizes 2,4,8,16] [--repeats 2]
 """
@@ -111,7 +113,9 @@ def evaluations(group, data, repeats: int) -> tuple[float, float]:
         started = time.perf_counter()
         for spec in group:
             program.restore(states[spec.mst_key])
-            training.evaluate(program, spec, data, True)
+            for buffer in data:
+                x, y = buffer.load()
+                program.evaluate(x, training.labels_for(spec.compile.loss, y, True))
         alone = time.perf_counter() - started
         started = time.perf_counter()
         fused_program.evaluate_fused(together, group, data, True)

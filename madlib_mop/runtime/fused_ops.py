@@ -124,12 +124,15 @@ def metric_sums(program, y, predicted, tf):
     sparse = y.shape.rank < predicted.shape.rank
     for metric in program.metrics:
         if metric in ("accuracy", "acc"):
-            metric = ("binary_accuracy" if predicted.shape[-1] == 1 or program.loss == "binary_crossentropy"
-                      else "sparse_categorical_accuracy" if sparse else "categorical_accuracy")
+            # Keras' rule (compile_utils.is_binary_or_sparse_categorical): shapes alone.
+            metric = ("binary_accuracy" if predicted.shape[-1] == 1
+                      else "sparse_categorical_accuracy" if sparse or y.shape[-1] == 1
+                      else "categorical_accuracy")
         if metric == "categorical_accuracy":
             values = tf.cast(tf.equal(tf.argmax(y, -1), tf.argmax(predicted, -1)), tf.float32)
         elif metric == "sparse_categorical_accuracy":
-            values = tf.cast(tf.equal(tf.cast(y, tf.int64), tf.argmax(predicted, -1)), tf.float32)
+            labels = y if sparse else y[..., 0]
+            values = tf.cast(tf.equal(tf.cast(labels, tf.int64), tf.argmax(predicted, -1)), tf.float32)
         elif metric == "binary_accuracy":
             values = tf.reduce_mean(tf.cast(tf.equal(tf.cast(y, tf.float32),
                                                      tf.cast(predicted > 0.5, tf.float32)), tf.float32), -1)
@@ -137,7 +140,9 @@ def metric_sums(program, y, predicted, tf):
             values = tf.reduce_mean(tf.square(predicted - tf.cast(y, predicted.dtype)), -1)
         else:
             values = tf.reduce_mean(tf.abs(predicted - tf.cast(y, predicted.dtype)), -1)
-        sums.append(tf.reduce_sum(tf.reshape(values, [program.size, -1]), axis=1))
+        # One value per row (Keras' mean over a row's other axes), summed over the rows.
+        rows = tf.reduce_mean(tf.reshape(values, [program.size, tf.shape(values)[1], -1]), axis=2)
+        sums.append(tf.reduce_sum(rows, axis=1))
     return tf.stack(sums, axis=1) if sums else tf.zeros([program.size, 0])
 
 
@@ -211,5 +216,3 @@ def apply_update(program, gradients, arguments, tf):
 def slot_of(program, optimizer, name: str, index: int):
     slots = getattr(optimizer, name, None) or []
     return program.of(slots[index]) if index < len(slots) and slots[index] is not None else None
-
-# ---- traced loops ----

@@ -11,8 +11,8 @@ import numpy as np
 
 from madlib_mop.runtime import fused_ops, model_state, state
 from madlib_mop.runtime.buffers import Buffer
-from madlib_mop.runtime.fusion import (KERAS_DEFAULTS, ONE_MINUS, PER_MODEL_ARGUMENTS,
-                                       SHARED_ARGUMENTS, per_model_arguments)
+from madlib_mop.runtime.fusion import (ONE_MINUS, PER_MODEL_ARGUMENTS, SHARED_ARGUMENTS,
+                                       per_model_arguments, shape_arguments)
 from madlib_mop.runtime.training import ModelSpec, Outcome, compiled_model, labels_for, subepoch_order
 
 
@@ -31,9 +31,7 @@ class FusedProgram:
         self.optimizer_name = spec.compile.optimizer.name
         self.loss = spec.compile.loss
         self.metrics = spec.compile.metrics
-        written = spec.compile.optimizer.written_arguments()
-        self.shared = {key: bool(written.get(key, KERAS_DEFAULTS[self.optimizer_name][key]))
-                       for key in SHARED_ARGUMENTS[self.optimizer_name]}
+        self.shared = dict(zip(SHARED_ARGUMENTS[self.optimizer_name], shape_arguments(spec)))
         self.variables = model_state.state_variables(self.template)
         self.layout = [(kind, tuple(v.shape)) for kind, v in self.variables]
         self.header = model_state.state_header(self.variables)
@@ -150,10 +148,14 @@ def train_fused_subepoch(program: FusedProgram, specs: Sequence[ModelSpec], buff
                          seed: int, step: int, classification: bool,
                          chunk_rows: int | None = None) -> tuple[list[Outcome], dict[str, float]]:
     """Train the program's models (their states restored, in the order of `specs`) over
-    the buffers once, each in its own seeded order (`training.subepoch_order`), as
-    `training.train_subepoch` trains one; the buffers are decoded once for all.  Returns
+    the buffers once, each in its own seeded order (`training.subepoch_order`), in the
+    minibatches `training.train_subepoch` gives it.  The buffers are decoded once for all
+    and held whole (unlike the unfused loop, which streams them), with the K models'
+    gathered rows of a chunk (`chunk_rows` per model; None: the whole segment).  Returns
     each model's outcome and the seconds spent decoding, gathering and training."""
     seconds = {"decode": 0.0, "gather": 0.0, "train": 0.0}
+    if not buffers:
+        return [Outcome() for _ in specs], seconds
     fit = specs[0].fit
     batch_size = fit.get("batch_size", 32)
     started = time.perf_counter()
@@ -196,7 +198,10 @@ def train_fused_subepoch(program: FusedProgram, specs: Sequence[ModelSpec], buff
 def evaluate_fused(program: FusedProgram, specs: Sequence[ModelSpec], buffers: list[Buffer],
                    classification: bool, batch_size: int = 1024) -> list[Outcome]:
     """Loss and metrics of each of the program's models over the buffers, as
-    `training.evaluate` gives them one model at a time; each buffer decoded once for all."""
+    `training.evaluate` gives them one model at a time; each buffer decoded once for all.
+    (Not the models' inference cost, `Outcome.seconds_per_row`, which `training.evaluate`
+    measures.)"""
+    # (the optimizer's arguments are an input of the traced loop; evaluation reads none)
     arguments = np.array([per_model_arguments(spec) for spec in specs], np.float32).reshape(len(specs), -1)
     outcomes = [Outcome() for _ in specs]
     for buffer in buffers:

@@ -19,7 +19,11 @@ What a model keeps, fused or not:
   state, as Keras draws it.
 So a model's result does not depend on which models it was fused with.  It equals the
 unfused result within float rounding, not bitwise: a batched product sums in another order
-than a single one (tolerances measured in tests/test_fusion.py).
+than a single one (tolerances measured in tests/test_fusion.py).  One exception: a variable
+whose gradient is rounding noise alone (the bias of a Dense layer without activation that
+feeds a BatchNormalization, which cancels it) is stepped by Adam at full size whatever the
+noise, so it differs between fused and unfused by far more than rounding; the model's
+outputs do not depend on it.
 
 Which models fuse is decided from the configuration alone (`fusion_key`): a Sequential
 model of the layers in FUSED_LAYERS, one of FUSED_OPTIMIZERS without clipping, decay or
@@ -56,7 +60,8 @@ FUSED_METRICS = {"accuracy", "acc", "categorical_accuracy", "sparse_categorical_
 # step (regularizers add to the loss, constraints project the weights).
 _UNFUSED_ARGUMENTS = ("kernel_regularizer", "bias_regularizer", "activity_regularizer",
                       "gamma_regularizer", "beta_regularizer", "kernel_constraint",
-                      "bias_constraint", "beta_constraint", "gamma_constraint")
+                      "bias_constraint", "beta_constraint", "gamma_constraint",
+                      "lora_rank")  # (a low-rank kernel is computed, not a variable)
 
 
 def why_unfused(spec: ModelSpec) -> str | None:
@@ -71,19 +76,18 @@ def why_unfused(spec: ModelSpec) -> str | None:
         if arguments.get("trainable") is False:
             return "a layer is frozen"
         if any(arguments.get(key) for key in _UNFUSED_ARGUMENTS):
-            return f"layer {name} has a regularizer or constraint"
+            return f"layer {name} has a regularizer, constraint or low-rank kernel"
+        if arguments.get("data_format") not in (None, "channels_last"):
+            return f"layer {name} is channels-first"
+        if name == "Softmax" and arguments.get("axis", -1) not in (-1, [-1]):
+            return "a Softmax is not over the last axis"
         if arguments.get("dtype") not in (None, "float32") and not isinstance(arguments.get("dtype"), dict):
             return "a layer's dtype is not float32"
         if isinstance(arguments.get("dtype"), dict) and \
                 (arguments["dtype"].get("config") or {}).get("name", "float32") != "float32":
             return "a layer's dtype policy is not float32"
-        if name == "Conv2D" and (arguments.get("groups", 1) != 1
-                                 or arguments.get("data_format", "channels_last") != "channels_last"):
-            return "a Conv2D is grouped or channels-first"
-        if name in ("MaxPooling2D", "AveragePooling2D", "GlobalAveragePooling2D",
-                    "GlobalMaxPooling2D") and arguments.get("data_format", "channels_last") not in (
-                    None, "channels_last"):
-            return "a pooling layer is channels-first"
+        if name == "Conv2D" and arguments.get("groups", 1) != 1:
+            return "a Conv2D is grouped"
         if name == "BatchNormalization" and (arguments.get("axis", -1) not in (-1, [-1])
                                              or arguments.get("renorm") or arguments.get("synchronized")):
             return "a BatchNormalization is not over the last axis"
@@ -103,6 +107,8 @@ def why_unfused(spec: ModelSpec) -> str | None:
         return "a metric does not fuse"
     if params.extra:
         return "compile arguments beyond optimizer, loss and metrics"
+    if spec.custom is not None and spec.custom.key(params.named()):
+        return "custom losses or metrics"
     if spec.fit.get("class_weight"):
         return "class weights"
     return None
