@@ -42,8 +42,6 @@ class FusedProgram:
         self._by_id = {id(v): stacked for (_, v), stacked in zip(self.variables, self.stacked)}
         self.trainable = [self._by_id[id(v)] for v in self.template.trainable_variables]
         self._functions: dict[tuple, Any] = {}
-        self.traced = 0
-        self.last_seconds = 0.0
 
     def of(self, variable):
         """The stacked variable of a template variable."""
@@ -65,11 +63,9 @@ class FusedProgram:
     def capture(self) -> list[bytes]:
         """Each model's state, the bytes an unfused program of it would write."""
         values = [stacked.numpy() for stacked in self.stacked]
-        payloads = []
-        for k in range(self.size):
-            payloads.append(b"".join(np.ascontiguousarray(
-                value[k].astype(value.dtype.newbyteorder("<"), copy=False)).tobytes() for value in values))
-        return [state.assemble(self.header, payload) for payload in payloads]
+        return [state.encode([state.Entry(item["kind"], item["name"], value[k])
+                              for item, value in zip(self.header, values)])
+                for k in range(self.size)]
 
     # ---- the fused forward pass ----
     def _function(self, kind: str, x: np.ndarray, y: np.ndarray):
@@ -124,7 +120,6 @@ class FusedProgram:
                      tf.TensorSpec((k, columns), tf.float32), tf.TensorSpec((), tf.int32)]
             self._functions[key] = tf.function(loop, autograph=False,
                                                input_signature=specs).get_concrete_function()
-            self.traced += 1
         return self._functions[key]
 
     def run(self, kind: str, x: np.ndarray, y: np.ndarray, arguments: np.ndarray,
@@ -134,14 +129,10 @@ class FusedProgram:
         model's rows; "test": (rows, ...), the same rows for all."""
         import tensorflow as tf
 
-        function = self._function(kind, x, y)
-        started = time.perf_counter()
-        loss_sums, metric_sums = function(tf.constant(x), tf.constant(y),
-                                          tf.constant(arguments, tf.float32),
-                                          tf.constant(batch_size, tf.int32))
-        result = loss_sums.numpy(), metric_sums.numpy()
-        self.last_seconds = time.perf_counter() - started
-        return result
+        loss_sums, metric_sums = self._function(kind, x, y)(
+            tf.constant(x), tf.constant(y), tf.constant(arguments, tf.float32),
+            tf.constant(batch_size, tf.int32))
+        return loss_sums.numpy(), metric_sums.numpy()
 
 
 def train_fused_subepoch(program: FusedProgram, specs: Sequence[ModelSpec], buffers: list[Buffer],
