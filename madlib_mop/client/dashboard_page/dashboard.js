@@ -379,6 +379,9 @@ function select(jobId, byUser) {
     state.models = 0;
     state.loaded = {curves: null, schedule: null, after: null};
     for (const id of ["curves", "schedule", "importance", "pareto"]) emptyPlot(id);
+    // The row is marked at once: a poll already under way may draw the new job's panels
+    // before the next one would redraw the table.
+    renderJobs();
   }
   if (byUser) poll();
 }
