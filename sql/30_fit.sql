@@ -129,6 +129,13 @@ CREATE FUNCTION @extschema@._mop_train(job_id bigint, mst_key integer, step inte
                                        OUT new_state bytea, OUT result jsonb)
 #plpython "mop_train.py"
 
+-- Models of one fusion group (madlib_mop.fuse_models) trained as one program: their states
+-- read from and written to the job's store, one visit record per model, in their order.
+CREATE FUNCTION @extschema@._mop_train_fused(job_id bigint, mst_keys integer[], step integer,
+                                             segment integer)
+RETURNS jsonb[]
+#plpython "mop_train_fused.py"
+
 CREATE FUNCTION @extschema@._mop_evaluate(job_id bigint, mst_key integer, step integer,
                                           partition integer, model_state bytea)
 RETURNS jsonb

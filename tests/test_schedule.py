@@ -10,29 +10,39 @@ import pytest
 from madlib_mop.job.schedule import Dispatcher, added_model_orders, visit_orders
 
 
-def _simulate(models, segments, epochs, seed, durations, failures=frozenset(), done=None):
-    """Run a dispatcher against simulated time; return the visits as (start, end, model, segment, step)."""
+def _simulate(models, segments, epochs, seed, durations, failures=frozenset(), done=None,
+              fusion=None, units=None, on_finish=None):
+    """Run a dispatcher against simulated time; return the visits as (start, end, model,
+    segment, step).  A unit of fused models takes its slowest member's time; `units`, if
+    given, collects each call's (models, step)."""
     orders = visit_orders(models, segments, epochs, seed)
-    dispatcher = Dispatcher(orders, segments, dict(done or {}))
+    dispatcher = Dispatcher(orders, segments, dict(done or {}), dict(fusion or {}))
     clock, events, log, attempts = 0.0, [], [], {}
     free = set(range(segments))
     while not dispatcher.finished():
         for segment in sorted(free):
             given = dispatcher.next_visit(segment)
             if given:
-                model, step = given
+                unit, step = given
                 free.discard(segment)
-                heapq.heappush(events, (clock + durations[model], model, segment, step, clock))
+                if units is not None:
+                    units.append(given)
+                seconds = max(durations[model] for model in unit)
+                heapq.heappush(events, (clock + seconds, unit, segment, step, clock))
         assert events, "deadlock: nothing running, job not finished"
-        clock, model, segment, step, start = heapq.heappop(events)
+        clock, unit, segment, step, start = heapq.heappop(events)
         free.add(segment)
-        attempts[(model, step)] = attempts.get((model, step), 0) + 1
-        if (model, step) in failures and attempts[(model, step)] == 1:
-            dispatcher.retry(model, segment)
+        attempts[(unit, step)] = attempts.get((unit, step), 0) + 1
+        if any((model, step) in failures for model in unit) and attempts[(unit, step)] == 1:
+            for model in unit:
+                dispatcher.retry(model, segment)
             continue
-        assert dispatcher.planned(model, step)[2] == segment
-        dispatcher.finish(model, segment, durations[model])
-        log.append((start, clock, model, segment, step))
+        for model in unit:
+            assert dispatcher.planned(model, step)[2] == segment
+            dispatcher.finish(model, segment, durations[model])
+            log.append((start, clock, model, segment, step))
+            if on_finish is not None:
+                on_finish(dispatcher, model, step)
     return orders, log
 
 
@@ -107,7 +117,7 @@ def test_dispatcher_refuses_inconsistent_calls():
     dispatcher = Dispatcher(visit_orders([1], 2, 1, 0), 2)
     segment = visit_orders([1], 2, 1, 0)[1][0][0]
     assert dispatcher.next_visit(1 - segment) is None
-    assert dispatcher.next_visit(segment) == (1, 0)
+    assert dispatcher.next_visit(segment) == ((1,), 0)
     with pytest.raises(ValueError):
         dispatcher.next_visit(segment)
     with pytest.raises(ValueError):
@@ -122,7 +132,7 @@ def _drain(dispatcher, segments):
         for segment in range(segments):
             given = dispatcher.next_visit(segment)
             if given:
-                model, step = given
+                (model,), step = given
                 visits.setdefault(model, []).append(dispatcher.planned(model, step)[2])
                 dispatcher.finish(model, segment, 1.0)
                 progressed = True
@@ -136,7 +146,7 @@ def test_adding_a_model_changes_no_other_models_order():
     dispatcher = Dispatcher({k: list(o) for k, o in orders.items()}, segments)
     before: dict[int, list[int]] = {}
     for segment in range(segments):  # the job is under way when model 9 joins
-        model, step = dispatcher.next_visit(segment)
+        (model,), step = dispatcher.next_visit(segment)
         before.setdefault(model, []).append(dispatcher.planned(model, step)[2])
         dispatcher.finish(model, segment, 1.0)
     added = added_model_orders(9, segments, epochs, seed)
@@ -155,12 +165,12 @@ def test_stopping_a_model_changes_no_other_models_order():
     segments, epochs = 2, 3
     orders = visit_orders([1, 2, 3], segments, epochs, 8)
     dispatcher = Dispatcher({k: list(o) for k, o in orders.items()}, segments)
-    given = dispatcher.next_visit(0)
-    dispatcher.stop(given[0])  # stopped while running: that visit may still finish
-    dispatcher.finish(given[0], 0, 1.0)
+    (stopped,), _ = dispatcher.next_visit(0)
+    dispatcher.stop(stopped)  # stopped while running: that visit may still finish
+    dispatcher.finish(stopped, 0, 1.0)
     visits = _drain(dispatcher, segments)
-    assert given[0] not in visits
-    for model in set(orders) - {given[0]}:
+    assert stopped not in visits
+    for model in set(orders) - {stopped}:
         assert visits[model] == [s for epoch in orders[model] for s in epoch]
 
 
@@ -171,7 +181,7 @@ def test_a_held_model_is_not_dispatched_until_released():
     dispatcher.hold(2)
     assert dispatcher.next_visit(0) is None
     dispatcher.hold(2, False)
-    assert dispatcher.next_visit(0) == (2, 0)
+    assert dispatcher.next_visit(0) == ((2,), 0)
 
 
 def _scanned_choice(dispatcher, segment):
@@ -191,11 +201,11 @@ def test_the_index_of_due_models_chooses_as_a_scan_of_every_model_would():
         for segment in sorted(free):
             expected = _scanned_choice(dispatcher, segment)
             given = dispatcher.next_visit(segment)
-            assert (given[0] if given else None) == expected
+            assert (given[0][0] if given else None) == expected
             checked += given is not None
             if given:
                 free.discard(segment)
-                heapq.heappush(events, (clock + float(rng.uniform(0.1, 2.0)), given[0], segment))
+                heapq.heappush(events, (clock + float(rng.uniform(0.1, 2.0)), given[0][0], segment))
         if not events:  # only held models are left
             for model in models:
                 dispatcher.hold(model, False)
@@ -220,3 +230,77 @@ def test_the_index_of_due_models_chooses_as_a_scan_of_every_model_would():
             models.append(added)
             added += 1
     assert checked > 300
+
+
+# ---- fused groups -------------------------------------------------------------------------------
+
+def _fused_run(durations_seed: int, stop_at=None):
+    """16 models of two fusion classes (and two that do not fuse) on 4 segments, with random
+    sub-epoch times; model 5 stopped at step 4 when `stop_at`.  The units called."""
+    models, segments = list(range(1, 19)), 4
+    fusion = {m: m % 2 for m in models if m <= 16}
+    rng = np.random.default_rng(durations_seed)
+    durations = {m: float(rng.uniform(1, 5)) for m in models}
+    units = []
+
+    def stop(dispatcher, model, step):
+        if stop_at and model == 5 and step + 1 == stop_at:
+            dispatcher.stop(5)
+    orders, log = _simulate(models, segments, 3, 7, durations, fusion=fusion, units=units,
+                            on_finish=stop)
+    return orders, fusion, units, log
+
+
+def test_fused_units_are_models_of_one_class_on_one_path_and_keep_their_orders():
+    orders, fusion, units, log = _fused_run(1)
+    assert any(len(unit) > 1 for unit, _ in units)
+    for unit, step in units:
+        epoch = step // 4
+        assert len({fusion.get(m, -m) for m in unit}) == 1
+        assert len({tuple(orders[m][epoch]) for m in unit}) == 1
+    for model in orders:  # every model visits its own planned orders, fused or not
+        visits = sorted((step, segment) for _, _, m, segment, step in log if m == model)
+        assert [segment for _, segment in visits] == [s for epoch in orders[model] for s in epoch]
+    assert all(len(unit) == 1 for unit, _ in units if unit[0] > 16)
+
+
+def test_which_models_train_together_does_not_depend_on_timing():
+    """The units called (as sets, per step) are the same whatever each model's time: a
+    fused model's bits depend on its partners, so they must come from the plan."""
+    def calls(seed, stop_at=None):
+        _, _, units, _ = _fused_run(seed, stop_at)
+        return sorted((step, unit) for unit, step in units)
+    assert calls(1) == calls(2) == calls(3)
+    stopped = calls(1, stop_at=4)
+    assert stopped == calls(2, stop_at=4) != calls(1)
+    assert all(5 not in unit for step, unit in stopped if step >= 4)
+
+
+def test_a_held_member_holds_its_unit_and_a_stopped_one_leaves_it():
+    orders = {1: [[0, 1]], 2: [[0, 1]], 3: [[0, 1]]}
+    dispatcher = Dispatcher(orders, 2, fusion={1: 0, 2: 0, 3: 0})
+    dispatcher.hold(2)
+    assert dispatcher.next_visit(0) is None
+    dispatcher.hold(2, False)
+    assert dispatcher.next_visit(0) == ((1, 2, 3), 0)
+    for model in (1, 2, 3):
+        dispatcher.finish(model, 0, 1.0)
+    dispatcher.stop(1)
+    assert dispatcher.next_visit(1) == ((2, 3), 1)
+    with pytest.raises(ValueError):
+        dispatcher.next_visit(1)  # busy until its unit's last model finishes
+    dispatcher.finish(2, 1, 1.0)
+    assert 1 in dispatcher.busy_segments
+    dispatcher.finish(3, 1, 1.0)
+    assert dispatcher.finished()
+
+
+def test_a_unit_waits_for_a_member_behind_it():
+    """A resumed job whose model 2 is one step behind model 1 (the same path): model 2
+    trains its step alone, then both go on together."""
+    orders = {1: [[0, 1, 2]], 2: [[0, 1, 2]]}
+    dispatcher = Dispatcher(orders, 3, done={1: 1, 2: 0}, fusion={1: 0, 2: 0})
+    assert dispatcher.next_visit(1) is None
+    assert dispatcher.next_visit(0) == ((2,), 0)
+    dispatcher.finish(2, 0, 1.0)
+    assert dispatcher.next_visit(1) == ((1, 2), 1)

@@ -110,6 +110,15 @@ class Worker(abc.ABC):
         """One sub-epoch of model `mst_key` on `segment` from its state after `step`
         sub-epochs: (the new state, the visit's record)."""
 
+    def train_fused(self, job_id: int, mst_keys: tuple[int, ...], step: int,
+                    segment: int) -> list[tuple[None, VisitRecord]]:
+        """One sub-epoch of models of one fusion group, as one program (`runtime.fusion`),
+        their states in the job's store: each model's (None, record), in their order.  Only
+        the workers of an engine that `stores_states` have it."""
+        raise MadlibMopError("this engine's workers do not train fused models",
+                             sqlstate=errors.FEATURE_NOT_SUPPORTED,
+                             hint="SET madlib_mop.fuse_models = off.")
+
     @abc.abstractmethod
     def evaluate(self, job_id: int, mst_key: int, step: int, partition: int,
                  model_state: bytes) -> dict:

@@ -11,6 +11,7 @@ on any number of workers.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -23,18 +24,25 @@ from madlib_mop.job import schedule
 @dataclass
 class Task:
     kind: str  # "train" or "evaluate"
-    mst_key: int
+    mst_key: int  # a fused call's: its first model's
     step: int
     segment: int  # where it runs: the segment whose server (and, training, whose data) it needs
     partition: int  # the data partition it reads (= segment when training)
     state: bytes | None  # the model's state after `step` sub-epochs (None: in the job's store)
     attempt: int = 1
     worker: int = -1  # the pool's index of the worker running it
+    fused: tuple[int, ...] = ()  # a fused call's models (`schedule`), states in the job's store
 
     def __call__(self, worker: Worker, job_id: int):
+        if self.fused:
+            return worker.train_fused(job_id, self.fused, self.step, self.partition)
         if self.kind == "train":
             return worker.train(job_id, self.mst_key, self.step, self.partition, self.state)
         return worker.evaluate(job_id, self.mst_key, self.step, self.partition, self.state)
+
+    def each(self) -> list["Task"]:
+        """One task per model it trains (a fused call's models; else itself)."""
+        return [dataclasses.replace(self, mst_key=key, fused=()) for key in self.fused] or [self]
 
 
 class WorkAssignment:
@@ -72,7 +80,8 @@ class WorkAssignment:
         worker = pool.threads[index].worker
         free = []
         for segment in range(self.S):
-            if segment in busy or not worker.serves(segment):
+            # (busy in the schedule too: a fused call's models are recorded one by one)
+            if segment in busy or segment in self.schedule.busy_segments or not worker.serves(segment):
                 continue
             if self.paused_until.get(segment, now) > now:
                 continue
@@ -89,9 +98,12 @@ class WorkAssignment:
         given = self.schedule.next_visit(segment)
         if given is None:
             return None
-        mst_key, step = given
-        return Task("train", mst_key, step, segment, segment, self.state_of(mst_key),
-                    self.attempts.get(given, 1))
+        models, step = given
+        if len(models) > 1:
+            return Task("train", models[0], step, segment, segment, None,
+                        self.attempts.get((models[0], step), 1), fused=models)
+        return Task("train", models[0], step, segment, segment, self.state_of(models[0]),
+                    self.attempts.get((models[0], step), 1))
 
     def ended(self, task: Task) -> None:
         del self.running[task.worker]

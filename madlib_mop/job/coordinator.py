@@ -17,13 +17,13 @@ from typing import Any
 
 from madlib_mop import errors
 from madlib_mop.db import catalog, worker_session
-from madlib_mop.engine.base import Engine
+from madlib_mop.engine.base import Engine, VisitRecord
 from madlib_mop.engine.pool import WorkerPool
 from madlib_mop.errors import MadlibMopError
-from madlib_mop.job import metrics, outputs, schedule, steering
+from madlib_mop.job import fusing, metrics, outputs, schedule, steering
 from madlib_mop.job.assignment import Task, WorkAssignment
 from madlib_mop.job.worker_supply import WorkerSupply, wait_for_workers, warm_up
-from madlib_mop.job.failures import DIVERGED, FAILED, ModelFailures, RetryPolicy
+from madlib_mop.job.failures import DIVERGED, ModelFailures, RetryPolicy
 from madlib_mop.job.progress import JobProgress
 from madlib_mop.job.search_driver import JobSearch
 from madlib_mop.job.keras_work import KerasWork
@@ -109,6 +109,7 @@ class Coordinator:
         self.models: dict[int, ModelRecord] = self.store.load_models()
         requests = steering.resumed(self.store, self.models)  # a person's, applied as before
         rounds = {m.mst_key: m.iterations * m.epochs for m in self.models.values()}
+        self.initial = set(schedule.started_with(rounds, self.args.initial_models, steering.added(requests)))
         self.schedule = schedule.dispatcher_for(rounds, {k: len(m.visits) for k, m in self.models.items()},
                                                 self.S, self.job.seed,
                                                 self.args.initial_models, steering.added(requests))
@@ -147,6 +148,8 @@ class Coordinator:
         if not self.pool.live():
             wait_for_workers(self.plpy, self.store, self.engine, self.pool, self.S,
                              lambda: interruption_point(self.plpy, self.can_commit), self._notice)
+        self.schedule.fuse(fusing.job_classes(self.args, self.engine.stores_states, self.initial,
+                                              self.store.model_rows, self.search.keras))
         self.store.running_on(len(self.pool.live()))
         self.supply = WorkerSupply(self.plpy, self.store, self.engine, self.pool, self.S)
         for index, thread in enumerate(self.pool.threads):
@@ -159,72 +162,69 @@ class Coordinator:
 
     def _handle(self, task: Task, value: Any, error: BaseException | None) -> None:
         self.work.ended(task)
-        if task.mst_key in self.failures:  # a validation pass of a model that stopped since
+        if task.mst_key in self.failures and not task.fused:  # a validation pass of a model stopped since
             return
-        if error is not None:
-            return self._failed(task, error)
+        if error is not None:  # run again, or its models are lost
+            where = lambda: self.pool.threads[task.worker].worker.where  # noqa: E731
+            return self.failures.call_failed(task, error, self.retry, where, self.plpy.notice, self.models,
+                                             self.schedule, self.work)
         self.retry.answered(task.segment)
-        model = self.models[task.mst_key]
-        diverged = value[1].diverged if task.kind == "train" else value.get("diverged")
-        if diverged:
-            return self.failures.lose(task, model, DIVERGED, diverged, self.schedule, self.work)
-        boundary = False  # the hop completed one of the model's iterations
-        if task.kind == "train":
-            new_state, result = value
-            model.visits[task.step] = result.as_dict()
-            if new_state is not None:  # a segment server's worker sent it back
-                self.store.states.hops.write(task.mst_key, task.step + 1, new_state)
-            self.schedule.finish(task.mst_key, task.segment, result.seconds["total"])
-            completed = task.step + 1
-            boundary = completed % model.per_iteration == 0
-            iteration = completed // model.per_iteration
-            if boundary and self.search.decided_at(iteration):
-                # The pruner decides once its validation is done; the model waits (no extra work).
-                self.schedule.hold(task.mst_key)
-            if not boundary:
-                # The segment's next sub-epoch starts while this one is recorded (a failed commit
-                # stops the job); not at a boundary, where the pruner may stop or hold the model.
-                self._dispatch()
-        # The result, the outputs it changes and the progress: one transaction, sent together.
-        # Rows are published when a model completes an iteration or is validated.
-        with self.store.atomic(pipelined=True):
-            if task.kind == "evaluate":
+        if task.kind == "evaluate":
+            if value.get("diverged"):
+                return self.failures.lose(task, self.models[task.mst_key], DIVERGED, value["diverged"],
+                                          self.schedule, self.work)
+            model = self.models[task.mst_key]
+            with self.store.atomic(pipelined=True):
                 self.store.record_eval(task.mst_key, task.step, task.partition, value)
                 model.evals[(task.step, task.partition)] = value
-            else:
-                self.store.record_visit(task.mst_key, task.step, task.segment, result)
-                if boundary:
-                    self.queue_evals(model, completed // model.per_iteration)
-            if task.kind == "evaluate" or boundary:
                 self.publish(model)
+                self.progress.report_to(self.store)
+            self.search.ask()
+            return
+        # A fused call's models are recorded together: a resumed job fuses them as before.
+        trained = [(one, result, self._trained(one, new_state, result))
+                   for one, (new_state, result) in zip(task.each(), value if task.fused else [value])]
+        trained = [(one, result, boundary) for one, result, boundary in trained if boundary is not None]
+        # The results, the outputs they change (at an iteration's end) and the progress: one
+        # transaction, sent together.
+        with self.store.atomic(pipelined=True):
+            for one, result, boundary in trained:
+                model = self.models[one.mst_key]
+                self.store.record_visit(one.mst_key, one.step, one.segment, result)
+                if boundary:
+                    self.queue_evals(model, (one.step + 1) // model.per_iteration)
+                    self.publish(model)
             self.progress.report_to(self.store)
         self.search.ask()
-        if task.kind == "train":
-            self.store.states.visit_recorded(task.mst_key, task.step, model.per_iteration)
+        for one, _, boundary in trained:
+            self.store.states.visit_recorded(one.mst_key, one.step, self.models[one.mst_key].per_iteration)
             self.progress.after_visit()
             if boundary:  # a person's requests that wait for the model to end an iteration
-                self.steering.apply(task.mst_key)
+                self.steering.apply(one.mst_key)
 
-    def _failed(self, task: Task, error: BaseException) -> None:
-        self.store.note_error(f"{task.kind} mst_key {task.mst_key} step {task.step} segment "
-                              f"{task.segment} attempt {task.attempt}: {RetryPolicy.message(error)}")
-        try:
-            attempt, delay = self.retry.after(task, error,
-                                              lambda: self.pool.threads[task.worker].worker.where,
-                                              self.plpy.notice)
-        except MadlibMopError:
-            if RetryPolicy.touches_every_model(error):
-                raise
-            why = f"{RetryPolicy.message(error)} (after {task.attempt} attempt{'s' * (task.attempt > 1)})"
-            return self.failures.lose(task, self.models[task.mst_key], FAILED, why, self.schedule, self.work)
-        if delay is not None:  # the session was lost: the segment waits for its server
-            self.work.paused_until[task.segment] = time.monotonic() + delay
-        if task.kind == "train":
+    def _trained(self, task: Task, new_state: bytes | None, result: VisitRecord) -> bool | None:
+        """A model's sub-epoch came back: did it end an iteration (None: the model is lost)?"""
+        model = self.models[task.mst_key]
+        if task.mst_key in self.failures:  # a fused call's model lost since (its validation failed)
             self.schedule.retry(task.mst_key, task.segment)
-            self.work.attempts[(task.mst_key, task.step)] = attempt
-        else:
-            task.attempt = attempt
-            self.work.pending_evals.append(task)
+            return None
+        if result.diverged:
+            self.failures.lose(task, model, DIVERGED, result.diverged, self.schedule, self.work)
+            return None
+        model.visits[task.step] = result.as_dict()
+        if new_state is not None:  # a segment server's worker sent it back
+            self.store.states.hops.write(task.mst_key, task.step + 1, new_state)
+        self.schedule.finish(task.mst_key, task.segment, result.seconds["total"])
+        completed = task.step + 1
+        boundary = completed % model.per_iteration == 0
+        if boundary and self.search.decided_at(completed // model.per_iteration):
+            # The pruner decides once its validation is done; the model waits (no extra work).
+            self.schedule.hold(task.mst_key)
+        if not boundary:
+            # The segment's next sub-epoch starts while this one is recorded (a failed commit
+            # stops the job); not at a boundary, where the pruner may stop or hold the model.
+            self._dispatch()
+        return boundary
 
     # ---- JobEvents (`job.events`): what the coordinator's parts tell it ----
     def report_progress(self) -> None:

@@ -175,6 +175,33 @@ class ModelFailures:
             self.events.report_progress()
         self.events.model_lost(task.mst_key)
 
+    def call_failed(self, task: Any, error: BaseException, retry: RetryPolicy, where: Callable[[], str],
+                    notice: Callable[[str], None], models: dict, dispatcher: Any, work: Any) -> None:
+        """A call failed: run again after the retry policy's delay (the segment waits for
+        its server when the session was lost), or, its attempts spent, its models are lost
+        (an error that touches every model stops the job)."""
+        self.store.note_error(f"{task.kind} mst_key {','.join(map(str, task.fused or [task.mst_key]))} "
+                              f"step {task.step} segment {task.segment} attempt {task.attempt}: "
+                              f"{RetryPolicy.message(error)}")
+        try:
+            attempt, delay = retry.after(task, error, where, notice)
+        except MadlibMopError:
+            if RetryPolicy.touches_every_model(error):
+                raise
+            why = f"{RetryPolicy.message(error)} (after {task.attempt} attempt{'s' * (task.attempt > 1)})"
+            for one in task.each():
+                self.lose(one, models[one.mst_key], FAILED, why, dispatcher, work)
+            return
+        if delay is not None:
+            work.paused_until[task.segment] = time.monotonic() + delay
+        if task.kind == "train":
+            for one in task.each():
+                dispatcher.retry(one.mst_key, task.segment)
+            work.attempts[(task.mst_key, task.step)] = attempt
+        else:
+            task.attempt = attempt
+            work.pending_evals.append(task)
+
     def check_at_end(self, models: int, warning: Callable[[str], None]) -> None:
         """At the job's end: an error if no model is left, else a WARNING naming those that
         stopped for a cause of their own."""

@@ -10,7 +10,7 @@ from typing import Any
 from madlib_mop import errors
 from madlib_mop.db import catalog, custom_functions, packed, segments, settings
 from madlib_mop.errors import MadlibMopError
-from madlib_mop.job import keras_work, versions
+from madlib_mop.job import fusing, keras_work, versions
 from madlib_mop.job.record import JobArguments
 from madlib_mop.job.tables import SUFFIXES_LONGEST_FIRST
 from madlib_mop.grammar import model_config
@@ -194,8 +194,7 @@ def plan_job(plpy: Any, source_table: str, model_output_table: str, model_select
                                    source, also=named)
     if recorded:
         arguments["custom_functions"] = recorded
-    if not stage_frozen_layers(plpy):
-        arguments["stage_frozen_layers"] = False
+    arguments.update(_recorded_settings(plpy))
     if policy == "new_version":
         out = versions.versioned_output(plpy, out, arguments)
     recorded = JobArguments.of(arguments)
@@ -253,6 +252,13 @@ def note_ignored_compile_params(plpy: Any, texts: list[str]) -> None:
     if ignored:
         plpy.notice(f"compile_params: {', '.join(k + '=None' for k in ignored)} is Keras 2's "
                     "default and Keras 3 has no such argument: ignored")
+
+
+def _recorded_settings(plpy: Any) -> dict:
+    """The settings a job records where they are not as before they existed."""
+    recorded = {} if stage_frozen_layers(plpy) else {"stage_frozen_layers": False}
+    fuse = fusing.fuse_models(plpy)
+    return recorded if fuse == "off" else dict(recorded, fuse_models=fuse)
 
 
 STAGING_SETTING = "madlib_mop.stage_frozen_layers"

@@ -56,6 +56,7 @@ class JobArguments:
     initial_models: int | None = None  # automl: the models proposed before the job started
     custom_functions: Mapping[str, Any] | None = None  # object table and digests (`job.plan`)
     stage_frozen_layers: bool = True
+    fuse_models: str = "off"  # madlib_mop.fuse_models when the job started (`job.fusing`)
     if_output_exists: str | None = None
     output_family: str | None = None  # if_output_exists => 'new_version': the first name
     # Tables packed in key order: argument -> the rows they held when the job started (a

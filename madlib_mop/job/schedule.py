@@ -15,16 +15,29 @@ the models' offsets shuffled too: when models take equal time, S models proceed 
 lock-step without ever waiting.  A model added later (a searcher's new configuration)
 draws its orders from its own stream (`added_model_orders`), and a stopped model is only
 no longer dispatched, so adding or stopping models changes no other model's order.
+
+Fused groups (`runtime.fusion`; madlib_mop.fuse_models).  The rotation sends several models
+along the same path in an epoch (those whose offsets agree modulo S): those of them that
+can train as one program (one fusion class) hop as one unit, `group(model, epoch)`.  No
+model's orders change, so a fused model sees the rows an unfused one sees, in the same
+order.  Which models a fused call trains together is decided by the plan, the pruner's
+stops and a person's requests, never by timing, because a fused model's bits depend on its
+partners (a batched product of K models rounds as it does): a unit waits for each member
+still behind it in the epoch (it has steps to train there) and for a held member's decision;
+members already past the step (only a person's request makes one) are not waited for.
+Only the models the job started with fuse; models added later train alone.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
 
 _STREAM = 0x4D4F50  # separates the schedule's random stream from the job's other uses
 _ADDED = 0xADD  # the streams of models added after the start
+MAX_GROUP = 16  # models in one fused call at most (bench_fusion: no gain beyond 8-16)
 
 
 def visit_orders(models: list[int], segments: int, epochs: int, seed: int) -> dict[int, list[list[int]]]:
@@ -100,10 +113,13 @@ class Dispatcher:
     orders: dict[int, list[list[int]]]
     segments: int
     done: dict[int, int] = field(default_factory=dict)
+    fusion: dict[int, int] = field(default_factory=dict)  # model -> its fusion class
 
     def __post_init__(self) -> None:
         self.progress = {m: _ModelProgress(self.done.get(m, 0)) for m in self.orders}
         self.busy_segments: set[int] = set()
+        self.running: dict[int, set[int]] = {}  # segment -> the models of its call not finished
+        self._groups: dict[tuple[int, int], tuple[int, ...]] = {}  # (epoch, model) -> group
         self.total = {m: len(o) * self.segments for m, o in self.orders.items()}
         # The models that may be dispatched, by the segment each is due on next: a free
         # segment looks at its own, not at every model (a scan of every model for every
@@ -114,12 +130,54 @@ class Dispatcher:
             self._index(model)
 
     def _index(self, model: int) -> None:
-        """The model among those due on its next segment, if it may be dispatched now."""
-        self._unindex(model)
-        if self.dispatchable(model):
-            segment = self.planned(model, self.progress[model].done)[2]
-            self.due[segment].add(model)
-            self._due_on[model] = segment
+        """The unit of the model's next step (`unit`) among those due on its segment, or not."""
+        unit = self.unit(model)
+        for member in unit or (model,):
+            self._unindex(member)
+        if unit:
+            segment = self.planned(unit[0], self.progress[unit[0]].done)[2]
+            self.due[segment].add(unit[0])
+            self._due_on[unit[0]] = segment
+
+    def _reindex(self, model: int, *steps: int) -> None:
+        """After a change of the model: the units its groups at these steps may now form."""
+        members = {model}
+        for step in steps:
+            members.update(self.group(model, step // self.segments))
+        for member in sorted(members):
+            self._index(member)
+
+    def group(self, model: int, epoch: int) -> tuple[int, ...]:
+        """The models that hop with `model` in `epoch`: those of its fusion class whose
+        path that epoch is its own, in key order, in chunks of MAX_GROUP."""
+        if model not in self.fusion or epoch >= len(self.orders[model]):
+            return (model,)
+        if (epoch, model) not in self._groups:
+            paths: dict[tuple, list[int]] = defaultdict(list)
+            for other in sorted(self.fusion):
+                if epoch < len(self.orders[other]):
+                    paths[(self.fusion[other], tuple(self.orders[other][epoch]))].append(other)
+            for members in paths.values():
+                for start in range(0, len(members), MAX_GROUP):
+                    chunk = tuple(members[start:start + MAX_GROUP])
+                    for member in chunk:
+                        self._groups[(epoch, member)] = chunk
+        return self._groups[(epoch, model)]
+
+    def unit(self, model: int) -> tuple[int, ...]:
+        """The models that train the model's next step with it if they may go now, else ()."""
+        if not self.dispatchable(model):
+            return ()
+        step = self.progress[model].done
+        unit = []
+        for member in self.group(model, step // self.segments):
+            p = self.progress[member]
+            if self.total[member] <= step or p.done > step:
+                continue  # never trains this step, or already past it
+            if p.done < step or p.busy or p.held:
+                return ()  # the unit waits for it
+            unit.append(member)
+        return tuple(unit)
 
     def dispatchable(self, model: int) -> bool:
         """Idle, not held, and with planned visits left."""
@@ -131,23 +189,33 @@ class Dispatcher:
         if segment is not None:
             self.due[segment].discard(model)
 
+    def fuse(self, fusion: dict[int, int]) -> None:
+        """The fusion classes of the models the job started with (before any dispatch)."""
+        self.fusion = dict(fusion)
+        self._groups.clear()
+        for model in self.orders:
+            self._index(model)
+
     def planned(self, model: int, step: int) -> tuple[int, int, int]:
         """(epoch, position, segment) of a model's sub-epoch number `step`."""
         epoch, position = divmod(step, self.segments)
         return epoch, position, self.orders[model][epoch][position]
 
-    def next_visit(self, segment: int) -> tuple[int, int] | None:
-        """Give the free `segment` a model: (model, step), or None if no idle model's next
-        planned segment is this one."""
+    def next_visit(self, segment: int) -> tuple[tuple[int, ...], int] | None:
+        """Give the free `segment` a unit: (its models, their step), or None if no idle
+        unit's next planned segment is this one."""
         if segment in self.busy_segments:
             raise ValueError(f"segment {segment} is busy")
-        model = self.choose(self._due(segment))
-        if model is None:
+        leader = self.choose(self._due(segment))
+        if leader is None:
             return None
-        self.progress[model].busy = True
-        self._unindex(model)
+        models = self.unit(leader)
+        for model in models:
+            self.progress[model].busy = True
+            self._unindex(model)
         self.busy_segments.add(segment)
-        return model, self.progress[model].done
+        self.running[segment] = set(models)
+        return models, self.progress[leader].done
 
     def _due(self, segment: int):
         """The models due on `segment` that may be dispatched now (the index's)."""
@@ -177,7 +245,7 @@ class Dispatcher:
         if seconds is not None:
             progress.seconds = seconds if progress.seconds is None else (
                 0.5 * progress.seconds + 0.5 * seconds)
-        self._index(model)
+        self._reindex(model, progress.done - 1, progress.done)
         return progress.done
 
     def add(self, model: int, orders: list[list[int]], done: int = 0) -> None:
@@ -187,23 +255,24 @@ class Dispatcher:
         self.orders[model] = orders
         self.progress[model] = _ModelProgress(done)
         self.total[model] = len(orders) * self.segments
-        self._index(model)
+        self._index(model)  # it does not fuse: in no group
 
     def stop(self, model: int) -> None:
         """The model trains no further (a running visit of it may still finish)."""
         progress = self.progress[model]
         self.total[model] = progress.done + (1 if progress.busy else 0)
-        self._index(model)
+        self._reindex(model, progress.done)  # its group goes on without it
 
     def limit(self, model: int, total: int, orders: list[list[int]] | None = None) -> None:
         """The model's sub-epochs in all become `total` (fewer, or more with `orders` long
         enough: `model_orders`), from the next one it is dispatched on."""
         if orders is not None:
             self.orders[model] = orders
+            self._groups.clear()  # its path in later epochs may join it to groups there
         if total > len(self.orders[model]) * self.segments:
             raise ValueError(f"model {model} has orders for {len(self.orders[model])} rounds only")
         self.total[model] = total
-        self._index(model)
+        self._reindex(model, self.progress[model].done)
 
     def prefer(self, model: int, priority: int) -> None:
         """Among the models due on a segment, those of a higher priority go first (before
@@ -217,18 +286,21 @@ class Dispatcher:
     def hold(self, model: int, held: bool = True) -> None:
         """A held model is not dispatched (it waits for a decision about it)."""
         self.progress[model].held = held
-        self._index(model)
+        self._reindex(model, self.progress[model].done)
 
     def retry(self, model: int, segment: int) -> None:
         """The visit failed: the model and segment are free, the visit is to be run again."""
         self._release(model, segment)
-        self._index(model)
+        self._reindex(model, self.progress[model].done)
 
     def _release(self, model: int, segment: int) -> None:
-        if not self.progress[model].busy or segment not in self.busy_segments:
+        if not self.progress[model].busy or model not in self.running.get(segment, ()):
             raise ValueError(f"model {model} is not running on segment {segment}")
         self.progress[model].busy = False
-        self.busy_segments.discard(segment)
+        self.running[segment].discard(model)
+        if not self.running[segment]:  # the unit's last model: the segment is free
+            del self.running[segment]
+            self.busy_segments.discard(segment)
 
     def finished(self) -> bool:
         return all(p.done >= self.total[m] for m, p in self.progress.items())

@@ -67,6 +67,17 @@ class FusedProgram:
                               for item, value in zip(self.header, values)])
                 for k in range(self.size)]
 
+    def nonfinite(self, index: int) -> str | None:
+        """Why model `index`'s weights diverged (one is NaN or infinite), else None: what
+        `training.divergence` checks of an unfused model."""
+        for item, stacked in zip(self.header, self.stacked):
+            if item["kind"] != "weights":
+                continue
+            values = stacked[index].numpy()
+            if values.dtype.kind == "f" and not np.isfinite(values).all():
+                return f"weight {item['name']} is not finite"
+        return None
+
     # ---- the fused forward pass ----
     def _function(self, kind: str, x: np.ndarray, y: np.ndarray):
         """The traced pass for these dtypes and shapes: a training pass in minibatches over

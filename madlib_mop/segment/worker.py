@@ -35,7 +35,7 @@ from madlib_mop.engine.base import VisitRecord
 from madlib_mop.json_values import finite_json
 from madlib_mop.job import memory, repository, store
 from madlib_mop.job import state_store
-from madlib_mop.runtime import staging, training
+from madlib_mop.runtime import fused_program, fusion, staging, training
 from madlib_mop.runtime.custom_functions import CustomFunctions
 from madlib_mop.segment import features, models
 from madlib_mop.errors import MadlibMopError
@@ -69,6 +69,7 @@ _contexts: dict[tuple[int, str], JobContext] = {}  # (job_id, owner)
 # is one role's): a job whose models were trained here before does not trace again.  A new
 # job keeps only the programs its own models use, so memory follows the current job.
 _programs: dict[tuple, training.Program] = {}  # (program key, staged)
+_fused: dict[tuple, Any] = {}  # (fusion key, models): a fused program (`train_fused`)
 
 
 def _adopt(plpy: Any, ctx: "JobContext") -> None:
@@ -76,6 +77,7 @@ def _adopt(plpy: Any, ctx: "JobContext") -> None:
     keys = {(spec.program_key, ctx.staged) for spec in ctx.specs.values()}
     for key in [k for k in _programs if k not in keys]:
         del _programs[key]
+    _fused.clear()
     _contexts.clear()
     features.forget(plpy)
 
@@ -310,6 +312,62 @@ def train(plpy: Any, job_id: int, mst_key: int, step: int, segment: int,
          "keep": saved - captured, "total": saved - started}, diverged, staged,
         program.traced - traced_before, state_bytes).to_json()
     return {"new_state": new_state, "result": result}
+
+
+def _fused_program(plpy: Any, ctx: JobContext, mst_keys: list[int]) -> fused_program.FusedProgram:
+    """The fused program of these models (`runtime.fusion`: one key), kept by key and size."""
+    specs = [_spec(plpy, ctx, key) for key in mst_keys]
+    key = (repr(fusion.fusion_key(specs[0])), len(specs))
+    if key[0] == "None" or any(repr(fusion.fusion_key(s)) != key[0] for s in specs):
+        raise MadlibMopError(f"job {ctx.job_id}: models {mst_keys} cannot train as one program",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint="The job's tables were changed; start the job again.")
+    if key not in _fused:
+        _fused[key] = fused_program.FusedProgram(specs[0], len(specs))
+    return _fused[key]
+
+
+def train_fused(plpy: Any, job_id: int, mst_keys: list[int], step: int, segment: int) -> list[str]:
+    """One sub-epoch of the models `mst_keys` (one fusion group of the schedule, each after
+    `step` sub-epochs) on `segment`, trained as one fused program: each model's state read
+    from and written to the job's store as `train` does, one visit's record per model."""
+    started = time.perf_counter()
+    ctx = context(plpy, job_id)
+    if ctx.states is None:
+        raise MadlibMopError(f"job {job_id}: fused training reads its states from the job's store",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint="Models on segment servers train unfused.")
+    setup = time.perf_counter()
+    buffers = _buffers(plpy, ctx, ctx.train, segment)
+    read = time.perf_counter()
+    program = _fused_program(plpy, ctx, mst_keys)
+    built = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        program.restore([stack.enter_context(_state(ctx, key, step, None)) for key in mst_keys])
+    restored = time.perf_counter()
+    specs = [ctx.specs[key] for key in mst_keys]
+    chunk_rows = None if all(b.in_memory for b in buffers) else max(b.rows for b in buffers)
+    outcomes, _ = fused_program.train_fused_subepoch(program, specs, buffers, ctx.seed, step,
+                                                     ctx.train.columns.classification, chunk_rows)
+    trained = time.perf_counter()
+    results = []
+    for index, (key, outcome, blob) in enumerate(zip(mst_keys, outcomes, program.capture())):
+        diverged = training.divergence(outcome.means()) or program.nonfinite(index)
+        if not diverged:
+            ctx.states.hops.write(key, step + 1, blob)
+        results.append((key, outcome, diverged, 0 if diverged else len(blob)))
+    saved = time.perf_counter()
+    # Each model's record has its share of the call's seconds (their sum is the call's), and
+    # `fused`: the models that shared the call.
+    share = 1.0 / len(mst_keys)
+    seconds = {"setup": setup - started, "read": read - setup, "build": built - read, "load": 0.0,
+               "restore": restored - built, "stage": 0.0, "train": trained - restored, "other": 0.0,
+               "save": saved - trained, "keep": 0.0, "total": saved - started}
+    seconds = {name: value * share for name, value in seconds.items()}
+    return [VisitRecord(outcome.rows, outcome.means(), segment, os.getpid(), chunk_rows is None,
+                        time.time(), dict(seconds, fused=float(len(mst_keys))), diverged, None, 0,
+                        state_bytes).to_json()
+            for key, outcome, diverged, state_bytes in results]
 
 
 def evaluate(plpy: Any, job_id: int, mst_key: int, step: int, partition: int,

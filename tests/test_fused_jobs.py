@@ -1,0 +1,121 @@
+"""Fused groups in jobs (madlib_mop.fuse_models, `job.fusing`, `job.schedule`): models of
+one fusion class that the rotation sends along the same path hop as one unit and train in
+one call.  Against the same job unfused: each model's weights within float rounding, the
+same visits; run again or resumed after a killed coordinator: the same bits; a model a
+pruner stops leaves its group, which goes on."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from psycopg import sql
+
+from tests.conftest import connect, coordinator_killed_mid_job, iris_table
+
+MODELS = 8  # on 2 segments: 4 models per path and epoch
+COMPILE = ("loss='categorical_crossentropy', optimizer='Adam(learning_rate={lr})', "
+           "metrics=['accuracy']")
+
+
+def _architecture() -> str:
+    import keras
+
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(16, activation="relu"),
+                             keras.layers.Dropout(0.1), keras.layers.Dense(3, activation="softmax")
+                             ]).to_json()
+
+
+@pytest.fixture(scope="module")
+def iris(extension_dsn):
+    with connect(extension_dsn) as conn:
+        iris_table(conn)
+        conn.execute("SELECT training_preprocessor_dl('iris', 'iris_fused_packed', 'class_text', "
+                     "'attributes', buffer_size => 25, distribution_rules => '2')")
+        conn.execute("SELECT validation_preprocessor_dl('iris', 'iris_fused_valid', 'class_text', "
+                     "'attributes', 'iris_fused_packed')")
+        conn.execute("SELECT load_keras_model('iris_fused_arch', %s::json)", (_architecture(),))
+        rates = [0.001 * (k + 1) for k in range(MODELS)]
+        conn.execute("SELECT load_model_selection_table('iris_fused_arch', 'iris_fused_mst', ARRAY[1], "
+                     "%s, ARRAY['batch_size=8, epochs=1'])", ([COMPILE.format(lr=r) for r in rates],))
+    return extension_dsn
+
+
+def _fit(dsn: str, out: str, fuse: str, pruner: str | None = None) -> None:
+    with connect(dsn) as conn:
+        conn.execute(f"SET madlib_mop.fuse_models = {fuse}")
+        conn.execute("SELECT madlib_keras_fit_multiple_model('iris_fused_packed', %s, 'iris_fused_mst', "
+                     "4, FALSE, %s, NULL, pruner => %s)",
+                     (out, "iris_fused_valid" if pruner else None, pruner))
+
+
+def _weights(conn, out: str) -> dict[int, bytes]:
+    return dict(conn.execute(sql.SQL("SELECT mst_key, model_weights FROM {} ORDER BY 1").format(
+        sql.Identifier(out))).fetchall())
+
+
+def _visits(conn, out: str) -> list[tuple]:
+    """(mst_key, step, segment, models of its call) of every visit."""
+    return [(key, step, segment, int(json.loads(r)["seconds"].get("fused", 1)) if isinstance(r, str)
+             else int(r["seconds"].get("fused", 1)))
+            for key, step, segment, r in conn.execute(sql.SQL(
+                "SELECT mst_key, step, segment, result FROM {} ORDER BY 1, 2").format(
+                sql.Identifier(f"{out}_mop_visits")))]
+
+
+def test_a_fused_job_trains_each_model_as_unfused_within_rounding(iris):
+    _fit(iris, "iris_unfused", "off")
+    _fit(iris, "iris_fused", "on")
+    with connect(iris) as conn:
+        unfused, fused = _weights(conn, "iris_unfused"), _weights(conn, "iris_fused")
+        alone, together = _visits(conn, "iris_unfused"), _visits(conn, "iris_fused")
+        # The same visits (models, steps, segments); fused in calls of 4 models.
+        assert [v[:3] for v in alone] == [v[:3] for v in together]
+        assert {v[3] for v in alone} == {1} and {v[3] for v in together} == {MODELS // 2}
+        assert conn.execute("SELECT arguments->>'fuse_models' FROM jobs WHERE model_output_table = "
+                            "'public.iris_fused'").fetchone()[0] == "on"
+        for key in unfused:
+            a, b = (np.frombuffer(w, np.float32) for w in (unfused[key], fused[key]))
+            assert a.shape == b.shape and not np.array_equal(a, np.zeros_like(a))
+            np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
+        accuracy = dict(conn.execute("SELECT mst_key, training_metrics_final FROM iris_unfused_info"))
+        for key, value in conn.execute("SELECT mst_key, training_metrics_final FROM iris_fused_info"):
+            assert abs(value - accuracy[key]) <= 1 / 150 + 1e-9  # one row at most
+
+
+def test_a_fused_job_run_again_or_resumed_gives_the_same_bits(iris):
+    _fit(iris, "iris_fused_reference", "on")
+    _fit(iris, "iris_fused_again", "on")
+    with connect(iris) as conn:
+        reference = _weights(conn, "iris_fused_reference")
+        assert _weights(conn, "iris_fused_again") == reference
+        job_id = coordinator_killed_mid_job(conn, "iris_fused_resumed", 10,
+                                            lambda: _fit(iris, "iris_fused_resumed", "on"))
+        conn.execute("CALL resume(%s)", (job_id,))
+        assert _weights(conn, "iris_fused_resumed") == reference
+
+
+def test_a_stopped_model_leaves_its_group_which_goes_on(iris):
+    _fit(iris, "iris_fused_pruned", "on", pruner="successive_halving, eta=2, min_iterations=1")
+    with connect(iris) as conn:
+        stopped = {k for k, s in conn.execute("SELECT mst_key, stopped_iteration FROM iris_fused_pruned_info")
+                   if s is not None}
+        assert len(stopped) >= MODELS // 2
+        visits = _visits(conn, "iris_fused_pruned")
+        last = {key: max(step for k, step, *_ in visits if k == key) for key in range(1, MODELS + 1)}
+        assert all(last[k] < 4 * 2 - 1 for k in stopped)
+        # After a stop, calls of the stopped models' groups have fewer models.
+        assert any(n < MODELS // 2 for *_, n in visits)
+        assert all(last[k] == 4 * 2 - 1 for k in set(last) - stopped)
+
+
+def test_the_setting_is_checked(iris):
+    with connect(iris) as conn:
+        conn.execute("SET madlib_mop.fuse_models = sometimes")
+        with pytest.raises(Exception) as raised:
+            conn.execute("SELECT madlib_keras_fit_multiple_model('iris_fused_packed', 'iris_fused_bad', "
+                         "'iris_fused_mst', 1)")
+        assert raised.value.diag.sqlstate == "22023"
+        assert "auto, on, off" in str(raised.value)
+        assert conn.execute("SELECT to_regclass('iris_fused_bad') IS NULL").fetchone()[0]
