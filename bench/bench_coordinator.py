@@ -209,6 +209,9 @@ def simulate(policy, segments: int, duration, hop_cost: float, max_hops: int | N
     def offer(at: float) -> None:
         for segment in sorted(free):
             given = policy.next_visit(segment)
+            if given is not None and isinstance(given[0], tuple):  # the job's: (its models, step)
+                (model,), step = given  # (unfused here)
+                given = model, step
             if given is not None:
                 seconds = duration(given[0], given[1])
                 decisions.append((given[0], segment))

@@ -226,7 +226,7 @@ def test_hyperband_pruner_decides_as_soon_as_it_is_certain():
 def test_the_dispatcher_prefers_promoted_models():
     dispatcher = Dispatcher({1: [[0]], 2: [[0]], 3: [[0]]}, 1)
     dispatcher.prefer(3, 2)
-    assert dispatcher.next_visit(0) == (3, 0)
+    assert dispatcher.next_visit(0) == ((3,), 0)
 
 
 def test_pruner_argument_parsing():
