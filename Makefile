@@ -233,6 +233,7 @@ bench: install db-start
 	$(PY) bench/bench_transfer.py
 	$(PY) bench/bench_cycles.py
 	$(PY) bench/bench_fusion.py
+	$(PY) bench/bench_fused_jobs.py
 
 clean:
 	-@$(PGXS_MAKE) clean

@@ -2,8 +2,8 @@
 work: K models of one architecture and batch size (different learning rates and optimizer
 arguments) trained over one segment's rows, one after another by the unfused loop
 (`training.train_subepoch`, what a worker runs today), and together by one fused program
-(`fused_program.train_fused_subepoch`).  No database: this isolates the loop; the scheduler's
-share of fusion (groups that hop together) is not built yet.
+(`fused_program.train_fused_subepoch`).  No database: this isolates the loop; jobs that fuse
+are measured by `bench_fused_jobs.py`.
 
 Data: W1's (64 generated features, 10 classes), one segment's rows (W1 has 200,000 rows
 to train on over 2 segments).  One thread, as each of 2 workers has on this machine.

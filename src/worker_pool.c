@@ -54,7 +54,7 @@ static TextSetting text_settings[] = {
 	{"madlib_mop.stage_frozen_layers",
 	 "Whether fits compute frozen first layers once per row and segment; empty: on.", NULL},
 	{"madlib_mop.fuse_models",
-	 "Whether fits train small models of one architecture as one program: auto, on or off; empty: off.", NULL},
+	 "Whether fits train small models of one architecture as one program: auto, on or off; empty: auto.", NULL},
 	{"madlib_mop.segment_wait_seconds",
 	 "Seconds a job waits for a segment server that does not answer before it stops; empty: 300.", NULL},
 	{"madlib_mop.worker_conninfo",

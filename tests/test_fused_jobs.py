@@ -1,8 +1,8 @@
 """Fused groups in jobs (madlib_mop.fuse_models, `job.fusing`, `job.schedule`): models of
 one fusion class that the rotation sends along the same path hop as one unit and train in
 one call.  Against the same job unfused: each model's weights within float rounding, the
-same visits; run again or resumed after a killed coordinator: the same bits; a model a
-pruner stops leaves its group, which goes on."""
+same visits, and replay gives its weights; run again or resumed after a killed
+coordinator: the same bits; a model a pruner stops leaves its group, which goes on."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import json
 import numpy as np
 import pytest
 from psycopg import sql
+from psycopg.rows import tuple_row
 
 from tests.conftest import connect, coordinator_killed_mid_job, iris_table
 
@@ -79,6 +80,13 @@ def test_a_fused_job_trains_each_model_as_unfused_within_rounding(iris):
             a, b = (np.frombuffer(w, np.float32) for w in (unfused[key], fused[key]))
             assert a.shape == b.shape and not np.array_equal(a, np.zeros_like(a))
             np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
+        # Replay (plain Keras, one visit after another) gives a fused model's weights within
+        # the same rounding.
+        from madlib_mop.tools.replay import replay
+
+        replayed = replay(conn, "iris_fused", 3)
+        conn.row_factory = tuple_row  # (replay reads rows as dicts)
+        np.testing.assert_allclose(replayed, np.frombuffer(fused[3], np.float32), rtol=1e-4, atol=1e-5)
         accuracy = dict(conn.execute("SELECT mst_key, training_metrics_final FROM iris_unfused_info"))
         for key, value in conn.execute("SELECT mst_key, training_metrics_final FROM iris_fused_info"):
             assert abs(value - accuracy[key]) <= 1 / 150 + 1e-9  # one row at most

@@ -148,7 +148,7 @@ class Coordinator:
         if not self.pool.live():
             wait_for_workers(self.plpy, self.store, self.engine, self.pool, self.S,
                              lambda: interruption_point(self.plpy, self.can_commit), self._notice)
-        self.schedule.fuse(fusing.job_classes(self.args, self.engine.stores_states, self.initial,
+        self.schedule.fuse(fusing.job_classes(self.plpy, self.job, self.engine.stores_states, self.initial,
                                               self.store.model_rows, self.search.keras))
         self.store.running_on(len(self.pool.live()))
         self.supply = WorkerSupply(self.plpy, self.store, self.engine, self.pool, self.S)

@@ -5,16 +5,16 @@ optimizer class, loss, batch size, ...) form a fusion class; the schedule fuses 
 of a class that its rotation sends along the same path in an epoch (`job.schedule`).
 
 The setting, recorded with the job when it starts (a resumed job keeps it):
-- `off` (the default): every model trains alone, as before fusion existed.
+- `off`: every model trains alone, as before fusion existed.
 - `on`: every class fuses.
-- `auto`: a class fuses where the loop's measurements (`bench/bench_fusion.py`) say a
-  step pays: a fused step saves TensorFlow's per-operation cost, not arithmetic.  A class
-  fuses when its weights times its batch size is at most AUTO_LIMIT: every measured case
-  below it was at most 1.04x the unfused time (0.55x for 8 models of 4,746 weights at
-  batch 64), the one above it (17,226 weights at batch 256) 1.06x-1.10x, slower.
-  Not counted yet: a worker traces a fused program (seconds) on its first call of each
-  group size, which a short job does not earn back (the demo: 13.1 s fused against 3.4 s),
-  hence not the default.
+- `auto` (the default): a class fuses where it pays by `bench/bench_fusion.py`'s measures.
+  A fused step saves TensorFlow's per-operation cost, not arithmetic: a class fuses when its
+  weights times its batch size is at most AUTO_LIMIT (every measured case below it was at
+  most 1.04x the unfused time, 0.55x for 8 models of 4,746 weights at batch 64; the one
+  above it, 17,226 weights at batch 256, 1.06x-1.10x).  And each worker traces a fused
+  program once per group size (about 0.5 s, kept for the session's later jobs), which a
+  short job does not earn back (a pair saves about 0.04 ms per model and step): a class
+  fuses when its models train at least AUTO_STEPS steps per segment in the job.
 
 Only models on this server fuse (a segment server's worker is sent states with the call);
 models added while the job runs (a searcher's, a person's) train alone.  The classes are a
@@ -27,18 +27,19 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable
 
 from madlib_mop import errors
-from madlib_mop.db import settings
+from madlib_mop.db import packed, settings
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.runtime import fusion, training
 
 FUSE_SETTING = "madlib_mop.fuse_models"
 CHOICES = ("auto", "on", "off")
 AUTO_LIMIT = 1_500_000  # weights x batch size of one model's step
+AUTO_STEPS = 25_000  # steps of a class's models in a job, per segment (twice the break-even)
 
 
 def fuse_models(plpy: Any) -> str:
-    """madlib_mop.fuse_models: off (the default), on or auto."""
-    value = (settings.setting(plpy, FUSE_SETTING) or "off").strip().lower()
+    """madlib_mop.fuse_models: auto (the default), on or off."""
+    value = (settings.setting(plpy, FUSE_SETTING) or "auto").strip().lower()
     if value not in CHOICES:
         raise MadlibMopError(f"setting {FUSE_SETTING} = '{value}' is not one of auto, on, off",
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
@@ -47,10 +48,12 @@ def fuse_models(plpy: Any) -> str:
 
 
 def fusion_classes(configs: Iterable[dict], setting: str,
-                   parameters: Callable[[list[dict]], dict[int, int]]) -> dict[int, int]:
+                   parameters: Callable[[list[dict]], dict[int, int]],
+                   steps: Callable[[dict], float] = lambda config: 0.0) -> dict[int, int]:
     """mst_key -> its fusion class, for the models that may fuse under `setting` (configs:
     mst_key, model_arch, compile_params, fit_params; `parameters`: each config's weights'
-    count, asked only for `auto`).  Classes are numbered in the order of their first model."""
+    count, and `steps`: its steps per segment in the job, asked only for `auto`).  Classes
+    are numbered in the order of their first model."""
     if setting == "off":
         return {}
     keys = {}
@@ -60,19 +63,33 @@ def fusion_classes(configs: Iterable[dict], setting: str,
             keys[config["mst_key"]] = repr(key)
     if setting == "auto" and keys:
         by_key = {c["mst_key"]: c for c in configs if c["mst_key"] in keys}
-        counts = parameters(list(by_key.values()))
+        work: dict[str, float] = {}
+        for k, v in keys.items():
+            work[v] = work.get(v, 0.0) + steps(by_key[k])
+        keys = {k: v for k, v in keys.items() if work[v] >= AUTO_STEPS}
+        # (the weights' count is asked of a worker: only for the classes long enough to pay)
+        counts = parameters([by_key[k] for k in keys]) if keys else {}
         keys = {k: v for k, v in keys.items()
                 if counts[k] * training.ModelSpec.of(by_key[k]).fit.get("batch_size", 32) <= AUTO_LIMIT}
     numbers: dict[str, int] = {}
     return {k: numbers.setdefault(v, len(numbers)) for k, v in keys.items()}
 
 
-def job_classes(arguments: Any, local: bool, initial: set[int], model_rows: Callable[[], list[dict]],
+def job_classes(plpy: Any, job: Any, local: bool, initial: set[int], model_rows: Callable[[], list[dict]],
                 keras: Any) -> dict[int, int]:
-    """A job's fusion classes (`arguments`: its `record.JobArguments`): of the models it
-    started with (`initial`), on this server (`local`), without custom functions."""
+    """A job's fusion classes (`job`: its `record.JobRecord`): of the models it started
+    with (`initial`), on this server (`local`), without custom functions."""
+    arguments = job.arguments
     if arguments.fuse_models == "off" or not local or arguments.custom_functions:
         return {}
     configs = [row for row in model_rows() if row["mst_key"] in initial]
+    rows = 0
+    if arguments.fuse_models == "auto":  # a table packed by MADlib does not say: none fuse
+        rows = packed.read_summary(plpy, job.source_table, argument="source_table").get("num_rows") or 0
+
+    def steps(config: dict) -> float:  # a model's minibatches per segment over the job
+        spec = training.ModelSpec.of(config)
+        batch = spec.fit.get("batch_size", 32)
+        return -(-rows // (batch * job.num_segments)) * spec.epochs * arguments.num_iterations
     return fusion_classes(configs, arguments.fuse_models, lambda asked: {
-        key: facts["parameters"] for key, facts in keras.facts(asked).items()})
+        key: facts["parameters"] for key, facts in keras.facts(asked).items()}, steps)

@@ -69,7 +69,8 @@ _contexts: dict[tuple[int, str], JobContext] = {}  # (job_id, owner)
 # is one role's): a job whose models were trained here before does not trace again.  A new
 # job keeps only the programs its own models use, so memory follows the current job.
 _programs: dict[tuple, training.Program] = {}  # (program key, staged)
-_fused: dict[tuple, Any] = {}  # (fusion key, models): a fused program (`train_fused`)
+# Fused programs (`train_fused`) by (fusion key, models), kept likewise.
+_fused: dict[tuple, Any] = {}
 
 
 def _adopt(plpy: Any, ctx: "JobContext") -> None:
@@ -77,7 +78,9 @@ def _adopt(plpy: Any, ctx: "JobContext") -> None:
     keys = {(spec.program_key, ctx.staged) for spec in ctx.specs.values()}
     for key in [k for k in _programs if k not in keys]:
         del _programs[key]
-    _fused.clear()
+    fused = {repr(fusion.fusion_key(spec)) for spec in ctx.specs.values()}
+    for key in [k for k in _fused if k[0] not in fused]:
+        del _fused[key]
     _contexts.clear()
     features.forget(plpy)
 

@@ -1,0 +1,113 @@
+"""Fused groups in jobs: the same model selection with madlib_mop.fuse_models off, auto and
+on, side by side in one session of one run.
+
+Workload W5s: W1's data (64 generated features, 10 classes, 200,000 training rows on 2
+segments) and 16 configurations of one MLP (64 hidden units) at batch 64, 4 learning
+rates x 4 values of Adam's beta_1, 5 epochs: one fusion class, whose models the rotation
+sends 8 to a path per epoch.  And W1 itself (8 configurations, 4 classes of 2 models).
+Each job runs twice in a row in one session: the first pays the tracing of the session's
+new programs (unfused and fused), the second finds them ready.  Printed: seconds of each
+run, the fused visits, and the ratio to `off`; weights of fused jobs agree with `off`'s
+within float rounding, compounded over thousands of steps: printed, the largest distance of
+a model's weights from `off`'s, relative to their norm.
+
+    .venv/bin/python bench/bench_fused_jobs.py [--workloads W5s,W1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_mop import SCHEMA, WORKLOADS, _session, end_idle_workers, load_workload  # noqa: E402
+
+from madlib_mop.tools.demo import ensure_extension  # noqa: E402
+from madlib_mop.tools.embedded import configured_dsn  # noqa: E402
+
+BETAS = (0.9, 0.8, 0.95, 0.85)
+W5S = {"data": 250_000, "epochs": 5, "iterations": 1, "frequency": 1,
+       "configs": [{"hidden": [64], "lr": lr, "batch": 64} for lr in (0.001, 0.003, 0.01, 0.03)
+                   for _ in BETAS]}
+
+
+def _w5s_betas(conn, name: str) -> None:
+    """W5s's configurations differ in beta_1 too (bench_mop's loader writes Adam(lr) only)."""
+    keys = [k for (k,) in conn.execute(f"SELECT mst_key FROM {name}_mst ORDER BY mst_key")]
+    for index, key in enumerate(keys):
+        conn.execute(f"UPDATE {name}_mst SET compile_params = replace(compile_params, ')', %s) "
+                     "WHERE mst_key = %s", (f", beta_1={BETAS[index % len(BETAS)]})", key))
+
+
+def run(dsn: str, name: str, workload: dict) -> list[dict]:
+    rows = []
+    with _session(dsn) as conn:
+        conn.execute(f"SELECT training_preprocessor_dl('{name}_train', '{name}_packed', 'y', 'x', "
+                     "distribution_rules => '2')")
+        end_idle_workers(conn)
+        reference = None
+        for setting in ("off", "auto", "on"):
+            conn.execute(f"SET madlib_mop.fuse_models = {setting}")
+            seconds = []
+            for attempt in (1, 2):
+                out = f"{name}_{setting}_{attempt}"
+                started = time.perf_counter()
+                conn.execute(f"SELECT madlib_keras_fit_multiple_model('{name}_packed', '{out}', '{name}_mst', "
+                             f"{workload['iterations']})")
+                seconds.append(time.perf_counter() - started)
+            fused, visits = conn.execute(
+                f"SELECT count(*) FILTER (WHERE result->'seconds' ? 'fused'), count(*) FROM {out}_mop_visits"
+            ).fetchone()
+            weights = {k: np.frombuffer(w, np.float32) for k, w in conn.execute(
+                f"SELECT mst_key, model_weights FROM {out} ORDER BY 1")}
+            accuracy = conn.execute(f"SELECT avg(training_metrics_final) FROM {out}_info").fetchone()[0]
+            if reference is None:
+                reference = weights
+            difference = max(float(np.linalg.norm(w - reference[k]) / np.linalg.norm(reference[k]))
+                             for k, w in weights.items())
+            rows.append({"setting": setting, "first": seconds[0], "second": seconds[1],
+                         "fused": fused, "visits": visits, "accuracy": float(accuracy),
+                         "difference": difference})
+            print(f"{name} {setting}: {seconds[0]:.1f} s, then {seconds[1]:.1f} s; {fused} of {visits} "
+                  "visits fused", flush=True)
+        conn.execute("RESET madlib_mop.fuse_models")
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workloads", default="W5s,W1")
+    args = parser.parse_args()
+    dsn = configured_dsn()
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        schema = ensure_extension(conn)
+        conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+        conn.execute(f"CREATE SCHEMA {SCHEMA}")
+        conn.execute(f"SET search_path = {SCHEMA}, {schema}")
+        results = {}
+        for name in args.workloads.split(","):
+            workload = W5S if name == "W5s" else WORKLOADS[name]
+            print(f"\n## {name}: loading ...", flush=True)
+            load_workload(conn, name.lower(), workload)
+            if name == "W5s":
+                _w5s_betas(conn, name.lower())
+            results[name] = run(dsn, name.lower(), workload)
+        conn.execute(f"DROP SCHEMA {SCHEMA} CASCADE")
+    print("\n| workload | fuse_models | first run s | second run s | second / off's | fused visits "
+          "| mean training accuracy | weights: largest distance from off's, relative |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, rows in results.items():
+        off = rows[0]["second"]
+        for r in rows:
+            print(f"| {name} | {r['setting']} | {r['first']:.1f} | {r['second']:.1f} | {r['second'] / off:.2f} "
+                  f"| {r['fused']} of {r['visits']} | {r['accuracy']:.4f} | {r['difference']:.1e} |")
+
+
+if __name__ == "__main__":
+    main()
