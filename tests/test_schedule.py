@@ -304,3 +304,20 @@ def test_a_unit_waits_for_a_member_behind_it():
     assert dispatcher.next_visit(0) == ((2,), 0)
     dispatcher.finish(2, 0, 1.0)
     assert dispatcher.next_visit(1) == ((1, 2), 1)
+
+
+def test_a_partner_stopped_or_given_steps_again_in_an_earlier_epoch_frees_or_holds_its_unit():
+    """Model 1 waits at epoch 1's start for model 2, its partner there, still in epoch 0:
+    model 2 stopped, model 1 goes on alone; given its steps back, model 1 waits again."""
+    orders = {1: [[0, 1], [0, 1]], 2: [[1, 0], [0, 1]]}
+    dispatcher = Dispatcher(orders, 2, fusion={1: 0, 2: 0})
+    dispatcher.hold(2)  # (it waits for a decision: model 1 goes first)
+    for step, segment in enumerate([0, 1]):
+        assert dispatcher.next_visit(segment) == ((1,), step)
+        dispatcher.finish(1, segment, 1.0)
+    assert dispatcher.next_visit(0) is None  # waits for model 2
+    dispatcher.stop(2)
+    dispatcher.limit(2, 4)  # a person gives it its iterations back: model 1 waits again
+    assert dispatcher.next_visit(0) is None
+    dispatcher.stop(2)
+    assert dispatcher.next_visit(0) == ((1,), 2)

@@ -11,6 +11,7 @@ the same fit call again) continues from what the store holds.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from typing import Any
@@ -162,7 +163,7 @@ class Coordinator:
 
     def _handle(self, task: Task, value: Any, error: BaseException | None) -> None:
         self.work.ended(task)
-        if task.mst_key in self.failures and not task.fused:  # a validation pass of a model stopped since
+        if task.kind == "evaluate" and task.mst_key in self.failures:  # of a model lost since
             return
         if error is not None:  # run again, or its models are lost
             where = lambda: self.pool.threads[task.worker].worker.where  # noqa: E731
@@ -181,20 +182,22 @@ class Coordinator:
                 self.progress.report_to(self.store)
             self.search.ask()
             return
-        # A fused call's models are recorded together: a resumed job fuses them as before.
-        trained = [(one, result, self._trained(one, new_state, result))
-                   for one, (new_state, result) in zip(task.each(), value if task.fused else [value])]
-        trained = [(one, result, boundary) for one, result, boundary in trained if boundary is not None]
-        # The results, the outputs they change (at an iteration's end) and the progress: one
-        # transaction, sent together.
-        with self.store.atomic(pipelined=True):
-            for one, result, boundary in trained:
-                model = self.models[one.mst_key]
-                self.store.record_visit(one.mst_key, one.step, one.segment, result)
-                if boundary:
-                    self.queue_evals(model, (one.step + 1) // model.per_iteration)
-                    self.publish(model)
-            self.progress.report_to(self.store)
+        # A fused call's models (lost ones too) commit together: a resumed job fuses them alike.
+        with self.store.atomic() if task.fused else contextlib.nullcontext():
+            trained = [(one, result, self._trained(one, new_state, result))
+                       for one, (new_state, result) in zip(task.each(), value if task.fused else [value])]
+            trained = [(one, result, boundary) for one, result, boundary in trained if boundary is not None]
+            if any(boundary is False for *_, boundary in trained):  # not where the pruner decides:
+                self._dispatch()  # the segment's next sub-epoch starts while this one is recorded
+            # The results, the outputs they change (at an iteration's end), the progress.
+            with self.store.atomic(pipelined=True):
+                for one, result, boundary in trained:
+                    model = self.models[one.mst_key]
+                    self.store.record_visit(one.mst_key, one.step, one.segment, result)
+                    if boundary:
+                        self.queue_evals(model, (one.step + 1) // model.per_iteration)
+                        self.publish(model)
+                self.progress.report_to(self.store)
         self.search.ask()
         for one, _, boundary in trained:
             self.store.states.visit_recorded(one.mst_key, one.step, self.models[one.mst_key].per_iteration)
@@ -205,8 +208,9 @@ class Coordinator:
     def _trained(self, task: Task, new_state: bytes | None, result: VisitRecord) -> bool | None:
         """A model's sub-epoch came back: did it end an iteration (None: the model is lost)?"""
         model = self.models[task.mst_key]
-        if task.mst_key in self.failures:  # a fused call's model lost since (its validation failed)
+        if task.mst_key in self.failures:  # lost while it trained (its validation)
             self.schedule.retry(task.mst_key, task.segment)
+            self.schedule.stop(task.mst_key)
             return None
         if result.diverged:
             self.failures.lose(task, model, DIVERGED, result.diverged, self.schedule, self.work)
@@ -220,10 +224,6 @@ class Coordinator:
         if boundary and self.search.decided_at(completed // model.per_iteration):
             # The pruner decides once its validation is done; the model waits (no extra work).
             self.schedule.hold(task.mst_key)
-        if not boundary:
-            # The segment's next sub-epoch starts while this one is recorded (a failed commit
-            # stops the job); not at a boundary, where the pruner may stop or hold the model.
-            self._dispatch()
         return boundary
 
     # ---- JobEvents (`job.events`): what the coordinator's parts tell it ----

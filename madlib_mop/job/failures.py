@@ -197,6 +197,8 @@ class ModelFailures:
         if task.kind == "train":
             for one in task.each():
                 dispatcher.retry(one.mst_key, task.segment)
+                if one.mst_key in self:  # lost while the call ran (its validation)
+                    dispatcher.stop(one.mst_key)
             work.attempts[(task.mst_key, task.step)] = attempt
         else:
             task.attempt = attempt

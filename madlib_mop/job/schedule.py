@@ -94,6 +94,21 @@ def dispatcher_for(rounds: dict[int, int], done: dict[int, int], segments: int, 
     return Dispatcher({k: o[: rounds[k]] for k, o in orders.items()}, segments, done)
 
 
+def fusion_groups(orders: dict[int, list[list[int]]], fusion: dict[int, int], epoch: int) -> dict[int, tuple]:
+    """model -> its group in `epoch`: the models of its fusion class whose path that epoch is
+    its own, in key order, in chunks of MAX_GROUP."""
+    paths: dict[tuple, list[int]] = defaultdict(list)
+    for model in sorted(fusion):
+        if epoch < len(orders[model]):
+            paths[(fusion[model], tuple(orders[model][epoch]))].append(model)
+    groups = {}
+    for members in paths.values():
+        for start in range(0, len(members), MAX_GROUP):
+            chunk = tuple(members[start:start + MAX_GROUP])
+            groups.update({member: chunk for member in chunk})
+    return groups
+
+
 @dataclass
 class _ModelProgress:
     done: int = 0  # sub-epochs completed
@@ -147,21 +162,16 @@ class Dispatcher:
         for member in sorted(members):
             self._index(member)
 
+    def _reindex_span(self, model: int, first: int, last: int) -> None:
+        """Its groups in the epochs of steps first..last (a partner may wait for it there)."""
+        self._reindex(model, *range(first // self.segments * self.segments, last + 1, self.segments))
+
     def group(self, model: int, epoch: int) -> tuple[int, ...]:
-        """The models that hop with `model` in `epoch`: those of its fusion class whose
-        path that epoch is its own, in key order, in chunks of MAX_GROUP."""
+        """The models that hop with `model` in `epoch` (`fusion_groups`)."""
         if model not in self.fusion or epoch >= len(self.orders[model]):
             return (model,)
         if (epoch, model) not in self._groups:
-            paths: dict[tuple, list[int]] = defaultdict(list)
-            for other in sorted(self.fusion):
-                if epoch < len(self.orders[other]):
-                    paths[(self.fusion[other], tuple(self.orders[other][epoch]))].append(other)
-            for members in paths.values():
-                for start in range(0, len(members), MAX_GROUP):
-                    chunk = tuple(members[start:start + MAX_GROUP])
-                    for member in chunk:
-                        self._groups[(epoch, member)] = chunk
+            self._groups.update({(epoch, m): g for m, g in fusion_groups(self.orders, self.fusion, epoch).items()})
         return self._groups[(epoch, model)]
 
     def unit(self, model: int) -> tuple[int, ...]:
@@ -210,6 +220,9 @@ class Dispatcher:
         if leader is None:
             return None
         models = self.unit(leader)
+        if not models:  # (an index not yet told of a change: never dispatch an empty unit)
+            self._unindex(leader)
+            return None
         for model in models:
             self.progress[model].busy = True
             self._unindex(model)
@@ -259,9 +272,9 @@ class Dispatcher:
 
     def stop(self, model: int) -> None:
         """The model trains no further (a running visit of it may still finish)."""
-        progress = self.progress[model]
+        progress, before = self.progress[model], self.total[model]
         self.total[model] = progress.done + (1 if progress.busy else 0)
-        self._reindex(model, progress.done)  # its group goes on without it
+        self._reindex_span(model, progress.done, before)  # its groups go on without it
 
     def limit(self, model: int, total: int, orders: list[list[int]] | None = None) -> None:
         """The model's sub-epochs in all become `total` (fewer, or more with `orders` long
@@ -271,8 +284,10 @@ class Dispatcher:
             self._groups.clear()  # its path in later epochs may join it to groups there
         if total > len(self.orders[model]) * self.segments:
             raise ValueError(f"model {model} has orders for {len(self.orders[model])} rounds only")
-        self.total[model] = total
-        self._reindex(model, self.progress[model].done)
+        before, self.total[model] = self.total[model], total
+        for other in self.orders if orders is not None else ():
+            self._index(other)
+        self._reindex_span(model, self.progress[model].done, max(before, total))
 
     def prefer(self, model: int, priority: int) -> None:
         """Among the models due on a segment, those of a higher priority go first (before
