@@ -26,11 +26,9 @@ from pathlib import Path
 
 import psycopg
 
-from bench_mop import end_idle_workers
-from madlib_mop.tools.demo import ensure_extension
+from bench_mop import SCHEMA, end_idle_workers, fresh_schema
 from madlib_mop.tools.embedded import configured_dsn
 
-SCHEMA = "madlib_mop_bench"
 RESULTS = Path(__file__).resolve().parent / "results"
 GENERATED = 1_000_000  # rows generated; the rest are copies with new ids
 MLP = json.dumps({"class_name": "Sequential", "config": {"name": "mlp", "layers": [
@@ -144,10 +142,7 @@ def main() -> None:
     args = parser.parse_args()
     dsn = configured_dsn()
     with psycopg.connect(dsn, autocommit=True) as conn:
-        schema = ensure_extension(conn)
-        conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
-        conn.execute(f"CREATE SCHEMA {SCHEMA}")
-        conn.execute(f"SET search_path = {SCHEMA}, {schema}")
+        schema = fresh_schema(conn)
         print(f"generating {args.rows:,} rows x 64 float4 features ...", flush=True)
         generate(conn, args.rows)
         source_bytes = conn.execute("SELECT pg_total_relation_size('source')").fetchone()[0]

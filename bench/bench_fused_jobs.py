@@ -24,9 +24,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_mop import SCHEMA, WORKLOADS, _session, end_idle_workers, load_workload  # noqa: E402
+from bench_mop import SCHEMA, WORKLOADS, _session, end_idle_workers, fresh_schema, load_workload  # noqa: E402
 
-from madlib_mop.tools.demo import ensure_extension  # noqa: E402
 from madlib_mop.tools.embedded import configured_dsn  # noqa: E402
 
 BETAS = (0.9, 0.8, 0.95, 0.85)
@@ -86,10 +85,7 @@ def main() -> None:
     import psycopg
 
     with psycopg.connect(dsn, autocommit=True) as conn:
-        schema = ensure_extension(conn)
-        conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
-        conn.execute(f"CREATE SCHEMA {SCHEMA}")
-        conn.execute(f"SET search_path = {SCHEMA}, {schema}")
+        fresh_schema(conn)
         results = {}
         for name in args.workloads.split(","):
             workload = W5S if name == "W5s" else WORKLOADS[name]

@@ -357,6 +357,16 @@ def prewarmed(dsn: str, segments: int, wanted: bool = True, timeout: float = 180
             conn.execute("SELECT pg_reload_conf()")
 
 
+def fresh_schema(conn) -> str:
+    """The benchmarks' schema, made anew, first on the search path, the extension's after it
+    (its schema returned)."""
+    schema = ensure_extension(conn)
+    conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+    conn.execute(f"CREATE SCHEMA {SCHEMA}")
+    conn.execute(f"SET search_path = {SCHEMA}, {schema}")
+    return schema
+
+
 def end_idle_workers(conn) -> None:
     """End this role's idle worker sessions (kept for its next call) and wait until gone."""
     idle = "FROM pg_stat_activity WHERE usename = current_user AND application_name = 'madlib_mop idle worker'"
@@ -547,10 +557,7 @@ def main() -> None:
     report = {"when": datetime.now(timezone.utc).isoformat(), "segments": S, "cores": cores,
               "workloads": {}}
     with psycopg.connect(dsn, autocommit=True) as conn:
-        schema = ensure_extension(conn)
-        conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
-        conn.execute(f"CREATE SCHEMA {SCHEMA}")
-        conn.execute(f"SET search_path = {SCHEMA}, {schema}")
+        fresh_schema(conn)
         for name in args.workloads.split(","):
             if name == "HOPS":
                 print("\n## HOPS: a hop's fixed cost ...", flush=True)

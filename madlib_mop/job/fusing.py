@@ -49,7 +49,7 @@ def fuse_models(plpy: Any) -> str:
 
 def fusion_classes(configs: Iterable[dict], setting: str,
                    parameters: Callable[[list[dict]], dict[int, int]],
-                   steps: Callable[[dict], float] = lambda config: 0.0) -> dict[int, int]:
+                   steps: Callable[[dict], float]) -> dict[int, int]:
     """mst_key -> its fusion class, for the models that may fuse under `setting` (configs:
     mst_key, model_arch, compile_params, fit_params; `parameters`: each config's weights'
     count, and `steps`: its steps per segment in the job, asked only for `auto`).  Classes
@@ -58,9 +58,9 @@ def fusion_classes(configs: Iterable[dict], setting: str,
         return {}
     keys = {}
     for config in sorted(configs, key=lambda c: c["mst_key"]):
-        key = fusion.fusion_key(training.ModelSpec.of(config))
+        key = fusion.fusion_class(training.ModelSpec.of(config))
         if key is not None:
-            keys[config["mst_key"]] = repr(key)
+            keys[config["mst_key"]] = key
     if setting == "auto" and keys:
         by_key = {c["mst_key"]: c for c in configs if c["mst_key"] in keys}
         work: dict[str, float] = {}

@@ -33,6 +33,8 @@ of one key also share the batch size and the fit epochs.  Any other model trains
 
 from __future__ import annotations
 
+import functools
+
 from madlib_mop.runtime import keras_json
 from madlib_mop.runtime.training import ModelSpec
 
@@ -125,6 +127,20 @@ def fusion_key(spec: ModelSpec) -> tuple | None:
     fit = spec.fit
     return (keras_json.canonical_architecture(spec.model_arch), name, shape_arguments(spec), params.loss,
             params.metrics, fit.get("batch_size", 32), spec.epochs, fit.get("shuffle", True))
+
+
+def fusion_class(spec: ModelSpec) -> str | None:
+    """`fusion_key` as text, worked out once per configuration (a worker asks at each hop)."""
+    if spec.custom is not None:
+        key = fusion_key(spec)
+        return None if key is None else repr(key)
+    return _class_of(spec.model_arch, spec.compile_params, spec.fit_params)
+
+
+@functools.lru_cache(maxsize=1024)
+def _class_of(model_arch: str, compile_params: str, fit_params: str) -> str | None:
+    key = fusion_key(ModelSpec(0, model_arch, compile_params, fit_params))
+    return None if key is None else repr(key)
 
 
 def shape_arguments(spec: ModelSpec) -> tuple[bool, ...]:

@@ -78,7 +78,7 @@ def _adopt(plpy: Any, ctx: "JobContext") -> None:
     keys = {(spec.program_key, ctx.staged) for spec in ctx.specs.values()}
     for key in [k for k in _programs if k not in keys]:
         del _programs[key]
-    fused = {repr(fusion.fusion_key(spec)) for spec in ctx.specs.values()}
+    fused = {fusion.fusion_class(spec) for spec in ctx.specs.values()}
     for key in [k for k in _fused if k[0] not in fused]:
         del _fused[key]
     _contexts.clear()
@@ -320,8 +320,8 @@ def train(plpy: Any, job_id: int, mst_key: int, step: int, segment: int,
 def _fused_program(plpy: Any, ctx: JobContext, mst_keys: list[int]) -> fused_program.FusedProgram:
     """The fused program of these models (`runtime.fusion`: one key), kept by key and size."""
     specs = [_spec(plpy, ctx, key) for key in mst_keys]
-    key = (repr(fusion.fusion_key(specs[0])), len(specs))
-    if key[0] == "None" or any(repr(fusion.fusion_key(s)) != key[0] for s in specs):
+    key = (fusion.fusion_class(specs[0]), len(specs))
+    if key[0] is None or any(fusion.fusion_class(s) != key[0] for s in specs):
         raise MadlibMopError(f"job {ctx.job_id}: models {mst_keys} cannot train as one program",
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
                              hint="The job's tables were changed; start the job again.")
