@@ -5,11 +5,10 @@ The server, in this order:
    installed, e.g. by `make install` on its host, and allow CREATE DATABASE);
 2. MADLIB_MOP_TEST_SERVER=container: a testcontainers container of the project's image
    (docker/Dockerfile, built by `make images` when absent), on the host's network;
-3. the project's embedded cluster (`make db-start`; started here if it is not running).
-   This is the default, whether or not a Docker engine answers.  `make test` runs the
-   modules in two processes (pytest-xdist, a module in one process); the second has an
-   embedded server of its own (`.pg-gw1`, on a free port, stopped at its end), so no test
-   sees another's sessions, slots or server settings.
+3. an embedded cluster of the test process's own (`.pg-gw0`, `.pg-gw1`, ...: one per
+   pytest-xdist process, on a free port, stopped at its end), so no test sees another
+   process's sessions, slots or server settings, and the project's server (`.pg`, the
+   demo's) is left as it was.  This is the default, whether or not a Docker engine answers.
 
 The embedded server and the container are the tests' own: tests that change a server's
 files (pg_ident.conf lines for analyst roles, the extension folder) change theirs, through
@@ -223,6 +222,11 @@ def coordinator_killed_mid_job(watcher: psycopg.Connection, out: str, done: int,
 
 
 TEST_SERVER_VARIABLE = "MADLIB_MOP_TEST_SERVER"
+# The tests' own embedded servers do not flush to disk: what they hold need not outlive a
+# crash of the machine, and the tests that kill servers kill processes, whose writes the
+# OS keeps either way.  (The tests write GBs of states; the project's server, `.pg`, keeps
+# PostgreSQL's defaults.)
+TEST_SERVER_SETTINGS = {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
 TEST_SERVERS = ("embedded", "container")
 
 
@@ -310,17 +314,15 @@ def test_server() -> Iterator[tuple[str, EmbeddedCluster | ContainerServer | Non
             yield server.dsn("postgres"), server
     else:
         worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-        if worker == "gw0":
-            cluster = EmbeddedCluster()
-            cluster.start()
+        cluster = EmbeddedCluster(REPO_ROOT / f".pg-{worker}", _free_port())
+        cluster.initialize()
+        for name, value in TEST_SERVER_SETTINGS.items():
+            cluster.ensure_setting(name, value)
+        cluster.start()
+        try:
             yield cluster.dsn("postgres"), cluster
-        else:
-            cluster = EmbeddedCluster(REPO_ROOT / f".pg-{worker}", _free_port())
-            cluster.start()
-            try:
-                yield cluster.dsn("postgres"), cluster
-            finally:
-                cluster.stop()
+        finally:
+            cluster.stop()
 
 
 @pytest.fixture(scope="session")
