@@ -14,12 +14,15 @@ from types import ModuleType
 
 _configured_threads: int | None = None
 
-# Keras imports scikit-learn (for its scikit-learn wrappers) and matplotlib (for its plotting
-# helpers) when they are installed, as they are in the runtime next to the demo and the
-# benchmarks; the server never uses those helpers, and the two imports (with SciPy) took
-# 1.5 s of every worker's start.  Keras treats them as optional, so they are hidden while
-# TensorFlow and Keras are first imported; importing them afterwards works as usual.
-OPTIONAL_EXTRAS = ("sklearn", "matplotlib")
+# Keras imports scikit-learn (for its scikit-learn wrappers), matplotlib and OpenCV (for its
+# plotting helpers), pandas (to slice data frames), IPython (to edit files in a notebook),
+# and TensorFlow's own old Keras SciPy (for sparse inputs), each when it is installed, as
+# they are in the runtime next to the demo and the benchmarks.  The server uses none of
+# these, and they were 2.2 s of the 7.5 s a worker took to import TensorFlow and Keras on a
+# 2-core machine (5.0 s without).  Each import is optional (try/except ImportError), so they
+# are hidden while TensorFlow and Keras are first imported; importing them afterwards (a
+# custom function that wants SciPy) works as usual.
+OPTIONAL_EXTRAS = ("sklearn", "matplotlib", "cv2", "pandas", "IPython", "scipy")
 
 
 @contextlib.contextmanager
