@@ -9,7 +9,9 @@ Each job runs twice in a row in one session: the first pays the tracing of the s
 new programs (unfused and fused), the second finds them ready.  Printed: seconds of each
 run, the fused visits, and the ratio to `off`; weights of fused jobs agree with `off`'s
 within float rounding, compounded over thousands of steps: printed, the largest distance of
-a model's weights from `off`'s, relative to their norm.
+a model's weights from `off`'s, relative to their norm.  Then the `off` job's models are
+evaluated over the training rows by madlib_keras_evaluate_multiple_model, off, on and auto,
+twice in a row in a session of each setting (the first run traces the session's programs).
 
     .venv/bin/python bench/bench_fused_jobs.py [--workloads W5s,W1]
 """
@@ -42,6 +44,16 @@ def _w5s_betas(conn, name: str) -> None:
                      "WHERE mst_key = %s", (f", beta_1={BETAS[index % len(BETAS)]})", key))
 
 
+def _twice(conn, statement) -> list[float]:
+    """Seconds of `statement(attempt)` run for attempts 1 and 2, one after the other."""
+    seconds = []
+    for attempt in (1, 2):
+        started = time.perf_counter()
+        conn.execute(statement(attempt))
+        seconds.append(time.perf_counter() - started)
+    return seconds
+
+
 def run(dsn: str, name: str, workload: dict) -> list[dict]:
     rows = []
     with _session(dsn) as conn:
@@ -51,13 +63,10 @@ def run(dsn: str, name: str, workload: dict) -> list[dict]:
         reference = None
         for setting in ("off", "auto", "on"):
             conn.execute(f"SET madlib_mop.fuse_models = {setting}")
-            seconds = []
-            for attempt in (1, 2):
-                out = f"{name}_{setting}_{attempt}"
-                started = time.perf_counter()
-                conn.execute(f"SELECT madlib_keras_fit_multiple_model('{name}_packed', '{out}', '{name}_mst', "
-                             f"{workload['iterations']})")
-                seconds.append(time.perf_counter() - started)
+            out = f"{name}_{setting}_2"
+            seconds = _twice(conn, lambda attempt, setting=setting: (
+                f"SELECT madlib_keras_fit_multiple_model('{name}_packed', '{name}_{setting}_{attempt}', "
+                f"'{name}_mst', {workload['iterations']})"))
             fused, visits = conn.execute(
                 f"SELECT count(*) FILTER (WHERE result->'seconds' ? 'fused'), count(*) FROM {out}_mop_visits"
             ).fetchone()
@@ -77,6 +86,24 @@ def run(dsn: str, name: str, workload: dict) -> list[dict]:
     return rows
 
 
+def evaluations(dsn: str, name: str) -> list[dict]:
+    """madlib_keras_evaluate_multiple_model of the `off` job's models over the training rows,
+    fused or not, twice in a row each in sessions of their own: the first run traces the
+    session's programs, the second finds them ready."""
+    rows = []
+    for setting in ("off", "on", "auto"):
+        with _session(dsn) as conn:
+            end_idle_workers(conn)
+            conn.execute(f"SET madlib_mop.fuse_models = {setting}")
+            seconds = _twice(conn, lambda attempt, setting=setting: (
+                f"SELECT madlib_keras_evaluate_multiple_model('{name}_off_2', '{name}_packed', "
+                f"'{name}_evaluated_{setting}_{attempt}')"))
+            losses = dict(conn.execute(f"SELECT mst_key, loss FROM {name}_evaluated_{setting}_2"))
+            rows.append({"setting": setting, "first": seconds[0], "second": seconds[1], "losses": losses})
+            print(f"{name} evaluate {setting}: {seconds[0]:.1f} s, then {seconds[1]:.1f} s", flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", default="W5s,W1")
@@ -86,7 +113,7 @@ def main() -> None:
 
     with psycopg.connect(dsn, autocommit=True) as conn:
         fresh_schema(conn)
-        results = {}
+        results, evaluated = {}, {}
         for name in args.workloads.split(","):
             workload = W5S if name == "W5s" else WORKLOADS[name]
             print(f"\n## {name}: loading ...", flush=True)
@@ -94,6 +121,7 @@ def main() -> None:
             if name == "W5s":
                 _w5s_betas(conn, name.lower())
             results[name] = run(dsn, name.lower(), workload)
+            evaluated[name] = evaluations(dsn, name.lower())
         conn.execute(f"DROP SCHEMA {SCHEMA} CASCADE")
     print("\n| workload | fuse_models | first run s | second run s | second / off's | fused visits "
           "| mean training accuracy | weights: largest distance from off's, relative |")
@@ -103,6 +131,15 @@ def main() -> None:
         for r in rows:
             print(f"| {name} | {r['setting']} | {r['first']:.1f} | {r['second']:.1f} | {r['second'] / off:.2f} "
                   f"| {r['fused']} of {r['visits']} | {r['accuracy']:.4f} | {r['difference']:.1e} |")
+    print("\n| workload | evaluate, fuse_models | first run s | second run s | second / off's "
+          "| losses: largest difference from off's, relative |")
+    print("|---|---|---|---|---|---|")
+    for name, rows in evaluated.items():
+        off = rows[0]
+        for r in rows:
+            difference = max(abs(loss - off["losses"][k]) / abs(off["losses"][k]) for k, loss in r["losses"].items())
+            print(f"| {name} | {r['setting']} | {r['first']:.2f} | {r['second']:.2f} "
+                  f"| {r['second'] / off['second']:.2f} | {difference:.1e} |")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from madlib_mop.engine.local import LocalEngine
 from madlib_mop.engine.pool import run_all
 from madlib_mop.preprocess.source import feature_columns
 from madlib_mop.grammar import model_config
-from madlib_mop.job import keras_work, outputs, plan, temporary
+from madlib_mop.job import fusing, keras_work, outputs, plan, temporary
 from madlib_mop.runtime import keras_json
 from madlib_mop.runtime.tf_runtime import worker_threads
 from madlib_mop.segment.inference import PREDICT_SHAPE_HINT
@@ -109,6 +109,32 @@ def _no_gpus(use_gpus: bool | None) -> None:
                              sqlstate=errors.FEATURE_NOT_SUPPORTED, hint="Pass use_gpus => FALSE.")
 
 
+def _refuse_other_data(plpy, ref: ModelRef, test: dict, x_cols: list, y_cols: list) -> None:
+    """A test table packed unlike the model's training data is refused (42804)."""
+    facts = _facts(plpy, ref)
+    keras_json.require_input_shapes(facts["input_shapes"], test["input_shapes"], x_cols,
+                                    test["packed_table"],
+                                    hint="Evaluate on data packed like the training data.")
+    if len(y_cols) != len(ref.output_classes):
+        raise MadlibMopError(
+            f"the model has {len(ref.output_classes)} outputs, {test['packed_table']} has "
+            f"{len(y_cols)} label columns ({', '.join(y_cols)})", sqlstate=errors.DATATYPE_MISMATCH,
+            hint="Evaluate on data packed like the model's training data.")
+    trained_for = "classification" if ref.class_values is not None else "regression"
+    if test["label_kind"] != trained_for:
+        raise MadlibMopError(
+            f"the model was trained for {trained_for}, {test['packed_table']} holds "
+            f"{test['label_kind']} labels", sqlstate=errors.DATATYPE_MISMATCH,
+            hint="Evaluate on data packed like the model's training data.")
+    for (_, trained), found in zip(ref.output_classes, test["output_class_values"]):
+        if test["label_kind"] == "classification" and trained and \
+                [str(v) for v in found] != [str(v) for v in trained]:
+            raise MadlibMopError(f"{test['packed_table']} has other class values than the model",
+                                 sqlstate=errors.DATATYPE_MISMATCH,
+                                 hint="Pack the test data with validation_preprocessor_dl() against "
+                                      "the model's training table.")
+
+
 def _evaluate(plpy, model_table, test_table, output_table, use_gpus, mst_key, all_models):
     _no_gpus(use_gpus)
     refs = trained_models(plpy, model_table, mst_key, all_models=all_models)
@@ -122,29 +148,8 @@ def _evaluate(plpy, model_table, test_table, output_table, use_gpus, mst_key, al
     catalog.committed(plpy, inputs, packed=tuple(inputs))
     out = catalog.new_table(plpy, output_table, argument="output_table")
     out.must_not_exist(plpy)
-    facts = _facts(plpy, refs[0])
     x_cols, y_cols = packed.packed_columns(test)
-    keras_json.require_input_shapes(facts["input_shapes"], test["input_shapes"], x_cols,
-                                    test["packed_table"],
-                                    hint="Evaluate on data packed like the training data.")
-    if len(y_cols) != len(refs[0].output_classes):
-        raise MadlibMopError(
-            f"the model has {len(refs[0].output_classes)} outputs, {test['packed_table']} has "
-            f"{len(y_cols)} label columns ({', '.join(y_cols)})", sqlstate=errors.DATATYPE_MISMATCH,
-            hint="Evaluate on data packed like the model's training data.")
-    trained_for = "classification" if refs[0].class_values is not None else "regression"
-    if test["label_kind"] != trained_for:
-        raise MadlibMopError(
-            f"the model was trained for {trained_for}, {test['packed_table']} holds "
-            f"{test['label_kind']} labels", sqlstate=errors.DATATYPE_MISMATCH,
-            hint="Evaluate on data packed like the model's training data.")
-    for (_, trained), found in zip(refs[0].output_classes, test["output_class_values"]):
-        if test["label_kind"] == "classification" and trained and \
-                [str(v) for v in found] != [str(v) for v in trained]:
-            raise MadlibMopError(f"{test['packed_table']} has other class values than the model",
-                                 sqlstate=errors.DATATYPE_MISMATCH,
-                                 hint="Pack the test data with validation_preprocessor_dl() against "
-                                      "the model's training table.")
+    _refuse_other_data(plpy, refs[0], test, x_cols, y_cols)
     # Custom losses and metrics of the fit: checked here, loaded by the workers.
     custom = plan.custom_functions_of(plpy, refs[0].object_table, [r.compile_params for r in refs], test)
     engine = engine_for(plpy, test["packed_oid"], lambda: LocalEngine(plpy))
@@ -166,8 +171,19 @@ def _evaluate(plpy, model_table, test_table, output_table, use_gpus, mst_key, al
         task = {"model_table": refs[0].model_oid, "mst_keys": [r.mst_key for r in refs],
                 "test_table": test["packed_oid"], "modulus": packed.partition_modulus(test),
                 "custom_functions": custom}
+    # Models of one fusion class evaluate as one program (madlib_mop.fuse_models); custom
+    # functions are loaded by each worker, and evaluate alone.
+    setting = "off" if custom else fusing.fuse_models(plpy)
+    task["fused_groups"] = fusing.evaluation_groups(
+        setting, [ref.spec() for ref in refs], [None if r.weights is None else len(r.weights) for r in refs],
+        -(-(test.get("num_rows") or 0) // test["num_segments"]))
     parts = _run_parallel(plpy, [lambda worker, p=p: worker.evaluate_models(task, p)
                                  for p in range(test["num_segments"])], engine)
+    fused = sum(len(group) for group in task["fused_groups"])
+    if fused:
+        plpy.notice(f"{'madlib_keras_evaluate_multiple_model' if all_models else 'madlib_keras_evaluate'}: "
+                    f"{fused} of {len(refs)} models evaluated fused, in {len(task['fused_groups'])} "
+                    f"group{'s' if len(task['fused_groups']) > 1 else ''} ({fusing.FUSE_SETTING} = {setting})")
     rows = []
     for index, ref in enumerate(refs):
         per_model = [part[index] for part in parts if part[index]["rows"]]

@@ -35,6 +35,15 @@ FUSE_SETTING = "madlib_mop.fuse_models"
 CHOICES = ("auto", "on", "off")
 AUTO_LIMIT = 1_500_000  # weights x batch size of one model's step
 AUTO_STEPS = 25_000  # steps of a class's models in a job, per segment (twice the break-even)
+MAX_EVALUATION_GROUP = 16  # models in one fused evaluation (the schedule's MAX_GROUP)
+# A fused evaluation decodes each buffer once for all its models and runs one program; it
+# costs tracing that program once per worker session (kept for the session's later calls).
+# `auto` fuses a group whose models evaluate at least this many rows in all, per worker
+# (bench_fused_jobs: ...).
+AUTO_EVALUATION_ROWS = 1_000_000
+# A fused program holds its models' variables stacked (optimizer slots too): models of at
+# most this many bytes of weights evaluate fused, a group at most 16 times that (x3).
+FUSED_EVALUATION_WEIGHT_BYTES = 4 * 1024 * 1024
 
 
 def fuse_models(plpy: Any) -> str:
@@ -93,3 +102,26 @@ def job_classes(plpy: Any, job: Any, local: bool, initial: set[int], model_rows:
         return -(-rows // (batch * job.num_segments)) * spec.epochs * arguments.num_iterations
     return fusion_classes(configs, arguments.fuse_models, lambda asked: {
         key: facts["parameters"] for key, facts in keras.facts(asked).items()}, steps)
+
+
+def evaluation_groups(setting: str, specs: list[training.ModelSpec], weight_bytes: list[int | None],
+                      rows_per_worker: int) -> list[list[int]]:
+    """The models (indices into `specs`) that evaluate as fused groups under `setting`:
+    those of one fusion class (`runtime.fusion`; the fit's batch size does not matter to
+    an evaluation) whose weights (`weight_bytes`, None: kept in pieces) are small, at least
+    two, at most MAX_EVALUATION_GROUP a group; with `auto`, the groups whose rows in all
+    (`rows_per_worker` each) earn back the program's tracing."""
+    if setting == "off":
+        return []
+    classes: dict[str, list[int]] = {}
+    for index, (spec, size) in enumerate(zip(specs, weight_bytes)):
+        key = fusion.fusion_class(spec) if size is not None and size <= FUSED_EVALUATION_WEIGHT_BYTES else None
+        if key is not None:
+            classes.setdefault(key, []).append(index)
+    groups = []
+    for members in classes.values():
+        for start in range(0, len(members), MAX_EVALUATION_GROUP):
+            group = members[start:start + MAX_EVALUATION_GROUP]
+            if len(group) > 1 and (setting == "on" or rows_per_worker * len(group) >= AUTO_EVALUATION_ROWS):
+                groups.append(group)
+    return groups

@@ -60,6 +60,24 @@ class FusedProgram:
         for index, stacked in enumerate(self.stacked):
             stacked.assign(np.stack([each[index].array for each in entries]))
 
+    def load_weights(self, weights: Sequence[bytes]) -> None:
+        """Each model's trained weights (MADlib's `model_weights`: float32, concatenated in
+        the order of `model.weights`), for inference.  The other variables (optimizer
+        slots, random generators' states) are left as they are: inference reads none."""
+        if len(weights) != self.size:
+            raise ValueError(f"a fused program of {self.size} models given {len(weights)} weights")
+        flats = [np.frombuffer(w, np.float32) for w in weights]
+        offset = 0
+        for (kind, shape), stacked in zip(self.layout, self.stacked):
+            if kind != "weights":
+                continue
+            size = int(np.prod(shape, dtype=np.int64))
+            stacked.assign(np.stack([flat[offset:offset + size].reshape(shape) for flat in flats])
+                           .astype(stacked.dtype.as_numpy_dtype, copy=False))
+            offset += size
+        if any(len(flat) != offset for flat in flats):
+            raise ValueError(f"weights of {[len(f) for f in flats]} values for a model of {offset}")
+
     def capture(self) -> list[bytes]:
         """Each model's state, the bytes an unfused program of it would write."""
         values = [stacked.numpy() for stacked in self.stacked]

@@ -14,7 +14,7 @@ import numpy as np
 
 from madlib_mop.db import catalog, packed, scan
 from madlib_mop.preprocess.source import feature_columns, source_error
-from madlib_mop.runtime import keras_json, packing, training
+from madlib_mop.runtime import fused_program, fusion, keras_json, packing, training
 from madlib_mop.runtime.buffers import PackedColumns, scan_partition
 from madlib_mop.segment.models import ModelRef, build, custom_functions, trained_models
 
@@ -26,6 +26,7 @@ PREDICT_SHAPE_HINT = ("Pass the feature column the model was trained on, each ro
 # bigger one is built per call rather than held (idle workers count against the server's
 # memory, `engine.server_slots`).
 CACHED_WEIGHTS_BYTES = 256 * 1024 * 1024
+FUSED_PROGRAMS_KEPT = 8
 
 
 def worker_evaluate(plpy: Any, task: str, partition: int) -> str:
@@ -40,7 +41,7 @@ def worker_evaluate(plpy: Any, task: str, partition: int) -> str:
     custom = custom_functions(plpy, task.get("custom_functions"))
     for ref in refs:
         ref.custom = custom
-    return _evaluate_on(refs, buffers, classification)
+    return _evaluate_on(refs, buffers, classification, task.get("fused_groups", []))
 
 
 def segment_evaluate(plpy: Any, task: str, partition: int, weights: list[bytes]) -> str:
@@ -54,18 +55,44 @@ def segment_evaluate(plpy: Any, task: str, partition: int, weights: list[bytes])
     custom = custom_functions(plpy, task.get("custom_functions"))
     refs = [ModelRef(None, m["mst_key"], m["model_arch"], bytes(w), m["compile_params"], None,
                      1.0, columns.labels[0], custom=custom) for m, w in zip(task["models"], weights)]
-    return _evaluate_on(refs, buffers, columns.classification)
+    return _evaluate_on(refs, buffers, columns.classification, task.get("fused_groups", []))
 
 
-def _evaluate_on(refs: list[ModelRef], buffers: list, classification: bool) -> str:
-    results = []
+def _evaluate_on(refs: list[ModelRef], buffers: list, classification: bool,
+                 groups: list[list[int]]) -> str:
+    """Each model's rows and metrics; the models of each of `groups` (indices into refs,
+    from `fusion.evaluation_groups`) evaluated as one fused program."""
+    results: list[dict | None] = [None] * len(refs)
+    for group in groups:
+        specs = [refs[i].spec() for i in group]
+        program = _fused_program(specs)
+        program.load_weights([refs[i].weights for i in group])
+        for index, outcome in zip(group, fused_program.evaluate_fused(program, specs, buffers,
+                                                                      classification)):
+            results[index] = {"rows": outcome.rows, "metrics": outcome.means(), "fused": len(group)}
     for index, ref in enumerate(refs):
+        if results[index] is not None:
+            continue
         model = build(ref, compile_model=True)
         outcome = training.evaluate(training.Program(model), ref.spec(), buffers, classification)
-        results.append({"rows": outcome.rows, "metrics": outcome.means()})
+        results[index] = {"rows": outcome.rows, "metrics": outcome.means()}
         refs[index] = model = None  # one model in memory at a time (a model may be GBs)
         gc.collect()  # (a program and its model refer to each other)
     return json.dumps(results)
+
+
+# Fused evaluation programs by (fusion class, models): traced once per worker session, kept
+# for its later calls (the groups' models are small: `fusion.evaluation_groups`).
+_fused: dict[tuple, fused_program.FusedProgram] = {}
+
+
+def _fused_program(specs: list[training.ModelSpec]) -> fused_program.FusedProgram:
+    key = (fusion.fusion_class(specs[0]), len(specs))
+    if key not in _fused:
+        if len(_fused) >= FUSED_PROGRAMS_KEPT:
+            _fused.clear()
+        _fused[key] = fused_program.FusedProgram(specs[0], len(specs))
+    return _fused[key]
 
 
 _models: dict[tuple, Any] = {}
