@@ -132,8 +132,7 @@ def test_the_setting_is_checked(iris):
 def test_models_evaluated_fused_give_each_models_own_loss_and_metrics(iris):
     """madlib_keras_evaluate_multiple_model with madlib_mop.fuse_models on: a job's models of
     one class evaluate as one program (a NOTICE says so), each model's loss and metrics
-    those of its unfused evaluation within float rounding; under auto, iris's 150 rows do
-    not earn back the program's tracing and the models evaluate alone."""
+    those of its unfused evaluation within float rounding; auto fuses as on does."""
     _fit(iris, "iris_evaluated", "off")
     notices: list[str] = []
     with connect(iris, notices) as conn:
@@ -148,11 +147,11 @@ def test_models_evaluated_fused_give_each_models_own_loss_and_metrics(iris):
                     sql.Identifier(f"iris_evaluated_{setting}")))}
             fused = [n for n in notices if "evaluated fused" in n]
             assert fused == ([f"madlib_keras_evaluate_multiple_model: {MODELS} of {MODELS} models evaluated "
-                              "fused, in 1 group (madlib_mop.fuse_models = on)"] if setting == "on" else [])
+                              f"fused, in 1 group (madlib_mop.fuse_models = {setting})"] if setting != "off" else [])
         alone, fused = evaluated["off"], evaluated["on"]
         assert sorted(fused) == sorted(alone) == list(range(1, MODELS + 1))
         for key, (loss, metric, metrics) in alone.items():
             assert fused[key][:2] == pytest.approx((loss, metric), rel=1e-5)
             assert fused[key][2] == pytest.approx(metrics, rel=1e-5)
         assert len({round(loss, 6) for loss, _, _ in fused.values()}) == MODELS  # each model's own
-        assert evaluated["auto"] == alone
+        assert evaluated["auto"] == fused

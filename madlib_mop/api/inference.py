@@ -175,8 +175,7 @@ def _evaluate(plpy, model_table, test_table, output_table, use_gpus, mst_key, al
     # functions are loaded by each worker, and evaluate alone.
     setting = "off" if custom else fusing.fuse_models(plpy)
     task["fused_groups"] = fusing.evaluation_groups(
-        setting, [ref.spec() for ref in refs], [None if r.weights is None else len(r.weights) for r in refs],
-        -(-(test.get("num_rows") or 0) // test["num_segments"]))
+        setting, [ref.spec() for ref in refs], [None if r.weights is None else len(r.weights) for r in refs])
     parts = _run_parallel(plpy, [lambda worker, p=p: worker.evaluate_models(task, p)
                                  for p in range(test["num_segments"])], engine)
     fused = sum(len(group) for group in task["fused_groups"])

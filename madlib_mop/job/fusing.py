@@ -36,11 +36,12 @@ CHOICES = ("auto", "on", "off")
 AUTO_LIMIT = 1_500_000  # weights x batch size of one model's step
 AUTO_STEPS = 25_000  # steps of a class's models in a job, per segment (twice the break-even)
 MAX_EVALUATION_GROUP = 16  # models in one fused evaluation (the schedule's MAX_GROUP)
-# A fused evaluation decodes each buffer once for all its models and runs one program; it
-# costs tracing that program once per worker session (kept for the session's later calls).
-# `auto` fuses a group whose models evaluate at least this many rows in all, per worker
-# (bench_fused_jobs: ...).
-AUTO_EVALUATION_ROWS = 1_000_000
+# A fused evaluation decodes each buffer once for all its models and builds one program
+# (traced once per worker session, kept for its later calls) where an unfused one builds
+# and compiles every model at every call: `auto` fuses as `on` does.  Measured (this
+# machine, 2 workers): never slower, even a session's first call on 150 rows (iris, 8
+# models: 13.6-15.7 s against 15.0-16.3 s unfused, then 0.05 s against 2.9 s); 0.25x on
+# 200,000 rows (bench_fused_jobs, W5s: 16 models).
 # A fused program holds its models' variables stacked (optimizer slots too): models of at
 # most this many bytes of weights evaluate fused, a group at most 16 times that (x3).
 FUSED_EVALUATION_WEIGHT_BYTES = 4 * 1024 * 1024
@@ -104,13 +105,12 @@ def job_classes(plpy: Any, job: Any, local: bool, initial: set[int], model_rows:
         key: facts["parameters"] for key, facts in keras.facts(asked).items()}, steps)
 
 
-def evaluation_groups(setting: str, specs: list[training.ModelSpec], weight_bytes: list[int | None],
-                      rows_per_worker: int) -> list[list[int]]:
-    """The models (indices into `specs`) that evaluate as fused groups under `setting`:
-    those of one fusion class (`runtime.fusion`; the fit's batch size does not matter to
-    an evaluation) whose weights (`weight_bytes`, None: kept in pieces) are small, at least
-    two, at most MAX_EVALUATION_GROUP a group; with `auto`, the groups whose rows in all
-    (`rows_per_worker` each) earn back the program's tracing."""
+def evaluation_groups(setting: str, specs: list[training.ModelSpec], weight_bytes: list[int | None]
+                      ) -> list[list[int]]:
+    """The models (indices into `specs`) that evaluate as fused groups unless `setting` is
+    off: those of one fusion class (`runtime.fusion`; the fit's batch size does not matter
+    to an evaluation) whose weights (`weight_bytes`, None: kept in pieces) are small, at
+    least two, at most MAX_EVALUATION_GROUP a group."""
     if setting == "off":
         return []
     classes: dict[str, list[int]] = {}
@@ -120,8 +120,7 @@ def evaluation_groups(setting: str, specs: list[training.ModelSpec], weight_byte
             classes.setdefault(key, []).append(index)
     groups = []
     for members in classes.values():
-        for start in range(0, len(members), MAX_EVALUATION_GROUP):
-            group = members[start:start + MAX_EVALUATION_GROUP]
-            if len(group) > 1 and (setting == "on" or rows_per_worker * len(group) >= AUTO_EVALUATION_ROWS):
-                groups.append(group)
+        groups += [members[start:start + MAX_EVALUATION_GROUP]
+                   for start in range(0, len(members), MAX_EVALUATION_GROUP)
+                   if len(members[start:start + MAX_EVALUATION_GROUP]) > 1]
     return groups
