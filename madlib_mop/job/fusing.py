@@ -40,7 +40,7 @@ MAX_EVALUATION_GROUP = 16  # models in one fused evaluation (the schedule's MAX_
 # (traced once per worker session, kept for its later calls) where an unfused one builds
 # and compiles every model at every call: `auto` fuses as `on` does.  Measured (this
 # machine, 2 workers): never slower, even a session's first call on 150 rows (iris, 8
-# models: 13.6-15.7 s against 15.0-16.3 s unfused, then 0.05 s against 2.9 s); 0.25x on
+# models: 13.6-15.7 s against 15.0-16.3 s unfused, then 0.05 s against 2.9 s); 0.18x on
 # 200,000 rows (bench_fused_jobs, W5s: 16 models).
 # A fused program holds its models' variables stacked (optimizer slots too): models of at
 # most this many bytes of weights evaluate fused, a group at most 16 times that (x3).

@@ -19,9 +19,9 @@ _configured_threads: int | None = None
 # and TensorFlow's own old Keras SciPy (for sparse inputs), each when it is installed, as
 # they are in the runtime next to the demo and the benchmarks.  The server uses none of
 # these, and they were 2.2 s of the 7.5 s the runtime's interpreter took to import
-# TensorFlow and Keras on a 2-core machine (5.0 s without).  Each import is optional (try/except ImportError), so they
-# are hidden while TensorFlow and Keras are first imported; importing them afterwards (a
-# custom function that wants SciPy) works as usual.
+# TensorFlow and Keras on a 2-core machine (5.0 s without).  Each import is optional
+# (try/except ImportError), so they are hidden while TensorFlow and Keras are first
+# imported; importing them afterwards (a custom function that wants SciPy) works as usual.
 OPTIONAL_EXTRAS = ("sklearn", "matplotlib", "cv2", "pandas", "IPython", "scipy")
 
 

@@ -26,7 +26,6 @@ PREDICT_SHAPE_HINT = ("Pass the feature column the model was trained on, each ro
 # bigger one is built per call rather than held (idle workers count against the server's
 # memory, `engine.server_slots`).
 CACHED_WEIGHTS_BYTES = 256 * 1024 * 1024
-FUSED_PROGRAMS_KEPT = 8
 
 
 def worker_evaluate(plpy: Any, task: str, partition: int) -> str:
@@ -61,7 +60,7 @@ def segment_evaluate(plpy: Any, task: str, partition: int, weights: list[bytes])
 def _evaluate_on(refs: list[ModelRef], buffers: list, classification: bool,
                  groups: list[list[int]]) -> str:
     """Each model's rows and metrics; the models of each of `groups` (indices into refs,
-    from `fusion.evaluation_groups`) evaluated as one fused program."""
+    from `job.fusing.evaluation_groups`) evaluated as one fused program."""
     results: list[dict | None] = [None] * len(refs)
     for group in groups:
         specs = [refs[i].spec() for i in group]
@@ -69,7 +68,7 @@ def _evaluate_on(refs: list[ModelRef], buffers: list, classification: bool,
         program.load_weights([refs[i].weights for i in group])
         for index, outcome in zip(group, fused_program.evaluate_fused(program, specs, buffers,
                                                                       classification)):
-            results[index] = {"rows": outcome.rows, "metrics": outcome.means(), "fused": len(group)}
+            results[index] = {"rows": outcome.rows, "metrics": outcome.means()}
     for index, ref in enumerate(refs):
         if results[index] is not None:
             continue
@@ -82,17 +81,23 @@ def _evaluate_on(refs: list[ModelRef], buffers: list, classification: bool,
 
 
 # Fused evaluation programs by (fusion class, models): traced once per worker session, kept
-# for its later calls (the groups' models are small: `fusion.evaluation_groups`).
+# for its later calls while they hold at most CACHED_WEIGHTS_BYTES of variables in all (an
+# idle worker's memory counts against the server's, as its kept models' does).
 _fused: dict[tuple, fused_program.FusedProgram] = {}
 
 
 def _fused_program(specs: list[training.ModelSpec]) -> fused_program.FusedProgram:
     key = (fusion.fusion_class(specs[0]), len(specs))
     if key not in _fused:
-        if len(_fused) >= FUSED_PROGRAMS_KEPT:
+        program = fused_program.FusedProgram(specs[0], len(specs))
+        if sum(map(_variable_bytes, _fused.values())) + _variable_bytes(program) > CACHED_WEIGHTS_BYTES:
             _fused.clear()
-        _fused[key] = fused_program.FusedProgram(specs[0], len(specs))
+        _fused[key] = program
     return _fused[key]
+
+
+def _variable_bytes(program: fused_program.FusedProgram) -> int:
+    return sum(int(np.prod(v.shape, dtype=np.int64)) * v.dtype.size for v in program.stacked)
 
 
 _models: dict[tuple, Any] = {}
