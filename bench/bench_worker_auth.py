@@ -49,7 +49,7 @@ def main() -> None:
     args = parser.parse_args()
     cluster = EmbeddedCluster()
     cluster.start()
-    cluster.allow_worker_role(ROLE)
+    cluster.allow_role(ROLE)
     password = secrets.token_urlsafe(16)
     notices: list[str] = []
     with psycopg.connect(configured_dsn(), autocommit=True) as conn:
