@@ -39,6 +39,26 @@ RETURNS void
 #overload pred_type integer
 #overload pred_type double precision
 
+-- Not in MADlib: every model of a multi-model output (or those of mst_keys) over one table,
+-- each worker reading its rows once for all of them; fused where madlib_mop.fuse_models says.
+CREATE FUNCTION @extschema@.madlib_keras_predict_multiple_model(
+    model_table         varchar,
+    test_table          varchar,
+    id_col              varchar,
+    independent_varname varchar,
+    output_table        varchar,
+    pred_type           varchar DEFAULT 'prob',
+    use_gpus            boolean DEFAULT FALSE,
+    mst_keys            integer[] DEFAULT NULL
+)
+RETURNS void
+#plpython "madlib_keras_predict_multiple_model.py"
+COMMENT ON FUNCTION @extschema@.madlib_keras_predict_multiple_model(varchar, varchar, varchar, varchar, varchar, varchar, boolean, integer[]) IS
+    'Predictions of every model of a multi-model output (or of mst_keys) over one table, in one pass: madlib_keras_predict''s columns after mst_key';
+
+#overload pred_type integer
+#overload pred_type double precision
+
 CREATE FUNCTION @extschema@.madlib_keras_predict_byom(
     model_arch_table    varchar,
     model_id            integer,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import psycopg
 import pytest
 from psycopg import sql
 from psycopg.rows import tuple_row
@@ -157,3 +158,98 @@ def test_models_evaluated_fused_give_each_models_own_loss_and_metrics(iris):
         for key, (loss, metric, metrics) in fused.items():  # (whichever worker took a segment)
             assert evaluated["auto"][key][:2] == pytest.approx((loss, metric), rel=1e-6)
             assert evaluated["auto"][key][2] == pytest.approx(metrics, rel=1e-6)
+
+
+def _predictions(conn, table: str) -> dict[tuple, tuple]:
+    """(mst_key, id, class_value) -> (prob, rank) of a multi-model prediction, each row once."""
+    rows = conn.execute(sql.SQL("SELECT mst_key, id, class_value, prob, rank FROM {}").format(
+        sql.Identifier(table))).fetchall()
+    found = {row[:3]: row[3:] for row in rows}
+    assert len(found) == len(rows)
+    return found
+
+
+def _predict_all(conn, model_table: str, out: str, setting: str, notices: list[str]) -> list[str]:
+    """madlib_keras_predict_multiple_model (pred_type prob) under `setting`: its NOTICEs of
+    fused models."""
+    conn.execute(f"SET madlib_mop.fuse_models = {setting}")
+    notices.clear()
+    conn.execute("SELECT madlib_keras_predict_multiple_model(%s, 'iris', 'id', 'attributes', %s, 'prob')",
+                 (model_table, out))
+    return [n for n in notices if "predicted fused" in n]
+
+
+def _same_predictions(alone: dict[tuple, tuple], fused: dict[tuple, tuple]) -> None:
+    """Each row's probability within float rounding, and its rank where no two classes of
+    the row are so close that rounding could swap them."""
+    assert sorted(fused) == sorted(alone)
+    probabilities: dict[tuple, list[float]] = {}
+    for (key, id_, _), (prob, _) in alone.items():
+        probabilities.setdefault((key, id_), []).append(prob)
+    for row, (prob, rank) in alone.items():
+        assert fused[row][0] == pytest.approx(prob, rel=1e-5, abs=1e-7)
+        ordered = sorted(probabilities[row[:2]])
+        if min(b - a for a, b in zip(ordered, ordered[1:])) > 1e-4:
+            assert fused[row][1] == rank
+
+
+def test_models_predicted_fused_give_each_models_own_predictions(iris):
+    """madlib_keras_predict_multiple_model: every model's predictions keyed by mst_key, as
+    madlib_keras_predict gives them model by model; with madlib_mop.fuse_models on, the
+    models predict as one program (a NOTICE says so), each model's probabilities its own
+    within float rounding; mst_keys chooses models; a key of no model, or a bad setting,
+    is refused with no output table left."""
+    _fit(iris, "iris_predicted", "off")
+    notices: list[str] = []
+    with connect(iris, notices) as conn:
+        assert _predict_all(conn, "iris_predicted", "iris_predicted_off", "off", notices) == []
+        assert _predict_all(conn, "iris_predicted", "iris_predicted_on", "on", notices) == [
+            f"madlib_keras_predict_multiple_model: {MODELS} of {MODELS} models predicted fused, in 1 "
+            "group (madlib_mop.fuse_models = on)"]
+        alone, fused = (_predictions(conn, f"iris_predicted_{s}") for s in ("off", "on"))
+        assert len(alone) == MODELS * 150 * 3
+        assert {key for key, _, _ in alone} == set(range(1, MODELS + 1))
+        _same_predictions(alone, fused)
+        # Each model's own: those of madlib_keras_predict with its mst_key.
+        for key in (1, MODELS):
+            conn.execute("SELECT madlib_keras_predict('iris_predicted', 'iris', 'id', 'attributes', %s, "
+                         "'prob', mst_key => %s)", (f"iris_predicted_{key}", key))
+            one = {(key, i, c): (p, r) for i, c, p, r in conn.execute(sql.SQL(
+                "SELECT id, class_value, prob, rank FROM {}").format(sql.Identifier(f"iris_predicted_{key}")))}
+            _same_predictions(one, {row: value for row, value in alone.items() if row[0] == key})
+        assert len({round(p, 5) for (k, i, c), (p, _) in fused.items() if (i, c) == (0, "setosa")}) > 1
+        conn.execute("SELECT madlib_keras_predict_multiple_model('iris_predicted', 'iris', 'id', 'attributes', "
+                     "'iris_predicted_two', 'response', mst_keys => ARRAY[2, 5])")
+        responses = conn.execute("SELECT mst_key, count(*), count(DISTINCT id) FROM iris_predicted_two "
+                                 "GROUP BY 1 ORDER BY 1").fetchall()
+        assert responses == [(2, 150, 150), (5, 150, 150)]
+        with pytest.raises(psycopg.Error) as raised:
+            conn.execute("SELECT madlib_keras_predict_multiple_model('iris_predicted', 'iris', 'id', "
+                         "'attributes', 'iris_predicted_bad', mst_keys => ARRAY[2, 99])")
+        assert raised.value.sqlstate == "22023" and "99" in str(raised.value)
+        # The setting is read after the output's checks: nothing is left of the call.
+        conn.execute("SET madlib_mop.fuse_models = sometimes")
+        with pytest.raises(psycopg.Error) as raised:
+            conn.execute("SELECT madlib_keras_predict_multiple_model('iris_predicted', 'iris', 'id', "
+                         "'attributes', 'iris_predicted_bad')")
+        assert raised.value.sqlstate == "22023" and "auto, on, off" in str(raised.value)
+        assert conn.execute("SELECT to_regclass('iris_predicted_bad') IS NULL").fetchone()[0]
+
+
+def test_two_groups_of_one_class_predict_each_their_own_models(iris):
+    """32 models of one class fuse in two groups of 16 (one program each, not one program's
+    weights loaded twice): each model's predictions its own."""
+    with connect(iris) as conn:
+        conn.execute("SELECT load_model_selection_table('iris_fused_arch', 'iris_fused_mst32', ARRAY[1], "
+                     "%s, ARRAY['batch_size=8, epochs=1'])",
+                     ([COMPILE.format(lr=0.0005 * (k + 1)) for k in range(32)],))
+        conn.execute("SET madlib_mop.fuse_models = off")
+        conn.execute("SELECT madlib_keras_fit_multiple_model('iris_fused_packed', 'iris_predicted32', "
+                     "'iris_fused_mst32', 1)")
+        notices: list[str] = []
+    with connect(iris, notices) as conn:
+        assert _predict_all(conn, "iris_predicted32", "iris_predicted32_off", "off", notices) == []
+        assert _predict_all(conn, "iris_predicted32", "iris_predicted32_on", "on", notices) == [
+            "madlib_keras_predict_multiple_model: 32 of 32 models predicted fused, in 2 groups "
+            "(madlib_mop.fuse_models = on)"]
+        _same_predictions(_predictions(conn, "iris_predicted32_off"), _predictions(conn, "iris_predicted32_on"))

@@ -174,7 +174,7 @@ def test_what_fuses_is_decided_from_the_configuration():
 
 
 def test_which_models_evaluate_fused():
-    """`fusing.evaluation_groups`: the models of one class (their fits' batch sizes aside),
+    """`fusing.inference_groups`: the models of one class (their fits' batch sizes aside),
     small, two or more, at most 16 a group; none with the setting off."""
     from madlib_mop.job import fusing
 
@@ -183,12 +183,12 @@ def test_which_models_evaluate_fused():
                                  "metrics=['accuracy']", "") for k in range(1, 19)]
              + _specs(mlp, ["SGD(lr=0.01)"]) + _specs(_cnn(), ["Adam(lr=0.01)", "Adam(lr=0.1)"]))
     small = [1000] * len(specs)
-    assert fusing.evaluation_groups("off", specs, small) == []
+    assert fusing.inference_groups("off", specs, small) == []
     for setting in ("on", "auto"):
-        assert fusing.evaluation_groups(setting, specs, small) == [list(range(16)), [16, 17], [19, 20]]
+        assert fusing.inference_groups(setting, specs, small) == [list(range(16)), [16, 17], [19, 20]]
     # a big model, or one whose weights are kept in pieces, evaluates alone
-    assert fusing.evaluation_groups("on", specs[19:], [1000, None]) == []
-    assert fusing.evaluation_groups("on", specs[:3], [1000, fusing.FUSED_EVALUATION_WEIGHT_BYTES + 4, 1000]
+    assert fusing.inference_groups("on", specs[19:], [1000, None]) == []
+    assert fusing.inference_groups("on", specs[:3], [1000, fusing.FUSED_INFERENCE_WEIGHT_BYTES + 4, 1000]
                                     ) == [[0, 2]]
 
 

@@ -31,7 +31,7 @@ from madlib_mop.job import fusing, keras_work, outputs, plan, temporary
 from madlib_mop.runtime import keras_json
 from madlib_mop.runtime.tf_runtime import worker_threads
 from madlib_mop.segment.inference import PREDICT_SHAPE_HINT
-from madlib_mop.segment.models import ModelRef, architecture_model, trained_models
+from madlib_mop.segment.models import ModelRef, architecture_model, summary_of, trained_models
 from madlib_mop.errors import MadlibMopError
 
 
@@ -174,7 +174,7 @@ def _evaluate(plpy, model_table, test_table, output_table, use_gpus, mst_key, al
     # Models of one fusion class evaluate as one program (madlib_mop.fuse_models); custom
     # functions are loaded by each worker, and evaluate alone.
     setting = "off" if custom else fusing.fuse_models(plpy)
-    task["fused_groups"] = fusing.evaluation_groups(
+    task["fused_groups"] = fusing.inference_groups(
         setting, [ref.spec() for ref in refs], [None if r.weights is None else len(r.weights) for r in refs])
     parts = _run_parallel(plpy, [lambda worker, p=p: worker.evaluate_models(task, p)
                                  for p in range(test["num_segments"])], engine)
@@ -301,15 +301,63 @@ def predict_byom(plpy: Any, model_arch_table: str, model_id: int, test_table: st
     _predict(plpy, ref, test_table, id_col, independent_varname, output_table, pred_type)
 
 
-def _predict(plpy, ref: ModelRef, test_table, id_col, independent_varname, output_table, pred_type):
+def predict_multiple(plpy: Any, model_table: str, test_table: str, id_col: str,
+                     independent_varname: str, output_table: str, pred_type: str | None = "prob",
+                     use_gpus: bool | None = False, mst_keys: list[int] | None = None) -> None:
+    """madlib_keras_predict of each model of a multi-model output (or of `mst_keys`) into
+    one table keyed by mst_key: each worker reads its rows once for all the models, and
+    the models of one fusion class predict as one program (madlib_mop.fuse_models)."""
+    _no_gpus(use_gpus)
+    table = catalog.resolve_table(plpy, model_table, argument="model_table")
+    if "compile_params" in summary_of(plpy, table):
+        raise MadlibMopError(f"model_table {table.name} holds the one model of madlib_keras_fit",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint="Predict with madlib_keras_predict.")
+    if catalog.is_temporary(plpy, table.oid):
+        raise MadlibMopError(
+            f"model_table {table.name} is temporary: the workers that predict read the models "
+            "from the model table themselves", sqlstate=errors.FEATURE_NOT_SUPPORTED,
+            hint="Predict from an ordinary table, or model by model with madlib_keras_predict.")
+    wanted = None if mst_keys is None else list(dict.fromkeys(int(k) for k in mst_keys if k is not None))
+    if wanted == []:
+        raise MadlibMopError("mst_keys names no model", sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint="Pass NULL for every model, or keys of the table's models.")
+    # Sized before any weights are read (those of a model over 1,000 MB are in pieces).
+    sized = plpy.execute(plpy.prepare(
+        f"SELECT coalesce(sum(octet_length(model_weights)), 0) AS size, "
+        f"coalesce(bool_or(model_weights IS NULL), false) AS in_pieces FROM {table.name} "
+        "WHERE $1::int[] IS NULL OR mst_key = ANY($1)", ["integer[]"]), [wanted])[0]
+    size, in_pieces = sized["size"], sized["in_pieces"]
+    if in_pieces or size > MULTIPLE_PREDICT_WEIGHTS_BYTES:
+        raise MadlibMopError(
+            f"the models hold {'over 1,000 MB' if in_pieces else f'{size / 2**20:.0f} MB'} of weights: "
+            f"each worker holds every model at once, at most {MULTIPLE_PREDICT_WEIGHTS_BYTES // 2**20} MB",
+            sqlstate=errors.PROGRAM_LIMIT_EXCEEDED,
+            hint="Pass fewer mst_keys, or predict model by model with madlib_keras_predict.")
+    refs = (trained_models(plpy, table.oid, None, all_models=True) if wanted is None
+            else [trained_models(plpy, table.oid, key)[0] for key in wanted])
+    _predict(plpy, refs, test_table, id_col, independent_varname, output_table, pred_type)
+
+
+# Each worker of a multi-model predict holds every model built at once (one pass over the
+# rows for all): their weights together at most this.
+MULTIPLE_PREDICT_WEIGHTS_BYTES = 1024 * 1024 * 1024
+
+
+def _predict(plpy, refs: ModelRef | list[ModelRef], test_table, id_col, independent_varname,
+             output_table, pred_type):
     # Workers insert the predictions: into an ordinary table first when the output is
     # temporary (`job.temporary`).
     with temporary.output(plpy, output_table, "output_table") as output:
-        _predict_into(plpy, ref, test_table, id_col, independent_varname, output, pred_type)
+        _predict_into(plpy, refs, test_table, id_col, independent_varname, output, pred_type)
 
 
-def _predict_into(plpy, ref: ModelRef, test_table, id_col, independent_varname, output_table,
-                  pred_type):
+def _predict_into(plpy, refs: ModelRef | list[ModelRef], test_table, id_col, independent_varname,
+                  output_table, pred_type):
+    """Predict with one model (a ModelRef), or with each of a list, keyed by mst_key."""
+    keyed = isinstance(refs, list)
+    refs = refs if keyed else [refs]
+    ref = refs[0]
     kind = _pred_type(pred_type)
     source = catalog.resolve_table(plpy, test_table, argument="test_table")
     catalog.committed(plpy, {"test_table": source})
@@ -317,7 +365,10 @@ def _predict_into(plpy, ref: ModelRef, test_table, id_col, independent_varname, 
     features = feature_columns(plpy, source, independent_varname)
     out = catalog.new_table(plpy, output_table, argument="output_table")
     out.must_not_exist(plpy)
-    facts = _facts(plpy, ref)
+    facts: dict[str, dict] = {}
+    for r in refs:  # (asked once per architecture)
+        if r.model_arch not in facts:
+            facts[r.model_arch] = _facts(plpy, r)
     first = plpy.execute("SELECT " + ", ".join(f"{f.expression} AS x{i}" for i, f in enumerate(features))
                          + f" FROM {source.name} LIMIT 1")
     if not first:
@@ -325,31 +376,56 @@ def _predict_into(plpy, ref: ModelRef, test_table, id_col, independent_varname, 
                              hint="Predict on a table with rows.")
     # The first row here, for a clear error before any worker starts; the workers check
     # every row (`segment.inference.worker_predict`).
-    keras_json.require_input_shapes(
-        facts["input_shapes"], [np.asarray(first[0][f"x{i}"], dtype=object).shape for i in range(len(features))],
-        [f.packed_column for f in features], source.name, hint=PREDICT_SHAPE_HINT)
+    for found in facts.values():
+        keras_json.require_input_shapes(
+            found["input_shapes"], [np.asarray(first[0][f"x{i}"], dtype=object).shape for i in range(len(features))],
+            [f.packed_column for f in features], source.name, hint=PREDICT_SHAPE_HINT)
     classification = ref.class_values is not None
-    outputs = _outputs(ref, facts, classification)
+    outputs = _outputs(ref, facts[ref.model_arch], classification)
+    for other in refs[1:]:  # (one summary: each model checked against it)
+        _outputs(other, facts[other.model_arch], classification)
     q = plpy.quote_ident
     id_type = id_column.base_type
+    key = "mst_key integer, " if keyed else ""
     if classification:
         rank = ", rank integer" if kind != "response" else ""
-        columns = (f"({q(id_col)} {id_type}, class_name text, class_value text, "
+        columns = (f"({key}{q(id_col)} {id_type}, class_name text, class_value text, "
                    f"prob double precision{rank})")
     elif len(outputs) > 1:  # regression targets of several outputs: a row per output
-        columns = f"({q(id_col)} {id_type}, class_name text, prediction double precision[])"
+        columns = f"({key}{q(id_col)} {id_type}, class_name text, prediction double precision[])"
     else:
-        columns = f"({q(id_col)} {id_type}, prediction double precision[])"
+        columns = f"({key}{q(id_col)} {id_type}, prediction double precision[])"
+    lying = segments.source_parts(plpy, source)
+    if keyed and lying is not None:
+        raise MadlibMopError(
+            f"test_table {source.name} lies on segment servers: several models predict only "
+            "rows of this server", sqlstate=errors.FEATURE_NOT_SUPPORTED,
+            hint="Predict model by model with madlib_keras_predict(..., mst_key => k).")
+    blocks = scan.table_blocks(plpy, source.oid) if source.kind in ("r", "m") else None
+    if lying is None and blocks is None:
+        raise MadlibMopError(f"test_table {source.name} is not a table",
+                             sqlstate=errors.FEATURE_NOT_SUPPORTED,
+                             hint="Predict from a table or materialized view (CREATE TABLE ... AS "
+                                  "SELECT from the view).")
+    # Names, never SQL text: the worker derives its statements as this call did.  The task
+    # whole (every check of it passed) before the output table exists.
+    task = {"model_arch": ref.model_arch, "outputs": outputs, "normalizing_const": ref.normalizing_const,
+            "source": source.oid, "id_col": id_col, "independent_varname": independent_varname,
+            "output": [out.schema, out.name], "pred_type": kind}
+    if keyed:  # the workers read the models from the model table
+        catalog.committed(plpy, {"model_table": catalog.resolve_table(plpy, ref.model_oid)})
+        task.update(mst_keys=[r.mst_key for r in refs], model_table=ref.model_oid,
+                    fused_groups=fusing.inference_groups(fusing.fuse_models(plpy), [r.spec() for r in refs],
+                                                         [len(r.weights) for r in refs]))
+        weights = None
+        for r in refs:
+            r.weights = None  # not held here while the workers run
+    else:
+        task["mst_key"] = ref.mst_key
+        weights = _weights_for_workers(plpy, ref, lying is None, task)
     conninfo = worker_session.conninfo(plpy)
     with worker_session.connect(conninfo) as db:
         db.execute(f"CREATE TABLE {out.quoted} {columns}")
-    # Names, never SQL text: the worker derives its statements as this call did.
-    task = {"mst_key": ref.mst_key, "model_arch": ref.model_arch,
-            "outputs": outputs, "normalizing_const": ref.normalizing_const,
-            "source": source.oid, "id_col": id_col, "independent_varname": independent_varname,
-            "output": [out.schema, out.name], "pred_type": kind}
-    lying = segments.source_parts(plpy, source)
-    weights = _weights_for_workers(plpy, ref, lying is None, task)
     if lying is not None:
         try:
             _predict_where_it_lies(plpy, lying, task, weights, out, columns, conninfo)
@@ -358,12 +434,6 @@ def _predict_into(plpy, ref: ModelRef, test_table, id_col, independent_varname, 
                 db.execute(f"DROP TABLE IF EXISTS {out.quoted}")
             raise
         return
-    blocks = scan.table_blocks(plpy, source.oid) if source.kind in ("r", "m") else None
-    if blocks is None:
-        raise MadlibMopError(f"test_table {source.name} is not a table",
-                             sqlstate=errors.FEATURE_NOT_SUPPORTED,
-                             hint="Predict from a table or materialized view (CREATE TABLE ... AS "
-                                  "SELECT from the view).")
     workers = max(1, min(_worker_count(plpy), int(blocks) or 1))
     step = -(-int(blocks) // workers) if blocks else 1
     task["threads"] = worker_threads(workers)
@@ -375,6 +445,11 @@ def _predict_into(plpy, ref: ModelRef, test_table, id_col, independent_varname, 
         with worker_session.connect(conninfo) as db:
             db.execute(f"DROP TABLE IF EXISTS {out.quoted}")
         raise
+    fused = sum(len(group) for group in task.get("fused_groups", []))
+    if fused:
+        plpy.notice(f"madlib_keras_predict_multiple_model: {fused} of {len(refs)} models predicted "
+                    f"fused, in {len(task['fused_groups'])} group{'s' if len(task['fused_groups']) > 1 else ''} "
+                    f"({fusing.FUSE_SETTING} = {fusing.fuse_models(plpy)})")
 
 
 def _outputs(ref: ModelRef, facts: dict, classification: bool) -> list[dict]:

@@ -35,7 +35,7 @@ FUSE_SETTING = "madlib_mop.fuse_models"
 CHOICES = ("auto", "on", "off")
 AUTO_LIMIT = 1_500_000  # weights x batch size of one model's step
 AUTO_STEPS = 25_000  # steps of a class's models in a job, per segment (twice the break-even)
-MAX_EVALUATION_GROUP = 16  # models in one fused evaluation (the schedule's MAX_GROUP)
+MAX_EVALUATION_GROUP = 16  # models in one fused evaluation or prediction (the schedule's MAX_GROUP)
 # A fused evaluation decodes each buffer once for all its models and builds one program
 # (traced once per worker session, kept for its later calls) where an unfused one builds
 # and compiles every model at every call: `auto` fuses as `on` does.  Measured (this
@@ -43,8 +43,8 @@ MAX_EVALUATION_GROUP = 16  # models in one fused evaluation (the schedule's MAX_
 # models: 13.6-15.7 s against 15.0-16.3 s unfused, then 0.05 s against 2.9 s); 0.18x on
 # 200,000 rows (bench_fused_jobs, W5s: 16 models).
 # A fused program holds its models' variables stacked (optimizer slots too): models of at
-# most this many bytes of weights evaluate fused, a group at most 16 times that (x3).
-FUSED_EVALUATION_WEIGHT_BYTES = 4 * 1024 * 1024
+# most this many bytes of weights evaluate (and predict) fused, a group at most 16 times that (x3).
+FUSED_INFERENCE_WEIGHT_BYTES = 4 * 1024 * 1024
 
 
 def fuse_models(plpy: Any) -> str:
@@ -105,17 +105,17 @@ def job_classes(plpy: Any, job: Any, local: bool, initial: set[int], model_rows:
         key: facts["parameters"] for key, facts in keras.facts(asked).items()}, steps)
 
 
-def evaluation_groups(setting: str, specs: list[training.ModelSpec], weight_bytes: list[int | None]
-                      ) -> list[list[int]]:
-    """The models (indices into `specs`) that evaluate as fused groups unless `setting` is
-    off: those of one fusion class (`runtime.fusion`; the fit's batch size does not matter
+def inference_groups(setting: str, specs: list[training.ModelSpec], weight_bytes: list[int | None]
+                     ) -> list[list[int]]:
+    """The models (indices into `specs`) that evaluate and predict as fused groups unless
+    `setting` is off: those of one fusion class (`runtime.fusion`; the fit's batch size does not matter
     to an evaluation) whose weights (`weight_bytes`, None: kept in pieces) are small, at
     least two, at most MAX_EVALUATION_GROUP a group."""
     if setting == "off":
         return []
     classes: dict[str, list[int]] = {}
     for index, (spec, size) in enumerate(zip(specs, weight_bytes)):
-        key = fusion.fusion_class(spec) if size is not None and size <= FUSED_EVALUATION_WEIGHT_BYTES else None
+        key = fusion.fusion_class(spec) if size is not None and size <= FUSED_INFERENCE_WEIGHT_BYTES else None
         if key is not None:
             classes.setdefault(key, []).append(index)
     groups = []

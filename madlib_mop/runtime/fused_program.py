@@ -151,6 +151,22 @@ class FusedProgram:
                                                input_signature=specs).get_concrete_function()
         return self._functions[key]
 
+    def predict(self, x: np.ndarray, batch_size: int) -> np.ndarray:
+        """Each model's outputs (K, rows, ...) for the same rows x (rows, ...), in batches
+        of `batch_size` rows (traced once per dtype and row shape)."""
+        import tensorflow as tf
+
+        key = ("predict", x.dtype.str, x.shape[1:])
+        if key not in self._functions:
+            def forward(rows):
+                stacked = tf.broadcast_to(rows[None], tf.concat([[self.size], tf.shape(rows)], 0))
+                return fused_ops.forward(self, stacked, False)
+            self._functions[key] = tf.function(forward, autograph=False, input_signature=[
+                tf.TensorSpec((None,) + x.shape[1:], tf.as_dtype(x.dtype))]).get_concrete_function()
+        function = self._functions[key]
+        return np.concatenate([function(tf.constant(x[start:start + batch_size])).numpy()
+                               for start in range(0, len(x), batch_size)], axis=1)
+
     def run(self, kind: str, x: np.ndarray, y: np.ndarray, arguments: np.ndarray,
             batch_size: int) -> tuple[np.ndarray, np.ndarray]:
         """Each model's sums over the rows (K,) of its loss (times each minibatch's rows)

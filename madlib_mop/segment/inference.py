@@ -8,7 +8,8 @@ import gc
 import hashlib
 import json
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 
@@ -16,6 +17,7 @@ from madlib_mop.db import catalog, packed, scan
 from madlib_mop.preprocess.source import feature_columns, source_error
 from madlib_mop.runtime import fused_program, fusion, keras_json, packing, training
 from madlib_mop.runtime.buffers import PackedColumns, scan_partition
+from madlib_mop.runtime.tf_runtime import import_tensorflow
 from madlib_mop.segment.models import ModelRef, build, custom_functions, trained_models
 
 
@@ -60,7 +62,7 @@ def segment_evaluate(plpy: Any, task: str, partition: int, weights: list[bytes])
 def _evaluate_on(refs: list[ModelRef], buffers: list, classification: bool,
                  groups: list[list[int]]) -> str:
     """Each model's rows and metrics; the models of each of `groups` (indices into refs,
-    from `job.fusing.evaluation_groups`) evaluated as one fused program."""
+    from `job.fusing.inference_groups`) evaluated as one fused program."""
     results: list[dict | None] = [None] * len(refs)
     for group in groups:
         specs = [refs[i].spec() for i in group]
@@ -105,28 +107,15 @@ _models: dict[tuple, Any] = {}
 
 def worker_predict(plpy: Any, task: str, first_block: int, last_block: int, weights: bytes) -> str:
     """Predict the rows in blocks [first_block, last_block) and insert them into the output,
-    a chunk of rows (one float4_pack) at a time.  Predictions go back to SQL as bytes
-    (float4_unpack, int4_unpack): no Python object per value."""
+    a chunk of rows (one float4_pack) at a time, by one model or (a task of `mst_keys`,
+    `api.inference.predict_multiple`) by each of several, each chunk read once for all.
+    Predictions go back to SQL as bytes (float4_unpack, int4_unpack): no Python object
+    per value."""
     task = json.loads(task)
+    predictors = (_models_predictors(plpy, task) if "mst_keys" in task
+                  else [_model_predictor(plpy, task, weights)])
+    del weights
     schema = catalog.extension_schema(plpy)
-    if weights is None:  # too big to come with the call: read from the model table
-        weights = trained_models(plpy, task["model_table"], task["mst_key"], all_models=True)[0].weights
-    weights = memoryview(weights)
-    # Kept for this worker session's later calls when small (a big one is not hashed either).
-    key = ((task["model_arch"], hashlib.sha256(weights).hexdigest())
-           if len(weights) <= CACHED_WEIGHTS_BYTES else None)
-    model = _models.get(key)
-    outputs = task["outputs"]
-    if model is None:
-        _models.clear()
-        gc.collect()
-        ref = ModelRef(None, task["mst_key"], task["model_arch"], weights, None,
-                       outputs[0]["class_values"], task["normalizing_const"], outputs[0]["class_name"])
-        model = build(ref, compile_model=False, threads=task["threads"])
-        if key is not None:
-            _models[key] = model
-        del ref, weights
-    shapes = keras_json.input_shapes(model)
     source = catalog.resolve_table(  # an oid here; [schema, table] on a segment server
         plpy, catalog.qualified_name(plpy, task["source"]) if isinstance(task["source"], list)
         else task["source"], argument="test_table")
@@ -138,7 +127,8 @@ def worker_predict(plpy: Any, task: str, first_block: int, last_block: int, weig
         + ", ".join(f"{schema}.float4_pack({f.expression}) AS x{i}" for i, f in enumerate(features))
         + f", array_agg({plpy.quote_ident(task['id_col'])}) AS ids FROM {source.name} "
         "WHERE ctid >= $1::tid AND ctid < $2::tid", ["text", "text"])
-    insert = _insert_plan(plpy, schema, output, f"{id_type}[]", task["pred_type"], outputs)
+    outputs, keyed = task["outputs"], "mst_keys" in task
+    insert = _insert_plan(plpy, schema, output, f"{id_type}[]", task["pred_type"], outputs, keyed)
     rows_done, started = 0, time.perf_counter()
     for bounds in scan.block_chunks(first_block, last_block):
         try:
@@ -150,51 +140,125 @@ def worker_predict(plpy: Any, task: str, first_block: int, last_block: int, weig
         n = row["n"]
         # (float4_pack: every row of a chunk has one shape)
         xs = [packing.unpack_float4(row[f"x{i}"], n) for i in range(len(features))]
-        keras_json.require_input_shapes(shapes, [x.shape[1:] for x in xs],
-                                        [f.packed_column for f in features], source.name,
-                                        hint=PREDICT_SHAPE_HINT)
         xs = [x / np.float32(task["normalizing_const"]) for x in xs]
-        predictions = model.predict(xs if len(xs) > 1 else xs[0], batch_size=PREDICT_BATCH, verbose=0)
-        if len(outputs) == 1:
-            predictions = [predictions]
-        for said, values in zip(outputs, predictions):
-            values = values.reshape(n, -1)
-            if said["class_values"] is not None:
-                _insert_classes(plpy, insert, task["pred_type"], row["ids"], values,
-                                said["class_values"], said["class_name"])
-            else:
-                plpy.execute(insert, [row["ids"], values.astype("=f4").tobytes(), values.shape[1]]
-                             + ([said["class_name"]] if len(outputs) > 1 else []))
+        for predictor in predictors:
+            keras_json.require_input_shapes(predictor.shapes, [x.shape[1:] for x in xs],
+                                            [f.packed_column for f in features], source.name,
+                                            hint=PREDICT_SHAPE_HINT)
+            for mst_key, predictions in zip(predictor.mst_keys, predictor.predict(xs)):
+                key = [mst_key] if keyed else []
+                for said, values in zip(outputs, predictions):
+                    values = values.reshape(n, -1)
+                    if said["class_values"] is not None:
+                        _insert_classes(plpy, insert, task["pred_type"], row["ids"], values,
+                                        said["class_values"], said["class_name"], key)
+                    else:
+                        plpy.execute(insert, [row["ids"], values.astype("=f4").tobytes(), values.shape[1]]
+                                     + ([said["class_name"]] if len(outputs) > 1 else []) + key)
         rows_done += n
     return json.dumps({"rows": rows_done, "seconds": time.perf_counter() - started})
 
 
-def _insert_plan(plpy: Any, schema: str, output: str, ids_type: str, kind: Any, outputs: list):
-    """The INSERT of a chunk's predictions of one output: classes as rows (id, class_name,
-    class_value, prob[, rank]), or targets as arrays (id[, class_name], prediction)."""
+@dataclass
+class Predictor:
+    """Models that predict a chunk together: their keys (None: a call of one model), their
+    input shapes, and `predict(xs)`: for each model, its predictions of each output."""
+
+    mst_keys: list[int | None]
+    shapes: list
+    predict: Callable[[list[np.ndarray]], list[list[np.ndarray]]]
+
+
+def _keras_predictor(model: Any, mst_key: int | None) -> Predictor:
+    several = len(model.outputs) > 1
+
+    def predict(xs: list[np.ndarray]) -> list[list[np.ndarray]]:
+        predictions = model.predict(xs if len(xs) > 1 else xs[0], batch_size=PREDICT_BATCH, verbose=0)
+        return [list(predictions) if several else [predictions]]
+    return Predictor([mst_key], keras_json.input_shapes(model), predict)
+
+
+def _model_predictor(plpy: Any, task: dict, weights: bytes | None) -> Predictor:
+    """The task's one model, kept built for this worker session's later calls when small."""
+    if weights is None:  # too big to come with the call: read from the model table
+        weights = trained_models(plpy, task["model_table"], task["mst_key"], all_models=True)[0].weights
+    weights = memoryview(weights)
+    # (a big one is not hashed either)
+    key = ((task["model_arch"], hashlib.sha256(weights).hexdigest())
+           if len(weights) <= CACHED_WEIGHTS_BYTES else None)
+    model = _models.get(key)
+    if model is None:
+        _models.clear()
+        gc.collect()
+        outputs = task["outputs"]
+        ref = ModelRef(None, task["mst_key"], task["model_arch"], weights, None,
+                       outputs[0]["class_values"], task["normalizing_const"], outputs[0]["class_name"])
+        model = build(ref, compile_model=False, threads=task["threads"])
+        if key is not None:
+            _models[key] = model
+    return _keras_predictor(model, task["mst_key"])
+
+
+def _models_predictors(plpy: Any, task: dict) -> list[Predictor]:
+    """The task's models, read from the model table: each of its fused groups one
+    program (kept as evaluation's are), every other model built alone; all held at once
+    (the caller bounds their weights, `api.inference.MULTIPLE_PREDICT_WEIGHTS_BYTES`)."""
+    _models.clear()
+    import_tensorflow(threads=task["threads"])  # (before a fused program's first import)
+    refs = [trained_models(plpy, task["model_table"], k, all_models=True)[0] for k in task["mst_keys"]]
+    predictors, grouped, used = [], set(), set()
+    for group in task["fused_groups"]:
+        specs = [refs[i].spec() for i in group]
+        program = _fused_program(specs)
+        if id(program) in used:  # two groups of one class and size: each its own weights
+            program = fused_program.FusedProgram(specs[0], len(specs))
+        used.add(id(program))
+        program.load_weights([refs[i].weights for i in group])
+        grouped.update(group)
+        # K models' activations at once: a K-th of the rows per batch
+        batch = max(1, PREDICT_BATCH // len(group))
+        predictors.append(Predictor(
+            [refs[i].mst_key for i in group], keras_json.input_shapes(program.template),
+            lambda xs, program=program, batch=batch: [[values] for values in program.predict(xs[0], batch)]))
+    for index, ref in enumerate(refs):
+        if index not in grouped:
+            predictors.append(_keras_predictor(build(ref, compile_model=False, threads=task["threads"]),
+                                               ref.mst_key))
+    return predictors
+
+
+def _insert_plan(plpy: Any, schema: str, output: str, ids_type: str, kind: Any, outputs: list,
+                 keyed: bool = False):
+    """The INSERT of a chunk's predictions of one output: classes as rows ([mst_key,] id,
+    class_name, class_value, prob[, rank]), or targets as arrays ([mst_key,] id[,
+    class_name], prediction); the model's key is the last parameter."""
     if outputs[0]["class_values"] is not None:
         ranked = kind != "response"
+        types = [ids_type, "text", "text[]", "bytea", "bytea"] + (["bytea"] if ranked else [])
+        key = f"${len(types) + 1}, " if keyed else ""
         return plpy.prepare(
-            f"INSERT INTO {output} SELECT u.i, $2, $3[u.k + 1], u.p"
+            f"INSERT INTO {output} SELECT {key}u.i, $2, $3[u.k + 1], u.p"
             f"{', u.r' if ranked else ''} FROM unnest($1, {schema}.int4_unpack($4), "
             f"{schema}.float4_unpack($5){f', {schema}.int4_unpack($6)' if ranked else ''}) "
-            f"AS u(i, k, p{', r' if ranked else ''})",
-            [ids_type, "text", "text[]", "bytea", "bytea"] + (["bytea"] if ranked else []))
+            f"AS u(i, k, p{', r' if ranked else ''})", types + (["integer"] if keyed else []))
     named = len(outputs) > 1
+    types = [ids_type, "bytea", "integer"] + (["text"] if named else [])
+    key = f"${len(types) + 1}, " if keyed else ""
     return plpy.prepare(
-        f"INSERT INTO {output} SELECT $1[g], {'$4, ' if named else ''}v[(g - 1) * $3 + 1 : g * $3] "
+        f"INSERT INTO {output} SELECT {key}$1[g], {'$4, ' if named else ''}v[(g - 1) * $3 + 1 : g * $3] "
         f"FROM generate_subscripts($1, 1) AS g, "
         f"CAST({schema}.float4_unpack($2) AS double precision[]) AS v",
-        [ids_type, "bytea", "integer"] + (["text"] if named else []))
+        types + (["integer"] if keyed else []))
 
 
-def _insert_classes(plpy, insert, kind, ids, probabilities, class_values, class_name) -> None:
-    """One row per (id, class) kept by pred_type, with the class's rank by probability."""
+def _insert_classes(plpy, insert, kind, ids, probabilities, class_values, class_name, key: list) -> None:
+    """One row per (id, class) kept by pred_type, with the class's rank by probability
+    (`key`: the model's mst_key, or nothing)."""
     n, k = probabilities.shape
     if kind == "response":
         best = np.argmax(probabilities, axis=1)
         plpy.execute(insert, [ids, class_name, class_values, best.astype("=i4").tobytes(),
-                              probabilities[np.arange(n), best].astype("=f4").tobytes()])
+                              probabilities[np.arange(n), best].astype("=f4").tobytes()] + key)
         return
     order = np.argsort(-probabilities, axis=1, kind="stable")
     ranks = np.empty_like(order)
@@ -209,4 +273,4 @@ def _insert_classes(plpy, insert, kind, ids, probabilities, class_values, class_
     plpy.execute(insert, [np.asarray(ids, dtype=object)[rows].tolist(), class_name, class_values,
                           columns.astype("=i4").tobytes(),
                           probabilities[rows, columns].astype("=f4").tobytes(),
-                          ranks[rows, columns].astype("=i4").tobytes()])
+                          ranks[rows, columns].astype("=i4").tobytes()] + key)
