@@ -384,17 +384,8 @@ def _predict_into(plpy, refs: ModelRef | list[ModelRef], test_table, id_col, ind
     outputs = _outputs(ref, facts[ref.model_arch], classification)
     for other in refs[1:]:  # (one summary: each model checked against it)
         _outputs(other, facts[other.model_arch], classification)
-    q = plpy.quote_ident
-    id_type = id_column.base_type
-    key = "mst_key integer, " if keyed else ""
-    if classification:
-        rank = ", rank integer" if kind != "response" else ""
-        columns = (f"({key}{q(id_col)} {id_type}, class_name text, class_value text, "
-                   f"prob double precision{rank})")
-    elif len(outputs) > 1:  # regression targets of several outputs: a row per output
-        columns = f"({key}{q(id_col)} {id_type}, class_name text, prediction double precision[])"
-    else:
-        columns = f"({key}{q(id_col)} {id_type}, prediction double precision[])"
+    columns = _prediction_columns(plpy.quote_ident(id_col), id_column.base_type, classification,
+                                  kind, len(outputs), keyed)
     lying = segments.source_parts(plpy, source)
     if keyed and lying is not None:
         raise MadlibMopError(
@@ -412,17 +403,7 @@ def _predict_into(plpy, refs: ModelRef | list[ModelRef], test_table, id_col, ind
     task = {"model_arch": ref.model_arch, "outputs": outputs, "normalizing_const": ref.normalizing_const,
             "source": source.oid, "id_col": id_col, "independent_varname": independent_varname,
             "output": [out.schema, out.name], "pred_type": kind}
-    if keyed:  # the workers read the models from the model table
-        catalog.committed(plpy, {"model_table": catalog.resolve_table(plpy, ref.model_oid)})
-        task.update(mst_keys=[r.mst_key for r in refs], model_table=ref.model_oid,
-                    fused_groups=fusing.inference_groups(fusing.fuse_models(plpy), [r.spec() for r in refs],
-                                                         [len(r.weights) for r in refs]))
-        weights = None
-        for r in refs:
-            r.weights = None  # not held here while the workers run
-    else:
-        task["mst_key"] = ref.mst_key
-        weights = _weights_for_workers(plpy, ref, lying is None, task)
+    weights = _models_for_workers(plpy, refs, keyed, lying is None, task)
     conninfo = worker_session.conninfo(plpy)
     with worker_session.connect(conninfo) as db:
         db.execute(f"CREATE TABLE {out.quoted} {columns}")
@@ -450,6 +431,35 @@ def _predict_into(plpy, refs: ModelRef | list[ModelRef], test_table, id_col, ind
         plpy.notice(f"madlib_keras_predict_multiple_model: {fused} of {len(refs)} models predicted "
                     f"fused, in {len(task['fused_groups'])} group{'s' if len(task['fused_groups']) > 1 else ''} "
                     f"({fusing.FUSE_SETTING} = {fusing.fuse_models(plpy)})")
+
+
+def _models_for_workers(plpy: Any, refs: list[ModelRef], keyed: bool, here: bool, task: dict
+                        ) -> bytes | None:
+    """The models into the task: several (`keyed`) by their keys in the model table, which
+    the workers read, with their fused groups; one by its key, and the weights each call
+    sends (None: the workers read them, `_weights_for_workers`)."""
+    if not keyed:
+        task["mst_key"] = refs[0].mst_key
+        return _weights_for_workers(plpy, refs[0], here, task)
+    catalog.committed(plpy, {"model_table": catalog.resolve_table(plpy, refs[0].model_oid)})
+    task.update(mst_keys=[r.mst_key for r in refs], model_table=refs[0].model_oid,
+                fused_groups=fusing.inference_groups(fusing.fuse_models(plpy), [r.spec() for r in refs],
+                                                     [len(r.weights) for r in refs]))
+    for r in refs:
+        r.weights = None  # not held here while the workers run
+    return None
+
+
+def _prediction_columns(id_col: str, id_type: str, classification: bool, kind: Any, outputs: int,
+                        keyed: bool) -> str:
+    """The output table's columns (`id_col` quoted): MADlib's, after mst_key when keyed."""
+    key = "mst_key integer, " if keyed else ""
+    if classification:
+        rank = ", rank integer" if kind != "response" else ""
+        return f"({key}{id_col} {id_type}, class_name text, class_value text, prob double precision{rank})"
+    if outputs > 1:  # regression targets of several outputs: a row per output
+        return f"({key}{id_col} {id_type}, class_name text, prediction double precision[])"
+    return f"({key}{id_col} {id_type}, prediction double precision[])"
 
 
 def _outputs(ref: ModelRef, facts: dict, classification: bool) -> list[dict]:
