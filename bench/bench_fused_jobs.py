@@ -12,8 +12,10 @@ within float rounding, compounded over thousands of steps: printed, the largest 
 a model's weights from `off`'s, relative to their norm.  Then the `off` job's models are
 evaluated over the training rows by madlib_keras_evaluate_multiple_model, off, on and auto,
 twice in a row in a session of each setting (the first run traces the session's programs).
+With --validation the jobs also evaluate the held-out fifth of the rows after each
+iteration (a fused call's models as one call): printed, the worker-seconds of those passes.
 
-    .venv/bin/python bench/bench_fused_jobs.py [--workloads W5s,W1]
+    .venv/bin/python bench/bench_fused_jobs.py [--workloads W5s,W1] [--validation]
 """
 
 from __future__ import annotations
@@ -54,11 +56,15 @@ def _twice(conn, statement) -> list[float]:
     return seconds
 
 
-def run(dsn: str, name: str, workload: dict) -> list[dict]:
+def run(dsn: str, name: str, workload: dict, validation: bool) -> list[dict]:
     rows = []
     with _session(dsn) as conn:
         conn.execute(f"SELECT training_preprocessor_dl('{name}_train', '{name}_packed', 'y', 'x', "
                      "distribution_rules => '2')")
+        if validation:
+            conn.execute(f"SELECT validation_preprocessor_dl('{name}_valid', '{name}_vpacked', 'y', 'x', "
+                         f"'{name}_packed')")
+        valid = f"'{name}_vpacked', 1" if validation else "NULL, NULL"
         end_idle_workers(conn)
         reference = None
         for setting in ("off", "auto", "on"):
@@ -66,10 +72,14 @@ def run(dsn: str, name: str, workload: dict) -> list[dict]:
             out = f"{name}_{setting}_2"
             seconds = _twice(conn, lambda attempt, setting=setting: (
                 f"SELECT madlib_keras_fit_multiple_model('{name}_packed', '{name}_{setting}_{attempt}', "
-                f"'{name}_mst', {workload['iterations']})"))
+                f"'{name}_mst', {workload['iterations']}, FALSE, {valid})"))
             fused, visits = conn.execute(
                 f"SELECT count(*) FILTER (WHERE result->'seconds' ? 'fused'), count(*) FROM {out}_mop_visits"
             ).fetchone()
+            # (a fused pass's models each record their share of its seconds)
+            validating = conn.execute(f"SELECT sum((result->'seconds'->>'total')::float8), "
+                                      f"count(*) FILTER (WHERE result ? 'fused_with') FROM {out}_mop_evals"
+                                      ).fetchone() if validation else (None, None)
             weights = {k: np.frombuffer(w, np.float32) for k, w in conn.execute(
                 f"SELECT mst_key, model_weights FROM {out} ORDER BY 1")}
             accuracy = conn.execute(f"SELECT avg(training_metrics_final) FROM {out}_info").fetchone()[0]
@@ -79,7 +89,7 @@ def run(dsn: str, name: str, workload: dict) -> list[dict]:
                              for k, w in weights.items())
             rows.append({"setting": setting, "first": seconds[0], "second": seconds[1],
                          "fused": fused, "visits": visits, "accuracy": float(accuracy),
-                         "difference": difference})
+                         "difference": difference, "validating": validating})
             print(f"{name} {setting}: {seconds[0]:.1f} s, then {seconds[1]:.1f} s; {fused} of {visits} "
                   "visits fused", flush=True)
         conn.execute("RESET madlib_mop.fuse_models")
@@ -107,6 +117,8 @@ def evaluations(dsn: str, name: str) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workloads", default="W5s,W1")
+    parser.add_argument("--validation", action="store_true",
+                        help="the jobs evaluate a validation table after each iteration")
     args = parser.parse_args()
     dsn = configured_dsn()
     import psycopg
@@ -120,7 +132,7 @@ def main() -> None:
             load_workload(conn, name.lower(), workload)
             if name == "W5s":
                 _w5s_betas(conn, name.lower())
-            results[name] = run(dsn, name.lower(), workload)
+            results[name] = run(dsn, name.lower(), workload, args.validation)
             evaluated[name] = evaluations(dsn, name.lower())
         conn.execute(f"DROP SCHEMA {SCHEMA} CASCADE")
     print("\n| workload | fuse_models | first run s | second run s | second / off's | fused visits "
@@ -131,6 +143,15 @@ def main() -> None:
         for r in rows:
             print(f"| {name} | {r['setting']} | {r['first']:.1f} | {r['second']:.1f} | {r['second'] / off:.2f} "
                   f"| {r['fused']} of {r['visits']} | {r['accuracy']:.4f} | {r['difference']:.1e} |")
+    if args.validation:
+        print("\n| workload | fuse_models | validation passes: worker-seconds (second run) | / off's "
+              "| results of fused passes |")
+        print("|---|---|---|---|---|")
+        for name, rows in results.items():
+            off = rows[0]["validating"][0]
+            for r in rows:
+                spent, fused = r["validating"]
+                print(f"| {name} | {r['setting']} | {spent:.2f} | {spent / off:.2f} | {fused} |")
     print("\n| workload | evaluate, fuse_models | first run s | second run s | second / off's "
           "| losses: largest difference from off's, relative |")
     print("|---|---|---|---|---|---|")

@@ -141,6 +141,13 @@ CREATE FUNCTION @extschema@._mop_evaluate(job_id bigint, mst_key integer, step i
 RETURNS jsonb
 #plpython "mop_evaluate.py"
 
+-- The validation pass of the models of one fused call (their states in the job's store) as
+-- one program: each model's result, in their order.
+CREATE FUNCTION @extschema@._mop_evaluate_fused(job_id bigint, mst_keys integer[], step integer,
+                                                partition integer)
+RETURNS jsonb[]
+#plpython "mop_evaluate_fused.py"
+
 -- Where workers reach this server: its first Unix socket folder.  Reading the setting needs
 -- pg_read_all_settings, which a role running a job need not have.
 CREATE FUNCTION @extschema@._server_socket_directory()

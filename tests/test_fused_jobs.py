@@ -44,12 +44,13 @@ def iris(extension_dsn):
     return extension_dsn
 
 
-def _fit(dsn: str, out: str, fuse: str, pruner: str | None = None) -> None:
+def _fit(dsn: str, out: str, fuse: str, pruner: str | None = None, validation: bool = False) -> None:
     with connect(dsn) as conn:
         conn.execute(f"SET madlib_mop.fuse_models = {fuse}")
         conn.execute("SELECT madlib_keras_fit_multiple_model('iris_fused_packed', %s, 'iris_fused_mst', "
-                     "4, FALSE, %s, NULL, pruner => %s)",
-                     (out, "iris_fused_valid" if pruner else None, pruner))
+                     "4, FALSE, %s, %s, pruner => %s)",
+                     (out, "iris_fused_valid" if pruner or validation else None, 1 if validation else None,
+                      pruner))
 
 
 def _weights(conn, out: str) -> dict[int, bytes]:
@@ -93,16 +94,51 @@ def test_a_fused_job_trains_each_model_as_unfused_within_rounding(iris):
             assert abs(value - accuracy[key]) <= 1 / 150 + 1e-9  # one row at most
 
 
+def _evals(conn, out: str) -> dict[tuple, tuple]:
+    """(mst_key, step, partition) -> (validation metrics, the models evaluated with it)."""
+    return {(key, step, partition): (r["metrics"], r.get("fused_with"))
+            for key, step, partition, r in conn.execute(sql.SQL(
+                "SELECT mst_key, step, partition, result FROM {}").format(
+                sql.Identifier(f"{out}_mop_evals")))}
+
+
 def test_a_fused_job_run_again_or_resumed_gives_the_same_bits(iris):
-    _fit(iris, "iris_fused_reference", "on")
-    _fit(iris, "iris_fused_again", "on")
+    """With its validation: the fused passes' results too are the same bits."""
+    _fit(iris, "iris_fused_reference", "on", validation=True)
+    _fit(iris, "iris_fused_again", "on", validation=True)
     with connect(iris) as conn:
         reference = _weights(conn, "iris_fused_reference")
+        evals = _evals(conn, "iris_fused_reference")
         assert _weights(conn, "iris_fused_again") == reference
+        assert _evals(conn, "iris_fused_again") == evals
         job_id = coordinator_killed_mid_job(conn, "iris_fused_resumed", 10,
-                                            lambda: _fit(iris, "iris_fused_resumed", "on"))
+                                            lambda: _fit(iris, "iris_fused_resumed", "on", validation=True))
         conn.execute("CALL resume(%s)", (job_id,))
         assert _weights(conn, "iris_fused_resumed") == reference
+        assert _evals(conn, "iris_fused_resumed") == evals
+
+
+def test_a_fused_group_evaluates_its_validation_as_one_program(iris):
+    """Each model's validation loss and metrics as unfused within float rounding (the
+    weights differ by as much), every pass of the group's four models one call, and each
+    model's inference cost timed (its architecture's, shared by the group)."""
+    _fit(iris, "iris_unfused_valid", "off", validation=True)
+    _fit(iris, "iris_fused_valid", "on", validation=True)
+    with connect(iris) as conn:
+        alone, together = _evals(conn, "iris_unfused_valid"), _evals(conn, "iris_fused_valid")
+        assert alone.keys() == together.keys() and len(alone) == MODELS * 4 * 2
+        for where, (metrics, partners) in together.items():
+            assert alone[where][1] is None and len(partners) == MODELS // 2 and where[0] in partners
+            assert metrics["loss"] == pytest.approx(alone[where][0]["loss"], rel=1e-4, abs=1e-5)
+            assert abs(metrics["accuracy"] - alone[where][0]["accuracy"]) <= 1 / 75 + 1e-9  # a row
+        assert len({tuple(partners) for _, partners in together.values()}) == 2  # two groups
+        info = conn.execute("SELECT mst_key, validation_loss_final, inference_ms_per_row "
+                            "FROM iris_fused_valid_info ORDER BY 1").fetchall()
+        expected = dict(conn.execute("SELECT mst_key, validation_loss_final FROM iris_unfused_valid_info"))
+        assert len(info) == MODELS
+        for key, loss, ms_per_row in info:
+            assert loss == pytest.approx(expected[key], rel=1e-4, abs=1e-5)
+            assert ms_per_row is not None and ms_per_row > 0
 
 
 def test_a_stopped_model_leaves_its_group_which_goes_on(iris):

@@ -90,6 +90,26 @@ def test_models_sharing_a_program_train_as_each_alone():
     assert not np.array_equal(arrays(states[1])[0], arrays(states[2])[0])
 
 
+def test_a_pass_that_leaves_a_weight_infinite_is_found_though_its_loss_is_finite():
+    """One minibatch with a learning rate of float32's infinity: the loss reported is the
+    one before the update (finite), the weights after it are not.  The train loop checks
+    them in its own graph (`Program.nonfinite`), as the slow copy of every weight did."""
+    x, y, _ = _data(rows=8)
+    spec = training.ModelSpec(1, ARCHITECTURES[False], "optimizer='SGD(learning_rate=1e39)',"
+                              "loss='categorical_crossentropy',metrics=['accuracy']", "batch_size=8")
+    program = training.Program.for_spec(spec)
+    assert program.nonfinite() is None
+    reported = program.train(x, y, 8)
+    assert training.divergence(reported) is None
+    assert program.nonfinite() is not None and program.nonfinite().endswith("is not finite")
+    assert program.nonfinite().startswith("weight ")
+    # A sound pass afterwards (the state restored) clears it.
+    program.restore(model_state.capture_state(training.compiled_model(spec, 0)))
+    program.model.optimizer.learning_rate.assign(0.01)
+    program.train(x, y, 8)
+    assert program.nonfinite() is None
+
+
 def test_evaluate_is_keras_evaluate():
     x, y, _ = _data(rows=2500)
     program = training.Program(training.compiled_model(_spec(1, 0.01), 0))

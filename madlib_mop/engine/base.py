@@ -72,6 +72,9 @@ class VisitRecord:
     # The bytes of the state this sub-epoch left (its hop file, or the state shipped back):
     # a staged model's hop leaves its frozen prefix out.
     state_bytes: int = 0
+    # A fused call's models (this one among them), in their order; None: it trained alone.
+    # They evaluate that iteration's validation together (`job.coordinator.queue_evals`).
+    fused_with: list[int] | None = None
 
     def to_json(self) -> str:
         return finite_json(asdict(self))
@@ -124,6 +127,14 @@ class Worker(abc.ABC):
                  model_state: bytes) -> dict:
         """Validation loss and metrics of the state on one partition of the job's
         validation table: {rows, metrics, finished_at, ...}."""
+
+    def evaluate_fused(self, job_id: int, mst_keys: tuple[int, ...], step: int,
+                       partition: int) -> list[dict]:
+        """`evaluate` of the models of one fused call, after `step` sub-epochs, as one
+        program, their states in the job's store: each model's result, in their order."""
+        raise MadlibMopError("this engine's workers do not evaluate fused models",
+                             sqlstate=errors.FEATURE_NOT_SUPPORTED,
+                             hint="SET madlib_mop.fuse_models = off.")
 
     @abc.abstractmethod
     def evaluate_models(self, task: dict, partition: int) -> list[dict]:

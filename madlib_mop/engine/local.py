@@ -145,6 +145,10 @@ class LocalWorker(Worker):
     def evaluate(self, job_id, mst_key, step, partition, model_state):
         return json_value(self._call("_mop_evaluate", job_id, mst_key, step, partition, model_state)[0])
 
+    def evaluate_fused(self, job_id, mst_keys, step, partition):
+        (results,) = self._call("_mop_evaluate_fused", job_id, list(mst_keys), step, partition)
+        return [json_value(result) for result in results]
+
     def evaluate_models(self, task, partition):
         if "weights" in task:  # the models come with the call (a temporary model table)
             shipped = {k: v for k, v in task.items() if k != "weights"}

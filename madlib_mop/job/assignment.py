@@ -34,6 +34,8 @@ class Task:
     fused: tuple[int, ...] = ()  # a fused call's models (`schedule`), states in the job's store
 
     def __call__(self, worker: Worker, job_id: int):
+        if self.fused and self.kind == "evaluate":
+            return worker.evaluate_fused(job_id, self.fused, self.step, self.partition)
         if self.fused:
             return worker.train_fused(job_id, self.fused, self.step, self.partition)
         if self.kind == "train":
@@ -109,10 +111,18 @@ class WorkAssignment:
         del self.running[task.worker]
 
     def drop_model(self, mst_key: int) -> None:
-        self.pending_evals = [t for t in self.pending_evals if t.mst_key != mst_key]
+        """A lost model's validation passes are not run; a fused one still is, with the
+        model in it: its partners' results depend on the models they are evaluated with."""
+        self.pending_evals = [t for t in self.pending_evals if t.fused or t.mst_key != mst_key]
 
     def steps_needed(self, mst_key: int) -> list[int]:
         """The steps of the model's states that validation passes still need."""
         return [t.step for t in self.pending_evals + list(self.running.values())
-                if t.kind == "evaluate" and t.mst_key == mst_key]
+                if t.kind == "evaluate" and mst_key in (t.fused or (t.mst_key,))]
+
+    def evals_queued(self, models: tuple[int, ...], step: int) -> set[int]:
+        """The partitions of the fused validation passes of `models` after `step` sub-epochs
+        that wait or run."""
+        return {t.partition for t in self.pending_evals + list(self.running.values())
+                if t.kind == "evaluate" and t.fused == models and t.step == step}
 

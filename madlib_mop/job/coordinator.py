@@ -163,7 +163,7 @@ class Coordinator:
 
     def _handle(self, task: Task, value: Any, error: BaseException | None) -> None:
         self.work.ended(task)
-        if task.kind == "evaluate" and task.mst_key in self.failures:  # of a model lost since
+        if task.kind == "evaluate" and not task.fused and task.mst_key in self.failures:  # lost since
             return
         if error is not None:  # run again, or its models are lost
             where = lambda: self.pool.threads[task.worker].worker.where  # noqa: E731
@@ -171,15 +171,10 @@ class Coordinator:
                                              self.schedule, self.work)
         self.retry.answered(task.segment)
         if task.kind == "evaluate":
-            if value.get("diverged"):
-                return self.failures.lose(task, self.models[task.mst_key], DIVERGED, value["diverged"],
-                                          self.schedule, self.work)
-            model = self.models[task.mst_key]
-            with self.store.atomic(pipelined=True):
-                self.store.record_eval(task.mst_key, task.step, task.partition, value)
-                model.evals[(task.step, task.partition)] = value
-                self.publish(model)
-                self.progress.report_to(self.store)
+            # A fused pass's models (lost ones too) commit together, as its training does.
+            with self.store.atomic() if task.fused else contextlib.nullcontext():
+                for one, result in zip(task.each(), value if task.fused else [value]):
+                    self._evaluated(one, result)
             self.search.ask()
             return
         # A fused call's models (lost ones too) commit together: a resumed job fuses them alike.
@@ -204,6 +199,19 @@ class Coordinator:
             self.progress.after_visit()
             if boundary:  # a person's requests that wait for the model to end an iteration
                 self.steering.apply(one.mst_key)
+
+    def _evaluated(self, task: Task, value: dict) -> None:
+        """A model's validation pass on one partition came back."""
+        model = self.models[task.mst_key]
+        if task.mst_key in self.failures or (task.step, task.partition) in model.evals:
+            return  # lost since, or (a fused pass of a resumed job) recorded before
+        if value.get("diverged"):
+            return self.failures.lose(task, model, DIVERGED, value["diverged"], self.schedule, self.work)
+        with self.store.atomic(pipelined=True):
+            self.store.record_eval(task.mst_key, task.step, task.partition, value)
+            model.evals[(task.step, task.partition)] = value
+            self.publish(model)
+            self.progress.report_to(self.store)
 
     def _trained(self, task: Task, new_state: bytes | None, result: VisitRecord) -> bool | None:
         """A model's sub-epoch came back: did it end an iteration (None: the model is lost)?"""
@@ -234,14 +242,37 @@ class Coordinator:
         self.search.lost(mst_key)
 
     def queue_evals(self, model: ModelRecord, iteration: int) -> None:
-        if not self.partitions or not metrics.due(iteration, self.args.metrics_compute_frequency,
-                                                  model.iterations, self.search.also_due):
+        if not self.partitions or not self._evaluates(model, iteration * model.per_iteration):
             return
         step = iteration * model.per_iteration
+        partners = self._eval_partners(model, step)
+        if len(partners) > 1:  # (its states are in the job's store)
+            queued = self.work.evals_queued(partners, step)
+            missing = {p for k in partners if k not in self.failures for p in range(self.partitions)
+                       if (step, p) not in self.models[k].evals and p not in queued}
+            self.work.pending_evals += [Task("evaluate", partners[0], step, p % self.S, p, None,
+                                             fused=partners) for p in sorted(missing)]
+            return
         missing = [p for p in range(self.partitions) if (step, p) not in model.evals]
         state = state_for_call(self.engine, self.store, model.mst_key, step) if missing else None
         self.work.pending_evals += [Task("evaluate", model.mst_key, step, p % self.S, p, state)
                                for p in missing]
+
+    def _evaluates(self, model: ModelRecord, step: int) -> bool:
+        """Does the model's validation run after `step` sub-epochs (an iteration's end)?"""
+        iteration, within = divmod(step, model.per_iteration)
+        return not within and metrics.due(iteration, self.args.metrics_compute_frequency,
+                                          model.iterations, self.search.also_due)
+
+    def _eval_partners(self, model: ModelRecord, step: int) -> tuple[int, ...]:
+        """The models a validation pass after `step` sub-epochs evaluates as one program: of
+        the fused call that trained the model's last sub-epoch (`VisitRecord.fused_with`),
+        those whose visit counted and whose validation is due then.  Decided from the
+        recorded visits alone, so a resumed job evaluates with the same partners."""
+        fused_with = (model.visits.get(step - 1) or {}).get("fused_with") or ()
+        partners = tuple(k for k in fused_with if k in self.models and (step - 1) in self.models[k].visits
+                         and self._evaluates(self.models[k], step))
+        return partners if model.mst_key in partners else (model.mst_key,)
 
     def publish(self, model: ModelRecord) -> None:
         """Bring the model's output rows up to date, then hand its new reports to search."""

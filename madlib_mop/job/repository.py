@@ -39,12 +39,19 @@ def _not_found(job_id: int, schema: str) -> MadlibMopError:
 
 # ---- the calling session's reads and writes (PL/Python) ---------------------------------------
 
+# A backend's prepared reads of `jobs`, by their text (which names the extension's schema):
+# every hop of a job looks its job up again (`segment.worker.context`), and preparing the
+# read took longer than running it.  The server plans a statement again when `jobs` changes.
+_plans: dict[str, Any] = {}
+
+
 def _select(plpy: Any, where: str, types: list[str], values: list, *, last: bool = False,
             any_owner: bool = False) -> list[JobRecord]:
-    rows = plpy.execute(plpy.prepare(
-        f"SELECT * FROM {catalog.extension_schema(plpy)}.jobs WHERE {'TRUE' if any_owner else _OWN} "
-        f"AND {where} ORDER BY job_id DESC{' LIMIT 1' if last else ''}", types), values)
-    return [JobRecord.of(row) for row in rows]
+    text = (f"SELECT * FROM {catalog.extension_schema(plpy)}.jobs WHERE {'TRUE' if any_owner else _OWN} "
+            f"AND {where} ORDER BY job_id DESC{' LIMIT 1' if last else ''}")
+    if text not in _plans:
+        _plans[text] = plpy.prepare(text, types)
+    return [JobRecord.of(row) for row in plpy.execute(_plans[text], values)]
 
 
 def own_job(plpy: Any, job_id: int) -> JobRecord:

@@ -26,6 +26,7 @@ from madlib_mop.runtime.custom_functions import CustomFunctions
 from madlib_mop.runtime.tf_runtime import import_tensorflow
 
 SPARSE_LOSSES = {"sparse_categorical_crossentropy"}
+_WEIGHTS_FINITE = "__weights_finite__"  # the train loop's check of the weights, beside its metrics
 # A staged model's frozen prefix's state by its digest (`runtime.staging`), as a context.
 PrefixSource = Callable[[str], ContextManager[Any]]
 
@@ -243,6 +244,7 @@ class Program:
         self._functions: dict[tuple, object] = {}
         self.traced = 0  # functions traced so far (a visit that traced none found them ready)
         self.last_seconds = 0.0  # the last train or evaluate call's run, without tracing
+        self.weights_finite = True  # after the last train call: no weight NaN or infinite
 
     @classmethod
     def for_spec(cls, spec: ModelSpec) -> "Program":
@@ -290,7 +292,15 @@ class Program:
                 # One iteration at a time: each step reads the variables the last one wrote.
                 tf.while_loop(lambda start: start < rows, body, (tf.constant(0),),
                               parallel_iterations=1)
-                return self.trainer.get_metrics_result()
+                results = dict(self.trainer.get_metrics_result())
+                if kind == "train":
+                    # The divergence check in the same graph, after the loop's writes (read
+                    # in program order): copying each weight out took longer than a tiny
+                    # model's training on a segment.
+                    results[_WEIGHTS_FINITE] = tf.reduce_all(
+                        [tf.reduce_all(tf.math.is_finite(v)) for v in self.model.weights
+                         if tf.as_dtype(v.dtype).is_floating] or [tf.constant(True)])
+                return results
 
             self._functions[key] = tf.function(
                 loop, autograph=False,
@@ -313,6 +323,8 @@ class Program:
         self.trainer.reset_metrics()
         started = time.perf_counter()
         values = function(*[each(a, tf.constant) for a in arrays], tf.constant(batch_size, tf.int32))
+        if kind == "train":
+            self.weights_finite = bool(values.pop(_WEIGHTS_FINITE))
         values = {name: float(value) for name, value in values.items()}
         self.last_seconds = time.perf_counter() - started
         return outputs_mean(values, getattr(self.trainer, "output_names", None) or [])
@@ -326,6 +338,18 @@ class Program:
     def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 1024) -> dict:
         """Loss and metrics over the rows, as `evaluate(x, y, batch_size)` reports them."""
         return self._run("test", x, y, None, batch_size)
+
+    def nonfinite(self) -> str | None:
+        """Why the model's weights diverged after the last train call (one is NaN or
+        infinite), else None: a NaN weight makes every later loss NaN, but the step that
+        made it may still have reported a finite one."""
+        if self.weights_finite:
+            return None
+        for variable in self.model.weights:
+            values = np.asarray(variable.numpy())
+            if values.dtype.kind == "f" and not np.isfinite(values).all():
+                return f"weight {variable.path} is not finite"
+        return "a weight is not finite"
 
 
 def each(value, function, container=list):
@@ -444,17 +468,12 @@ def train_subepoch(program: Program, spec: ModelSpec, buffers: list[Buffer], see
     return outcome
 
 
-def divergence(metrics: dict, model=None) -> str | None:
+def divergence(metrics: dict) -> str | None:
     """Why a model diverged, or None: its loss or a metric (the means of a sub-epoch or of
-    a validation pass) is NaN or infinite, or so is one of its weights.  A NaN weight makes
-    every later loss NaN, but the step that made it may still have reported a finite one."""
+    a validation pass) is NaN or infinite (its weights: `Program.nonfinite`)."""
     for name, value in metrics.items():
         if not math.isfinite(value):
             return f"{name} is {value}"
-    for variable in () if model is None else model.weights:
-        values = np.asarray(variable.numpy())
-        if values.dtype.kind == "f" and not np.isfinite(values).all():
-            return f"weight {variable.path} is not finite"
     return None
 
 

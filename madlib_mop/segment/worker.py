@@ -62,6 +62,8 @@ class JobContext:
     features: dict[tuple, features.Staged] = field(default_factory=dict)
     digests: dict[int, str] = field(default_factory=dict)  # mst_key -> its prefix's digest
     custom: CustomFunctions | None = None  # the job's custom losses and metrics, loaded
+    # A fusion class's inference cost (ms per row), timed on this worker (`evaluate_fused`)
+    inference_ms: dict[tuple, float] = field(default_factory=dict)
 
 
 _contexts: dict[tuple[int, str], JobContext] = {}  # (job_id, owner)
@@ -290,7 +292,7 @@ def train(plpy: Any, job_id: int, mst_key: int, step: int, segment: int,
     outcome = training.train_subepoch(program, ctx.specs[mst_key], buffers, ctx.seed, step,
                                       ctx.train.columns.classification, chunk_rows)
     trained = time.perf_counter()
-    diverged = training.divergence(outcome.means(), program.model)
+    diverged = training.divergence(outcome.means()) or program.nonfinite()
     # A diverged model's state is not shipped back: it is not kept, the model stops.
     if diverged or shipped:
         new_state = b"" if diverged else program.capture()
@@ -369,7 +371,7 @@ def train_fused(plpy: Any, job_id: int, mst_keys: list[int], step: int, segment:
     seconds = {name: value * share for name, value in seconds.items()}
     return [VisitRecord(outcome.rows, outcome.means(), segment, os.getpid(), chunk_rows is None,
                         time.time(), dict(seconds, fused=float(len(mst_keys))), diverged, None, 0,
-                        state_bytes).to_json()
+                        state_bytes, list(mst_keys)).to_json()
             for key, outcome, diverged, state_bytes in results]
 
 
@@ -407,6 +409,49 @@ def evaluate(plpy: Any, job_id: int, mst_key: int, step: int, partition: int,
                         "ms_per_row": None if outcome.seconds_per_row is None
                         else 1000.0 * outcome.seconds_per_row,
                         "seconds": seconds, "staged": staged})
+
+
+def evaluate_fused(plpy: Any, job_id: int, mst_keys: list[int], step: int, partition: int) -> list[str]:
+    """`evaluate` of the models of one fused call (`VisitRecord.fused_with`), each after
+    `step` sub-epochs, as one program over the partition's rows: each model's result, in
+    their order.  Their inference cost is their architecture's, which they share: timed once
+    per worker and job, on the first model alone, as `evaluate` times it."""
+    started = time.perf_counter()
+    ctx = context(plpy, job_id)
+    if ctx.validation is None or ctx.states is None:
+        raise MadlibMopError(f"job {job_id}: fused validation reads the states of the job's store "
+                             "and its validation table",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint="Only the fused models of a fit given a validation_table evaluate fused.")
+    buffers = _buffers(plpy, ctx, ctx.validation, partition)
+    read = time.perf_counter()
+    program = _fused_program(plpy, ctx, mst_keys)
+    built = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        program.restore([stack.enter_context(_state(ctx, key, step, None)) for key in mst_keys])
+    restored = time.perf_counter()
+    classification = ctx.validation.columns.classification
+    outcomes = fused_program.evaluate_fused(program, [ctx.specs[key] for key in mst_keys], buffers,
+                                            classification)
+    evaluated = time.perf_counter()
+    cost_class = fusion.fusion_class(ctx.specs[mst_keys[0]])
+    if cost_class not in ctx.inference_ms and buffers:
+        alone = _program(plpy, ctx, mst_keys[0])
+        with _state(ctx, mst_keys[0], step, None) as blob:
+            _restore(ctx, alone, blob)
+        timed = training.evaluate(alone, ctx.specs[mst_keys[0]], buffers[:1], classification)
+        if timed.seconds_per_row is not None:
+            ctx.inference_ms[cost_class] = 1000.0 * timed.seconds_per_row
+    share = 1.0 / len(mst_keys)  # each model's share of the call's seconds
+    seconds = {"read": read - started, "build": built - read, "restore": restored - built, "stage": 0.0,
+               "evaluate": evaluated - restored, "cost": time.perf_counter() - evaluated,
+               "total": time.perf_counter() - started}
+    seconds = {name: value * share for name, value in seconds.items()}
+    return [finite_json({"rows": outcome.rows, "metrics": outcome.means(), "pid": os.getpid(),
+                         "finished_at": time.time(), "diverged": training.divergence(outcome.means()),
+                         "ms_per_row": ctx.inference_ms.get(cost_class), "seconds": seconds,
+                         "staged": None, "fused_with": list(mst_keys)})
+            for outcome in outcomes]
 
 
 def warm_up(plpy: Any, segments: int) -> None:
