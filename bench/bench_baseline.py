@@ -76,7 +76,9 @@ def main() -> None:
     for label, pick in (("new session's job (s)", lambda r: r["makespan"]),
                         ("same job again, warm workers (s)", lambda r: r["warm"]["makespan"]),
                         ("again in a new session, on the role's idle workers (s)",
-                         lambda r: r["role"]["makespan"])):
+                         lambda r: r["role"]["makespan"]),
+                        ("warm job: median gap between visits of a segment (ms)",
+                         lambda r: r["warm"]["hop_gap_ms"])):
         base = statistics.median(pick(r) for r in runs["baseline"])
         this = statistics.median(pick(r) for r in runs["this"])
         print(f"| {label} | {base:.2f} | {this:.2f} | {this / base:.3f} |")

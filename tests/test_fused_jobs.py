@@ -122,19 +122,21 @@ def test_a_fused_group_evaluates_its_validation_as_one_program(iris):
     """Each model's validation loss and metrics as unfused within float rounding (the
     weights differ by as much), every pass of the group's four models one call, and each
     model's inference cost timed (its architecture's, shared by the group)."""
-    _fit(iris, "iris_unfused_valid", "off", validation=True)
-    _fit(iris, "iris_fused_valid", "on", validation=True)
+    _fit(iris, "iris_validated_alone", "off", validation=True)
+    _fit(iris, "iris_validated_fused", "on", validation=True)
     with connect(iris) as conn:
-        alone, together = _evals(conn, "iris_unfused_valid"), _evals(conn, "iris_fused_valid")
+        alone, together = _evals(conn, "iris_validated_alone"), _evals(conn, "iris_validated_fused")
         assert alone.keys() == together.keys() and len(alone) == MODELS * 4 * 2
         for where, (metrics, partners) in together.items():
             assert alone[where][1] is None and len(partners) == MODELS // 2 and where[0] in partners
             assert metrics["loss"] == pytest.approx(alone[where][0]["loss"], rel=1e-4, abs=1e-5)
             assert abs(metrics["accuracy"] - alone[where][0]["accuracy"]) <= 1 / 75 + 1e-9  # a row
-        assert len({tuple(partners) for _, partners in together.values()}) == 2  # two groups
+        for step in {step for _, step, _ in together}:  # each iteration: two groups (their paths')
+            groups = {tuple(partners) for (_, s, _), (_, partners) in together.items() if s == step}
+            assert sorted(k for group in groups for k in group) == list(range(1, MODELS + 1))
         info = conn.execute("SELECT mst_key, validation_loss_final, inference_ms_per_row "
-                            "FROM iris_fused_valid_info ORDER BY 1").fetchall()
-        expected = dict(conn.execute("SELECT mst_key, validation_loss_final FROM iris_unfused_valid_info"))
+                            "FROM iris_validated_fused_info ORDER BY 1").fetchall()
+        expected = dict(conn.execute("SELECT mst_key, validation_loss_final FROM iris_validated_alone_info"))
         assert len(info) == MODELS
         for key, loss, ms_per_row in info:
             assert loss == pytest.approx(expected[key], rel=1e-4, abs=1e-5)
