@@ -31,7 +31,10 @@ Compared in one run, on the same data and configurations:
       session of the role, which adopts the sessions the first one left idle, and (c prewarm)
       the same job in a new session on sessions the server opened for the role
       (madlib_mop.prewarm_roles; TensorFlow imported, the programs of the role's latest
-      job, (c role)'s, traced);
+      job, (c role)'s, traced); these four with madlib_mop.fuse_models at its default
+      (auto: fused where it pays), and (c fused) the same job with fuse_models = on, run
+      twice in the session of (c warm), the second timed (the first traces the fused
+      programs);
   (d) for W1, W3 and W4, the lower bound max(sum of single-thread times / S, longest one).
 
     .venv/bin/python bench/bench_mop.py [--segments 2] [--workloads IRIS,W1,W2,W3,W4]
@@ -290,7 +293,8 @@ def _sample_worker_memory(dsn: str, stop: threading.Event, peaks: dict) -> None:
             time.sleep(0.2)
 
 
-def run_mop(dsn: str, name: str, workload: dict, segments: int, prewarm: bool = True) -> dict:
+def run_mop(dsn: str, name: str, workload: dict, segments: int, prewarm: bool = True,
+            fuse: bool = False) -> dict:
     """The job in a new session, then the same job again in that session (output _fit2):
     the second finds the session's workers warm; then in new sessions of the role, on its
     idle sessions and (`prewarm`) on sessions the server kept ready."""
@@ -303,9 +307,15 @@ def run_mop(dsn: str, name: str, workload: dict, segments: int, prewarm: bool = 
         end_idle_workers(conn)  # (c) starts cold: no idle session of this role to adopt
         result = _run_fit(conn, dsn, name, "fit", workload, segments)
         warm = _run_fit(conn, dsn, name, "fit2", workload, segments)
+        fused = None
+        if fuse:
+            conn.execute("SET madlib_mop.fuse_models = on")
+            _run_fit(conn, dsn, name, "fit5", workload, segments)  # traces the fused programs
+            fused = _run_fit(conn, dsn, name, "fit6", workload, segments)
+            conn.execute("RESET madlib_mop.fuse_models")
     with _session(dsn) as conn:  # the role's idle sessions, adopted by another session
         role = _run_fit(conn, dsn, name, "fit3", workload, segments)
-    runs = {"warm": warm, "role": role}
+    runs = {"warm": warm, "role": role} | ({"fused": fused} if fused else {})
     with prewarmed(dsn, segments, prewarm) as ready:  # sessions the server opened for the role
         if ready:
             with _session(dsn) as conn:
@@ -587,7 +597,7 @@ def main() -> None:
             _, b3 = run_processes([dict(base, indexes=share, threads=1, loop="program")
                                    for share in shares])
             print(f"{name}: (c) madlib_mop, then the same job in the same session ...", flush=True)
-            c = run_mop(dsn, name.lower(), workload, S)
+            c = run_mop(dsn, name.lower(), workload, S, fuse=True)
             result = {"train_rows": train_rows, "valid_rows": valid_rows,
                       "a": {"makespan": a_time, **a}, "a2": {"makespan": a2_time, **a2},
                       "b": {"makespan": b_time, "processes": b},
@@ -645,6 +655,9 @@ def print_workload(name: str, workload: dict, r: dict, S: int) -> None:
         row("(c prewarm) again, in a new session, on sessions the server kept ready",
             r["c"]["prewarm"]["makespan"], r["c"]["peak_rss_mb"] or 0, "0",
             f"{r['c']['state_bytes_moved']:,}")
+    if "fused" in r["c"]:
+        row("(c fused) the same job with fuse_models = on, in that session", r["c"]["fused"]["makespan"],
+            r["c"]["peak_rss_mb"] or 0, "0", f"{r['c']['state_bytes_moved']:,}")
     if d is not None:
         row("(d) lower bound", d, 0, "")
     print(f"\nimport TensorFlow in (a): {r['a']['import_seconds']:.1f} s; its training alone "
@@ -683,20 +696,22 @@ def print_summary(report: dict) -> None:
     """The targets' ratios, one line per workload."""
     print("\n### Summary (makespans in s, ratios from this run)\n")
     print("| workload | (a) | (a') | (b') | (b'') | (d) | (c) | (c warm) | (c role) | (c prewarm) | "
-          "(c prewarm) / (b'') | (c) / (a) | "
+          "(c prewarm) / (b'') | (c fused) | (c fused) / (b'') | (c) / (a) | "
           "(c warm) / (a) | (c) / (a') | (c warm) / (a') | (c) / (b') | (c warm) / (b') | (c) / (b'') | "
           "(c warm) / (b'') | (c) / (d) | (c warm) / (d) |")
-    print("|---|" + "---:|" * 20)
+    print("|---|" + "---:|" * 22)
     for name, r in report["workloads"].items():
         a, a2, b2, b3 = (r[k]["makespan"] for k in ("a", "a2", "b2", "b3"))
         c, warm = r["c"]["makespan"], r["c"]["warm"]["makespan"]
         role = r["c"].get("role", {}).get("makespan")
         prewarm = r["c"].get("prewarm", {}).get("makespan")
+        fused = r["c"].get("fused", {}).get("makespan")
         d = r.get("d", {}).get("bound")
         bound = ("", "", "") if d is None else (f"{d:.1f}", f"{c / d:.2f}", f"{warm / d:.2f}")
         print(f"| {name} | {a:.1f} | {a2:.1f} | {b2:.1f} | {b3:.1f} | {bound[0]} | {c:.1f} | "
               f"{warm:.1f} | {'' if role is None else f'{role:.1f}'} | "
               f"{'' if prewarm is None else f'{prewarm:.1f}'} | {'' if prewarm is None else f'{prewarm / b3:.2f}'} | "
+              f"{'' if fused is None else f'{fused:.1f}'} | {'' if fused is None else f'{fused / b3:.2f}'} | "
               f"{c / a:.2f} | {warm / a:.2f} | "
               f"{c / a2:.2f} | {warm / a2:.2f} | {c / b2:.2f} | {warm / b2:.2f} | {c / b3:.2f} | "
               f"{warm / b3:.2f} | {bound[1]} | {bound[2]} |")

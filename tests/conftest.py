@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
 import secrets
 import shutil
@@ -288,6 +289,33 @@ def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def free_port_block(count: int) -> int:
+    """The first of `count` consecutive ports free on the loopback now (servers numbered
+    from a first port: `tools.local_cluster`), so that two test runs on one machine (two
+    clones) do not meet."""
+    rng = random.Random(os.getpid())
+    for _ in range(200):
+        first = rng.randrange(20000, 60000 - count)
+        with contextlib.ExitStack() as probes:
+            try:
+                for port in range(first, first + count):
+                    probes.enter_context(socket.socket()).bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return first
+    raise RuntimeError(f"no {count} consecutive free ports")
+
+
+def process_network(tag: str) -> tuple[str, str, str, str, str]:
+    """(namespace, host link, namespace's link, host address, namespace's address) for a
+    `veth_namespace` of this test process's own: named and numbered by its pid (a /24 of
+    10.100-249.x), so that two test runs on one machine do not take each other's."""
+    pid = os.getpid()
+    subnet = f"10.{100 + (pid >> 8) % 150}.{pid % 256}"
+    return (f"mop_{tag}_{pid}", f"mop{tag[:3]}{pid}a"[:15], f"mop{tag[:3]}{pid}b"[:15],
+            f"{subnet}.1", f"{subnet}.2")
 
 
 @pytest.fixture(scope="session")

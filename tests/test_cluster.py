@@ -24,8 +24,9 @@ from madlib_mop.tools import local_cluster as cluster_tool, containers
 from madlib_mop.tools.containers import ContainerServer
 from madlib_mop.tools.embedded import EmbeddedCluster
 
-from tests.conftest import (_server_kind, _uses_containers, connect as _connect, held_job, ip, iris_mult_table,
-                            iris_table, two_in_two_out_json, veth_namespace)
+from tests.conftest import (_free_port, _server_kind, _uses_containers, connect as _connect, free_port_block,
+                            held_job, ip, iris_mult_table, iris_table, process_network, two_in_two_out_json,
+                            veth_namespace)
 
 pytestmark = pytest.mark.skipif(_server_kind() == "dsn",
                                 reason="starts PostgreSQL servers of its own on this machine")
@@ -58,6 +59,10 @@ def servers():
                 containers.compose_down()
         return
     found = cluster_tool.servers()
+    if not any(server.is_running() for server in found.values()):
+        # (`make cluster`'s servers, when it runs, else on ports free now: another clone's
+        # test run may hold the cluster's usual ports)
+        found = cluster_tool.servers(free_port_block(len(found)))
     started = [server for server in found.values() if not server.is_running()]
     for server in found.values():
         server.start()
@@ -426,8 +431,7 @@ def _every_subepoch_once(dsn, out):
 
 # ---- a network cut: a segment server in its own network namespace -------------------------
 
-NAMESPACE, HOST_LINK, NS_LINK = "mop_cut", "mopcut0", "mopcut1"
-HOST_IP, NS_IP = "10.231.7.1", "10.231.7.2"
+NAMESPACE, HOST_LINK, NS_LINK, HOST_IP, NS_IP = process_network("cut")
 
 
 class NamespacedServer(EmbeddedCluster):
@@ -446,7 +450,7 @@ def namespaced_segment():
     if _uses_containers():
         pytest.skip("the network cut is to a server of this machine's own, in a namespace")
     with veth_namespace(NAMESPACE, HOST_LINK, NS_LINK, HOST_IP, NS_IP):
-        server = NamespacedServer(cluster_tool.BASE / "segns", cluster_tool.FIRST_PORT + 3)
+        server = NamespacedServer(cluster_tool.BASE / "segns", _free_port())
         try:
             server.initialize()
             with open(server.data / "postgresql.auto.conf", "a", encoding="utf-8") as conf:

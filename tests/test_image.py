@@ -24,10 +24,9 @@ from madlib_mop.tools import containers
 from madlib_mop.tools.containers import ContainerServer
 from madlib_mop.tools.debian_package import project_version
 from tests import docs
-from tests.conftest import REPO_ROOT, _free_port, iris_table, mlp_json, veth_namespace
+from tests.conftest import REPO_ROOT, _free_port, iris_table, mlp_json, process_network, veth_namespace
 
-NAMESPACE, HOST_LINK, NS_LINK = "mop_image", "mopimg0", "mopimg1"
-HOST_IP, NS_IP = "10.231.8.1", "10.231.8.2"
+NAMESPACE, HOST_LINK, NS_LINK, HOST_IP, NS_IP = process_network("image")
 PSQL = "/usr/lib/postgresql/15/bin/psql"
 DATABASE = "t_image_walkthrough"
 

@@ -30,10 +30,12 @@ FIRST_PORT = int(os.environ.get("MADLIB_MOP_CLUSTER_PORT") or 54340)
 SEGMENT_SERVERS = 2
 
 
-def servers() -> dict[str, EmbeddedCluster]:
-    """coordinator, seg0, seg1: their folders and ports (FIRST_PORT, +1, +2)."""
+def servers(first_port: int | None = None) -> dict[str, EmbeddedCluster]:
+    """coordinator, seg0, seg1: their folders and ports (`first_port`, by default
+    FIRST_PORT, +1, +2)."""
     names = ["coordinator"] + [f"seg{i}" for i in range(SEGMENT_SERVERS)]
-    return {name: EmbeddedCluster(BASE / name, FIRST_PORT + i) for i, name in enumerate(names)}
+    first = FIRST_PORT if first_port is None else first_port
+    return {name: EmbeddedCluster(BASE / name, first + i) for i, name in enumerate(names)}
 
 
 def _dsn_with_password(server: EmbeddedCluster) -> str:
