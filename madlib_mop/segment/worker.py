@@ -332,6 +332,17 @@ def _fused_program(plpy: Any, ctx: JobContext, mst_keys: list[int]) -> fused_pro
     return _fused[key]
 
 
+def _restored_fused(plpy: Any, ctx: JobContext, mst_keys: list[int], step: int
+                    ) -> tuple[fused_program.FusedProgram, float]:
+    """The models' fused program, with each model's state after `step` sub-epochs (from the
+    job's store) restored into it; and when it was built (before the states were read)."""
+    program = _fused_program(plpy, ctx, mst_keys)
+    built = time.perf_counter()
+    with contextlib.ExitStack() as stack:
+        program.restore([stack.enter_context(_state(ctx, key, step, None)) for key in mst_keys])
+    return program, built
+
+
 def train_fused(plpy: Any, job_id: int, mst_keys: list[int], step: int, segment: int) -> list[str]:
     """One sub-epoch of the models `mst_keys` (one fusion group of the schedule, each after
     `step` sub-epochs) on `segment`, trained as one fused program: each model's state read
@@ -345,10 +356,7 @@ def train_fused(plpy: Any, job_id: int, mst_keys: list[int], step: int, segment:
     setup = time.perf_counter()
     buffers = _buffers(plpy, ctx, ctx.train, segment)
     read = time.perf_counter()
-    program = _fused_program(plpy, ctx, mst_keys)
-    built = time.perf_counter()
-    with contextlib.ExitStack() as stack:
-        program.restore([stack.enter_context(_state(ctx, key, step, None)) for key in mst_keys])
+    program, built = _restored_fused(plpy, ctx, mst_keys, step)
     restored = time.perf_counter()
     specs = [ctx.specs[key] for key in mst_keys]
     chunk_rows = None if all(b.in_memory for b in buffers) else max(b.rows for b in buffers)
@@ -425,10 +433,7 @@ def evaluate_fused(plpy: Any, job_id: int, mst_keys: list[int], step: int, parti
                              hint="Only the fused models of a fit given a validation_table evaluate fused.")
     buffers = _buffers(plpy, ctx, ctx.validation, partition)
     read = time.perf_counter()
-    program = _fused_program(plpy, ctx, mst_keys)
-    built = time.perf_counter()
-    with contextlib.ExitStack() as stack:
-        program.restore([stack.enter_context(_state(ctx, key, step, None)) for key in mst_keys])
+    program, built = _restored_fused(plpy, ctx, mst_keys, step)
     restored = time.perf_counter()
     classification = ctx.validation.columns.classification
     outcomes = fused_program.evaluate_fused(program, [ctx.specs[key] for key in mst_keys], buffers,
