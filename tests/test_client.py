@@ -51,7 +51,10 @@ def mop(extension_dsn, conn):
 def fitted(mop, extension_dsn):
     """One fit through the client, with its progress bar (stderr) captured."""
     env = dict(os.environ, MADLIB_MOP_DSN=extension_dsn)
-    script = ("from madlib_mop.client import Client\n"
+    # (Python's own Ctrl-C handler, also where the tests run in a background job, whose
+    # shell makes its children ignore SIGINT)
+    script = ("import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+              "from madlib_mop.client import Client\n"
               "import os\n"
               "c = Client(os.environ['MADLIB_MOP_DSN'])\n"
               "c.madlib_keras_fit_multiple_model(source_table='iris_packed', model_output_table='fitted',"
@@ -140,7 +143,10 @@ def test_ctrl_c_cancels_the_fit_and_it_resumes(mop, extension_dsn):
     """SIGINT to a Python process fitting through the client: the job is cancelled on the
     server (state interrupted) and the message says how to continue; resume finishes it."""
     env = dict(os.environ, MADLIB_MOP_DSN=extension_dsn)
-    script = ("from madlib_mop.client import Client\n"
+    # (Python's own Ctrl-C handler, also where the tests run in a background job, whose
+    # shell makes its children ignore SIGINT)
+    script = ("import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+              "from madlib_mop.client import Client\n"
               "import os\n"
               "c = Client(os.environ['MADLIB_MOP_DSN'])\n"
               "c.fit_multiple(source_table='iris_packed', model_output_table='cancelled',"
@@ -165,7 +171,7 @@ def test_ctrl_c_cancels_the_fit_and_it_resumes(mop, extension_dsn):
     finally:
         if process.poll() is None:
             process.kill()
-    assert process.returncode != 0
+    assert process.returncode != 0, (state, stderr)
     assert state == "interrupted", stderr
     assert f"job {job_id} cancelled after" in stderr, stderr
     assert f"mop.resume({job_id})" in stderr and f"CALL madlib_mop.resume({job_id})" in stderr

@@ -114,8 +114,14 @@ def _exporter(client, host: str, port: int) -> int:
     server = make_server(host, port, make_wsgi_app(registry), handler_class=Quiet)
     shown = f"[{host}]" if ":" in host else host
     print(f"madlib-mop exporter: http://{shown}:{server.server_port}/metrics (Ctrl-C stops it)", flush=True)
-    # A signal stops the loop from another thread: raised inside a request instead, wsgiref's
-    # handler would catch it as the request's error and serve on.
+    return _serve_until_stopped(server)
+
+
+def _serve_until_stopped(server) -> int:
+    """Serve until Ctrl-C or SIGTERM (`docker stop`, systemd), also where the shell that
+    started the command in the background ignores SIGINT.  The signal stops the loop from
+    another thread: raised inside a request instead, the server's handler would catch it
+    as the request's error and serve on."""
     stop = lambda *_: threading.Thread(target=server.shutdown, daemon=True).start()  # noqa: E731
     for number in (signal.SIGINT, signal.SIGTERM):
         signal.signal(number, stop)
@@ -133,13 +139,7 @@ def _dashboard(dsn: str | None, schema: str | None, host: str, port: int) -> int
     server = serve(app, host, port)
     shown = f"[{host}]" if ":" in host else host
     print(f"madlib-mop dashboard: http://{shown}:{server.server_port}/ (Ctrl-C stops it)", flush=True)
-    try:
-        server.serve_forever()
-    except KeyboardInterrupt:  # how a dashboard is stopped: not a failure
-        pass
-    finally:
-        server.server_close()
-    return EXIT_OK
+    return _serve_until_stopped(server)
 
 
 def _jobs(client, limit: int) -> int:

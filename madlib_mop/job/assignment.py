@@ -120,9 +120,33 @@ class WorkAssignment:
         return [t.step for t in self.pending_evals + list(self.running.values())
                 if t.kind == "evaluate" and mst_key in (t.fused or (t.mst_key,))]
 
-    def evals_queued(self, models: tuple[int, ...], step: int) -> set[int]:
-        """The partitions of the fused validation passes of `models` after `step` sub-epochs
-        that wait or run."""
-        return {t.partition for t in self.pending_evals + list(self.running.values())
-                if t.kind == "evaluate" and t.fused == models and t.step == step}
+    def queue_evals(self, models: dict, model, step: int, partitions: int, lost,
+                    due: Callable[[object, int], bool], state: Callable[[], bytes | None]) -> None:
+        """The validation passes of `model` (a `store.ModelRecord` of `models`) after `step`
+        sub-epochs that are not recorded: with its partners (`eval_partners`) one fused pass
+        per partition, queued once for all of them; else its own, given `state()`."""
+        partners = eval_partners(models, model, step, due)
+        if len(partners) > 1:  # (their states are in the job's store)
+            queued = {t.partition for t in self.pending_evals + list(self.running.values())
+                      if t.kind == "evaluate" and t.fused == partners and t.step == step}
+            missing = {p for k in partners if k not in lost for p in range(partitions)
+                       if (step, p) not in models[k].evals and p not in queued}
+            self.pending_evals += [Task("evaluate", partners[0], step, p % self.S, p, None, fused=partners)
+                                   for p in sorted(missing)]
+            return
+        missing = [p for p in range(partitions) if (step, p) not in model.evals]
+        given = state() if missing else None
+        self.pending_evals += [Task("evaluate", model.mst_key, step, p % self.S, p, given) for p in missing]
+
+
+def eval_partners(models: dict, model, step: int, due: Callable[[object, int], bool]) -> tuple[int, ...]:
+    """The models a validation pass of `model` after `step` sub-epochs evaluates with, as
+    one program: of the fused call that trained its last sub-epoch (`VisitRecord.fused_with`),
+    those whose visit counted and whose validation is `due` then (it among them), else
+    itself.  Decided from the recorded visits alone, so a resumed job evaluates with the
+    same partners (a model's bits depend on them)."""
+    fused_with = (model.visits.get(step - 1) or {}).get("fused_with") or ()
+    partners = tuple(k for k in fused_with if k in models and (step - 1) in models[k].visits
+                     and due(models[k], step))
+    return partners if model.mst_key in partners else (model.mst_key,)
 

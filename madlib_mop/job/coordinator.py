@@ -30,7 +30,6 @@ from madlib_mop.job.search_driver import JobSearch
 from madlib_mop.job.keras_work import KerasWork
 from madlib_mop.job.store import JobStore, ModelRecord
 from madlib_mop import plpy_bridge
-from madlib_mop.search.base import Report
 
 
 def start_pool(engine: Engine, segments: int) -> WorkerPool:
@@ -170,13 +169,11 @@ class Coordinator:
             return self.failures.call_failed(task, error, self.retry, where, self.plpy.notice, self.models,
                                              self.schedule, self.work)
         self.retry.answered(task.segment)
-        if task.kind == "evaluate":
-            # A fused pass's models (lost ones too) commit together, as its training does.
+        if task.kind == "evaluate":  # a fused pass's models (lost ones too) commit together
             with self.store.atomic() if task.fused else contextlib.nullcontext():
                 for one, result in zip(task.each(), value if task.fused else [value]):
                     self._evaluated(one, result)
-            self.search.ask()
-            return
+            return self.search.ask()
         # A fused call's models (lost ones too) commit together: a resumed job fuses them alike.
         with self.store.atomic() if task.fused else contextlib.nullcontext():
             trained = [(one, result, self._trained(one, new_state, result))
@@ -242,53 +239,25 @@ class Coordinator:
         self.search.lost(mst_key)
 
     def queue_evals(self, model: ModelRecord, iteration: int) -> None:
-        if not self.partitions or not self._evaluates(model, iteration * model.per_iteration):
-            return
+        due = lambda of, step: metrics.due_at(step, of.per_iteration,  # noqa: E731
+                                              self.args.metrics_compute_frequency, of.iterations,
+                                              self.search.also_due)
         step = iteration * model.per_iteration
-        partners = self._eval_partners(model, step)
-        if len(partners) > 1:  # (its states are in the job's store)
-            queued = self.work.evals_queued(partners, step)
-            missing = {p for k in partners if k not in self.failures for p in range(self.partitions)
-                       if (step, p) not in self.models[k].evals and p not in queued}
-            self.work.pending_evals += [Task("evaluate", partners[0], step, p % self.S, p, None,
-                                             fused=partners) for p in sorted(missing)]
-            return
-        missing = [p for p in range(self.partitions) if (step, p) not in model.evals]
-        state = state_for_call(self.engine, self.store, model.mst_key, step) if missing else None
-        self.work.pending_evals += [Task("evaluate", model.mst_key, step, p % self.S, p, state)
-                               for p in missing]
-
-    def _evaluates(self, model: ModelRecord, step: int) -> bool:
-        """Does the model's validation run after `step` sub-epochs (an iteration's end)?"""
-        iteration, within = divmod(step, model.per_iteration)
-        return not within and metrics.due(iteration, self.args.metrics_compute_frequency,
-                                          model.iterations, self.search.also_due)
-
-    def _eval_partners(self, model: ModelRecord, step: int) -> tuple[int, ...]:
-        """The models a validation pass after `step` sub-epochs evaluates as one program: of
-        the fused call that trained the model's last sub-epoch (`VisitRecord.fused_with`),
-        those whose visit counted and whose validation is due then.  Decided from the
-        recorded visits alone, so a resumed job evaluates with the same partners."""
-        fused_with = (model.visits.get(step - 1) or {}).get("fused_with") or ()
-        partners = tuple(k for k in fused_with if k in self.models and (step - 1) in self.models[k].visits
-                         and self._evaluates(self.models[k], step))
-        return partners if model.mst_key in partners else (model.mst_key,)
+        if self.partitions and due(model, step):
+            self.work.queue_evals(self.models, model, step, self.partitions, self.failures, due,
+                                  lambda: state_for_call(self.engine, self.store, model.mst_key, step))
 
     def publish(self, model: ModelRecord) -> None:
         """Bring the model's output rows up to date, then hand its new reports to search."""
-        curves = metrics.curves(model.visits, model.evals, self.S, model.epochs,
-                                self.args.metrics_compute_frequency, model.iterations,
-                                self.partitions, self.started_epoch, self.search.also_due)
+        curves = metrics.curves(model.visits, model.evals, self.S, model.epochs, self.args.metrics_compute_frequency,
+                                model.iterations, self.partitions, self.started_epoch, self.search.also_due)
         outputs.publish(self.store, model, curves, self.partitions, self.args.single)
         finished = len(model.visits) // model.per_iteration
         if not finished:
             return
         self.store.states.iteration_done(model, finished * model.per_iteration,
                                          self.work.steps_needed(model.mst_key))
-        for index, iteration in enumerate(curves.iterations):
-            if not self.search.decisions.has(model.mst_key, iteration):
-                self.search.decisions.report(Report(model.mst_key, iteration, curves.training[index],
-                                    curves.validation[index] if self.partitions else None))
+        self.search.decisions.report_curves(model.mst_key, curves, bool(self.partitions))
 
     def _finish(self) -> None:
         self.steering.finish()

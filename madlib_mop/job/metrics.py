@@ -18,6 +18,13 @@ def due(iteration: int, frequency: int, iterations: int, also: frozenset = froze
     return iteration % frequency == 0 or iteration == iterations or iteration in also
 
 
+def due_at(step: int, per_iteration: int, frequency: int, iterations: int,
+           also: frozenset = frozenset()) -> bool:
+    """Are metrics computed after `step` sub-epochs (an iteration's end that is `due`)?"""
+    iteration, within = divmod(step, per_iteration)
+    return not within and due(iteration, frequency, iterations, also)
+
+
 def due_iterations(finished: int, frequency: int, iterations: int,
                    also: frozenset = frozenset()) -> list[int]:
     """The iterations up to `finished` whose metrics are computed."""

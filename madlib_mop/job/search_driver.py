@@ -154,6 +154,13 @@ class SearchDecisions:
     def has(self, mst_key: int, iteration: int) -> bool:
         return mst_key in self.reports.get(iteration, {})
 
+    def report_curves(self, mst_key: int, curves: metrics.Curves, validated: bool) -> None:
+        """The model's computed iterations (`metrics.curves`) not reported yet."""
+        for index, iteration in enumerate(curves.iterations):
+            if not self.has(mst_key, iteration):
+                self.report(Report(mst_key, iteration, curves.training[index],
+                                   curves.validation[index] if validated else None))
+
     def report(self, report: Report) -> None:
         self.reports.setdefault(report.iteration, {})[report.mst_key] = report
         if self.searcher is not None:
