@@ -202,6 +202,19 @@ def test_a_fused_state_restores_into_an_unfused_program():
     assert _payload(program.capture()) == _payload(fused[1])
 
 
+def test_a_fused_models_infinite_weight_is_found_for_it_alone():
+    """One learning rate of float32's infinity among three: that model's weights are not
+    finite after a step though its reported loss is; its partners' are, and so found."""
+    specs = _specs(_mlp(), ["SGD(lr=0.05)", "SGD(lr=1e39)", "SGD(lr=0.01)"])
+    program = fused_program.FusedProgram(specs[0], len(specs))
+    program.restore([training.initial_states([spec], 7)[spec.mst_key] for spec in specs])
+    assert program.nonfinite() == {}
+    outcomes, _ = fused_program.train_fused_subepoch(program, specs, _buffers((6,), (8,)), 7, 0, True)
+    assert all(training.divergence(outcome.means()) is None for outcome in outcomes)
+    found = program.nonfinite()
+    assert list(found) == [1] and found[1].startswith("weight ") and found[1].endswith("is not finite")
+
+
 def test_fused_evaluation_is_each_models_own():
     """Models trained fused, then evaluated fused over other rows: each model's loss and
     accuracy as the unfused evaluation of its state gives them (BatchNormalization's

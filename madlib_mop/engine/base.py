@@ -73,7 +73,7 @@ class VisitRecord:
     # a staged model's hop leaves its frozen prefix out.
     state_bytes: int = 0
     # A fused call's models (this one among them), in their order; None: it trained alone.
-    # They evaluate that iteration's validation together (`job.coordinator.queue_evals`).
+    # They evaluate that iteration's validation together (`job.assignment.eval_partners`).
     fused_with: list[int] | None = None
 
     def to_json(self) -> str:

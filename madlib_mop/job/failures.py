@@ -190,7 +190,8 @@ class ModelFailures:
                 raise
             why = f"{RetryPolicy.message(error)} (after {task.attempt} attempt{'s' * (task.attempt > 1)})"
             for one in task.each():
-                self.lose(one, models[one.mst_key], FAILED, why, dispatcher, work)
+                if one.mst_key not in self:  # (a fused validation pass keeps its lost models)
+                    self.lose(one, models[one.mst_key], FAILED, why, dispatcher, work)
             return
         if delay is not None:
             work.paused_until[task.segment] = time.monotonic() + delay

@@ -85,16 +85,19 @@ class FusedProgram:
                               for item, value in zip(self.header, values)])
                 for k in range(self.size)]
 
-    def nonfinite(self, index: int) -> str | None:
-        """Why model `index`'s weights diverged (one is NaN or infinite), else None: what
-        `training.divergence` checks of an unfused model."""
+    def nonfinite(self) -> dict[int, str]:
+        """Why models' weights diverged (one is NaN or infinite), by the model's index: what
+        `training.Program.nonfinite` finds of an unfused model.  Each stacked variable is
+        read once for all K models."""
+        found: dict[int, str] = {}
         for item, stacked in zip(self.header, self.stacked):
-            if item["kind"] != "weights":
+            values = stacked.numpy()
+            if item["kind"] != "weights" or values.dtype.kind != "f":
                 continue
-            values = stacked[index].numpy()
-            if values.dtype.kind == "f" and not np.isfinite(values).all():
-                return f"weight {item['name']} is not finite"
-        return None
+            finite = np.isfinite(values.reshape(self.size, -1)).all(axis=1)
+            for index in np.flatnonzero(~finite):
+                found.setdefault(int(index), f"weight {item['name']} is not finite")
+        return found
 
     # ---- the fused forward pass ----
     def _function(self, kind: str, x: np.ndarray, y: np.ndarray):

@@ -296,9 +296,10 @@ class Program:
                 if kind == "train":
                     # The divergence check in the same graph, after the loop's writes (read
                     # in program order): copying each weight out took longer than a tiny
-                    # model's training on a segment.
+                    # model's training on a segment.  The trainer's weights: a staged
+                    # model's frozen prefix does not change (`runtime.staging`).
                     results[_WEIGHTS_FINITE] = tf.reduce_all(
-                        [tf.reduce_all(tf.math.is_finite(v)) for v in self.model.weights
+                        [tf.reduce_all(tf.math.is_finite(v)) for v in self.trainer.weights
                          if tf.as_dtype(v.dtype).is_floating] or [tf.constant(True)])
                 return results
 
@@ -345,7 +346,7 @@ class Program:
         made it may still have reported a finite one."""
         if self.weights_finite:
             return None
-        for variable in self.model.weights:
+        for variable in self.trainer.weights:
             values = np.asarray(variable.numpy())
             if values.dtype.kind == "f" and not np.isfinite(values).all():
                 return f"weight {variable.path} is not finite"
