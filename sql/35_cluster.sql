@@ -56,6 +56,26 @@ CREATE FUNCTION @extschema@._mop_segment_job(job jsonb)
 RETURNS void
 #plpython "mop_segment_job.py"
 
+-- A coordinator's job takes up one of the calling role's idle worker sessions of this
+-- segment server through a plain session here, which relays its calls (engine/relay.py):
+-- the idle session listens on a socket only this server's backends reach.  Its process id,
+-- NULL when there is none to take.
+CREATE FUNCTION @extschema@._mop_relay_adopt(local_segments integer, label text)
+RETURNS integer
+#plpython "mop_relay_adopt.py"
+
+-- One worker call relayed to the adopted session: arguments and results as its socket
+-- frames them (bytes values as {"blob": i}, the blobs apart).
+CREATE FUNCTION @extschema@._mop_relay_call(function_name text, args jsonb, blobs bytea[],
+                                            OUT result jsonb, OUT result_blobs bytea[])
+#plpython "mop_relay_call.py"
+
+-- The adopted session back to idleness for this server's madlib_mop.worker_idle_seconds:
+-- its process id once it listens again.
+CREATE FUNCTION @extschema@._mop_relay_release()
+RETURNS integer
+#plpython "mop_relay_release.py"
+
 -- madlib_keras_evaluate's part on a segment server: the models and their weights come with
 -- the call.
 CREATE FUNCTION @extschema@._mop_segment_evaluate(task jsonb, partition integer, weights bytea[])

@@ -10,6 +10,7 @@ checked."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -214,18 +215,97 @@ def test_registration(cluster, servers, walkthrough):
         conn.execute("DROP SERVER elsewhere")
 
 
+IDLE_PIDS = ("SELECT pid FROM pg_stat_activity WHERE application_name = 'madlib_mop idle worker' "
+             "AND datname = current_database()")
+
+
+def _idle_pids(servers, name: str, server: str) -> set[int]:
+    """The idle worker sessions of `server`'s database `name`."""
+    with psycopg.connect(_server_dsn(servers[server], name), autocommit=True) as there:
+        return {row[0] for row in there.execute(IDLE_PIDS)}
+
+
+@contextlib.contextmanager
+def _only_slot_held(servers, name: str, server: str):
+    """`server` with a cap of 1 whose slot a plain session holds (its idle worker sessions
+    ended first, as a DBA would end them)."""
+    dsn = _server_dsn(servers[server], name)
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute(sql.SQL("ALTER DATABASE {} SET madlib_mop.max_worker_sessions = 1").format(sql.Identifier(name)))
+        admin.execute(f"SELECT pg_terminate_backend(pid) FROM ({IDLE_PIDS}) idle")
+        deadline = time.monotonic() + 30
+        while admin.execute(IDLE_PIDS).fetchall():
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    holder = psycopg.connect(dsn, autocommit=True)
+    try:
+        assert holder.execute("SELECT madlib_mop._mop_take_slot(1)").fetchone()[0] is not None
+        yield holder
+    finally:
+        holder.close()
+        with psycopg.connect(dsn, autocommit=True) as admin:
+            admin.execute(sql.SQL("ALTER DATABASE {} RESET madlib_mop.max_worker_sessions").format(
+                sql.Identifier(name)))
+
+
+def test_the_next_job_takes_up_the_segment_servers_idle_sessions(cluster, servers, walkthrough):
+    """A job's sessions on the segment servers stay there, idle, for the role's next call;
+    the next job takes them up through a relaying session on each server (engine.relay):
+    its sub-epochs ran in those sessions, none traced a program, the weights are the
+    walkthrough's, and the sessions are idle again afterwards."""
+    name = conninfo_to_dict(cluster)["dbname"]
+    _fit(cluster, "warm_first")
+    idle = {server: _idle_pids(servers, name, server) for server in ("seg0", "seg1")}
+    assert all(idle.values()), idle
+    _fit(cluster, "warm_second")
+    assert _weights(cluster, "warm_second") == walkthrough
+    with _connect(cluster) as conn:
+        visits = conn.execute("SELECT (result->>'pid')::int, (result->>'traced')::int "
+                              "FROM warm_second_mop_visits").fetchall()
+    assert visits and {traced for _, traced in visits} == {0}, visits
+    assert {pid for pid, _ in visits} <= idle["seg0"] | idle["seg1"], (visits, idle)
+    assert all(idle[server] & _idle_pids(servers, name, server) for server in idle)
+
+
+def test_a_segment_servers_prewarmed_session_runs_the_next_job(cluster, servers, walkthrough):
+    """A segment server's DBA keeps a session ready for a role there (its own
+    madlib_mop.prewarm_roles, and madlib_mop.segments = the segments it holds, so that the
+    session runs the threads of their workers): the role's next job takes it up."""
+    name = conninfo_to_dict(cluster)["dbname"]
+    seg0 = _server_dsn(servers["seg0"], name)
+    role = conninfo_to_dict(seg0)["user"]
+    with psycopg.connect(seg0, autocommit=True) as admin:
+        admin.execute(sql.SQL("ALTER DATABASE {} SET madlib_mop.segments = 1").format(sql.Identifier(name)))
+        admin.execute(f"SELECT pg_terminate_backend(pid) FROM ({IDLE_PIDS}) idle")
+        admin.execute("ALTER SYSTEM SET madlib_mop.prewarm_roles = %s" % sql.Literal(f"{role}@{name}").as_string(admin))
+        admin.execute("ALTER SYSTEM SET madlib_mop.prewarm_sessions = 1")
+        admin.execute("SELECT pg_reload_conf()")
+    try:
+        deadline = time.monotonic() + 120
+        while not (prewarmed := _idle_pids(servers, name, "seg0")):
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        _fit(cluster, "prewarmed_model")
+        assert _weights(cluster, "prewarmed_model") == walkthrough
+        with _connect(cluster) as conn:
+            pids = {pid for pid, in conn.execute("SELECT DISTINCT (result->>'pid')::int FROM prewarmed_model_mop_visits "
+                                                  "WHERE (result->>'segment')::int = 0")}
+        assert pids == prewarmed, (pids, prewarmed)
+    finally:
+        with psycopg.connect(seg0, autocommit=True) as admin:
+            admin.execute("ALTER SYSTEM RESET madlib_mop.prewarm_roles")
+            admin.execute("ALTER SYSTEM RESET madlib_mop.prewarm_sessions")
+            admin.execute("SELECT pg_reload_conf()")
+            admin.execute(sql.SQL("ALTER DATABASE {} RESET madlib_mop.segments").format(sql.Identifier(name)))
+
+
 def test_a_segment_server_full_to_its_cap_queues_the_job(cluster, servers, walkthrough):
     """A segment server's cap (its own madlib_mop.max_worker_sessions) counts the job's
     sessions there: with its one slot held, the job waits, queued, naming the server, and
     runs once the slot frees, to the walkthrough's weights (with no worker session to be
     had, the helper process checked its models and built their states)."""
     name = conninfo_to_dict(cluster)["dbname"]
-    seg0 = _server_dsn(servers["seg0"], name)
-    with psycopg.connect(seg0, autocommit=True) as admin:
-        admin.execute(sql.SQL("ALTER DATABASE {} SET madlib_mop.max_worker_sessions = 1").format(sql.Identifier(name)))
-    holder = psycopg.connect(seg0, autocommit=True)
-    try:
-        assert holder.execute("SELECT madlib_mop._mop_take_slot(1)").fetchone()[0] is not None
+    with _only_slot_held(servers, name, "seg0") as holder:
         notices: list[str] = []
         fit = threading.Thread(target=_fit, args=(cluster, "queued_model", notices), daemon=True)
         fit.start()
@@ -241,11 +321,6 @@ def test_a_segment_server_full_to_its_cap_queues_the_job(cluster, servers, walkt
         assert _job(cluster, "queued_model")[1] == "finished"
         assert _weights(cluster, "queued_model") == walkthrough
         assert any("queued" in n and "seg0" in n for n in notices), notices
-    finally:
-        holder.close()
-        with psycopg.connect(seg0, autocommit=True) as admin:
-            admin.execute(sql.SQL("ALTER DATABASE {} RESET madlib_mop.max_worker_sessions").format(
-                sql.Identifier(name)))
 
 
 def test_distribution_rules_naming_segment_servers(cluster, walkthrough):
@@ -538,6 +613,17 @@ def test_a_table_on_the_segment_servers_is_packed_and_predicted_where_it_lies(cl
         here = conn.execute("SELECT id, class_value, prob FROM here_pred ORDER BY 1, 2").fetchall()
         assert len(there) == 450 and [r[:2] for r in there] == [r[:2] for r in here]
         assert all(abs(a[2] - b[2]) < 1e-6 for a, b in zip(there, here))
+        # Predict's session on a segment server takes a slot of that server's cap: with
+        # seg0's only slot held, it waits there, and gives up after the queue's timeout.
+        with _only_slot_held(servers, conn.info.dbname, "seg0"):
+            conn.execute("SET madlib_mop.queue_timeout_seconds = 2")
+            with pytest.raises(psycopg.Error) as raised:
+                conn.execute("SELECT madlib_keras_predict('iris_model', 'iris_lying', 'id', "
+                             "'attributes', 'lying_pred_capped', 'prob', FALSE, 1)")
+            conn.execute("RESET madlib_mop.queue_timeout_seconds")
+        assert raised.value.sqlstate == "53000" and "seg0" in raised.value.diag.message_primary
+        assert raised.value.diag.message_hint
+        assert any("queued for a worker session of seg0" in n for n in notices), notices
 
 
 def test_a_model_of_two_inputs_and_outputs_gives_the_weights_of_one_server(cluster, extension_dsn,

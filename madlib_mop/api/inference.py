@@ -22,7 +22,7 @@ from madlib_mop import errors
 from madlib_mop.api import deployments
 from madlib_mop.db import catalog, packed, scan, segments, settings, worker_session
 from madlib_mop.engine.base import Engine
-from madlib_mop.engine.cluster import ClusterEngine, engine_for, on_server
+from madlib_mop.engine.cluster import ClusterEngine, engine_for, on_server, slot_session
 from madlib_mop.engine.local import LocalEngine
 from madlib_mop.engine.pool import run_all
 from madlib_mop.preprocess.source import feature_columns
@@ -47,11 +47,7 @@ def _run_parallel(plpy: Any, calls: list, engine: Engine | None = None) -> list[
     try:
         return run_all(workers, calls, lambda: plpy.execute("SELECT 1"))
     finally:
-        if isinstance(engine, LocalEngine):  # only this server's are kept for later calls
-            engine.keep_inference(workers)
-        else:
-            for worker in workers:
-                worker.close()
+        engine.keep_inference(workers)
 
 
 def _facts(plpy: Any, ref: ModelRef) -> dict:
@@ -544,7 +540,7 @@ def _predict_where_it_lies(plpy: Any, lying: dict, task: dict, weights: bytes, o
             raise on_server(server, error) from None
 
     with contextlib.ExitStack() as stack:
-        sessions = [stack.enter_context(segments.session(plpy, server)) for server, _ in parts]
+        sessions = [stack.enter_context(slot_session(plpy, server)) for server, _ in parts]
         run_all(sessions, [lambda session, server=server, part=part: predict_there(session, server, part)
                            for server, part in parts], lambda: plpy.execute("SELECT 1"))
 

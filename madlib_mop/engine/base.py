@@ -210,6 +210,12 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def inference_workers(self, count: int) -> list[Worker]: ...
 
+    def keep_inference(self, workers: list[Worker]) -> None:
+        """An evaluation or prediction ended: an engine may keep its sessions for the role's
+        next call."""
+        for worker in workers:
+            worker.close()
+
 
 
 def failure_sqlstate(error: BaseException) -> str | None:

@@ -11,9 +11,11 @@ are), then the calls are the same `_mop_train` / `_mop_evaluate` as on one serve
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, Callable
 
+import psycopg
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
@@ -22,13 +24,15 @@ from madlib_mop.db import catalog, packed, segments, worker_session
 from madlib_mop.db.segments import Partition, SegmentServer
 from madlib_mop.engine.base import Engine, Worker, as_error
 from madlib_mop.json_values import json_value
-from madlib_mop.engine import server_slots
+from madlib_mop.engine import idle_workers, server_slots
 from madlib_mop.engine.local import LocalWorker, NoSlot
 from madlib_mop.errors import MadlibMopError
 
 
 class ClusterWorker(LocalWorker):
-    """A session on one segment server."""
+    """A session on one segment server: one of the role's idle sessions there, taken up
+    through a relaying session (`engine.relay`), else a new one on a slot of that server's
+    pool."""
 
     def __init__(self, conninfo: str, schema: str, segment: int, label: str,
                  server: SegmentServer, local_segments: int, refused_hint: str):
@@ -36,23 +40,33 @@ class ClusterWorker(LocalWorker):
         self.server, self.local_segments, self.refused_hint = server, local_segments, refused_hint
         self.job: dict | None = None  # the description its session must have
         self._job_sent = None  # (the session that got it, the description it got)
+        self.relayed: int | None = None  # the adopted idle session's process id, if one
 
     @property
     def where(self) -> str:
         return self.server.label
 
     def _open(self):
-        """A session of the segment server on a slot of that server's own pool: its cap
+        """The role's idle session of the segment server (TensorFlow imported, programs
+        traced), else a new session on a slot of that server's own pool: its cap
         (`madlib_mop.max_worker_sessions` there) counts these sessions as its own."""
         connection = segments.connect(self.conninfo, self.server, self.refused_hint)
         schema = sql.Identifier(self.schema)
-        cap = connection.execute(sql.SQL("SELECT {}._mop_worker_cap()").format(schema)).fetchone()[0]
-        if server_slots.take_slot(connection, self.schema, cap) is None:
+        try:
+            self.relayed = connection.execute(sql.SQL("SELECT {}._mop_relay_adopt(%s, %s)").format(schema),
+                                              (self.local_segments, self.label)).fetchone()[0]
+            if self.relayed is not None:
+                return connection
+            cap = connection.execute(sql.SQL("SELECT {}._mop_worker_cap()").format(schema)).fetchone()[0]
+            if server_slots.take_slot(connection, self.schema, cap) is None and not _reclaimed(
+                    connection, self.schema, cap):
+                raise NoSlot(f"all {cap} worker sessions of {self.server.label} are taken",
+                             sqlstate=errors.CONNECTION_FAILURE,
+                             hint=f"It waits for one; madlib_mop.max_worker_sessions on {self.server.label} "
+                                  "is its cap.")
+        except BaseException:
             connection.close()
-            raise NoSlot(f"all {cap} worker sessions of {self.server.label} are taken",
-                         sqlstate=errors.CONNECTION_FAILURE,
-                         hint=f"It waits for one; madlib_mop.max_worker_sessions on {self.server.label} "
-                              "is its cap.")
+            raise
         return connection
 
     def _call(self, function: str, *args: Any, columns: str = "*"):
@@ -61,10 +75,47 @@ class ClusterWorker(LocalWorker):
             # A new session gets the job first; so does a session whose job has changed
             # since (a searcher added models: the engine prepared the job again).
             if self._job_sent is None or self._job_sent[0] is not session or self._job_sent[1] is not self.job:
-                super()._call("_mop_segment_job",
-                              Jsonb(dict(self.job, local_segments=self.local_segments)))
+                self._one_call("_mop_segment_job", (Jsonb(dict(self.job, local_segments=self.local_segments)),))
                 self._job_sent = (session, self.job)
-        return super()._call(function, *args, columns=columns)
+        return self._one_call(function, args, columns)
+
+    def _one_call(self, function: str, args: tuple, columns: str = "*"):
+        session = self._session()
+        if self.relayed is None:
+            return super()._call(function, *args, columns=columns)
+        values, blobs = idle_workers.encode([json.dumps(a.obj) if isinstance(a, Jsonb) else a for a in args])
+        try:
+            result, out = session.execute(
+                sql.SQL("SELECT * FROM {}._mop_relay_call(%s, %s, %s)").format(sql.Identifier(self.schema)),
+                (function, Jsonb(values), blobs), binary=True).fetchone()
+        except psycopg.Error as error:
+            # The adopted session lost (08006 from the relay), or the relaying one: the
+            # next call opens a session again.
+            if session.closed or session.broken or (error.sqlstate or "").startswith("08"):
+                self.close()
+            raise
+        return tuple(idle_workers.decode(json_value(result), [bytes(b) for b in out or []]))
+
+    def idle(self, seconds: int | None) -> int | None:
+        """Back to idleness on its server, for that server's madlib_mop.worker_idle_seconds
+        (`seconds` is the coordinator's: not used)."""
+        if self.relayed is None:
+            return super().idle(None)
+        connection, self._connection, self.relayed = self._connection, None, None
+        if connection is None or connection.closed or connection.broken:
+            return None
+        try:
+            return connection.execute(sql.SQL("SELECT {}._mop_relay_release()").format(
+                sql.Identifier(self.schema))).fetchone()[0]
+        except psycopg.Error:  # not kept: closing the relaying session ends it
+            return None
+        finally:
+            connection.close()
+
+    def close(self) -> None:
+        """Closing the relaying session ends the session it adopted as well."""
+        self.relayed = None
+        super().close()
 
     def serves(self, segment: int) -> bool:
         return segment == self.segment
@@ -81,6 +132,51 @@ class ClusterWorker(LocalWorker):
         raise MadlibMopError("predicting on a segment server is not supported",
                              sqlstate=errors.FEATURE_NOT_SUPPORTED,
                              hint="Predict from a table of the coordinator.")
+
+
+def _reclaimed(connection: psycopg.Connection, schema: str, cap: int) -> bool:
+    """Did the session take a slot that idle sessions of its segment server gave back?
+    Queued there, it makes them end, as a call of that server would (other roles', or
+    the role's own whose threads do not fit), for a few seconds at most."""
+    queue = server_slots.Queue(None, schema, None, db=connection)
+    try:
+        while time.monotonic() - queue.since < server_slots.RECLAIM_SECONDS:
+            holders = queue.idle_holders()  # (before the slot is tried: one ending between is not missed)
+            if server_slots.take_slot(connection, schema, cap) is not None:
+                return True
+            if not holders:
+                return False
+            time.sleep(0.1)
+        return False
+    finally:
+        queue.leave()
+
+
+def slot_session(plpy: Any, server: SegmentServer) -> psycopg.Connection:
+    """A new session on `server` on a slot of its pool, for work that needs a session of its
+    own there (predict's temporary table where a table lies): while the server has none
+    free, it waits, a NOTICE naming the server, trying once a second, up to
+    madlib_mop.queue_timeout_seconds."""
+    schema = catalog.extension_schema_name(plpy)
+    timeout, since, said = server_slots.queue_timeout(plpy), time.monotonic(), False
+    connection = segments.session(plpy, server)
+    try:
+        cap = connection.execute(sql.SQL("SELECT {}._mop_worker_cap()").format(sql.Identifier(schema))).fetchone()[0]
+        while server_slots.take_slot(connection, schema, cap) is None and not _reclaimed(connection, schema, cap):
+            if not said:
+                plpy.notice(f"madlib_mop: queued for a worker session of {server.label} (all {cap} are taken)")
+                said = True
+            if timeout is not None and time.monotonic() - since > timeout:
+                raise MadlibMopError(f"waited {timeout}s for a worker session of {server.label}",
+                                     sqlstate=errors.INSUFFICIENT_RESOURCES,
+                                     detail=f"All {cap} worker sessions of {server.label} are taken.",
+                                     hint=f"Call it again later, or SET {server_slots.QUEUE_TIMEOUT_SETTING} "
+                                          "higher (0: no limit).")
+            plpy.execute("SELECT pg_catalog.pg_sleep(1)")
+    except BaseException:
+        connection.close()
+        raise
+    return connection
 
 
 class ClusterEngine(Engine):
@@ -139,6 +235,7 @@ class ClusterEngine(Engine):
         self.full = next((w.server.label for w in workers if not w.open_with_slot()), None)
         if self.full is None:
             return workers
+        self.keep_idle([w for w in workers if w.relayed is not None], segments)
         for worker in workers:
             worker.close()
         self._workers = [w for w in self._workers if w not in workers]
@@ -155,10 +252,21 @@ class ClusterEngine(Engine):
     def waiting_for(self) -> str | None:
         return None if self.full is None else f"all worker sessions of {self.full} are taken"
 
+    def keep_idle(self, workers: list[Worker], segments: int) -> None:
+        """The job ended: its sessions wait, each on its segment server, for the role's next
+        call there (`LocalWorker.idle`, `engine.relay`), as long as that server's
+        madlib_mop.worker_idle_seconds says."""
+        for worker in workers:
+            if isinstance(worker, ClusterWorker) and worker.usable:
+                worker.idle(None)
+
     def inference_workers(self, count: int) -> list[Worker]:
-        """Worker i is on the server of partition i (opened per call: a cluster's sessions
-        are not kept between calls)."""
+        """Worker i is on the server of partition i (an idle session of the role there, else
+        a new one on a slot)."""
         return [self.worker(i, f"madlib_mop inference worker {i}") for i in range(count)]
+
+    def keep_inference(self, workers: list[Worker]) -> None:
+        self.keep_idle(workers, len(workers))
 
 
 def on_server(server: SegmentServer, error: BaseException) -> MadlibMopError:

@@ -47,10 +47,11 @@ class LocalWorker(Worker):
         except NoSlot:
             return False
 
-    def idle(self, seconds: int) -> int | None:
+    def idle(self, seconds: int | None) -> int | None:
         """Keep the session for this role's next call, from any session: it waits in
         `_mop_idle` (the CALL is sent, and the connection let go: the session outlives it)
-        until adopted, a queued call or `seconds` (then it ends and its slot is free).
+        until adopted, a queued call or `seconds` (then it ends and its slot is free; None:
+        its server's madlib_mop.worker_idle_seconds).
         Its process id, None if there is no session to keep."""
         adopted, self._adopted = self._adopted, None
         if adopted is not None:
@@ -65,7 +66,7 @@ class LocalWorker(Worker):
             connection.execute("SET client_connection_check_interval = 0")
             connection.pgconn.send_query(
                 sql.SQL("CALL {}._mop_idle({})").format(sql.Identifier(self.schema),
-                                                        sql.Literal(int(seconds))).as_bytes(connection))
+                                                        sql.Literal(None if seconds is None else int(seconds))).as_bytes(connection))
             return pid
         except psycopg.Error:  # a session in no state to be kept: it ends
             return None

@@ -139,11 +139,15 @@ class Queue:
     session of its own (the waiting call's own transaction is not committed until it ends),
     and given back when it leaves; if the call's backend dies, the session dies with it and
     its place no longer counts.  The place is in the server's shared memory where the
-    library is preloaded, else a row of `worker_queue`."""
+    library is preloaded, else a row of `worker_queue`.  `db`: an autocommit session of
+    the server to queue in instead (a coordinator's worker session on a segment server,
+    which then takes the slot itself); it stays open."""
 
-    def __init__(self, conninfo: str, schema: str, job_id: int | None):
+    def __init__(self, conninfo: str | None, schema: str, job_id: int | None,
+                 db: psycopg.Connection | None = None):
         self.schema = sql.Identifier(schema)
-        self.db = worker_session.connect(conninfo, application_name="madlib_mop queue")
+        self.own = db is None
+        self.db = worker_session.connect(conninfo, application_name="madlib_mop queue") if db is None else db
         quoted = self.schema.as_string(self.db)
         shared = self.db.execute(sql.SQL("SELECT {}._mop_pool_shared()").format(self.schema)).fetchone()[0]
         self.pool = Pool(quoted, shared)
@@ -183,7 +187,8 @@ class Queue:
                 self.db.execute(sql.SQL("DELETE FROM {}.worker_queue WHERE ticket = %s").format(self.schema),
                                 (self.ticket,))
         finally:
-            self.db.close()
+            if self.own:
+                self.db.close()
 
 
 def taken_text(cap_value: int, elsewhere: int) -> str:
@@ -235,7 +240,9 @@ def idle(plpy: Any, seconds: float, can_commit: bool = False) -> None:
     serves the role's calls that adopt it, and ends, giving its slot back, as soon as a
     call waits for a slot, or after `seconds` idle (`engine.idle_workers`).  Only a worker
     session of the pool (it holds a slot) as its own login role may be one: any other
-    session would serve its role's calls outside the cap, or as a role SET ROLE chose."""
+    session would serve its role's calls outside the cap, or as a role SET ROLE chose.
+    `seconds` None: this server's madlib_mop.worker_idle_seconds (a coordinator's job on a
+    segment server keeps the segment server's setting)."""
     server = pool(plpy)
     row = plpy.execute(f"SELECT current_user = session_user AS own, EXISTS (SELECT 1 FROM "
                        f"({server.slots}) s WHERE s.pid = pg_catalog.pg_backend_pid()) AS slot")[0]
@@ -243,4 +250,5 @@ def idle(plpy: Any, seconds: float, can_commit: bool = False) -> None:
         raise MadlibMopError("_mop_idle runs only in a worker session of the server's pool",
                              sqlstate=errors.INSUFFICIENT_PRIVILEGE,
                              hint="The extension calls it when a job's worker sessions are idle.")
-    idle_workers.wait(plpy, seconds, can_commit, server.any_waiting)
+    idle_workers.wait(plpy, idle_seconds(plpy) if seconds is None else seconds, can_commit,
+                      server.any_waiting)

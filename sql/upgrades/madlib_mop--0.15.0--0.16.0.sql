@@ -2,11 +2,4 @@
 \echo Use "ALTER EXTENSION madlib_mop UPDATE TO '0.16.0'" to load this file. \quit
 
 -- The models of a fused call evaluate their validation together (_mop_evaluate_fused is
--- new): it comes with this version's routines.
--- @routines
--- 0.11.0's update cleared the comments the refusing custom-function routines of 0.10.0
--- had; they run here, after the routines exist (an update from 0.10.0 or earlier creates
--- them only here: the routines are in the latest update script alone).
-COMMENT ON FUNCTION @extschema@.delete_custom_function(varchar, integer) IS NULL;
-COMMENT ON FUNCTION @extschema@.delete_custom_function(varchar, text) IS NULL;
-COMMENT ON FUNCTION @extschema@.load_top_k_accuracy_function(varchar, integer) IS NULL;
+-- new): it comes with the routines of the latest update.
