@@ -66,7 +66,7 @@ RETURNS integer
 
 -- One worker call relayed to the adopted session: arguments and results as its socket
 -- frames them (bytes values as {"blob": i}, the blobs apart).
-CREATE FUNCTION @extschema@._mop_relay_call(function_name text, args jsonb, blobs bytea[],
+CREATE FUNCTION @extschema@._mop_relay_call(function_name text, arguments jsonb, blobs bytea[],
                                             OUT result jsonb, OUT result_blobs bytea[])
 #plpython "mop_relay_call.py"
 
