@@ -164,7 +164,8 @@ def slot_session(plpy: Any, server: SegmentServer) -> psycopg.Connection:
         cap = connection.execute(sql.SQL("SELECT {}._mop_worker_cap()").format(sql.Identifier(schema))).fetchone()[0]
         while server_slots.take_slot(connection, schema, cap) is None and not _reclaimed(connection, schema, cap):
             if not said:
-                plpy.notice(f"madlib_mop: queued for a worker session of {server.label} (all {cap} of its worker sessions are taken)")
+                plpy.notice(f"madlib_mop: queued for a worker session of {server.label} "
+                            f"(all {cap} of its worker sessions are taken)")
                 said = True
             if timeout is not None and time.monotonic() - since > timeout:
                 raise MadlibMopError(f"waited {timeout}s for a worker session of {server.label}",

@@ -64,9 +64,9 @@ class LocalWorker(Worker):
             # Off before the hand-over: the connection is let go at once, and a check armed
             # at the CALL's start could end the session before `_mop_idle` turns it off.
             connection.execute("SET client_connection_check_interval = 0")
+            kept = sql.Literal(None if seconds is None else int(seconds))
             connection.pgconn.send_query(
-                sql.SQL("CALL {}._mop_idle({})").format(sql.Identifier(self.schema),
-                                                        sql.Literal(None if seconds is None else int(seconds))).as_bytes(connection))
+                sql.SQL("CALL {}._mop_idle({})").format(sql.Identifier(self.schema), kept).as_bytes(connection))
             return pid
         except psycopg.Error:  # a session in no state to be kept: it ends
             return None

@@ -55,18 +55,18 @@ def adopt(plpy: Any, local_segments: int, label: str) -> int | None:
     return None if _adopted is None else _adopted.pid
 
 
-def call(plpy: Any, function: str, values: list, blobs: list[bytes]) -> tuple[list, list[bytes]]:
+def call(plpy: Any, function_name: str, arguments: list, blobs: list[bytes] | None) -> tuple[list, list[bytes]]:
     """One worker call, relayed: its result values (bytes as {"blob": i}) and blobs."""
     adopted = _adopted
     if adopted is None or not adopted.usable:
         raise MadlibMopError("this session relays to no worker session",
                              sqlstate=errors.CONNECTION_FAILURE,
                              hint="A job's session adopts one first (_mop_relay_adopt).")
-    if not idle_workers.WORKER_FUNCTION.fullmatch(function) or function.startswith("_mop_relay"):
-        raise MadlibMopError(f"{function} is not a worker function", sqlstate=errors.UNDEFINED_FUNCTION,
+    if not idle_workers.WORKER_FUNCTION.fullmatch(function_name) or function_name.startswith("_mop_relay"):
+        raise MadlibMopError(f"{function_name} is not a worker function", sqlstate=errors.UNDEFINED_FUNCTION,
                              hint="Only the extension's worker functions are relayed.")
     try:
-        adopted.channel.send({"kind": "call", "function": function, "args": values}, blobs)
+        adopted.channel.send({"kind": "call", "function": function_name, "args": arguments}, blobs or [])
         header, out = _answer(plpy, adopted)
     except ChannelClosed as error:
         adopted.channel.close()
