@@ -29,7 +29,6 @@ database:
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any, Callable
 
@@ -40,6 +39,7 @@ from madlib_mop import errors
 from madlib_mop.db import catalog, settings, worker_session
 from madlib_mop.engine import idle_workers
 from madlib_mop.errors import MadlibMopError
+from madlib_mop.runtime.tf_runtime import available_cores
 
 # A worker session's memory with TensorFlow and Keras imported and a small job's programs
 # traced: 0.67 GB of RSS measured for `make demo`'s workers here, with room for larger ones.
@@ -91,7 +91,7 @@ def memory_mb() -> float:
 
 
 def machine_cap() -> int:
-    return max(1, min(2 * (os.cpu_count() or 1), int(memory_mb() * MEMORY_FRACTION // BASE_MB)))
+    return max(1, min(2 * available_cores(), int(memory_mb() * MEMORY_FRACTION // BASE_MB)))
 
 
 def cap(plpy: Any) -> int:

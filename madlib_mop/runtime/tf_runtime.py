@@ -43,9 +43,18 @@ def configured_threads() -> int | None:
     return _configured_threads
 
 
+def available_cores() -> int:
+    """The cores this server may run on: those of its CPU affinity (a server pinned to some
+    cores with taskset, a container's cpuset), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def worker_threads(segments: int) -> int:
-    """A worker's threads when `segments` workers share the machine (1: all cores)."""
-    return max(1, (os.cpu_count() or 1) // max(1, segments))
+    """A worker's threads when `segments` workers share the server's cores (1: all)."""
+    return max(1, available_cores() // max(1, segments))
 
 
 def import_tensorflow(threads: int | None = None) -> ModuleType:
@@ -76,7 +85,7 @@ def import_tensorflow(threads: int | None = None) -> ModuleType:
         gc.freeze()
 
     if _configured_threads is None:
-        wanted = threads or os.cpu_count() or 1
+        wanted = threads or available_cores()
         try:
             tf.config.threading.set_intra_op_parallelism_threads(wanted)
             tf.config.threading.set_inter_op_parallelism_threads(min(2, wanted))

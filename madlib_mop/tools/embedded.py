@@ -174,7 +174,7 @@ class EmbeddedCluster(_ServerFiles):
     """One initdb cluster: its folder, its port, and how to start and stop it."""
 
     def __init__(self, base: Path | None = None, port: int | None = None,
-                 worker_auth: bool = True):
+                 worker_auth: bool = True, cpus: list[int] | None = None):
         self.base = Path(base or os.environ.get("MADLIB_MOP_EMBEDDED_DIR") or REPO_ROOT / ".pg").resolve()
         self.port = int(port or os.environ.get("MADLIB_MOP_PGPORT") or DEFAULT_PORT)
         self.data = self.base / "data"
@@ -184,6 +184,9 @@ class EmbeddedCluster(_ServerFiles):
         # False: Debian's authentication alone, without the madlib_mop map (a DBA's server
         # before the DBA's set-up, as a test makes it).
         self.worker_auth = worker_auth
+        # The cores the server runs on (taskset), None: all. A cluster on one machine gives
+        # each segment server cores of its own, as its own machine would have.
+        self.cpus = cpus
         self.bindir = _pg_bindir()
 
     # -- connection strings -------------------------------------------------
@@ -193,6 +196,8 @@ class EmbeddedCluster(_ServerFiles):
 
     # -- running server commands as the right OS user -------------------------
     def _as_server_user(self, argv: list[str]) -> list[str]:
+        if self.cpus:
+            argv = ["taskset", "--cpu-list", ",".join(map(str, self.cpus)), *argv]
         if os.geteuid() == 0:
             return ["runuser", "-u", SERVER_OS_USER, "--", *argv]
         return argv

@@ -32,10 +32,22 @@ SEGMENT_SERVERS = 2
 
 def servers(first_port: int | None = None) -> dict[str, EmbeddedCluster]:
     """coordinator, seg0, seg1: their folders and ports (`first_port`, by default
-    FIRST_PORT, +1, +2)."""
+    FIRST_PORT, +1, +2).  Each segment server runs on cores of its own, as on a machine of
+    its own (the coordinator on all), unless MADLIB_MOP_CLUSTER_CPUS=shared or the machine
+    has fewer cores than segment servers."""
     names = ["coordinator"] + [f"seg{i}" for i in range(SEGMENT_SERVERS)]
     first = FIRST_PORT if first_port is None else first_port
-    return {name: EmbeddedCluster(BASE / name, first + i) for i, name in enumerate(names)}
+    return {name: EmbeddedCluster(BASE / name, first + i, cpus=segment_cpus(i - 1) if i else None)
+            for i, name in enumerate(names)}
+
+
+def segment_cpus(index: int) -> list[int] | None:
+    """The cores of segment server `index`: an equal share of this process's."""
+    cores = sorted(os.sched_getaffinity(0))
+    share = len(cores) // SEGMENT_SERVERS
+    if os.environ.get("MADLIB_MOP_CLUSTER_CPUS") == "shared" or share == 0:
+        return None
+    return cores[index * share:(index + 1) * share]
 
 
 def _dsn_with_password(server: EmbeddedCluster) -> str:
