@@ -117,3 +117,43 @@ def test_a_bad_architecture_is_refused_by_the_worker_with_its_sqlstate(prepared)
     assert error["sqlstate"] == "22023", error
     assert "could not be built as a Keras model" in error["message"], error
     assert "NoSuchLayer" in error["detail"] and error["hint"], error
+
+
+def test_a_workers_step0_states_are_kept_for_a_job_of_the_same_configurations(monkeypatch):
+    """A process keeps the step-0 states it built (`model_facts.each_state`): asked again for
+    the same configurations and seed (the next pg_cron firing, a cell run again, a session
+    kept ready that built its role's latest job's), it gives the kept bytes without building
+    a model; a model built alone is the same as built with others; another seed builds anew;
+    the kept states stay within their budget."""
+    import collections
+
+    import keras
+
+    from madlib_mop.runtime import model_facts, training
+
+    arch = keras.Sequential([keras.Input((4,)), keras.layers.Dense(5, activation="relu"),
+                             keras.layers.Dense(3, activation="softmax")]).to_json()
+    models = [{"mst_key": key, "model_arch": arch, "compile_params": ADAM.replace("0.01", rate),
+               "fit_params": "batch_size=8, epochs=1"} for key, rate in ((1, "0.01"), (2, "0.05"), (3, "0.01"))]
+    monkeypatch.setattr(model_facts, "_kept", collections.OrderedDict())
+    built = dict(model_facts.each_state({"seed": 7, "models": models}, None))
+    assert sorted(built) == [1, 2, 3] and len(model_facts._kept) == 3
+    spec = training.ModelSpec(2, arch, models[1]["compile_params"], models[1]["fit_params"])
+    assert _values({2: built[2]}) == _values(dict(training.each_initial_state([spec], 7)))
+
+    building = training.each_initial_state
+
+    def refused(specs, seed):
+        assert not specs, "a kept state was built again"
+        return iter(())
+    monkeypatch.setattr(training, "each_initial_state", refused)
+    again = dict(model_facts.each_state({"seed": 7, "models": models[::-1]}, None))
+    assert again == built
+    assert all(any(state is kept for kept in model_facts._kept.values()) for state in again.values())
+
+    monkeypatch.setattr(training, "each_initial_state", building)
+    other = dict(model_facts.each_state({"seed": 8, "models": models[:1]}, None))
+    assert _values(other)[1][1] != _values(built)[1][1]  # another seed draws other weights
+    monkeypatch.setattr(model_facts, "KEPT_STATES_BYTES", 8 * len(built[1]) + 1)
+    model_facts.each_state({"seed": 9, "models": models[:1]}, None).__next__()
+    assert sum(map(len, model_facts._kept.values())) <= model_facts.KEPT_STATES_BYTES

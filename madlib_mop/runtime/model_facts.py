@@ -12,6 +12,8 @@ madlib_mop.runtime.model_facts`) that ends and returns its memory (`job.keras_wo
   process builds them: each model's initialisers draw from the job's seed and its mst_key.
   Written to files of a directory named by the caller (states may exceed one SQL value's
   1 GB), or returned inline (a segment server's worker: its files are on its own machine).
+  A process keeps the small states it built (up to KEPT_STATES_BYTES): a job of the same
+  configurations and seed gets them without building a model.
 
 Custom losses and metrics are stand-ins here (compiling calls none, a state holds no trace of
 them): nothing of an object table is unpickled.
@@ -20,10 +22,12 @@ them): nothing of an object table is unpickled.
 from __future__ import annotations
 
 import gc
+import hashlib
 import json
 import os
 import re
 import sys
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +98,45 @@ def _last(shape: Any) -> int | None:
     return None if shape[-1] is None else int(shape[-1])
 
 
+# Step-0 states this process built, newest last, up to KEPT_STATES_BYTES: a job of the same
+# configurations and seed (a notebook cell run again, the next pg_cron firing, a session
+# kept ready that built its role's latest job's) gets them without building its models.
+KEPT_STATES_BYTES = 64 * 2**20
+_kept: OrderedDict[str, bytes] = OrderedDict()
+
+
+def _state_key(model: dict, seed: int, weights: bytes | None, custom: Any) -> str:
+    """What a step-0 state is a function of: the configuration, its mst_key (its
+    initialisers' seed), the job's seed, the initial weights, the custom functions."""
+    digest = hashlib.sha256(json.dumps([{k: model[k] for k in ("mst_key", "model_arch", "compile_params",
+                                                                "fit_params")}, seed, custom],
+                                       sort_keys=True).encode())
+    digest.update(b"-" if weights is None else hashlib.sha256(weights).digest())
+    return digest.hexdigest()
+
+
+def each_state(request: dict, weights: list[bytes | None] | None):
+    """(mst_key, step-0 state) of each model of the request, in its order: kept ones as they
+    were kept, the others built (`training.each_initial_state`: a model's state does not
+    depend on which other models are built with it)."""
+    seed, weights = int(request["seed"]), weights or [None] * len(request["models"])
+    keys = [_state_key(m, seed, None if w is None else bytes(w), request.get("custom"))
+            for m, w in zip(request["models"], weights)]
+    specs = _specs(request, weights)
+    built = training.each_initial_state([s for s, k in zip(specs, keys) if k not in _kept], seed)
+    for spec, key in zip(specs, keys):
+        if key in _kept:
+            _kept.move_to_end(key)
+            yield spec.mst_key, _kept[key]
+            continue
+        mst_key, blob = next(built)
+        if len(blob) <= KEPT_STATES_BYTES // 8:
+            _kept[key] = bytes(blob)
+            while sum(map(len, _kept.values())) > KEPT_STATES_BYTES:
+                _kept.popitem(last=False)
+        yield mst_key, blob
+
+
 def initial_states(request: dict, weights: list[bytes | None] | None, token: str | None
                    ) -> tuple[list[bytes | None], list[int]]:
     """Each model's step-0 state (`training.each_initial_state`, from `request["seed"]`):
@@ -103,7 +146,7 @@ def initial_states(request: dict, weights: list[bytes | None] | None, token: str
     if directory is not None:
         directory.mkdir(parents=True, exist_ok=True)
     states, sizes = [], []
-    for mst_key, blob in training.each_initial_state(_specs(request, weights), int(request["seed"])):
+    for mst_key, blob in each_state(request, weights):
         sizes.append(len(blob))
         if directory is None:
             states.append(bytes(blob))

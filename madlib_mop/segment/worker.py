@@ -35,7 +35,7 @@ from madlib_mop.engine.base import VisitRecord
 from madlib_mop.json_values import finite_json
 from madlib_mop.job import memory, repository, store
 from madlib_mop.job import state_store
-from madlib_mop.runtime import fused_program, fusion, staging, training
+from madlib_mop.runtime import fused_program, fusion, model_facts, staging, training
 from madlib_mop.runtime.custom_functions import CustomFunctions
 from madlib_mop.segment import features, models
 from madlib_mop.errors import MadlibMopError
@@ -490,7 +490,7 @@ def trace_latest_job(plpy: Any) -> int:
     if train_rows is None:  # no rows: nothing a visit would run
         return 0
     valid_rows = _first_buffer(plpy, ctx.validation) if ctx.validation is not None else None
-    traced = set()
+    traced, parameters = set(), {}
     for mst_key, spec in sorted(ctx.specs.items()):
         key = (spec.program_key, ctx.staged)
         if key in traced:
@@ -498,6 +498,7 @@ def trace_latest_job(plpy: Any) -> int:
         program = _program(plpy, ctx, mst_key)
         if isinstance(program, staging.StagedProgram):
             continue
+        parameters[spec.program_key] = program.model.count_params()
         program.state.trace()
         rows = train_rows(spec.fit.get("batch_size", 32) + 1)
         training.train_subepoch(program, spec, [rows], ctx.seed, 0, ctx.train.columns.classification)
@@ -507,7 +508,22 @@ def trace_latest_job(plpy: Any) -> int:
         if valid_rows is not None:
             training.evaluate(program, spec, [valid_rows(1024)], ctx.validation.columns.classification)
         traced.add(key)
+    _keep_initial_states(ctx, parameters)
     return len(traced)
+
+
+def _keep_initial_states(ctx: JobContext, parameters: dict[tuple, int]) -> None:
+    """The job's models' step-0 states, built now and kept by `model_facts` (small models'
+    alone): a job of the same configurations and seed gets them without building its models.
+    A job started from given weights (warm start, transfer) is not built ahead."""
+    # (weights and two optimizer slots of 4 bytes per parameter: a state's size, about)
+    small = [spec for _, spec in sorted(ctx.specs.items()) if spec.initial_weights is None
+             and 0 < 3 * 4 * parameters.get(spec.program_key, 0) <= model_facts.KEPT_STATES_BYTES // 8]
+    request = {"seed": ctx.seed, "models": [{"mst_key": s.mst_key, "model_arch": s.model_arch,
+                                             "compile_params": s.compile_params, "fit_params": s.fit_params}
+                                            for s in small]}
+    for _ in model_facts.each_state(request, None):
+        pass
 
 
 def _first_buffer(plpy: Any, data: PackedData) -> Callable[[int], Buffer] | None:
