@@ -305,6 +305,40 @@ def test_a_segment_servers_prewarmed_session_runs_the_next_job(cluster, servers,
             admin.execute(sql.SQL("ALTER DATABASE {} RESET madlib_mop.segments").format(sql.Identifier(name)))
 
 
+def test_another_roles_idle_session_gives_its_slot_to_a_job(cluster, servers, walkthrough):
+    """A segment server whose one slot another role's idle session holds: the job's
+    session there queues on that server, the idle session ends at once (not after its 300
+    s), and the job runs to the walkthrough's weights."""
+    name = conninfo_to_dict(cluster)["dbname"]
+    seg0 = _server_dsn(servers["seg0"], name)
+    with psycopg.connect(seg0, autocommit=True) as admin:
+        admin.execute("DO $$ BEGIN CREATE ROLE other_analyst LOGIN PASSWORD 'other-pw'; "
+                      "EXCEPTION WHEN duplicate_object THEN NULL; END $$")
+        admin.execute(sql.SQL("ALTER DATABASE {} SET madlib_mop.max_worker_sessions = 1").format(sql.Identifier(name)))
+    _end_idle_sessions(seg0)
+    try:
+        other = psycopg.connect(make_conninfo(seg0, user="other_analyst", password="other-pw"), autocommit=True)
+        assert other.execute("SELECT madlib_mop._mop_take_slot(1)").fetchone()[0] is not None
+        other.execute("SET client_connection_check_interval = 0")
+        other.pgconn.send_query(b"CALL madlib_mop._mop_idle(300)")  # as a job's worker is kept
+        other.close()
+        deadline = time.monotonic() + 30
+        while not _idle_pids(servers, name, "seg0"):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        started = time.monotonic()
+        _fit(cluster, "reclaimed_model")
+        assert time.monotonic() - started < 120
+        assert _weights(cluster, "reclaimed_model") == walkthrough
+        with psycopg.connect(seg0, autocommit=True) as admin:
+            assert admin.execute("SELECT count(*) FROM pg_stat_activity WHERE usename = 'other_analyst'"
+                                 ).fetchone()[0] == 0
+    finally:
+        with psycopg.connect(seg0, autocommit=True) as admin:
+            admin.execute(sql.SQL("ALTER DATABASE {} RESET madlib_mop.max_worker_sessions").format(
+                sql.Identifier(name)))
+
+
 def test_a_segment_server_full_to_its_cap_queues_the_job(cluster, servers, walkthrough):
     """A segment server's cap (its own madlib_mop.max_worker_sessions) counts the job's
     sessions there: with its one slot held, the job waits, queued, naming the server, and
