@@ -181,23 +181,17 @@ class EmbeddedCluster(_ServerFiles):
         self.socket_dir = self.base / "run"
         self.log = self.base / "server.log"
         self.passfile = self.base / "passfile"
-        # False: Debian's authentication alone, without the madlib_mop map (a DBA's server
-        # before the DBA's set-up, as a test makes it).
-        self.worker_auth = worker_auth
-        # The cores the server runs on (taskset), None: all. A cluster on one machine gives
-        # each segment server cores of its own, as its own machine would have.
-        self.cpus = cpus
+        self.worker_auth = worker_auth  # False: Debian's authentication alone (a DBA's server before set-up)
+        self.cpus = cpus  # the cores it runs on (taskset; None: all), as `make cluster` sets
         self.bindir = _pg_bindir()
 
-    # -- connection strings -------------------------------------------------
     def dsn(self, dbname: str = DEFAULT_DATABASE) -> str:
         return (f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/{quote(dbname)}"
                 f"?passfile={quote(str(self.passfile))}")
 
     # -- running server commands as the right OS user -------------------------
     def _as_server_user(self, argv: list[str]) -> list[str]:
-        if self.cpus:
-            argv = ["taskset", "--cpu-list", ",".join(map(str, self.cpus)), *argv]
+        argv = ["taskset", "--cpu-list", ",".join(map(str, self.cpus)), *argv] if self.cpus else argv
         if os.geteuid() == 0:
             return ["runuser", "-u", SERVER_OS_USER, "--", *argv]
         return argv
