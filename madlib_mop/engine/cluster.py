@@ -53,8 +53,7 @@ class ClusterWorker(LocalWorker):
         connection = segments.connect(self.conninfo, self.server, self.refused_hint)
         schema = sql.Identifier(self.schema)
         try:
-            self.relayed = connection.execute(sql.SQL("SELECT {}._mop_relay_adopt(%s, %s)").format(schema),
-                                              (self.local_segments, self.label)).fetchone()[0]
+            self.relayed = _adopted_there(connection, schema, self.local_segments, self.label)
             if self.relayed is not None:
                 return connection
             cap = connection.execute(sql.SQL("SELECT {}._mop_worker_cap()").format(schema)).fetchone()[0]
@@ -132,6 +131,17 @@ class ClusterWorker(LocalWorker):
         raise MadlibMopError("predicting on a segment server is not supported",
                              sqlstate=errors.FEATURE_NOT_SUPPORTED,
                              hint="Predict from a table of the coordinator.")
+
+
+def _adopted_there(connection: psycopg.Connection, schema: sql.Identifier, local_segments: int,
+                   label: str) -> int | None:
+    """The process id of the role's idle session that the session adopted on its server
+    (`engine.relay`), None if none (or the server's extension predates the relay)."""
+    try:
+        return connection.execute(sql.SQL("SELECT {}._mop_relay_adopt(%s, %s)").format(schema),
+                                  (local_segments, label)).fetchone()[0]
+    except psycopg.errors.UndefinedFunction:
+        return None
 
 
 def _reclaimed(connection: psycopg.Connection, schema: str, cap: int) -> bool:
