@@ -136,6 +136,7 @@ def test_a_workers_step0_states_are_kept_for_a_job_of_the_same_configurations(mo
     models = [{"mst_key": key, "model_arch": arch, "compile_params": ADAM.replace("0.01", rate),
                "fit_params": "batch_size=8, epochs=1"} for key, rate in ((1, "0.01"), (2, "0.05"), (3, "0.01"))]
     monkeypatch.setattr(model_facts, "_kept", collections.OrderedDict())
+    monkeypatch.setattr(model_facts, "_kept_bytes", 0)
     built = dict(model_facts.each_state({"seed": 7, "models": models}, None))
     assert sorted(built) == [1, 2, 3] and len(model_facts._kept) == 3
     spec = training.ModelSpec(2, arch, models[1]["compile_params"], models[1]["fit_params"])
@@ -156,4 +157,4 @@ def test_a_workers_step0_states_are_kept_for_a_job_of_the_same_configurations(mo
     assert _values(other)[1][1] != _values(built)[1][1]  # another seed draws other weights
     monkeypatch.setattr(model_facts, "KEPT_STATES_BYTES", 8 * len(built[1]) + 1)
     model_facts.each_state({"seed": 9, "models": models[:1]}, None).__next__()
-    assert sum(map(len, model_facts._kept.values())) <= model_facts.KEPT_STATES_BYTES
+    assert model_facts._kept_bytes == sum(map(len, model_facts._kept.values())) <= model_facts.KEPT_STATES_BYTES

@@ -11,7 +11,6 @@ are), then the calls are the same `_mop_train` / `_mop_evaluate` as on one serve
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any, Callable
 
@@ -82,7 +81,7 @@ class ClusterWorker(LocalWorker):
         session = self._session()
         if self.relayed is None:
             return super()._call(function, *args, columns=columns)
-        values, blobs = idle_workers.encode([json.dumps(a.obj) if isinstance(a, Jsonb) else a for a in args])
+        values, blobs = idle_workers.encode(list(args))
         try:
             result, out = session.execute(
                 sql.SQL("SELECT * FROM {}._mop_relay_call(%s, %s, %s)").format(sql.Identifier(self.schema)),

@@ -43,6 +43,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from madlib_mop import __version__, errors
 from madlib_mop.db import catalog
@@ -105,10 +106,13 @@ class Channel:
 
 
 def encode(values: list) -> tuple[list, list[bytes]]:
-    """Values with every bytes value replaced by {"blob": i}, and the blobs."""
+    """Values with every bytes value replaced by {"blob": i}, and the blobs (a jsonb
+    argument goes as its text, as the worker function takes it)."""
     blobs: list[bytes] = []
 
     def one(value: Any) -> Any:
+        if isinstance(value, Jsonb):
+            return json.dumps(value.obj)
         if isinstance(value, (bytes, bytearray, memoryview)):
             blobs.append(bytes(value))
             return {"blob": len(blobs) - 1}

@@ -4,7 +4,6 @@ worker a session of that same server, opened by the caller's backend as the call
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -115,7 +114,7 @@ class LocalWorker(Worker):
             adopted.rename(self.label)
             self._named = self.label
         try:
-            return adopted.call(function, tuple(json.dumps(a.obj) if isinstance(a, Jsonb) else a for a in args))
+            return adopted.call(function, args)
         finally:
             if not adopted.usable:  # lost: the next call opens a session of its own
                 self._adopted, self._named = None, None

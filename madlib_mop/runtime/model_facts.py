@@ -103,6 +103,7 @@ def _last(shape: Any) -> int | None:
 # kept ready that built its role's latest job's) gets them without building its models.
 KEPT_STATES_BYTES = 64 * 2**20
 _kept: OrderedDict[str, bytes] = OrderedDict()
+_kept_bytes = 0  # their sum
 
 
 def _state_key(model: dict, seed: int, weights: bytes | None, custom: Any) -> str:
@@ -119,6 +120,7 @@ def each_state(request: dict, weights: list[bytes | None] | None):
     """(mst_key, step-0 state) of each model of the request, in its order: kept ones as they
     were kept, the others built (`training.each_initial_state`: a model's state does not
     depend on which other models are built with it)."""
+    global _kept_bytes
     seed, weights = int(request["seed"]), weights or [None] * len(request["models"])
     keys = [_state_key(m, seed, None if w is None else bytes(w), request.get("custom"))
             for m, w in zip(request["models"], weights)]
@@ -132,8 +134,9 @@ def each_state(request: dict, weights: list[bytes | None] | None):
         mst_key, blob = next(built)
         if len(blob) <= KEPT_STATES_BYTES // 8:
             _kept[key] = bytes(blob)
-            while sum(map(len, _kept.values())) > KEPT_STATES_BYTES:
-                _kept.popitem(last=False)
+            _kept_bytes += len(blob)
+            while _kept_bytes > KEPT_STATES_BYTES:
+                _kept_bytes -= len(_kept.popitem(last=False)[1])
         yield mst_key, blob
 
 
