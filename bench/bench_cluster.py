@@ -7,7 +7,10 @@ Measured:
   - makespan of madlib_keras_fit_multiple_model (cluster / one server);
   - bytes over the network per epoch: TCP loopback traffic during the fit (the cluster's
     worker sessions are TCP; one server's are Unix sockets), against models x hops x state
-    size x 2 (each state goes to the segment server and comes back) and the packed data;
+    size (each state goes from the server that keeps it to the next) and the packed data;
+  - per hop: state bytes through the coordinator and fetched from server to server, with
+    the segment servers able to reach each other and (the same fit again) not, when the
+    coordinator carries every state;
   - the sub-epoch breakdown (read, restore, train, save in the worker) and the gap between
     two visits of a segment (dispatch, network, the coordinator's commit);
   - packing: training_preprocessor_dl on the cluster (rows/s) against
@@ -20,12 +23,14 @@ Prints markdown tables; writes bench/results/cluster.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Iterator
 
 import psycopg
 from psycopg.conninfo import make_conninfo
@@ -95,11 +100,16 @@ def fit(conn: psycopg.Connection, out: str = "w1_fit") -> dict:
     epochs = len(visits) // (segments * len({v[0] for v in visits}))
     accuracy = dict(conn.execute(f"SELECT mst_key, validation_metrics_final FROM {out}_info").fetchall())
     traced = sum(int(v[3].get("traced", 0)) for v in visits)
+    hops = [v[3] for v in visits if v[1] > 0]  # a model's first visit gets its step-0 state
+    moved = {"coordinator": statistics.mean(h.get("coordinator_bytes", 0) for h in hops),
+             "fetched": statistics.mean(h.get("fetched_bytes", 0) for h in hops),
+             "record": statistics.mean(len(json.dumps(h)) for h in hops),
+             "fetch_ms": 1000 * statistics.mean(h["seconds"].get("fetch", 0.0) for h in hops)}
     return {"makespan": makespan, "loopback_bytes": moved, "state_bytes": float(state),
             "first_subepoch_s": first_subepoch, "traced": traced,
             "packed_bytes": int(data), "hops": len(visits), "epochs": epochs,
             "subepoch": parts, "gap_ms": 1000 * statistics.median(gaps) if gaps else None,
-            "accuracy": accuracy,
+            "accuracy": accuracy, "per_hop": moved,
             "weights": conn.execute("SELECT md5(string_agg(md5(model_weights), '' ORDER BY mst_key)) "
                                     f"FROM {out}").fetchone()[0]}
 
@@ -116,6 +126,23 @@ def copy_into_foreign_table(conn: psycopg.Connection, segment_dsn: str, batch_si
     started = time.perf_counter()
     conn.execute("INSERT INTO w1_copy SELECT id, x, y FROM w1_train")
     return time.perf_counter() - started
+
+
+@contextlib.contextmanager
+def without_peers(servers: dict) -> Iterator[None]:
+    """Each segment server without foreign servers for the others: the coordinator carries
+    every state (reads it from the server that keeps it, sends it with the call)."""
+    segment_servers = {n: cluster_tool._dsn_with_password(s) for n, s in servers.items() if n != "coordinator"}
+    for name, dsn in segment_servers.items():
+        with psycopg.connect(dsn, autocommit=True) as there:
+            for other in segment_servers:
+                if other != name:
+                    there.execute(f"DROP SERVER IF EXISTS {other} CASCADE")
+    try:
+        yield
+    finally:
+        for name, dsn in segment_servers.items():
+            cluster_tool._peers(dsn, [(o, d) for o, d in segment_servers.items() if o != name])
 
 
 def main() -> None:
@@ -140,6 +167,9 @@ def main() -> None:
             # The same fit again: its worker sessions are the first fit's, kept idle (on the
             # cluster, on the segment servers, taken up through a relaying session).
             results[name]["again"] = fit(conn, "w1_fit_again")
+            if name == "cluster":  # the segment servers unable to reach each other
+                with without_peers(servers):
+                    results[name]["carried"] = fit(conn, "w1_fit_carried")
             conn.execute(f"DROP SCHEMA {SCHEMA} CASCADE")
     rows = int(args.rows * 0.8)
     RESULTS.mkdir(exist_ok=True)
@@ -147,7 +177,7 @@ def main() -> None:
         {"measured_at": datetime.now(timezone.utc).isoformat(), "rows": rows, **results},
         indent=2, default=str))
     one, many = results["one server"], results["cluster"]
-    expected = many["hops"] * many["state_bytes"] * 2
+    expected = many["hops"] * many["state_bytes"]
     print(f"\n### W1 on 2 segment servers against one server with 2 segments ({rows} training rows, "
           f"{len(workload['configs'])} models, {many['epochs']} epochs)\n")
     print("| | one server | cluster | ratio |\n|---|---:|---:|---:|")
@@ -168,9 +198,24 @@ def main() -> None:
         print(f"| {label}: functions traced by its visits | {run(one)['traced']} | {run(many)['traced']} | |")
     same = one["weights"] == one["again"]["weights"] == many["again"]["weights"]
     print(f"| again: same weights as the first fits | | {'yes' if same else 'NO'} | |")
+    carried, direct = many["carried"], many["again"]
+    print("\n### States between segment servers: carried by the coordinator, or server to server\n")
+    print("| per hop (a model's first visit left out) | carried by the coordinator | server to server |"
+          "\n|---|---:|---:|")
+    print(f"| state bytes through the coordinator (mean) | {carried['per_hop']['coordinator']:,.0f} | "
+          f"{direct['per_hop']['coordinator']:,.0f} |")
+    print(f"| state bytes fetched from server to server (mean) | {carried['per_hop']['fetched']:,.0f} | "
+          f"{direct['per_hop']['fetched']:,.0f} |")
+    print(f"| the visit's record (bytes, mean) | {carried['per_hop']['record']:,.0f} | "
+          f"{direct['per_hop']['record']:,.0f} |")
+    print(f"| fetching the state in the worker (ms, mean) | {carried['per_hop']['fetch_ms']:.1f} | "
+          f"{direct['per_hop']['fetch_ms']:.1f} |")
+    print(f"| makespan (s), sessions kept idle | {carried['makespan']:.1f} | {direct['makespan']:.1f} |")
+    print(f"| same weights | {'yes' if carried['weights'] == one['weights'] else 'NO'} | "
+          f"{'yes' if direct['weights'] == one['weights'] else 'NO'} |")
     print("\n| network per epoch | bytes |\n|---|---:|")
     print(f"| loopback TCP during the fit, per epoch | {many['loopback_bytes'] / many['epochs']:,.0f} |")
-    print(f"| models x hops x state size x 2 (there and back), per epoch | {expected / many['epochs']:,.0f} |")
+    print(f"| models x hops x state size (server to server), per epoch | {expected / many['epochs']:,.0f} |")
     print(f"| packed data (never moved after packing) | {many['packed_bytes']:,} |")
     print(f"| one server: loopback TCP during the fit, per epoch | {one['loopback_bytes'] / one['epochs']:,.0f} |")
     print(f"\n### Packing {rows} rows onto the cluster\n")

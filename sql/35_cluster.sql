@@ -87,3 +87,44 @@ RETURNS jsonb
 CREATE FUNCTION @extschema@._mop_pack_segment(task jsonb)
 RETURNS jsonb
 #plpython "mop_pack_segment.py"
+
+-- States that travel between segment servers (madlib_mop.segment.kept_states): a segment
+-- server's worker keeps the state each visit leaves, in a file of its server; the next
+-- visit's worker, on any segment server, fetches it from there directly.
+-- A sub-epoch from model_state (carried by the coordinator), else from the state kept on
+-- segment server state_from (NULL: this one); the new state stays here.  The visit's record.
+CREATE FUNCTION @extschema@._mop_segment_train(job_id bigint, mst_key integer, step integer,
+                                               segment integer, state_from text,
+                                               model_state bytea, forget_below integer)
+RETURNS jsonb
+#plpython "mop_segment_train.py"
+
+-- A validation pass of a state found as _mop_segment_train finds it.
+CREATE FUNCTION @extschema@._mop_segment_validate(job_id bigint, mst_key integer, step integer,
+                                                  partition integer, state_from text,
+                                                  model_state bytea)
+RETURNS jsonb
+#plpython "mop_segment_validate.py"
+
+-- Of the segment servers named as the coordinator names them, those this server's workers
+-- fetch states from directly: a foreign server of that name here (a superuser's) and the
+-- calling role's user mapping for it.
+CREATE FUNCTION @extschema@._mop_segment_peers(server_names text[])
+RETURNS text[]
+#plpython "mop_segment_peers.py"
+
+-- A state kept here, in pieces of 4 MB, for another server's session of the same role.
+CREATE FUNCTION @extschema@._mop_segment_state(store text, mst_key integer, step integer)
+RETURNS SETOF bytea
+#plpython "mop_segment_state.py"
+
+-- Does this server keep these states (a resumed job asks before it goes back)?
+CREATE FUNCTION @extschema@._mop_segment_states_held(store text, mst_keys integer[],
+                                                     steps integer[])
+RETURNS boolean[]
+#plpython "mop_segment_states_held.py"
+
+-- The job ended: the role's states of it here go.
+CREATE FUNCTION @extschema@._mop_segment_forget(store text)
+RETURNS void
+#plpython "mop_segment_forget.py"

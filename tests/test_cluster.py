@@ -11,6 +11,7 @@ checked."""
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 import time
 import uuid
@@ -705,3 +706,81 @@ def test_a_model_of_two_inputs_and_outputs_gives_the_weights_of_one_server(clust
     assert on_cluster[1] == pytest.approx(on_one[1], abs=1e-6)
     assert on_cluster[2] == pytest.approx(on_cluster[1], abs=1e-6)
     assert set(on_cluster[3]) == set(on_one[3]) and "dense_5_accuracy" in on_cluster[3]
+
+
+# ---- states that travel between segment servers (segment.kept_states) ---------------------
+
+def _visits(dsn, out):
+    with _connect(dsn) as conn:
+        return conn.execute(sql.SQL("SELECT mst_key, step, segment, result FROM {} ORDER BY 1, 2")
+                            .format(sql.Identifier(f"{out}_mop_visits"))).fetchall()
+
+
+def _hops(visits):
+    """(visit, the visit before it of the same model) for every visit after a model's first."""
+    before = {(m, step): result for m, step, _, result in visits}
+    return [((m, step, segment, result), before[(m, step - 1)]) for m, step, segment, result in visits if step]
+
+
+def test_states_travel_from_segment_server_to_segment_server(cluster, servers, walkthrough):
+    """Each visit leaves its model's state on its own segment server, and the next visit's
+    worker fetches it from there directly: past each model's first visit (its step-0 state
+    is the coordinator's), no state byte passes through the coordinator, what does is the
+    call and its record (under 10 kB), and once the job ends no server keeps its states."""
+    visits = _visits(cluster, "iris_model")
+    assert {result["kept_on"] for _, _, segment, result in visits} == {"seg0", "seg1"}
+    assert all(result["kept_on"] == f"seg{segment}" for _, _, segment, result in visits)
+    for _, step, _, result in visits:
+        if step == 0:
+            assert result["coordinator_bytes"] > 1000 and result["fetched_bytes"] == 0
+    moved = 0
+    for (m, step, _, result), before in _hops(visits):
+        assert result["coordinator_bytes"] == 0, (m, step)
+        assert len(json.dumps(result)) < 10_000
+        if before["kept_on"] != result["kept_on"]:
+            assert result["fetched_bytes"] == before["state_bytes"] > 1000, (m, step)
+            moved += 1
+        else:
+            assert result["fetched_bytes"] == 0
+    assert moved >= 2
+    name = conninfo_to_dict(cluster)["dbname"]
+    with _connect(cluster) as conn:
+        job_id = _job(cluster, "iris_model")[0]
+        store = conn.execute("SELECT id::text FROM madlib_mop.coordinator_id").fetchone()[0] + f"-{job_id}"
+    keys = [m for m, *_ in visits]
+    steps = [step + 1 for _, step, *_ in visits]
+    for server in ("seg0", "seg1"):
+        with psycopg.connect(_server_dsn(servers[server], name), autocommit=True) as there:
+            held = there.execute("SELECT madlib_mop._mop_segment_states_held(%s, %s, %s)",
+                                 (store, keys, steps)).fetchone()[0]
+            assert not any(held), server
+
+
+def test_a_segment_server_that_cannot_reach_another_is_carried_its_states(cluster, servers, walkthrough):
+    """seg1 has no foreign server for seg0 (its DBA set none up), then one whose address
+    refuses: the coordinator carries seg0's states to seg1's workers, seg0's workers still
+    fetch seg1's directly, and the weights are the walkthrough's."""
+    name = conninfo_to_dict(cluster)["dbname"]
+    seg1 = _server_dsn(servers["seg1"], name)
+    try:
+        for out, change in [("carried_none", "DROP SERVER seg0 CASCADE"),
+                            ("carried_refused", "ALTER SERVER seg0 OPTIONS (SET port '1')")]:
+            cluster_tool._peers(seg1, [("seg0", _server_dsn(servers["seg0"], name))])
+            with psycopg.connect(seg1, autocommit=True) as admin:
+                admin.execute(change)
+            _fit(cluster, out)
+            assert _weights(cluster, out) == walkthrough, out
+            carried = fetched = 0
+            for (*_, result), before in _hops(_visits(cluster, out)):
+                if before["kept_on"] == result["kept_on"]:
+                    continue
+                if result["kept_on"] == "seg1":
+                    # (read from seg0, sent to seg1)
+                    assert result["coordinator_bytes"] == 2 * before["state_bytes"] and not result["fetched_bytes"]
+                    carried += 1
+                else:
+                    assert result["fetched_bytes"] == before["state_bytes"] and not result["coordinator_bytes"]
+                    fetched += 1
+            assert carried and fetched, out
+    finally:
+        cluster_tool._peers(seg1, [("seg0", _server_dsn(servers["seg0"], name))])

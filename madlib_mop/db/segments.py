@@ -217,6 +217,21 @@ def worker_conninfo(plpy: Any, server: SegmentServer, extra: dict[str, str],
     return make_conninfo("", **parameters)
 
 
+def peer_conninfo(plpy: Any, name: str) -> tuple[str, SegmentServer]:
+    """On a segment server: how its worker reaches another segment server that the
+    coordinator names `name`, to fetch a state from it (`segment.kept_states`).  The foreign
+    server of that name here (a superuser's, as on the coordinator) and the role's own user
+    mapping for it, checked as `worker_conninfo` checks a coordinator's."""
+    rows = plpy.execute(plpy.prepare(
+        "SELECT s.srvoptions, o.rolname AS owner, o.rolsuper AS trusted "
+        "FROM pg_catalog.pg_foreign_server s JOIN pg_catalog.pg_roles o ON o.oid = s.srvowner "
+        "WHERE s.srvname = $1", ["name"]), [name])
+    check_server(plpy, name, bool(rows), rows[0]["owner"] if rows else None,
+                 bool(rows and rows[0]["trusted"]))
+    server = SegmentServer(name, 0, 0, _options(rows[0]["srvoptions"]))
+    return worker_conninfo(plpy, server, {}, "-c statement_timeout=0 -c jit=off"), server
+
+
 def refused_hint(server: SegmentServer, role: str) -> str:
     return (f"{server.name} refused role {role}: the role must exist there with the password "
             f"of its user mapping (ALTER USER MAPPING FOR {role} SERVER {server.name} "
@@ -234,13 +249,13 @@ def session(plpy: Any, server: SegmentServer):
     return connect(info, server, refused_hint(server, role))
 
 
-def connect(info: str, server: SegmentServer, hint: str):
+def connect(info: str, server: SegmentServer, hint: str, **kwargs: Any):
     """A session on a segment server that logged in with the role's password (a server
     letting the role in without it would not be telling who is connecting)."""
     from madlib_mop.db import worker_session
 
     try:
-        connection = worker_session.connect(info, refused_hint=hint)
+        connection = worker_session.connect(info, refused_hint=hint, **kwargs)
     except MadlibMopError:
         raise
     except Exception as error:

@@ -42,6 +42,8 @@ import abc
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
+import psycopg
+
 from madlib_mop import errors
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.json_values import finite_json, json_value
@@ -75,6 +77,13 @@ class VisitRecord:
     # A fused call's models (this one among them), in their order; None: it trained alone.
     # They evaluate that iteration's validation together (`job.assignment.eval_partners`).
     fused_with: list[int] | None = None
+    # Where the state it left is kept: the segment server's name (as the coordinator names
+    # it) whose worker kept it (`segment.kept_states`); None: in the job's store.
+    kept_on: str | None = None
+    # The bytes of states this visit moved: fetched from another segment server directly,
+    # and through the coordinator (read from a server and sent with the call, or sent back).
+    fetched_bytes: int = 0
+    coordinator_bytes: int = 0
 
     def to_json(self) -> str:
         return finite_json(asdict(self))
@@ -197,6 +206,11 @@ class Engine(abc.ABC):
         """Why `new_workers` gave none, when another server than this one's pool is full."""
         return None
 
+    def kept_states(self, plpy: Any, job: Any) -> Any:
+        """Where the states its workers keep are read from (`engine.segment_states`), for a
+        job's coordinator; None: they are in the job's store on this server."""
+        return None
+
     def keep_idle(self, workers: list[Worker], segments: int) -> None:
         """The job ended with these workers idle: an engine may keep them for the
         session's next job."""
@@ -223,6 +237,19 @@ def failure_sqlstate(error: BaseException) -> str | None:
     if isinstance(error, MadlibMopError):
         return error.sqlstate
     return getattr(getattr(error, "diag", None), "sqlstate", None)
+
+
+# Lost sessions (the server stopped, restarted or is cut off): their calls wait for it.
+SESSION_LOST_SQLSTATES = (errors.ADMIN_SHUTDOWN, errors.CRASH_SHUTDOWN, errors.CANNOT_CONNECT_NOW)
+
+
+def session_lost(error: BaseException) -> bool:
+    """Did the failure lose its session (no SQLSTATE, class 08 or 57P0x), rather than fail
+    in it?"""
+    sqlstate = failure_sqlstate(error)
+    if sqlstate is None:
+        return isinstance(error, psycopg.OperationalError)
+    return sqlstate[:2] == "08" or sqlstate in SESSION_LOST_SQLSTATES
 
 
 def as_error(error: BaseException, default_hint: str = "See the server log.") -> MadlibMopError:

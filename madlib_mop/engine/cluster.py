@@ -21,11 +21,16 @@ from psycopg.types.json import Jsonb
 from madlib_mop import errors
 from madlib_mop.db import catalog, packed, segments, worker_session
 from madlib_mop.db.segments import Partition, SegmentServer
-from madlib_mop.engine.base import Engine, Worker, as_error
+from madlib_mop.engine.base import Engine, VisitRecord, Worker, as_error
 from madlib_mop.json_values import json_value
 from madlib_mop.engine import idle_workers, server_slots
+from madlib_mop.engine.segment_states import SegmentStates, store_token
 from madlib_mop.engine.local import LocalWorker, NoSlot
 from madlib_mop.errors import MadlibMopError
+
+
+# The calls that need the job's description in the session.
+JOB_FUNCTIONS = ("_mop_train", "_mop_evaluate", "_mop_segment_train", "_mop_segment_validate")
 
 
 class ClusterWorker(LocalWorker):
@@ -40,6 +45,10 @@ class ClusterWorker(LocalWorker):
         self.job: dict | None = None  # the description its session must have
         self._job_sent = None  # (the session that got it, the description it got)
         self.relayed: int | None = None  # the adopted idle session's process id, if one
+        self.states: SegmentStates | None = None  # where the job's kept states are
+        # The segment servers its session fetches states from itself; None: its server's
+        # extension predates kept states (the coordinator carries them both ways).
+        self.peers: set[str] | None = None
 
     @property
     def where(self) -> str:
@@ -68,14 +77,88 @@ class ClusterWorker(LocalWorker):
         return connection
 
     def _call(self, function: str, *args: Any, columns: str = "*"):
-        if function in ("_mop_train", "_mop_evaluate") and self.job is not None:
-            session = self._session()
-            # A new session gets the job first; so does a session whose job has changed
-            # since (a searcher added models: the engine prepared the job again).
-            if self._job_sent is None or self._job_sent[0] is not session or self._job_sent[1] is not self.job:
-                self._one_call("_mop_segment_job", (Jsonb(dict(self.job, local_segments=self.local_segments)),))
-                self._job_sent = (session, self.job)
+        if function in JOB_FUNCTIONS and self.job is not None:
+            self._send_job()
         return self._one_call(function, args, columns)
+
+    def _send_job(self) -> None:
+        """A new session gets the job first; so does a session whose job has changed since
+        (a searcher added models: the engine prepared the job again).  It says which other
+        segment servers it fetches states from."""
+        session = self._session()
+        if self._job_sent is not None and self._job_sent[0] is session and self._job_sent[1] is self.job:
+            return
+        self._one_call("_mop_segment_job", (Jsonb(dict(self.job, local_segments=self.local_segments)),))
+        self.peers = None
+        if self.job.get("store"):
+            try:
+                (peers,) = self._one_call("_mop_segment_peers", (self.job["servers"],))
+                self.peers = set(peers or ())
+            except psycopg.Error as error:
+                if error.sqlstate != errors.UNDEFINED_FUNCTION:
+                    raise
+        self._job_sent = (session, self.job)
+
+    def _source(self, mst_key: int, step: int, model_state: bytes | None) -> tuple[str | None, bytes | None]:
+        """Where the call finds the state: (the segment server it fetches it from, None: its
+        own server or the state given), and the state's bytes when the coordinator carries
+        them (its server cannot reach the one that keeps it)."""
+        if model_state is not None:
+            return None, model_state
+        source = self.states.locate(mst_key, step) if self.states is not None else None
+        if source is None:
+            raise MadlibMopError(f"no state of model {mst_key} after step {step} is known",
+                                 sqlstate=errors.UNDEFINED_FILE, hint="Resume the job.")
+        if source == self.server.name:
+            return None, None
+        if source in self.peers:
+            return source, None
+        return None, self.states.read(mst_key, step)
+
+    def train(self, job_id, mst_key, step, segment, model_state):
+        """A sub-epoch whose new state stays on this worker's server (`segment.kept_states`),
+        its state fetched from where the last visit left it; on a server whose extension
+        predates that, the state goes with the call and comes back."""
+        self._send_job()
+        if self.peers is None:
+            new_state, record = super().train(job_id, mst_key, step, segment, model_state)
+            record.coordinator_bytes = len(model_state or b"") + len(new_state or b"")
+            return new_state, record
+        started = time.perf_counter()
+        model = self.states.models.get(mst_key)
+        (result,), carried = self._from_source(
+            "_mop_segment_train", mst_key, step, model_state,
+            lambda source, carried: (job_id, mst_key, step, segment, source, carried,
+                                     model.pruned_below if model is not None else 1))
+        record = VisitRecord.from_json(result)
+        record.seconds["call"] = time.perf_counter() - started
+        # A carried state came in from the server that kept it, unless it was the job's own.
+        record.kept_on = self.server.name
+        record.coordinator_bytes = len(carried or b"") * (1 if model_state is not None else 2)
+        return None, record
+
+    def evaluate(self, job_id, mst_key, step, partition, model_state):
+        self._send_job()
+        if self.peers is None:
+            return super().evaluate(job_id, mst_key, step, partition, model_state)
+        (result,), _ = self._from_source("_mop_segment_validate", mst_key, step, model_state,
+                                         lambda source, carried: (job_id, mst_key, step, partition,
+                                                                  source, carried))
+        return json_value(result)
+
+    def _from_source(self, function: str, mst_key: int, step: int, model_state: bytes | None,
+                     arguments: Callable[[str | None, bytes | None], tuple]) -> tuple[tuple, bytes | None]:
+        """The call, its state found where it is (`_source`); when its server cannot reach
+        the one that keeps the state (08001), the coordinator carries it, from then on."""
+        source, carried = self._source(mst_key, step, model_state)
+        try:
+            return self._call(function, *arguments(source, carried)), carried
+        except psycopg.Error as error:
+            if source is None or error.sqlstate != errors.UNABLE_TO_CONNECT or not self.usable:
+                raise
+        self.peers.discard(source)
+        carried = self.states.read(mst_key, step)
+        return self._call(function, *arguments(None, carried)), carried
 
     def _one_call(self, function: str, args: tuple, columns: str = "*"):
         session = self._session()
@@ -211,6 +294,7 @@ class ClusterEngine(Engine):
                 self.conninfo[name] = segments.worker_conninfo(plpy, partition.server, extra, options)
                 self.hints[name] = segments.refused_hint(partition.server, role)
         self.job: dict | None = None
+        self.states: SegmentStates | None = None  # a job's kept states (`kept_states`)
         self._workers: list[ClusterWorker] = []
         self.full: str | None = None  # the segment server that had no slot free, if one had none
         self.tried = 0.0
@@ -228,12 +312,21 @@ class ClusterEngine(Engine):
         local = sum(1 for p in self.partitions.values() if p.server.name == server.name)
         worker = ClusterWorker(self.conninfo[server.name], self.schema, segment, label, server,
                                local, self.hints[server.name])
-        worker.job = self.job
+        worker.job, worker.states = self.job, self.states
         self._workers.append(worker)
         return worker
 
+    def kept_states(self, plpy: Any, job: Any) -> SegmentStates:
+        """The job's states stay on the segment servers where their visits ran."""
+        self.states = SegmentStates(self, store_token(plpy, job.job_id))
+        for worker in self._workers:
+            worker.states = self.states
+        return self.states
+
     def prepare_job(self, plpy: Any, job: Any, models: Callable[[], list[dict]]) -> None:
         self.job = job_description(plpy, job, models(), self.partitions)
+        if self.states is not None:
+            self.job.update(store=self.states.store, servers=sorted(self.servers))
         for worker in self._workers:
             worker.job = self.job
 

@@ -68,8 +68,18 @@ def commit_call(plpy: Any) -> None:
 
 def state_for_call(engine: Engine, store: JobStore, mst_key: int, step: int) -> bytes | None:
     """What a call is given of the model's state: nothing when the engine's workers read the
-    job's store themselves (they run on this server), else its bytes."""
-    return None if engine.stores_states else store.state_at(mst_key, step)
+    job's store themselves (they run on this server) or when the model's current state is
+    kept on a segment server (its worker fetches it, `engine.segment_states`), else its
+    bytes."""
+    elsewhere = store.states.hops.elsewhere
+    if engine.stores_states:
+        return None
+    # A state the model has left since is carried when this server has a copy (the durable
+    # one, which validation keeps), never read from a segment server in the loop's thread.
+    if elsewhere is not None and elsewhere.locate(mst_key, step) is not None and (
+            elsewhere.current(mst_key, step) or not store.states.available(mst_key, step)):
+        return None
+    return store.state_at(mst_key, step)
 
 
 class Coordinator:
@@ -106,6 +116,10 @@ class Coordinator:
 
     # ---- the loop's steps ----
     def _start(self) -> None:
+        # Where the states that segment servers keep are (None: the workers' store is this one's).
+        elsewhere = self.store.states.hops.elsewhere = self.engine.kept_states(self.plpy, self.job)
+        if elsewhere is not None:  # it waits for a segment server as the segments' calls do
+            elsewhere.wait_seconds = self.retry.wait_seconds
         self.models: dict[int, ModelRecord] = self.store.load_models()
         requests = steering.resumed(self.store, self.models)  # a person's, applied as before
         rounds = {m.mst_key: m.iterations * m.epochs for m in self.models.values()}

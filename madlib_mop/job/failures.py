@@ -9,11 +9,10 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-import psycopg
 
 from madlib_mop import errors
 from madlib_mop.db import catalog, settings
-from madlib_mop.engine.base import failure_sqlstate
+from madlib_mop.engine.base import failure_sqlstate, session_lost
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.job.events import JobEvents
 from madlib_mop.job.store import JobStore
@@ -42,7 +41,6 @@ class RetryPolicy:
     # files (58: a job's state files, `job.state_store`) and a full disk.
     JOB_CLASSES = ("42", "28", "3D", "3F", "58")
     JOB_SQLSTATES = (errors.DISK_FULL,)
-    SESSION_LOST_SQLSTATES = (errors.ADMIN_SHUTDOWN, errors.CRASH_SHUTDOWN, errors.CANNOT_CONNECT_NOW)
     WAIT_SETTING = "madlib_mop.segment_wait_seconds"
     DEFAULT_WAIT_SECONDS = 300
     MAX_DELAY = 10.0
@@ -63,10 +61,7 @@ class RetryPolicy:
 
     @classmethod
     def lost(cls, error: BaseException) -> bool:
-        sqlstate = failure_sqlstate(error)
-        if sqlstate is None:
-            return isinstance(error, psycopg.OperationalError)
-        return sqlstate[:2] == "08" or sqlstate in cls.SESSION_LOST_SQLSTATES
+        return session_lost(error)
 
     @classmethod
     def connecting(cls, error: BaseException) -> bool:

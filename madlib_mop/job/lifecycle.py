@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 from madlib_mop import errors
 from madlib_mop.db import catalog, worker_session
-from madlib_mop.engine.base import Engine
+from madlib_mop.engine.base import Engine, failure_sqlstate
 from madlib_mop.engine.cluster import engine_for
 from madlib_mop.engine.local import LocalEngine
 from madlib_mop.errors import MadlibMopError
@@ -170,6 +170,11 @@ def engine_of(plpy: Any, packed_table: str) -> Engine:
     return engine_for(plpy, packed_table, lambda: LocalEngine(plpy))
 
 
+# How many times a job goes back to its durable states within one call when states it
+# kept on a segment server are lost (that server restarted), before it stops resumably.
+STATES_LOST_RESTARTS = 3
+
+
 def run_job(plpy: Any, job_id: int, can_commit: bool, engine: Engine | None = None,
             pool=None) -> None:
     job = repository.own_job(plpy, job_id)
@@ -182,12 +187,21 @@ def run_job(plpy: Any, job_id: int, can_commit: bool, engine: Engine | None = No
         if pool is not None:
             pool.stop()
         raise
-    try:
-        coordinator.run()
-    except BaseException as error:
-        coordinator.close(error)
-        raise
-    coordinator.close()
+    for attempt in range(1, STATES_LOST_RESTARTS + 2):
+        try:
+            coordinator.run()
+        except BaseException as error:
+            coordinator.close(error)
+            if failure_sqlstate(error) != errors.UNDEFINED_FILE or attempt > STATES_LOST_RESTARTS:
+                raise
+            # States kept on a segment server that restarted are gone: the models go back to
+            # their durable states (`store.JobStore.load_models`) and train to the same bits.
+            plpy.notice(f"madlib_mop: job {job_id}: {str(error).strip().splitlines()[0]}; "
+                        "going on from the models' last durable states")
+            coordinator = Coordinator(plpy, job_id, can_commit, engine)
+            continue
+        coordinator.close()
+        return
 
 
 def run_plan(plpy: Any, plan: Plan, warm_start: bool, can_commit: bool, caller: str,

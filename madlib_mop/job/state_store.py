@@ -70,11 +70,17 @@ def data_directory() -> Path:
 
 
 class HopFiles:
-    """The states between hops of one job, for the server's current run."""
+    """The states between hops of one job, for the server's current run.  On a segment
+    server, a job's are the states its visits there left (`segment.kept_states`), in a
+    folder named by the role and the job's `store` token.  `elsewhere`, on the coordinator
+    of a job whose workers keep their states on segment servers
+    (`engine.segment_states.SegmentStates`): where a state this server has no file of is
+    read from."""
 
-    def __init__(self, database_oid: int, job_id: int, run: str, root: Path | None = None):
+    def __init__(self, database_oid: int, job_id: int | str, run: str, root: Path | None = None):
         self.job_directory = (root or data_directory()) / DIRECTORY / str(database_oid) / str(job_id)
         self.run_directory = self.job_directory / run
+        self.elsewhere: Any = None
 
     @classmethod
     def of(cls, query: Callable[[str], Any], job_id: int) -> "HopFiles":
@@ -83,6 +89,18 @@ class HopFiles:
         run = query("SELECT to_char(pg_catalog.pg_postmaster_start_time() AT TIME ZONE 'UTC', "
                     "'YYYYMMDD\"T\"HH24MISSUS')")
         return cls(int(oid), job_id, str(run))
+
+    @classmethod
+    def of_role(cls, query: Callable[[str], Any], store: str) -> "HopFiles":
+        """A segment server's: the current role's states of the job whose token is `store`
+        (`engine.segment_states.store_token`: the coordinator and the job).  A role reads
+        and removes only its own folder."""
+        if not re.fullmatch(r"[0-9a-f-]{1,64}-[0-9]{1,19}", store):
+            raise MadlibMopError(f"not a job's store: {store!r}", sqlstate=errors.INVALID_PARAMETER_VALUE,
+                                 hint="It is given by the job's coordinator.")
+        role = query("SELECT oid FROM pg_catalog.pg_roles WHERE rolname = current_user")
+        hops = cls.of(query, 0)
+        return cls(int(hops.job_directory.parent.name), f"r{int(role)}-{store}", hops.run_directory.name)
 
     def path(self, mst_key: int, step: int) -> Path:
         return self.run_directory / f"{int(mst_key)}-{int(step)}.state"
@@ -111,7 +129,8 @@ class HopFiles:
             self._write(self.prefix_path(digest), write, f"the frozen layers' state {digest}")
 
     def _write(self, target: Path, blob: bytes | Callable[[Any], None], what: str) -> None:
-        partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
+        # (the coordinator's threads may fetch the same state at once: each its own file)
+        partial = target.with_name(f"{target.name}.{os.getpid()}.{threading.get_ident()}.partial")
         try:
             with open(partial, "wb") as handle:
                 if callable(blob):
@@ -132,6 +151,14 @@ class HopFiles:
         """The whole state (a head state composed with its prefix)."""
         with self.mapped(mst_key, step) as blob:
             return blob if blob is None or isinstance(blob, bytearray) else bytes(blob)
+
+    def fetch(self, mst_key: int, step: int) -> bool:
+        """A state this server has no file of, copied into its hop file from where it is
+        (`elsewhere`), a piece at a time; False if it is nowhere else either."""
+        if self.elsewhere is None or self.elsewhere.locate(mst_key, step) is None:
+            return False
+        self.write(mst_key, step, lambda handle: self.elsewhere.copy(mst_key, step, handle, patient=True))
+        return True
 
     @contextlib.contextmanager
     def mapped(self, mst_key: int, step: int, whole: bool = True) -> Iterator[Any]:
@@ -182,8 +209,18 @@ class HopFiles:
             if job.is_dir() and not any(job.iterdir()):
                 shutil.rmtree(job, ignore_errors=True)
 
+    def remove_older(self, mst_key: int, below: int, ends_from: int, per_iteration: int) -> None:
+        """A model's states before step `below` but iteration ends (multiples of
+        `per_iteration`) from `ends_from` on: a later one replaced them."""
+        for path in self.run_directory.glob(f"{int(mst_key)}-*.state"):
+            step = int(path.stem.split("-")[1])
+            if step < below and (step < ends_from or step % per_iteration):
+                path.unlink(missing_ok=True)
+
     def remove_job(self) -> None:
         shutil.rmtree(self.job_directory, ignore_errors=True)
+        if self.elsewhere is not None:
+            self.elsewhere.forget()
 
 
 @contextlib.contextmanager
@@ -214,7 +251,7 @@ def found(blob: Any, mst_key: int, step: int) -> Any:
     return blob
 
 
-def pieces(blob: bytes | memoryview) -> Iterable[tuple[int, bytes]]:
+def pieces(blob: bytes | memoryview | mmap.mmap) -> Iterable[tuple[int, bytes]]:
     """(piece number, bytes) of a state, each at most PIECE_BYTES."""
     view = memoryview(blob)
     for number, start in enumerate(range(0, max(1, len(view)), PIECE_BYTES)):
@@ -333,6 +370,8 @@ class DurableWriter:
                     with store.madlib_weights(mst_key, step) as weights, db.transaction():
                         self._set_weights(db, mst_key, found(weights, mst_key, step))
                     continue
+                if not self._hops.holds(mst_key, step):  # kept on a segment server
+                    self._hops.fetch(mst_key, step)
                 with self._hops.mapped(mst_key, step) as blob, db.transaction():
                     table.write(mst_key, step, found(blob, mst_key, step))
                 with self._lock:
@@ -379,16 +418,24 @@ class StateStore:
         self.table, self.hops, self.writer = table, hops, writer
 
     def read(self, mst_key: int, step: int) -> bytes | None:
-        blob = self.hops.read(mst_key, step)
-        return blob if blob is not None else self.table.read(mst_key, step)
+        with self.mapped(mst_key, step) as blob:
+            return blob if blob is None or isinstance(blob, (bytes, bytearray)) else bytes(blob)
 
     @contextlib.contextmanager
     def mapped(self, mst_key: int, step: int, whole: bool = True) -> Iterator[Any]:
         """The state, its hop file mapped (`HopFiles.mapped`: a head state unless `whole`),
         else read from the table; None if there is neither.  Views of it must not outlive
         the block."""
-        with self.hops.mapped(mst_key, step, whole) as mapped:
-            yield mapped if mapped is not None else self.table.read(mst_key, step)
+        if self.hops.holds(mst_key, step):
+            with self.hops.mapped(mst_key, step, whole) as mapped:
+                yield mapped
+            return
+        blob = self.table.read(mst_key, step) if self.table is not None else None
+        if blob is None and self.hops.fetch(mst_key, step):  # kept on a segment server
+            with self.hops.mapped(mst_key, step, whole) as mapped:
+                yield mapped
+            return
+        yield blob
 
     @contextlib.contextmanager
     def madlib_weights(self, mst_key: int, step: int) -> Iterator[Any]:

@@ -46,6 +46,9 @@ class ModelRecord:
     evals: dict = field(default_factory=dict)  # (step, partition) -> eval result
     published_step: int = 0  # the step whose weights <out> holds
     pruned_below: int = 1  # states of steps 1 .. pruned_below - 1 are deleted
+    # The step whose state the job's store here holds for the model's next call, though its
+    # visit left it on a segment server (a resumed job went back to it); None: the visit's.
+    state_here: int | None = None
 
 
 class JobStore(repository.JobRowUpdates):
@@ -90,6 +93,8 @@ class JobStore(repository.JobRowUpdates):
     def close(self, error: BaseException | None = None) -> None:
         if hasattr(self, "states"):
             self.states.writer.close(abandon=error is not None)
+            if self.states.hops.elsewhere is not None:
+                self.states.hops.elsewhere.close()
         super().close(error)
 
     def display(self, key: str) -> str:
@@ -111,6 +116,8 @@ class JobStore(repository.JobRowUpdates):
         for mst_key, step, partition, result in self.execute(sql.SQL(
                 "SELECT mst_key, step, partition, result FROM {}").format(t["evals"])):
             models[mst_key].evals[(step, partition)] = result
+        if self.states.hops.elsewhere is not None:  # where states kept on segment servers are
+            self.states.hops.elsewhere.models = models
         for model in models.values():
             _back_to_a_kept_state(self, model)
             _make_latest_durable(self, model)
@@ -236,7 +243,11 @@ def _back_to_a_kept_state(store: JobStore, model: ModelRecord) -> None:
     `job.state_store`) goes back to its last durable one: the visits and validation passes
     after it are forgotten, and trained again to the same bits."""
     step = len(model.visits)
+    elsewhere = store.states.hops.elsewhere
+    if elsewhere is not None and elsewhere.holds(model.mst_key, step):
+        return
     if store.states.available(model.mst_key, step):
+        model.state_here = step
         return
     kept = store.states.table.last_step(model.mst_key, step)
     if kept is None:
@@ -250,13 +261,16 @@ def _back_to_a_kept_state(store: JobStore, model: ModelRecord) -> None:
             store.tables["evals"]), (model.mst_key, kept))
     model.visits = {k: v for k, v in model.visits.items() if k < kept}
     model.evals = {k: v for k, v in model.evals.items() if k[0] <= kept}
+    model.state_here = kept
 
 
 def _make_latest_durable(store: JobStore, model: ModelRecord) -> None:
     """A model's latest iteration end whose copy into the state table was not made (the
     coordinator stopped first) is queued again."""
     end = len(model.visits) // model.per_iteration * model.per_iteration
-    if end and store.states.hops.holds(model.mst_key, end) and \
+    elsewhere = store.states.hops.elsewhere
+    if end and (store.states.hops.holds(model.mst_key, end) or (
+            elsewhere is not None and elsewhere.holds(model.mst_key, end))) and \
             store.states.table.last_step(model.mst_key, end) != end:
         store.states.writer.submit(model.mst_key, end)
 

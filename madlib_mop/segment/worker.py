@@ -64,6 +64,9 @@ class JobContext:
     custom: CustomFunctions | None = None  # the job's custom losses and metrics, loaded
     # A fusion class's inference cost (ms per row), timed on this worker (`evaluate_fused`)
     inference_ms: dict[tuple, float] = field(default_factory=dict)
+    # On a segment server: the job's store token, when its visits keep their states here
+    # (`segment.kept_states`)
+    store: str | None = None
 
 
 _contexts: dict[tuple[int, str], JobContext] = {}  # (job_id, owner)
@@ -132,6 +135,11 @@ def ship(plpy: Any, description: dict) -> None:
                      staged=description.get("stage_frozen_layers", True))
     for m in description["models"]:
         ctx.specs[m["mst_key"]] = training.ModelSpec.of(m)
+    if description.get("store"):  # its visits keep their states here (`segment.kept_states`)
+        kept = state_store.HopFiles.of_role(lambda q: plpy.execute(q)[0].popitem()[1], description["store"])
+        kept.remove_other_runs({r["oid"] for r in plpy.execute("SELECT oid FROM pg_catalog.pg_database")})
+        kept.create()
+        ctx.states, ctx.store = state_store.StateStore(None, kept), description["store"]
     _adopt(plpy, ctx)
     _contexts[(ctx.job_id, role)] = ctx
     _shipped.add((ctx.job_id, role))
@@ -279,7 +287,6 @@ def train(plpy: Any, job_id: int, mst_key: int, step: int, segment: int,
     program = _program(plpy, ctx, mst_key)
     built = time.perf_counter()  # a program's first visit on this worker builds its model
     traced_before = program.traced
-    shipped = model_state is not None
     with _state(ctx, mst_key, step, model_state) as blob:
         loaded = time.perf_counter()
         _restore(ctx, program, blob)
@@ -293,8 +300,9 @@ def train(plpy: Any, job_id: int, mst_key: int, step: int, segment: int,
                                       ctx.train.columns.classification, chunk_rows)
     trained = time.perf_counter()
     diverged = training.divergence(outcome.means()) or program.nonfinite()
-    # A diverged model's state is not shipped back: it is not kept, the model stops.
-    if diverged or shipped:
+    # A diverged model's state is not kept: the model stops.  Without a store (a segment
+    # server's worker of a coordinator that carries states) the new state goes back.
+    if diverged or ctx.states is None:
         new_state = b"" if diverged else program.capture()
     else:  # straight into the hop file, a part at a time (save is then the whole write)
         state_bytes = _write_hop(ctx, program, mst_key, step + 1)

@@ -92,10 +92,36 @@ def setup(coordinator: str, segments: list[tuple[str, str]]) -> None:
                                  "OPTIONS (user {}, password {})").format(
                 sql.Identifier(role), sql.Identifier(name), sql.Literal(role),
                 sql.Literal(where["password"])))
+    for name, dsn in segments:
+        _peers(dsn, [(other, other_dsn) for other, other_dsn in segments if other != name])
+    with psycopg.connect(coordinator, autocommit=True) as conn:
         for row in conn.execute("SELECT server_name, address, reachable, message "
                                 "FROM madlib_mop.check_segment_servers()"):
             if not row[2] or row[3] != "ok":
                 raise ClusterError(f"segment server {row[0]} ({row[1]}): {row[3]}")
+
+
+def _peers(dsn: str, others: list[tuple[str, str]]) -> None:
+    """On the segment server of `dsn`: the other segment servers as foreign servers of the
+    names the coordinator gives them, and the role's user mappings there, so that its workers
+    fetch states from them directly (`segment.kept_states`): what a DBA sets on each
+    segment server (docs/cluster.md)."""
+    import psycopg
+    from psycopg import sql
+    from psycopg.conninfo import conninfo_to_dict
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS postgres_fdw")
+        role = conn.execute("SELECT current_user").fetchone()[0]
+        for name, other in others:
+            where = conninfo_to_dict(other)
+            conn.execute(sql.SQL("DROP SERVER IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+            conn.execute(sql.SQL("CREATE SERVER {} FOREIGN DATA WRAPPER postgres_fdw "
+                                 "OPTIONS (host {}, port {}, dbname {})").format(
+                sql.Identifier(name), sql.Literal(where.get("host", "localhost")),
+                sql.Literal(str(where.get("port", 5432))), sql.Literal(where.get("dbname", DEFAULT_DATABASE))))
+            conn.execute(sql.SQL("CREATE USER MAPPING FOR {} SERVER {} OPTIONS (user {}, password {})").format(
+                sql.Identifier(role), sql.Identifier(name), sql.Literal(role), sql.Literal(where["password"])))
 
 
 def start() -> str:

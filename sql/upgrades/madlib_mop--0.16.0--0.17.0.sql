@@ -3,11 +3,4 @@
 
 -- A coordinator's job takes up the idle worker sessions of a segment server through a
 -- relaying session there (_mop_relay_adopt, _mop_relay_call, _mop_relay_release are new):
--- they come with this version's routines.
--- @routines
--- 0.11.0's update cleared the comments the refusing custom-function routines of 0.10.0
--- had; they run here, after the routines exist (an update from 0.10.0 or earlier creates
--- them only here: the routines are in the latest update script alone).
-COMMENT ON FUNCTION @extschema@.delete_custom_function(varchar, integer) IS NULL;
-COMMENT ON FUNCTION @extschema@.delete_custom_function(varchar, text) IS NULL;
-COMMENT ON FUNCTION @extschema@.load_top_k_accuracy_function(varchar, integer) IS NULL;
+-- they come with the routines of the latest update script.

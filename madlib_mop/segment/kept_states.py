@@ -1,0 +1,198 @@
+"""A segment server's side of states that travel between segment servers.
+
+A worker of a segment server keeps the state each of its visits leaves, in a hop file of its
+own server (`state_store.HopFiles.of_role`: the role's folder for the job's `store` token),
+and does not send it back.  The next visit of the model, on whichever segment server, is
+told where the state is (`state_from`: the name of a foreign server of *its* server, as
+the coordinator names the segment servers) and fetches it from there over a session of its
+own, as the role, with the password of the role's user mapping on its server
+(`db.segments.peer_conninfo`: the same checks as a coordinator's), a piece at a time
+(`serve`), into its own hop file.  The coordinator sends decisions, not bytes
+(`engine.segment_states`).
+
+A server keeps a model's states until a later call of that model there says they are not
+needed (`forget_below`: the coordinator's durable copy and pending validation passes), and
+the job's folder until the coordinator's job ends (`forget`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Iterator
+
+import psycopg
+from psycopg import sql
+
+from madlib_mop import errors
+from madlib_mop.db import catalog, segments
+from madlib_mop.engine.base import VisitRecord
+from madlib_mop.errors import MadlibMopError
+from madlib_mop.job import state_store
+
+# Sessions to other segment servers, by (role, conninfo): kept for the worker's later
+# fetches (a login costs milliseconds; a job fetches once per hop).
+_peers: dict[tuple[str, str], psycopg.Connection] = {}
+
+
+def hops(plpy: Any, store: str) -> state_store.HopFiles:
+    return state_store.HopFiles.of_role(lambda q: plpy.execute(q)[0].popitem()[1], store)
+
+
+def reachable(plpy: Any, server_names: list[str]) -> list[str]:
+    """Of the segment servers `names` (as the coordinator names them), those this server has
+    a foreign server and a usable user mapping of the role for: its workers fetch states
+    from them directly; the coordinator carries the others' (checked, not connected)."""
+    found = []
+    for name in server_names:
+        try:
+            segments.peer_conninfo(plpy, name)
+        except MadlibMopError:
+            continue
+        found.append(name)
+    return found
+
+
+def _peer(plpy: Any, name: str) -> psycopg.Connection:
+    """A session on segment server `name` as the role, kept by what it connects to (a DBA
+    who changes the foreign server or the mapping changes where the next fetch goes)."""
+    role = plpy.execute("SELECT current_user AS r")[0]["r"]
+    info, server = segments.peer_conninfo(plpy, name)
+    connection = _peers.get((role, info))
+    if connection is not None and not (connection.closed or connection.broken):
+        return connection
+    _peers[(role, info)] = connection = segments.connect(
+        info, server, segments.refused_hint(server, role), application_name="madlib_mop state fetch")
+    return connection
+
+
+def fetch(plpy: Any, kept: state_store.HopFiles, store: str, mst_key: int, step: int, source: str) -> int:
+    """The model's state after `step` sub-epochs, from segment server `source` into this
+    server's hop file, a piece at a time: its bytes.  A server this one cannot reach (or
+    that stops answering meanwhile) is refused with 08001: the coordinator then carries the
+    state itself, which names the server if it is down."""
+    schema = catalog.extension_schema_name(plpy)
+    role = plpy.execute("SELECT current_user AS r")[0]["r"]
+    written = 0
+
+    def copy(handle: Any) -> None:
+        nonlocal written
+        cursor = _peer(plpy, source).cursor(binary=True)
+        for (piece,) in cursor.stream(sql.SQL("SELECT {}._mop_segment_state(%s, %s, %s)").format(
+                sql.Identifier(schema)), (store, mst_key, step), binary=True):
+            handle.write(piece)
+            written += len(piece)
+    try:
+        kept.write(mst_key, step, copy)
+    except (psycopg.Error, MadlibMopError) as error:
+        if getattr(error, "sqlstate", None) == errors.UNDEFINED_FILE:
+            raise lost(mst_key, step, f"segment server {source}") from None
+        if isinstance(error, MadlibMopError) and not (error.sqlstate or "").startswith("08"):
+            raise
+        for key in [k for k, c in _peers.items() if k[0] == role and (c.closed or c.broken)]:
+            del _peers[key]
+        raise MadlibMopError(f"segment server {source} could not be reached from here to read the state "
+                             f"of model {mst_key} after step {step}: {str(error).strip().splitlines()[0]}",
+                             sqlstate=errors.UNABLE_TO_CONNECT,
+                             hint="The coordinator carries the state instead.") from None
+    return written
+
+
+def lost(mst_key: int, step: int, where: str) -> MadlibMopError:
+    return MadlibMopError(f"no state of model {mst_key} after step {step} on {where}",
+                          sqlstate=errors.UNDEFINED_FILE,
+                          detail="A segment server keeps states in files of its current run: "
+                                 "one restarted since has none.",
+                          hint="The job goes back to the model's last durable state, kept by "
+                               "the coordinator, and trains again to the same weights.")
+
+
+@contextlib.contextmanager
+def state(plpy: Any, kept: state_store.HopFiles, store: str, mst_key: int, step: int,
+          state_from: str | None) -> Iterator[dict]:
+    """Before a visit: the state it restores is in this server's hop file (fetched when
+    `state_from` names another server); yields what the visit's record says of it."""
+    started = time.perf_counter()
+    fetched = 0
+    if state_from is not None:
+        fetched = fetch(plpy, kept, store, mst_key, step, state_from)
+    elif not kept.holds(mst_key, step):
+        raise lost(mst_key, step, "this segment server")
+    yield {"fetched_bytes": fetched, "fetch_seconds": time.perf_counter() - started}
+
+
+def forget_older(kept: state_store.HopFiles, spec: Any, segments_count: int, mst_key: int,
+                 step: int, forget_below: int) -> None:
+    """After a visit from `step`: the model's earlier states here are not needed but the
+    iteration ends from `forget_below` on (the coordinator's durable copy, validation)."""
+    per_iteration = spec.epochs * segments_count
+    kept.remove_older(mst_key, step, forget_below, per_iteration)
+
+
+def serve(plpy: Any, store: str, mst_key: int, step: int) -> Iterator[bytes]:
+    """The state, in pieces of `state_store.PIECE_BYTES`, to another server's session of
+    the same role (`fetch`) or the coordinator's: read from its mapped hop file."""
+    kept = hops(plpy, store)
+    stack = contextlib.ExitStack()
+    blob = stack.enter_context(kept.mapped(mst_key, step))
+    if blob is None:
+        stack.close()
+        raise lost(mst_key, step, "this segment server")
+
+    def pieces() -> Iterator[bytes]:
+        with stack:
+            for _, piece in state_store.pieces(blob):
+                yield piece
+    return pieces()
+
+
+def held(plpy: Any, store: str, mst_keys: list[int], steps: list[int]) -> list[bool]:
+    kept = hops(plpy, store)
+    return [kept.holds(k, s) for k, s in zip(mst_keys, steps)]
+
+
+def forget(plpy: Any, store: str) -> None:
+    """The job ended: its states here go."""
+    hops(plpy, store).remove_job()
+
+
+def _kept(plpy: Any, job_id: int) -> tuple[Any, state_store.HopFiles, str]:
+    from madlib_mop.segment import worker
+
+    ctx = worker.context(plpy, job_id)
+    if ctx.states is None or ctx.states.table is not None:
+        raise MadlibMopError(f"job {job_id}: this session keeps no states of it",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint="Only a segment server's worker sessions, given the job with its store, keep states.")
+    return ctx, ctx.states.hops, ctx.store
+
+
+def train(plpy: Any, job_id: int, mst_key: int, step: int, segment: int, state_from: str | None,
+          model_state: bytes | None, forget_below: int) -> str:
+    """`segment.worker.train` on a segment server that keeps the states: the state from
+    `model_state` (the coordinator carried it), else from `state_from`'s server (None: this
+    one's); the new state stays here.  The visit's record, with what the fetch took."""
+    from madlib_mop.segment import worker
+
+    ctx, kept, store = _kept(plpy, job_id)
+    fetched = {"fetched_bytes": 0, "fetch_seconds": 0.0}
+    if model_state is None:
+        with state(plpy, kept, store, mst_key, step, state_from) as fetched:
+            pass
+    record = VisitRecord.from_json(worker.train(plpy, job_id, mst_key, step, segment, model_state)["result"])
+    record.seconds["fetch"] = fetched["fetch_seconds"]
+    record.fetched_bytes = fetched["fetched_bytes"]
+    forget_older(kept, ctx.specs[mst_key], ctx.segments, mst_key, step, forget_below)
+    return record.to_json()
+
+
+def validate(plpy: Any, job_id: int, mst_key: int, step: int, partition: int, state_from: str | None,
+             model_state: bytes | None) -> str:
+    """`segment.worker.evaluate` of a state kept on segment servers (as `train` finds it)."""
+    from madlib_mop.segment import worker
+
+    _, kept, store = _kept(plpy, job_id)
+    if model_state is None:
+        with state(plpy, kept, store, mst_key, step, state_from):
+            pass
+    return worker.evaluate(plpy, job_id, mst_key, step, partition, model_state)
