@@ -101,7 +101,7 @@ def fit(conn: psycopg.Connection, out: str = "w1_fit") -> dict:
     accuracy = dict(conn.execute(f"SELECT mst_key, validation_metrics_final FROM {out}_info").fetchall())
     traced = sum(int(v[3].get("traced", 0)) for v in visits)
     hops = [v[3] for v in visits if v[1] > 0]  # a model's first visit gets its step-0 state
-    moved = {"coordinator": statistics.mean(h.get("coordinator_bytes", 0) for h in hops),
+    per_hop = {"coordinator": statistics.mean(h.get("coordinator_bytes", 0) for h in hops),
              "fetched": statistics.mean(h.get("fetched_bytes", 0) for h in hops),
              "record": statistics.mean(len(json.dumps(h)) for h in hops),
              "fetch_ms": 1000 * statistics.mean(h["seconds"].get("fetch", 0.0) for h in hops)}
@@ -109,7 +109,7 @@ def fit(conn: psycopg.Connection, out: str = "w1_fit") -> dict:
             "first_subepoch_s": first_subepoch, "traced": traced,
             "packed_bytes": int(data), "hops": len(visits), "epochs": epochs,
             "subepoch": parts, "gap_ms": 1000 * statistics.median(gaps) if gaps else None,
-            "accuracy": accuracy, "per_hop": moved,
+            "accuracy": accuracy, "per_hop": per_hop,
             "weights": conn.execute("SELECT md5(string_agg(md5(model_weights), '' ORDER BY mst_key)) "
                                     f"FROM {out}").fetchone()[0]}
 
@@ -157,6 +157,11 @@ def main() -> None:
         with psycopg.connect(cluster_tool._dsn_with_password(servers[name]), autocommit=True) as there:
             there.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
 
+    # A clean start: no worker session kept idle by an earlier run, on any server.
+    for dsn in [configured_dsn()] + [cluster_tool._dsn_with_password(s) for s in servers.values()]:
+        with psycopg.connect(dsn, autocommit=True) as there:
+            there.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                          "WHERE application_name LIKE 'madlib_mop%' AND pid <> pg_backend_pid()")
     results = {}
     for name, dsn, segments in (("one server", configured_dsn(), "2"), ("cluster", cluster_dsn, None)):
         with prepare(dsn, workload, segments) as conn:

@@ -784,3 +784,20 @@ def test_a_segment_server_that_cannot_reach_another_is_carried_its_states(cluste
             assert carried and fetched, out
     finally:
         cluster_tool._peers(seg1, [("seg0", _server_dsn(servers["seg0"], name))])
+
+
+def test_a_segment_server_restarted_mid_job_loses_the_states_it_kept(cluster, servers, walkthrough):
+    """seg1 restarted between two hops: the states it kept are gone (its files are of the
+    earlier run), so the job goes back to those models' durable states in the same call, a
+    NOTICE says so, and it ends with the walkthrough's weights, every sub-epoch once."""
+    notices, errors = [], []
+    job = _run_in_thread(cluster, "restarted_segment", notices, errors)
+    with _connect(cluster) as watcher, held_job(watcher, "restarted_segment", 3):
+        servers["seg1"].stop()
+        servers["seg1"].start()
+    job.join(timeout=300)
+    assert not job.is_alive() and not errors, errors
+    assert any("no state of model" in n and "going on from the models' last durable states" in n
+               for n in notices), notices
+    assert _weights(cluster, "restarted_segment") == walkthrough
+    _every_subepoch_once(cluster, "restarted_segment")

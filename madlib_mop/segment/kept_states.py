@@ -29,6 +29,7 @@ from madlib_mop.db import catalog, segments
 from madlib_mop.engine.base import VisitRecord
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.job import state_store
+from madlib_mop.segment import worker
 
 # Sessions to other segment servers, by (role, conninfo): kept for the worker's later
 # fetches (a login costs milliseconds; a job fetches once per hop).
@@ -107,18 +108,17 @@ def lost(mst_key: int, step: int, where: str) -> MadlibMopError:
                                "the coordinator, and trains again to the same weights.")
 
 
-@contextlib.contextmanager
-def state(plpy: Any, kept: state_store.HopFiles, store: str, mst_key: int, step: int,
-          state_from: str | None) -> Iterator[dict]:
+def found(plpy: Any, kept: state_store.HopFiles, store: str, mst_key: int, step: int,
+          state_from: str | None) -> dict:
     """Before a visit: the state it restores is in this server's hop file (fetched when
-    `state_from` names another server); yields what the visit's record says of it."""
+    `state_from` names another server).  What the visit's record says of the fetch."""
     started = time.perf_counter()
     fetched = 0
     if state_from is not None:
         fetched = fetch(plpy, kept, store, mst_key, step, state_from)
     elif not kept.holds(mst_key, step):
         raise lost(mst_key, step, "this segment server")
-    yield {"fetched_bytes": fetched, "fetch_seconds": time.perf_counter() - started}
+    return {"fetched_bytes": fetched, "fetch_seconds": time.perf_counter() - started}
 
 
 def forget_older(kept: state_store.HopFiles, spec: Any, segments_count: int, mst_key: int,
@@ -157,8 +157,6 @@ def forget(plpy: Any, store: str) -> None:
 
 
 def _kept(plpy: Any, job_id: int) -> tuple[Any, state_store.HopFiles, str]:
-    from madlib_mop.segment import worker
-
     ctx = worker.context(plpy, job_id)
     if ctx.states is None or ctx.states.table is not None:
         raise MadlibMopError(f"job {job_id}: this session keeps no states of it",
@@ -172,13 +170,9 @@ def train(plpy: Any, job_id: int, mst_key: int, step: int, segment: int, state_f
     """`segment.worker.train` on a segment server that keeps the states: the state from
     `model_state` (the coordinator carried it), else from `state_from`'s server (None: this
     one's); the new state stays here.  The visit's record, with what the fetch took."""
-    from madlib_mop.segment import worker
-
     ctx, kept, store = _kept(plpy, job_id)
-    fetched = {"fetched_bytes": 0, "fetch_seconds": 0.0}
-    if model_state is None:
-        with state(plpy, kept, store, mst_key, step, state_from) as fetched:
-            pass
+    fetched = {"fetched_bytes": 0, "fetch_seconds": 0.0} if model_state is not None else found(
+        plpy, kept, store, mst_key, step, state_from)
     record = VisitRecord.from_json(worker.train(plpy, job_id, mst_key, step, segment, model_state)["result"])
     record.seconds["fetch"] = fetched["fetch_seconds"]
     record.fetched_bytes = fetched["fetched_bytes"]
@@ -189,10 +183,7 @@ def train(plpy: Any, job_id: int, mst_key: int, step: int, segment: int, state_f
 def validate(plpy: Any, job_id: int, mst_key: int, step: int, partition: int, state_from: str | None,
              model_state: bytes | None) -> str:
     """`segment.worker.evaluate` of a state kept on segment servers (as `train` finds it)."""
-    from madlib_mop.segment import worker
-
     _, kept, store = _kept(plpy, job_id)
     if model_state is None:
-        with state(plpy, kept, store, mst_key, step, state_from):
-            pass
+        found(plpy, kept, store, mst_key, step, state_from)
     return worker.evaluate(plpy, job_id, mst_key, step, partition, model_state)
