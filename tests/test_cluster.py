@@ -229,15 +229,18 @@ def _idle_pids(servers, name: str, server: str) -> set[int]:
 # The worker sessions holding slots in this database: idle ones, and those a job just
 # handed back that have not named themselves idle yet.
 SLOT_HOLDERS = "SELECT pid FROM madlib_mop.worker_sessions WHERE database = current_database()"
+# Idle worker sessions of any database of the server: they hold slots of its one cap.
+IDLE_ANYWHERE = "SELECT pid FROM pg_stat_activity WHERE application_name = 'madlib_mop idle worker'"
 
 
 def _end_idle_sessions(dsn: str) -> None:
-    """What a DBA does to end a database's worker sessions between jobs: they are gone on
-    return, their slots free."""
+    """What a DBA does to end a database's worker sessions between jobs, and the server's idle
+    ones (of any database: they count in its one cap): they are gone on return, their
+    slots free."""
     with psycopg.connect(dsn, autocommit=True) as admin:
         deadline = time.monotonic() + 30
-        while admin.execute(SLOT_HOLDERS).fetchall():
-            admin.execute(f"SELECT pg_terminate_backend(pid) FROM ({SLOT_HOLDERS}) held")
+        while admin.execute(f"{SLOT_HOLDERS} UNION {IDLE_ANYWHERE}").fetchall():
+            admin.execute(f"SELECT pg_terminate_backend(pid) FROM ({SLOT_HOLDERS} UNION {IDLE_ANYWHERE}) held")
             assert time.monotonic() < deadline
             time.sleep(0.1)
 
@@ -786,15 +789,17 @@ def test_a_segment_server_that_cannot_reach_another_is_carried_its_states(cluste
         cluster_tool._peers(seg1, [("seg0", _server_dsn(servers["seg0"], name))])
 
 
-def test_a_segment_server_restarted_mid_job_loses_the_states_it_kept(cluster, servers, walkthrough):
-    """seg1 restarted between two hops: the states it kept are gone (its files are of the
-    earlier run), so the job goes back to those models' durable states in the same call, a
-    NOTICE says so, and it ends with the walkthrough's weights, every sub-epoch once."""
+def test_segment_servers_restarted_mid_job_lose_the_states_they_kept(cluster, servers, walkthrough):
+    """Both segment servers restarted between two hops: the states they kept are gone (their
+    files are of the earlier run), so the job goes back to the models' durable states in
+    the same call, a NOTICE says so, and it ends with the walkthrough's weights, every
+    sub-epoch once."""
     notices, errors = [], []
     job = _run_in_thread(cluster, "restarted_segment", notices, errors)
     with _connect(cluster) as watcher, held_job(watcher, "restarted_segment", 3):
-        servers["seg1"].stop()
-        servers["seg1"].start()
+        for name in ("seg0", "seg1"):  # (every model has visits to come: 3 of 8 are done)
+            servers[name].stop()
+            servers[name].start()
     job.join(timeout=300)
     assert not job.is_alive() and not errors, errors
     assert any("no state of model" in n and "going on from the models' last durable states" in n

@@ -82,6 +82,15 @@ def state_for_call(engine: Engine, store: JobStore, mst_key: int, step: int) -> 
     return store.state_at(mst_key, step)
 
 
+def kept_elsewhere(engine: Engine, plpy: Any, job: Any, retry: RetryPolicy) -> Any:
+    """Where the states that segment servers keep are read from (None: the workers' store is
+    this server's); it waits for a segment server as the segments' calls do."""
+    elsewhere = engine.kept_states(plpy, job)
+    if elsewhere is not None:
+        elsewhere.wait_seconds = retry.wait_seconds
+    return elsewhere
+
+
 class Coordinator:
     """The loop of one job, in the calling session's backend (see the module's docstring):
     workers through the engine's pool, records through the store, decisions through the
@@ -116,10 +125,7 @@ class Coordinator:
 
     # ---- the loop's steps ----
     def _start(self) -> None:
-        # Where the states that segment servers keep are (None: the workers' store is this one's).
-        elsewhere = self.store.states.hops.elsewhere = self.engine.kept_states(self.plpy, self.job)
-        if elsewhere is not None:  # it waits for a segment server as the segments' calls do
-            elsewhere.wait_seconds = self.retry.wait_seconds
+        self.store.states.hops.elsewhere = kept_elsewhere(self.engine, self.plpy, self.job, self.retry)
         self.models: dict[int, ModelRecord] = self.store.load_models()
         requests = steering.resumed(self.store, self.models)  # a person's, applied as before
         rounds = {m.mst_key: m.iterations * m.epochs for m in self.models.values()}
@@ -238,9 +244,8 @@ class Coordinator:
         if new_state is not None:  # a segment server's worker sent it back
             self.store.states.hops.write(task.mst_key, task.step + 1, new_state)
         self.schedule.finish(task.mst_key, task.segment, result.seconds["total"])
-        completed = task.step + 1
-        boundary = completed % model.per_iteration == 0
-        if boundary and self.search.decided_at(completed // model.per_iteration):
+        boundary = (task.step + 1) % model.per_iteration == 0
+        if boundary and self.search.decided_at((task.step + 1) // model.per_iteration):
             # The pruner decides once its validation is done; the model waits (no extra work).
             self.schedule.hold(task.mst_key)
         return boundary
