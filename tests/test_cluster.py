@@ -806,3 +806,34 @@ def test_segment_servers_restarted_mid_job_lose_the_states_they_kept(cluster, se
                for n in notices), notices
     assert _weights(cluster, "restarted_segment") == walkthrough
     _every_subepoch_once(cluster, "restarted_segment")
+
+
+def test_staged_models_on_segment_servers_keep_their_features_there(cluster, servers, walkthrough):
+    """Heads on frozen layers of one base (tests/test_staging.py's models), trained on the
+    cluster with their frozen layers staged and without: the same weights; the features were
+    computed on the segment servers, into their own staged_features (none on the
+    coordinator), and the states hopped between servers as any other."""
+    from tests.test_staging import MST_COMPILE, _same, _transfer_models
+
+    name = conninfo_to_dict(cluster)["dbname"]
+    with _connect(cluster) as conn:
+        for arch, weights in _transfer_models():
+            conn.execute("SELECT load_keras_model('transfer_arch', %s::json, %s)", (arch, weights))
+        conn.execute("SELECT generate_model_configs('transfer_arch', 'transfer_mst', ARRAY[1, 2, 3, 4], "
+                     "%s, %s)", (MST_COMPILE, "{'batch_size': [16]}"))
+    for out, staged in (("staged_there", "on"), ("whole_there", "off")):
+        with _connect(cluster) as conn:
+            conn.execute(f"SET madlib_mop.stage_frozen_layers = {staged}")
+            conn.execute("SELECT madlib_keras_fit_multiple_model('iris_packed', %s, 'transfer_mst', 2, "
+                         "validation_table => 'iris_valid')", (out,))
+    with _connect(cluster) as conn:
+        weights = {out: dict(conn.execute(sql.SQL("SELECT mst_key, model_weights FROM {}").format(
+            sql.Identifier(out))).fetchall()) for out in ("staged_there", "whole_there")}
+        assert conn.execute("SELECT count(*) FROM madlib_mop.staged_features").fetchone()[0] == 0
+    assert len(weights["staged_there"]) == 8 and _same(weights["staged_there"], weights["whole_there"])
+    visits = _visits(cluster, "staged_there")
+    assert sum(1 for *_, result in visits if result["staged"]) == 6 * 4  # 6 staged models, 4 visits each
+    assert all(result["kept_on"] == f"seg{segment}" for _, _, segment, result in visits)
+    for server in ("seg0", "seg1"):
+        with psycopg.connect(_server_dsn(servers[server], name), autocommit=True) as there:
+            assert there.execute("SELECT count(*) FROM madlib_mop.staged_features").fetchone()[0] > 0, server
