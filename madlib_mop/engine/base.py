@@ -42,8 +42,6 @@ import abc
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-import psycopg
-
 from madlib_mop import errors
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.json_values import finite_json, json_value
@@ -246,6 +244,8 @@ SESSION_LOST_SQLSTATES = (errors.ADMIN_SHUTDOWN, errors.CRASH_SHUTDOWN, errors.C
 def session_lost(error: BaseException) -> bool:
     """Did the failure lose its session (no SQLSTATE, class 08 or 57P0x), rather than fail
     in it?"""
+    import psycopg  # (not at the module's top: a segment server's plain sessions import this module)
+
     sqlstate = failure_sqlstate(error)
     if sqlstate is None:
         return isinstance(error, psycopg.OperationalError)

@@ -47,7 +47,7 @@ class SegmentStates:
         self.engine, self.store = engine, store
         self.models: dict = {}
         self._local = threading.local()
-        self._opened: list[psycopg.Connection] = []
+        self._opened: list[tuple[str, psycopg.Connection]] = []  # (server, session)
         self._lock = threading.Lock()
         self.read_bytes = 0  # what the coordinator read of states kept there
         self.wait_seconds = 300.0  # the coordinator's madlib_mop.segment_wait_seconds
@@ -78,7 +78,7 @@ class SegmentStates:
                                           application_name="madlib_mop coordinator states")
             sessions[name] = connection
             with self._lock:
-                self._opened.append(connection)
+                self._opened.append((name, connection))
         return connection
 
     def _function(self, name: str) -> sql.Composed:
@@ -137,8 +137,13 @@ class SegmentStates:
         """The job ended: its states go from every segment server (one that does not answer
         keeps them until it restarts: a job started there then removes an earlier run's)."""
         for name in self.engine.servers:
+            # A session the job's threads opened there (they are done: the durable writer
+            # drained, the workers released), else a new one.
+            with self._lock:
+                opened = [c for n, c in self._opened if n == name and not (c.closed or c.broken)]
             try:
-                self._session(name).execute(sql.SQL("SELECT {}(%s)").format(
+                connection = opened[0] if opened else self._session(name)
+                connection.execute(sql.SQL("SELECT {}(%s)").format(
                     self._function("_mop_segment_forget")), (self.store,))
             except (psycopg.Error, errors.MadlibMopError):
                 pass
@@ -148,5 +153,5 @@ class SegmentStates:
         self._closed = True
         with self._lock:
             opened, self._opened = self._opened, []
-        for connection in opened:
+        for _, connection in opened:
             connection.close()

@@ -19,35 +19,61 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any, Iterator
-
-import psycopg
-from psycopg import sql
+from typing import TYPE_CHECKING, Any, Iterator
 
 from madlib_mop import errors
-from madlib_mop.db import catalog, segments
+from madlib_mop.db import catalog
 from madlib_mop.engine.base import VisitRecord
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.job import state_store
-from madlib_mop.segment import worker
+
+if TYPE_CHECKING:
+    import psycopg
+
+    from madlib_mop.db import segments
 
 # Sessions to other segment servers, by (role, conninfo): kept for the worker's later
-# fetches (a login costs milliseconds; a job fetches once per hop).
+# fetches (a login costs milliseconds; a job fetches once per hop).  (psycopg and the
+# segment servers' catalog are imported by the functions that fetch: a session that only
+# serves or forgets states, another server's or the coordinator's, stays light.)
 _peers: dict[tuple[str, str], psycopg.Connection] = {}
+# How the role reaches each other segment server, as checked when the session last got a
+# job (`reachable`): a DBA's change to a foreign server or mapping applies from the next job.
+_reached: dict[tuple[str, str], tuple[str, segments.SegmentServer]] = {}
+# A role's folders of jobs' states in this session (`hops`), by (role, store).
+_folders: dict[tuple[str, str], state_store.HopFiles] = {}
+
+
+def _worker() -> Any:
+    """`segment.worker`, imported by a worker's call only: a session that serves or forgets
+    states (another server's fetch, the coordinator's) loads no training code."""
+    from madlib_mop.segment import worker
+    return worker
+
+
+def _role(plpy: Any) -> str:
+    return plpy.execute("SELECT current_user AS r")[0]["r"]
 
 
 def hops(plpy: Any, store: str) -> state_store.HopFiles:
-    return state_store.HopFiles.of_role(lambda q: plpy.execute(q)[0].popitem()[1], store)
+    """The role's folder of the job's states on this server (for this server's run)."""
+    key = (_role(plpy), store)
+    if key not in _folders:
+        _folders[key] = state_store.HopFiles.of_role(lambda q: plpy.execute(q)[0].popitem()[1], store)
+    return _folders[key]
 
 
 def reachable(plpy: Any, server_names: list[str]) -> list[str]:
     """Of the segment servers `names` (as the coordinator names them), those this server has
     a foreign server and a usable user mapping of the role for: its workers fetch states
     from them directly; the coordinator carries the others' (checked, not connected)."""
-    found = []
+    from madlib_mop.db import segments
+
+    role, found = _role(plpy), []
     for name in server_names:
+        _reached.pop((role, name), None)
         try:
-            segments.peer_conninfo(plpy, name)
+            _reached[(role, name)] = segments.peer_conninfo(plpy, name)
         except MadlibMopError:
             continue
         found.append(name)
@@ -57,8 +83,10 @@ def reachable(plpy: Any, server_names: list[str]) -> list[str]:
 def _peer(plpy: Any, name: str) -> psycopg.Connection:
     """A session on segment server `name` as the role, kept by what it connects to (a DBA
     who changes the foreign server or the mapping changes where the next fetch goes)."""
-    role = plpy.execute("SELECT current_user AS r")[0]["r"]
-    info, server = segments.peer_conninfo(plpy, name)
+    from madlib_mop.db import segments
+
+    role = _role(plpy)
+    info, server = _reached.get((role, name)) or segments.peer_conninfo(plpy, name)
     connection = _peers.get((role, info))
     if connection is not None and not (connection.closed or connection.broken):
         return connection
@@ -72,8 +100,11 @@ def fetch(plpy: Any, kept: state_store.HopFiles, store: str, mst_key: int, step:
     server's hop file, a piece at a time: its bytes.  A server this one cannot reach (or
     that stops answering meanwhile) is refused with 08001: the coordinator then carries the
     state itself, which names the server if it is down."""
+    import psycopg
+    from psycopg import sql
+
     schema = catalog.extension_schema_name(plpy)
-    role = plpy.execute("SELECT current_user AS r")[0]["r"]
+    role = _role(plpy)
     written = 0
 
     def copy(handle: Any) -> None:
@@ -157,7 +188,7 @@ def forget(plpy: Any, store: str) -> None:
 
 
 def _kept(plpy: Any, job_id: int) -> tuple[Any, state_store.HopFiles, str]:
-    ctx = worker.context(plpy, job_id)
+    ctx = _worker().context(plpy, job_id)
     if ctx.states is None or ctx.states.table is not None:
         raise MadlibMopError(f"job {job_id}: this session keeps no states of it",
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
@@ -173,7 +204,7 @@ def train(plpy: Any, job_id: int, mst_key: int, step: int, segment: int, state_f
     ctx, kept, store = _kept(plpy, job_id)
     fetched = {"fetched_bytes": 0, "fetch_seconds": 0.0} if model_state is not None else found(
         plpy, kept, store, mst_key, step, state_from)
-    record = VisitRecord.from_json(worker.train(plpy, job_id, mst_key, step, segment, model_state)["result"])
+    record = VisitRecord.from_json(_worker().train(plpy, job_id, mst_key, step, segment, model_state)["result"])
     record.seconds["fetch"] = fetched["fetch_seconds"]
     record.fetched_bytes = fetched["fetched_bytes"]
     forget_older(kept, ctx.specs[mst_key], ctx.segments, mst_key, step, forget_below)
@@ -186,4 +217,4 @@ def validate(plpy: Any, job_id: int, mst_key: int, step: int, partition: int, st
     _, kept, store = _kept(plpy, job_id)
     if model_state is None:
         found(plpy, kept, store, mst_key, step, state_from)
-    return worker.evaluate(plpy, job_id, mst_key, step, partition, model_state)
+    return _worker().evaluate(plpy, job_id, mst_key, step, partition, model_state)
