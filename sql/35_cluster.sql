@@ -113,10 +113,18 @@ CREATE FUNCTION @extschema@._mop_segment_peers(server_names text[])
 RETURNS text[]
 #plpython "mop_segment_peers.py"
 
--- A state kept here, in pieces of 4 MB, for another server's session of the same role.
-CREATE FUNCTION @extschema@._mop_segment_state(store text, mst_key integer, step integer)
+-- A state kept here, in pieces of 4 MB, for another server's session of the same role:
+-- whole (the coordinator's durable copy), or as kept (a staged model's head state, without
+-- its frozen layers, which _mop_segment_prefix gives once per job and digest).
+CREATE FUNCTION @extschema@._mop_segment_state(store text, mst_key integer, step integer,
+                                               whole boolean)
 RETURNS SETOF bytea
 #plpython "mop_segment_state.py"
+
+-- The state of a staged model's frozen layers kept here, by their digest, in pieces.
+CREATE FUNCTION @extschema@._mop_segment_prefix(store text, digest text)
+RETURNS SETOF bytea
+#plpython "mop_segment_prefix.py"
 
 -- Does this server keep these states (a resumed job asks before it goes back)?
 CREATE FUNCTION @extschema@._mop_segment_states_held(store text, mst_keys integer[],

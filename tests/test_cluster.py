@@ -837,3 +837,17 @@ def test_staged_models_on_segment_servers_keep_their_features_there(cluster, ser
     for server in ("seg0", "seg1"):
         with psycopg.connect(_server_dsn(servers[server], name), autocommit=True) as there:
             assert there.execute("SELECT count(*) FROM madlib_mop.staged_features").fetchone()[0] > 0, server
+    # A staged model's state moved from server to server without its frozen layers (each
+    # server fetched those once): smaller than the same model's whole state; the others' alike.
+    moved = {out: {} for out in ("staged_there", "whole_there")}
+    for out in moved:
+        for (m, *_, result), before in _hops(_visits(cluster, out)):
+            if before["kept_on"] != result["kept_on"]:
+                moved[out].setdefault(m, []).append(result["fetched_bytes"])
+    staged_keys = {m for m, _, _, result in visits if result["staged"]}
+    assert len(staged_keys) == 6 and moved["staged_there"].keys() == moved["whole_there"].keys()
+    for m, sizes in moved["staged_there"].items():
+        if m in staged_keys:
+            assert min(sizes) < min(moved["whole_there"][m]) - 4 * 16 * 4, m
+        else:
+            assert sizes == moved["whole_there"][m], m

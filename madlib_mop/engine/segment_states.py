@@ -98,7 +98,7 @@ class SegmentStates:
             written = 0
             try:
                 cursor = self._session(name).cursor(binary=True)
-                for (piece,) in cursor.stream(sql.SQL("SELECT {}(%s, %s, %s)").format(
+                for (piece,) in cursor.stream(sql.SQL("SELECT {}(%s, %s, %s, true)").format(
                         self._function("_mop_segment_state")), (self.store, mst_key, step), binary=True):
                     handle.write(piece)
                     written += len(piece)

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from madlib_mop import errors
 from madlib_mop.db import catalog
 from madlib_mop.engine.base import VisitRecord
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.job import state_store
+from madlib_mop.runtime import state
 
 if TYPE_CHECKING:
     import psycopg
@@ -107,15 +108,23 @@ def fetch(plpy: Any, kept: state_store.HopFiles, store: str, mst_key: int, step:
     role = _role(plpy)
     written = 0
 
-    def copy(handle: Any) -> None:
-        nonlocal written
-        cursor = _peer(plpy, source).cursor(binary=True)
-        for (piece,) in cursor.stream(sql.SQL("SELECT {}._mop_segment_state(%s, %s, %s)").format(
-                sql.Identifier(schema)), (store, mst_key, step), binary=True):
-            handle.write(piece)
-            written += len(piece)
+    def streamed(function: str, arguments: tuple) -> Callable[[Any], None]:
+        def copy(handle: Any) -> None:
+            nonlocal written
+            cursor = _peer(plpy, source).cursor(binary=True)
+            for (piece,) in cursor.stream(sql.SQL("SELECT {}.{}({})").format(
+                    sql.Identifier(schema), sql.Identifier(function),
+                    sql.SQL(", ").join(sql.Placeholder() * len(arguments))), arguments, binary=True):
+                handle.write(piece)
+                written += len(piece)
+        return copy
     try:
-        kept.write(mst_key, step, copy)
+        kept.write(mst_key, step, streamed("_mop_segment_state", (store, mst_key, step, False)))
+        # A staged model's head state: its frozen layers' state once per job and digest.
+        with kept.mapped(mst_key, step, whole=False) as blob:
+            digest = state.left_out_prefix(blob)
+        if digest is not None:
+            kept.keep_prefix(digest, streamed("_mop_segment_prefix", (store, digest)))
     except (psycopg.Error, MadlibMopError) as error:
         if getattr(error, "sqlstate", None) == errors.UNDEFINED_FILE:
             raise lost(mst_key, step, f"segment server {source}") from None
@@ -160,21 +169,30 @@ def forget_older(kept: state_store.HopFiles, spec: Any, segments_count: int, mst
     kept.remove_older(mst_key, step, forget_below, per_iteration)
 
 
-def serve(plpy: Any, store: str, mst_key: int, step: int) -> Iterator[bytes]:
-    """The state, in pieces of `state_store.PIECE_BYTES`, to another server's session of
-    the same role (`fetch`) or the coordinator's: read from its mapped hop file."""
+def serve(plpy: Any, store: str, mst_key: int, step: int, whole: bool) -> Iterator[bytes]:
+    """The state, in pieces of `state_store.PIECE_BYTES`, to another server's worker of the
+    same role (`fetch`: as kept, a staged model's head alone) or the coordinator's (whole):
+    read from its mapped hop file."""
     kept = hops(plpy, store)
     stack = contextlib.ExitStack()
-    blob = stack.enter_context(kept.mapped(mst_key, step))
+    blob = stack.enter_context(kept.mapped(mst_key, step, whole=whole))
     if blob is None:
         stack.close()
         raise lost(mst_key, step, "this segment server")
+    return _pieces(stack, blob)
 
-    def pieces() -> Iterator[bytes]:
-        with stack:
-            for _, piece in state_store.pieces(blob):
-                yield piece
-    return pieces()
+
+def serve_prefix(plpy: Any, store: str, digest: str) -> Iterator[bytes]:
+    """A staged model's frozen layers' state kept here (`HopFiles.keep_prefix`), in pieces."""
+    stack = contextlib.ExitStack()
+    blob = stack.enter_context(hops(plpy, store).mapped_prefix(digest))
+    return _pieces(stack, blob)
+
+
+def _pieces(stack: contextlib.ExitStack, blob: Any) -> Iterator[bytes]:
+    with stack:
+        for _, piece in state_store.pieces(blob):
+            yield piece
 
 
 def held(plpy: Any, store: str, mst_keys: list[int], steps: list[int]) -> list[bool]:
