@@ -2,8 +2,8 @@
 \echo Use "ALTER EXTENSION madlib_mop UPDATE TO '0.18.0'" to load this file. \quit
 
 -- States travel between segment servers (_mop_segment_train, _mop_segment_validate,
--- _mop_segment_peers, _mop_segment_state, _mop_segment_states_held and
--- _mop_segment_forget are new): they come with this version's routines.
+-- _mop_segment_peers, _mop_segment_state, _mop_segment_prefix, _mop_segment_states_held
+-- and _mop_segment_forget are new): they come with this version's routines.
 -- @routines
 -- 0.11.0's update cleared the comments the refusing custom-function routines of 0.10.0
 -- had; they run here, after the routines exist (an update from 0.10.0 or earlier creates
