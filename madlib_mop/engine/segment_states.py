@@ -49,7 +49,6 @@ class SegmentStates:
         self._local = threading.local()
         self._opened: list[tuple[str, psycopg.Connection]] = []  # (server, session)
         self._lock = threading.Lock()
-        self.read_bytes = 0  # what the coordinator read of states kept there
         self.wait_seconds = 300.0  # the coordinator's madlib_mop.segment_wait_seconds
         self._closed = False
 
@@ -110,8 +109,6 @@ class SegmentStates:
                     raise failure from None
             time.sleep(delay)
             delay = min(10.0, 2 * delay)
-        with self._lock:
-            self.read_bytes += written
         return written
 
     def read(self, mst_key: int, step: int) -> bytes:

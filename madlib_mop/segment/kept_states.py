@@ -81,12 +81,12 @@ def reachable(plpy: Any, server_names: list[str]) -> list[str]:
     return found
 
 
-def _peer(plpy: Any, name: str) -> psycopg.Connection:
-    """A session on segment server `name` as the role, kept by what it connects to (a DBA
-    who changes the foreign server or the mapping changes where the next fetch goes)."""
+def _peer(plpy: Any, role: str, name: str) -> psycopg.Connection:
+    """A session on segment server `name` as `role` (the current one), kept by what it
+    connects to (a DBA who changes the foreign server or the mapping changes where the next
+    job's fetches go)."""
     from madlib_mop.db import segments
 
-    role = _role(plpy)
     info, server = _reached.get((role, name)) or segments.peer_conninfo(plpy, name)
     connection = _peers.get((role, info))
     if connection is not None and not (connection.closed or connection.broken):
@@ -111,7 +111,7 @@ def fetch(plpy: Any, kept: state_store.HopFiles, store: str, mst_key: int, step:
     def streamed(function: str, arguments: tuple) -> Callable[[Any], None]:
         def copy(handle: Any) -> None:
             nonlocal written
-            cursor = _peer(plpy, source).cursor(binary=True)
+            cursor = _peer(plpy, role, source).cursor(binary=True)
             for (piece,) in cursor.stream(sql.SQL("SELECT {}.{}({})").format(
                     sql.Identifier(schema), sql.Identifier(function),
                     sql.SQL(", ").join(sql.Placeholder() * len(arguments))), arguments, binary=True):

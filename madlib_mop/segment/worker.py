@@ -37,7 +37,7 @@ from madlib_mop.job import memory, repository, store
 from madlib_mop.job import state_store
 from madlib_mop.runtime import fused_program, fusion, model_facts, staging, training
 from madlib_mop.runtime.custom_functions import CustomFunctions
-from madlib_mop.segment import features, models
+from madlib_mop.segment import features, kept_states, models
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.runtime.buffers import Buffer, PackedColumns, buffer_bytes, rows_of, scan_partition
 from madlib_mop.runtime.tf_runtime import import_tensorflow, worker_threads
@@ -136,7 +136,7 @@ def ship(plpy: Any, description: dict) -> None:
     for m in description["models"]:
         ctx.specs[m["mst_key"]] = training.ModelSpec.of(m)
     if description.get("store"):  # its visits keep their states here (`segment.kept_states`)
-        kept = state_store.HopFiles.of_role(lambda q: plpy.execute(q)[0].popitem()[1], description["store"])
+        kept = kept_states.hops(plpy, description["store"])
         kept.remove_other_runs({r["oid"] for r in plpy.execute("SELECT oid FROM pg_catalog.pg_database")})
         kept.create()
         ctx.states, ctx.store = state_store.StateStore(None, kept), description["store"]
