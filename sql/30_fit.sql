@@ -196,6 +196,12 @@ CREATE FUNCTION @extschema@._mop_initial_states(request jsonb, weights bytea[], 
                                                 OUT states bytea[], OUT sizes bigint[])
 #plpython "mop_initial_states.py"
 
+-- The piece at byte at_byte (4 MB at most) of a step-0 state _mop_initial_states wrote to
+-- its request's files: a coordinator reads a segment server's this way, whatever its size.
+CREATE FUNCTION @extschema@._mop_initial_state_piece(token text, mst_key integer, at_byte bigint)
+RETURNS bytea
+#plpython "mop_initial_state_piece.py"
+
 -- The server's pool of worker sessions (madlib_mop/engine/server_slots.py).  Where the
 -- extension's library is preloaded (shared_preload_libraries), its slots and its queue are
 -- the server's, in shared memory (src/server_slots.c): one cap for every database.
@@ -279,6 +285,12 @@ LANGUAGE C STABLE;
 CREATE FUNCTION @extschema@._mop_worker_cap()
 RETURNS integer
 #plpython "mop_worker_cap.py"
+
+-- What a job's worker sessions may use here: the cap, each session's share of the machine's
+-- memory, madlib_mop.worker_memory_mb.  A coordinator asks its segment servers before a job.
+CREATE FUNCTION @extschema@._mop_worker_limits()
+RETURNS jsonb
+#plpython "mop_worker_limits.py"
 
 -- Calls waiting for worker sessions: every role sees the queue (its order is fair between
 -- roles), each adds and removes only its own rows; a row counts while the session that

@@ -99,6 +99,14 @@ CREATE FUNCTION @extschema@._mop_segment_train(job_id bigint, mst_key integer, s
 RETURNS jsonb
 #plpython "mop_segment_train.py"
 
+-- A state the coordinator carries to this server, a piece (at byte at_byte of it) per call,
+-- into the role's hop file of the job: _mop_segment_train and _mop_segment_validate then
+-- find it here.  The last piece puts it in place.
+CREATE FUNCTION @extschema@._mop_segment_receive(job_id bigint, mst_key integer, step integer,
+                                                 piece bytea, at_byte bigint, last boolean)
+RETURNS void
+#plpython "mop_segment_receive.py"
+
 -- A validation pass of a state found as _mop_segment_train finds it.
 CREATE FUNCTION @extschema@._mop_segment_validate(job_id bigint, mst_key integer, step integer,
                                                   partition integer, state_from text,

@@ -851,3 +851,67 @@ def test_staged_models_on_segment_servers_keep_their_features_there(cluster, ser
             assert min(sizes) < min(moved["whole_there"][m]) - 4 * 16 * 4, m
         else:
             assert sizes == moved["whole_there"][m], m
+
+
+def test_a_segment_server_whose_workers_cannot_hold_the_models_refuses_the_job(cluster, servers,
+                                                                             walkthrough):
+    """seg1's worker sessions of this database have a cap so high that each one's share of
+    its memory cannot hold TensorFlow: the job is refused before any state is made, naming
+    seg1, and leaves nothing (no job, no table)."""
+    name = conninfo_to_dict(cluster)["dbname"]
+    seg1 = _server_dsn(servers["seg1"], name)
+    _end_idle_sessions(seg1)  # (an idle session keeps the settings it started with)
+    with psycopg.connect(seg1, autocommit=True) as admin:
+        admin.execute(sql.SQL("ALTER DATABASE {} SET madlib_mop.max_worker_sessions = 10000")
+                      .format(sql.Identifier(name)))
+    try:
+        with _connect(cluster) as conn, pytest.raises(psycopg.Error) as refused:
+            conn.execute("SELECT madlib_keras_fit_multiple_model('iris_packed', 'too_big_there', 'mst', 1)")
+        assert refused.value.sqlstate == "53000"
+        assert "segment server seg1's 10000 worker sessions" in refused.value.diag.message_primary
+        with _connect(cluster) as conn:
+            assert conn.execute("SELECT count(*) FROM jobs WHERE model_output_table = "
+                                "'public.too_big_there'").fetchone()[0] == 0
+            assert conn.execute("SELECT to_regclass('too_big_there_info')").fetchone()[0] is None
+    finally:
+        with psycopg.connect(seg1, autocommit=True) as admin:
+            admin.execute(sql.SQL("ALTER DATABASE {} RESET madlib_mop.max_worker_sessions")
+                          .format(sql.Identifier(name)))
+        _end_idle_sessions(seg1)
+
+
+def test_a_state_over_1_gb_moves_between_segment_servers(cluster, servers, walkthrough):
+    """tests/test_big_states.py's model (a state of 1.1 GB) on the cluster's iris: its step-0
+    state is built on a segment server and read from there, and carried to the first visit's
+    server, a piece per call; the second visit's server fetches it from the first's; the
+    durable state and the weights are in pieces; nothing stays on the servers.  (A value or
+    message over 1 GB anywhere would fail.)"""
+    from tests.test_big_states import MORE_THAN_ONE_VALUE, ROWS, _architecture
+
+    name = conninfo_to_dict(cluster)["dbname"]
+    try:
+        with _connect(cluster) as conn:
+            conn.execute("SELECT load_keras_model('big_arch', %s::json)", (_architecture(),))
+            conn.execute("SELECT madlib_keras_fit('iris_packed', 'big_there', 'big_arch', 1, "
+                         "$$loss='categorical_crossentropy', optimizer='SGD(learning_rate=0.1)', "
+                         "metrics=['accuracy']$$, 'batch_size=50, epochs=1', 1)")
+            initial, state_bytes = conn.execute(
+                "SELECT sum(octet_length(state)) FILTER (WHERE step = 0), "
+                "sum(octet_length(state)) FILTER (WHERE step = 2) FROM big_there_mop_state").fetchone()
+            assert state_bytes > MORE_THAN_ONE_VALUE
+            assert conn.execute("SELECT model_weights IS NULL FROM big_there").fetchone()[0]
+            assert conn.execute("SELECT sum(octet_length(model_weights)) FROM big_there_mop_weights"
+                                ).fetchone()[0] == 4 * (ROWS * 4 + 4 * 4 * 3 + 3)
+            job_id = _job(cluster, "big_there")[0]
+            store = conn.execute("SELECT id::text FROM madlib_mop.coordinator_id").fetchone()[0] + f"-{job_id}"
+        (_, _, first_segment, first), (_, _, second_segment, second) = _visits(cluster, "big_there")
+        assert first_segment != second_segment and first["kept_on"] != second["kept_on"]
+        assert first["coordinator_bytes"] == initial > MORE_THAN_ONE_VALUE  # carried there
+        assert second["fetched_bytes"] == first["state_bytes"] and second["coordinator_bytes"] == 0
+        for server in ("seg0", "seg1"):
+            with psycopg.connect(_server_dsn(servers[server], name), autocommit=True) as there:
+                assert not any(there.execute("SELECT madlib_mop._mop_segment_states_held(%s, %s, %s)",
+                                             (store, [1, 1], [1, 2])).fetchone()[0]), server
+    finally:
+        for server in ("seg0", "seg1"):  # (their idle sessions hold the model's GBs)
+            _end_idle_sessions(_server_dsn(servers[server], name))

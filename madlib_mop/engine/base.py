@@ -209,6 +209,11 @@ class Engine(abc.ABC):
         job's coordinator; None: they are in the job's store on this server."""
         return None
 
+    def worker_limits(self) -> list[tuple[str, dict]]:
+        """(where, its limits: cap, share_mb, budget_mb) of each other server its workers
+        run on, as that server's `_mop_worker_limits` gives them; none: this server's."""
+        return []
+
     def keep_idle(self, workers: list[Worker], segments: int) -> None:
         """The job ended with these workers idle: an engine may keep them for the
         session's next job."""

@@ -2,15 +2,21 @@
 stored on segment servers (`madlib_mop.db.segments`); each worker is a session on the server
 that holds its segment, as the calling role, and reads only that server's table.
 
-The model state travels coordinator -> worker -> coordinator with each call, as on one
-server (the engine contract): a finished sub-epoch counts once the coordinator has committed
-it.  A segment server has no row of the job: when a worker opens its session it sends the
-job's description (`job_description`: seeds, model configurations, where the segment's rows
-are), then the calls are the same `_mop_train` / `_mop_evaluate` as on one server.
+A segment server has no row of the job: when a worker opens its session it sends the job's
+description (`job_description`: seeds, model configurations, where the segment's rows are).
+A visit's new state stays on the server where it was trained; the next visit's worker
+fetches it from there (`segment.kept_states`, `engine.segment_states`), and the call and
+its answer carry decisions and records, not states.  A state the coordinator has (step 0,
+a model gone back to a durable state) or must carry (between servers that cannot reach
+each other) goes to the worker's server a piece per call first: a state of any size.  A
+server whose extension predates kept states gets the state with the call and returns the
+new one (`_mop_train` / `_mop_evaluate`, as on one server).
 """
 
 from __future__ import annotations
 
+import io
+import secrets
 import time
 from typing import Any, Callable
 
@@ -23,6 +29,7 @@ from madlib_mop.db import catalog, packed, segments, worker_session
 from madlib_mop.db.segments import Partition, SegmentServer
 from madlib_mop.engine.base import Engine, VisitRecord, Worker, as_error
 from madlib_mop.json_values import json_value
+from madlib_mop.runtime import state
 from madlib_mop.engine import idle_workers, server_slots
 from madlib_mop.engine.segment_states import SegmentStates, store_token
 from madlib_mop.engine.local import LocalWorker, NoSlot
@@ -30,7 +37,8 @@ from madlib_mop.errors import MadlibMopError
 
 
 # The calls that need the job's description in the session.
-JOB_FUNCTIONS = ("_mop_train", "_mop_evaluate", "_mop_segment_train", "_mop_segment_validate")
+JOB_FUNCTIONS = ("_mop_train", "_mop_evaluate", "_mop_segment_train", "_mop_segment_validate",
+                 "_mop_segment_receive")
 
 
 class ClusterWorker(LocalWorker):
@@ -49,6 +57,7 @@ class ClusterWorker(LocalWorker):
         # The segment servers its session fetches states from itself; None: its server's
         # extension predates kept states (the coordinator carries them both ways).
         self.peers: set[str] | None = None
+        self.receives = True  # its server takes carried states in pieces (`_carry`)
 
     @property
     def where(self) -> str:
@@ -127,7 +136,7 @@ class ClusterWorker(LocalWorker):
         started = time.perf_counter()
         model = self.states.models.get(mst_key)
         (result,), carried = self._from_source(
-            "_mop_segment_train", mst_key, step, model_state,
+            "_mop_segment_train", job_id, mst_key, step, model_state,
             lambda source, carried: (job_id, mst_key, step, segment, source, carried,
                                      model.pruned_below if model is not None else 1))
         record = VisitRecord.from_json(result)
@@ -141,24 +150,43 @@ class ClusterWorker(LocalWorker):
         self._send_job()
         if self.peers is None:
             return super().evaluate(job_id, mst_key, step, partition, model_state)
-        (result,), _ = self._from_source("_mop_segment_validate", mst_key, step, model_state,
-                                         lambda source, carried: (job_id, mst_key, step, partition,
-                                                                  source, carried))
+        (result,), _ = self._from_source("_mop_segment_validate", job_id, mst_key, step, model_state,
+                                         lambda *found: (job_id, mst_key, step, partition, *found))
         return json_value(result)
 
-    def _from_source(self, function: str, mst_key: int, step: int, model_state: bytes | None,
+    def _from_source(self, function: str, job_id: int, mst_key: int, step: int, model_state: bytes | None,
                      arguments: Callable[[str | None, bytes | None], tuple]) -> tuple[tuple, bytes | None]:
         """The call, its state found where it is (`_source`); when its server cannot reach
         the one that keeps the state (08001), the coordinator carries it, from then on."""
         source, carried = self._source(mst_key, step, model_state)
         try:
-            return self._call(function, *arguments(source, carried)), carried
+            return self._call(function, *arguments(source, self._carry(job_id, mst_key, step, carried))), carried
         except psycopg.Error as error:
             if source is None or error.sqlstate != errors.UNABLE_TO_CONNECT or not self.usable:
                 raise
         self.peers.discard(source)
         carried = self.states.read(mst_key, step)
-        return self._call(function, *arguments(None, carried)), carried
+        return self._call(function, *arguments(None, self._carry(job_id, mst_key, step, carried))), carried
+
+    def _carry(self, job_id: int, mst_key: int, step: int, blob: bytes | None) -> bytes | None:
+        """None: the carried state went to its server (`sent_in_pieces`); else it goes with the call."""
+        if blob is None or not self.receives:
+            return blob
+        self.receives = sent_in_pieces(lambda *a: self._call("_mop_segment_receive", job_id, mst_key, step, *a),
+                                       blob)
+        return None if self.receives else blob
+
+    def initial_states(self, request, weights, token):
+        """Built on the worker's server into files of a request of its own, then read a piece
+        per call (`read_in_pieces`): a step-0 state of any size (not one value, at most 1 GB)."""
+        if token is not None:
+            return super().initial_states(request, weights, token)
+        own = secrets.token_hex(16)
+        _, sizes = super().initial_states(request, weights, own)
+        states = read_in_pieces(lambda key, offset: self._call("_mop_initial_state_piece", own, key, offset),
+                                [model["mst_key"] for model in request["models"]], sizes)
+        # (there, the request's files then stay in that server's folder of new states)
+        return (states, sizes) if states is not None else super().initial_states(request, weights, None)
 
     def _one_call(self, function: str, args: tuple, columns: str = "*"):
         session = self._session()
@@ -213,6 +241,45 @@ class ClusterWorker(LocalWorker):
         raise MadlibMopError("predicting on a segment server is not supported",
                              sqlstate=errors.FEATURE_NOT_SUPPORTED,
                              hint="Predict from a table of the coordinator.")
+
+
+def sent_in_pieces(receive: Callable[[bytes, int, bool], Any], blob: bytes) -> bool:
+    """A state the coordinator carries to a segment server's worker, into the hop file of
+    its server, a piece per call (`receive(piece, offset, last)`: `_mop_segment_receive`),
+    where the call that trains or validates it finds it: so it may be of any size (as an
+    argument of that call it would be one value, at most 1 GB).  False: that server's
+    extension predates this (0.18.0), nothing was sent."""
+    try:
+        for number, piece in state.pieces(blob):
+            offset = number * state.PIECE_BYTES
+            receive(piece, offset, offset + len(piece) >= len(blob))
+    except psycopg.Error as error:
+        if error.sqlstate != errors.UNDEFINED_FUNCTION:
+            raise
+        return False
+    return True
+
+
+def read_in_pieces(piece_at: Callable[[int, int], tuple], mst_keys: list[int], sizes: list[int]
+                   ) -> list[bytes] | None:
+    """Step-0 states a segment server's worker wrote to files of a request, read a piece
+    per call (`piece_at(mst_key, offset)`: `_mop_initial_state_piece`).  None: that
+    server's extension predates this."""
+    states = []
+    try:
+        for mst_key, size in zip(mst_keys, sizes):
+            blob = io.BytesIO()
+            while blob.tell() < size:
+                (piece,) = piece_at(mst_key, blob.tell())
+                if not piece:
+                    break
+                blob.write(piece)
+            states.append(blob.getvalue())
+    except psycopg.Error as error:
+        if error.sqlstate != errors.UNDEFINED_FUNCTION:
+            raise
+        return None
+    return states
 
 
 def _adopted_there(connection: psycopg.Connection, schema: sql.Identifier, local_segments: int,
@@ -322,6 +389,23 @@ class ClusterEngine(Engine):
         for worker in self._workers:
             worker.states = self.states
         return self.states
+
+    def worker_limits(self) -> list[tuple[str, dict]]:
+        """Each segment server's, asked over a session like its workers' (the caller's
+        settings go with it); one whose extension predates the question is not counted."""
+        found = []
+        for name, server in self.servers.items():
+            with segments.connect(self.conninfo[name], server, self.hints[name],
+                                  application_name="madlib_mop coordinator") as session:
+                try:
+                    (limits,) = session.execute(sql.SQL("SELECT {}._mop_worker_limits()").format(
+                        sql.Identifier(self.schema))).fetchone()
+                except psycopg.Error as error:
+                    if error.sqlstate != errors.UNDEFINED_FUNCTION:
+                        raise as_error(error) from None
+                    continue
+            found.append((f"segment server {name}", json_value(limits)))
+        return found
 
     def prepare_job(self, plpy: Any, job: Any, models: Callable[[], list[dict]]) -> None:
         self.job = job_description(plpy, job, models(), self.partitions)

@@ -29,6 +29,32 @@ DEFAULT_BUDGET_MB = 4096  # its default
 
 
 @dataclass(frozen=True)
+class WorkerLimits:
+    """What a job's worker sessions may use on the server they run on."""
+    cap: int  # its madlib_mop.max_worker_sessions (or the machine's)
+    share_mb: float  # the machine's memory for worker sessions, divided by the cap
+    budget_mb: float  # its madlib_mop.worker_memory_mb
+    where: str = "this server"
+
+    def as_json(self) -> dict:
+        return {"cap": self.cap, "share_mb": self.share_mb, "budget_mb": self.budget_mb}
+
+
+def limits_here(plpy: Any) -> WorkerLimits:
+    """This server's limits (`_mop_worker_limits`: a segment server's, for its coordinator)."""
+    cap = server_slots.cap(plpy)
+    return WorkerLimits(cap, server_slots.slot_share_mb(cap), float(budget_mb(plpy)))
+
+
+def tightest(found: list[tuple[str, dict]]) -> WorkerLimits | None:
+    """Of servers' limits (`Engine.worker_limits`), the one whose sessions may use the
+    least (None: none given, this server's count)."""
+    limits = [WorkerLimits(int(v["cap"]), float(v["share_mb"]), float(v["budget_mb"]), where)
+              for where, v in found]
+    return min(limits, key=lambda one: (one.share_mb, one.budget_mb), default=None)
+
+
+@dataclass(frozen=True)
 class WorkerMemory:
     base_mb: float  # TensorFlow and Keras
     models_mb: float  # programs and states
@@ -36,6 +62,7 @@ class WorkerMemory:
     share_mb: float  # what one worker session may count on: the machine's, divided by the cap
     cap: int
     budget_mb: float = float(DEFAULT_BUDGET_MB)  # madlib_mop.worker_memory_mb
+    where: str = "this server"  # whose limits these are
 
     @property
     def total_mb(self) -> float:
@@ -44,7 +71,7 @@ class WorkerMemory:
     def describe(self) -> str:
         return (f"each worker session needs about {self.total_mb:.0f} MB (TensorFlow "
                 f"{self.base_mb:.0f}, models {self.models_mb:.2f}, buffers {self.buffers_mb:.2f}) "
-                f"of the {self.share_mb:.0f} MB each of this server's {self.cap} may use")
+                f"of the {self.share_mb:.0f} MB each of {self.where}'s {self.cap} may use")
 
 
 def models_bytes(specs: list[training.ModelSpec], state_bytes: dict[int, int]) -> int:
@@ -80,18 +107,19 @@ def budget_mb(plpy: Any) -> int:
 
 
 def estimate(plpy: Any, configs: list[dict], state_bytes: dict[int, int], packed_tables: list[str],
-             use_caching: bool) -> WorkerMemory:
-    """`state_bytes`: mst_key -> its state's size, of the models known so far."""
+             use_caching: bool, limits: WorkerLimits | None = None) -> WorkerMemory:
+    """`state_bytes`: mst_key -> its state's size, of the models known so far.  `limits`:
+    of the server the workers run on (a segment server's), else this one's."""
     models = models_bytes([training.ModelSpec.of(c) for c in configs], state_bytes) / MB
-    budget = budget_mb(plpy)
+    limits = limits or limits_here(plpy)
+    budget = limits.budget_mb
     # A packed table is partitioned: its rows are in its partitions (foreign ones count 0).
     size = plpy.prepare("SELECT coalesce(sum(pg_catalog.pg_total_relation_size(relid)), 0) AS b "
                         "FROM pg_catalog.pg_partition_tree($1::regclass)", ["text"])
     data = sum(int(plpy.execute(size, [t])[0]["b"]) for t in packed_tables) / MB
     buffers = min(data, max(0.0, budget - models)) if use_caching else 0.0
-    cap = server_slots.cap(plpy)
-    return WorkerMemory(float(server_slots.BASE_MB), models, buffers, server_slots.slot_share_mb(cap),
-                        cap, float(budget))
+    return WorkerMemory(float(server_slots.BASE_MB), models, buffers, limits.share_mb,
+                        limits.cap, float(budget), limits.where)
 
 
 def check(need: WorkerMemory) -> None:
@@ -113,8 +141,8 @@ def check(need: WorkerMemory) -> None:
     if need.total_mb <= need.share_mb:
         return
     raise MadlibMopError(
-        f"this job's worker sessions would each need about {need.total_mb:.0f} MB; each of this "
-        f"server's {need.cap} worker sessions may use {need.share_mb:.0f} MB",
+        f"this job's worker sessions would each need about {need.total_mb:.0f} MB; each of "
+        f"{need.where}'s {need.cap} worker sessions may use {need.share_mb:.0f} MB",
         sqlstate=errors.INSUFFICIENT_RESOURCES,
         detail=need.describe(),
         hint="Train fewer or smaller architectures per job, lower madlib_mop.worker_memory_mb "

@@ -42,18 +42,13 @@ import re
 import shutil
 import threading
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
 from madlib_mop import errors
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.runtime import state
+from madlib_mop.runtime.state import PIECE_BYTES, pieces  # noqa: F401  (this module's callers' too)
 
-# A state goes into the table in pieces of this size: under PostgreSQL's 1 GB for one value
-# or message, and small, because libpq (non-blocking, as psycopg runs it) moves what it has
-# not sent yet to the front of its buffer after every partial write, which costs the
-# square of one message's size over a Unix socket: 1.12 GB in pieces of 256 MB took 40.6 s
-# here, of 64 MB 11.0 s, of 16 MB 5.6 s, of 4 MB 4.5 s.
-PIECE_BYTES = 4 * 1024 * 1024
 # In the server's data directory.  Its name starts with pgsql_tmp, as PostgreSQL's own
 # temporary files do, so that base backups and pg_rewind leave it out: a restored or
 # rewound server starts a new run, whose jobs never read an earlier run's files.
@@ -140,12 +135,40 @@ class HopFiles:
             os.replace(partial, target)
         except OSError as error:
             partial.unlink(missing_ok=True)
-            raise MadlibMopError(
-                f"{what} could not be written: {error}",
-                sqlstate=errors.DISK_FULL if error.errno == errno.ENOSPC else errors.IO_ERROR,
-                detail=f"in {self.run_directory}",
-                hint="Free space on the server's data directory, then resume the job "
-                     "(CALL resume(job_id)); finished sub-epochs are kept.") from None
+            raise self._not_written(what, error) from None
+
+    def receive(self, mst_key: int, step: int, piece: bytes, offset: int, last: bool) -> None:
+        """A piece of a state another session sends a piece per call (a segment server's,
+        from its coordinator), at byte `offset` of it: appended to a file of this process,
+        which the `last` piece renames into place.  A first piece (offset 0) starts over."""
+        target = self.path(mst_key, step)
+        partial = target.with_name(f"{target.name}.{os.getpid()}.received.partial")
+        what = f"the state of model {mst_key} after step {step}"
+        try:
+            with open(partial, "wb" if offset == 0 else "r+b") as handle:
+                if handle.seek(0, os.SEEK_END) != offset:
+                    raise MadlibMopError(f"{what}: a piece at byte {offset} does not follow the "
+                                         f"{handle.tell()} bytes received",
+                                         sqlstate=errors.INVALID_PARAMETER_VALUE,
+                                         hint="The coordinator sends the state again from its start.")
+                handle.write(piece)
+            if last:
+                os.replace(partial, target)
+        except FileNotFoundError:
+            raise MadlibMopError(f"{what}: a piece at byte {offset} came before the first",
+                                 sqlstate=errors.INVALID_PARAMETER_VALUE,
+                                 hint="The coordinator sends the state again from its start.") from None
+        except OSError as error:
+            partial.unlink(missing_ok=True)
+            raise self._not_written(what, error) from None
+
+    def _not_written(self, what: str, error: OSError) -> MadlibMopError:
+        return MadlibMopError(
+            f"{what} could not be written: {error}",
+            sqlstate=errors.DISK_FULL if error.errno == errno.ENOSPC else errors.IO_ERROR,
+            detail=f"in {self.run_directory}",
+            hint="Free space on the server's data directory, then resume the job "
+                 "(CALL resume(job_id)); finished sub-epochs are kept.")
 
     def read(self, mst_key: int, step: int) -> bytes | bytearray | None:
         """The whole state (a head state composed with its prefix)."""
@@ -249,13 +272,6 @@ def found(blob: Any, mst_key: int, step: int) -> Any:
                              hint="Resume the job (CALL resume(job_id)): a model whose state "
                                   "is lost goes back to its last kept one.")
     return blob
-
-
-def pieces(blob: bytes | memoryview | mmap.mmap) -> Iterable[tuple[int, bytes]]:
-    """(piece number, bytes) of a state, each at most PIECE_BYTES."""
-    view = memoryview(blob)
-    for number, start in enumerate(range(0, max(1, len(view)), PIECE_BYTES)):
-        yield number, bytes(view[start:start + PIECE_BYTES])
 
 
 class StateTable:

@@ -214,6 +214,14 @@ def _kept(plpy: Any, job_id: int) -> tuple[Any, state_store.HopFiles, str]:
     return ctx, ctx.states.hops, ctx.store
 
 
+def receive(plpy: Any, job_id: int, mst_key: int, step: int, piece: bytes, at_byte: int, last: bool) -> None:
+    """A state the coordinator carries (a step-0 state, or one kept on a server this one
+    cannot reach), a piece per call, into this server's hop file: the visit's call then
+    finds it here.  A state of any size, never one value over 1 GB."""
+    _, kept, _ = _kept(plpy, job_id)
+    kept.receive(mst_key, step, piece, at_byte, last)
+
+
 def train(plpy: Any, job_id: int, mst_key: int, step: int, segment: int, state_from: str | None,
           model_state: bytes | None, forget_below: int) -> str:
     """`segment.worker.train` on a segment server that keeps the states: the state from

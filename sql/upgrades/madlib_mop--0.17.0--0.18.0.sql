@@ -3,11 +3,4 @@
 
 -- States travel between segment servers (_mop_segment_train, _mop_segment_validate,
 -- _mop_segment_peers, _mop_segment_state, _mop_segment_prefix, _mop_segment_states_held
--- and _mop_segment_forget are new): they come with this version's routines.
--- @routines
--- 0.11.0's update cleared the comments the refusing custom-function routines of 0.10.0
--- had; they run here, after the routines exist (an update from 0.10.0 or earlier creates
--- them only here: the routines are in the latest update script alone).
-COMMENT ON FUNCTION @extschema@.delete_custom_function(varchar, integer) IS NULL;
-COMMENT ON FUNCTION @extschema@.delete_custom_function(varchar, text) IS NULL;
-COMMENT ON FUNCTION @extschema@.load_top_k_accuracy_function(varchar, integer) IS NULL;
+-- and _mop_segment_forget are new): they come with the latest version's routines.
