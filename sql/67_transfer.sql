@@ -50,6 +50,12 @@ RETURNS void
 COMMENT ON FUNCTION @extschema@.materialize_features_byom IS
     'materialize_features for a model loaded with its weights by load_keras_model';
 
+-- On a segment server: the features of its segments of a packed table, into its partitions
+-- of the output (materialize_features of a table whose segments lie on segment servers).
+CREATE FUNCTION @extschema@._mop_segment_materialize(task jsonb, weights bytea)
+RETURNS jsonb
+#plpython "mop_segment_materialize.py"
+
 CREATE FUNCTION @extschema@.load_transfer_model(
     model_arch_table varchar,   -- where the new model goes (made if missing, as load_keras_model)
     base_table       varchar,   -- a fit's model_output_table or a deployment's name, or an

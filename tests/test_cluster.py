@@ -915,3 +915,46 @@ def test_a_state_over_1_gb_moves_between_segment_servers(cluster, servers, walkt
     finally:
         for server in ("seg0", "seg1"):  # (their idle sessions hold the model's GBs)
             _end_idle_sessions(_server_dsn(servers[server], name))
+
+
+def test_features_of_a_table_on_segment_servers_are_materialized_there(cluster, extension_dsn, servers,
+                                                                        walkthrough):
+    """materialize_features of the walkthrough's model over its packed table on the segment
+    servers: each server computes its own segments' features into its own partition of the
+    output (foreign partitions here, no row on the coordinator), with the bits one server
+    computes from the same model and segments; a head trained on them there gets the
+    weights of the same head trained on one server."""
+    name = conninfo_to_dict(cluster)["dbname"]
+    head = keras.Sequential([keras.Input((10,)), keras.layers.Dense(3, activation="softmax")]).to_json()
+    notices, features, heads = [], {}, {}
+    for dsn in (cluster, extension_dsn):
+        with _connect(dsn, notices) as conn:
+            if dsn == extension_dsn:
+                conn.execute("SET madlib_mop.segments = 2")  # (as the walkthrough's fit there)
+            conn.execute("SELECT materialize_features('iris_model', 'iris_packed', 'iris_hidden', '0', 1)")
+            features[dsn] = conn.execute("SELECT __dist_key__, buffer_id, md5(attributes), attributes_shape "
+                                         "FROM iris_hidden ORDER BY 1, 2").fetchall()
+            conn.execute("SELECT load_keras_model('head_arch', %s::json)", (head,))
+            conn.execute("SELECT madlib_keras_fit('iris_hidden', 'head_out', 'head_arch', 1, "
+                         "$$loss='categorical_crossentropy', optimizer='Adam(learning_rate=0.01)', "
+                         "metrics=['accuracy']$$, 'batch_size=8, epochs=1', 2)")
+            heads[dsn] = bytes(conn.execute("SELECT model_weights FROM head_out").fetchone()[0])
+    assert features[cluster] == features[extension_dsn] and len(features[cluster]) >= 2
+    assert all(shape[1:] == [10] for *_, shape in features[cluster])
+    assert heads[cluster] == heads[extension_dsn]
+    assert any("computing on segment server seg0" in n and "seg1" in n for n in notices), notices
+    with _connect(cluster) as conn:
+        kinds = conn.execute("SELECT c.relname, c.relkind, s.srvname FROM pg_inherits i "
+                             "JOIN pg_class c ON c.oid = i.inhrelid "
+                             "JOIN pg_foreign_table f ON f.ftrelid = c.oid "
+                             "JOIN pg_foreign_server s ON s.oid = f.ftserver "
+                             "WHERE i.inhparent = 'iris_hidden'::regclass ORDER BY 1").fetchall()
+        assert kinds == [("iris_hidden_seg0", "f", "seg0"), ("iris_hidden_seg1", "f", "seg1")]
+        assert conn.execute("SELECT features_of FROM iris_hidden_summary").fetchone()[0].startswith(
+            "public.iris_model mst_key 1")
+    for segment, server in enumerate(("seg0", "seg1")):
+        with psycopg.connect(_server_dsn(servers[server], name)) as there:
+            assert there.execute(sql.SQL("SELECT count(*) FROM {}").format(
+                sql.Identifier(f"iris_hidden_seg{segment}"))).fetchone()[0] > 0, server
+    assert all(result["kept_on"] in ("seg0", "seg1") for *_, result in _visits(cluster, "head_out"))
+

@@ -12,21 +12,27 @@ take that input.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from typing import Any
 
 import numpy as np
+from psycopg.types.json import Jsonb
 
 from madlib_mop import errors
 from madlib_mop.api import deployments, model_catalog
 from madlib_mop.db import catalog, packed, segments
+from madlib_mop.engine.cluster import on_server, slot_session
+from madlib_mop.engine.pool import run_all
 from madlib_mop.errors import MadlibMopError
+from madlib_mop.job import outputs
 from madlib_mop.json_values import json_value
 from madlib_mop.preprocess.output import PackedOutput, write_features_summary
 from madlib_mop.runtime import keras_json, staging, training
-from madlib_mop.runtime.buffers import PackedColumns, scan_partition
-from madlib_mop.segment import models
+from madlib_mop.runtime.buffers import PackedColumns
+from madlib_mop.runtime.tf_runtime import worker_threads
+from madlib_mop.segment import materialize, models
 from madlib_mop.segment.models import ModelRef
 
 
@@ -76,29 +82,24 @@ def _layer_model(ref: ModelRef, described: str, layer: str, summary: dict):
         raise MadlibMopError(f"layer {chosen.name} is the model's output: its features are its predictions",
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
                              hint="Pass a layer before the last; madlib_keras_predict gives the output.")
-    return staging.LayerOutput(keras.Model(model.inputs, chosen.output)), chosen.name
+    return staging.LayerOutput(keras.Model(model.inputs, chosen.output)), chosen.name, model.layers.index(chosen)
 
 
 def _source(plpy: Any, source_table: str) -> tuple[dict, catalog.Table]:
-    """The packed table's summary and the table: one of this server, packed by madlib_mop."""
+    """The packed table's summary and the table, packed by madlib_mop."""
     summary = packed.read_summary(plpy, source_table, argument="source_table")
     if packed.partition_modulus(summary) is not None:
         raise MadlibMopError(f"source_table {summary['packed_table']} was packed by MADlib",
                              sqlstate=errors.FEATURE_NOT_SUPPORTED,
                              hint="Pack the data with madlib_mop's training_preprocessor_dl.")
-    table = catalog.resolve_table(plpy, summary["packed_oid"], argument="source_table")
-    if segments.placement(plpy, table) is not None:
-        raise MadlibMopError(f"source_table {summary['packed_table']} lies on segment servers",
-                             sqlstate=errors.FEATURE_NOT_SUPPORTED,
-                             hint="Materialize features of a table packed on this server; a job "
-                                  "on segment servers stages its frozen layers by itself.")
-    return summary, table
+    return summary, catalog.resolve_table(plpy, summary["packed_oid"], argument="source_table")
 
 
 def _materialize(plpy: Any, ref: ModelRef, described: str, source_table: str, output_table: str,
                  layer: str, trained_on: float | None = None) -> None:
     """`trained_on`: the normalizing_const of the data the model was trained on, when known."""
     summary, source = _source(plpy, source_table)
+    placed = segments.placement(plpy, source)  # None: its segments are this server's
     if trained_on is not None and float(summary["normalizing_const"] or 1.0) != float(trained_on):
         raise MadlibMopError(
             f"{summary['packed_table']} was packed with normalizing_const {summary['normalizing_const']}, "
@@ -107,7 +108,7 @@ def _materialize(plpy: Any, ref: ModelRef, described: str, source_table: str, ou
             hint="Pack the data with the normalizing_const of the model's training data.")
     out = catalog.new_table(plpy, output_table, argument="output_table")
     summary_out = out.sibling("_summary", plpy)
-    feature_model, layer_name = _layer_model(ref, described, layer, summary)
+    feature_model, layer_name, layer_index = _layer_model(ref, described, layer, summary)
     features_of, digest = f"{described}, layers up to {layer_name}", feature_model.digest()
     first = _computed_before(plpy, out, summary_out, summary, features_of, digest)
     if first is None:
@@ -120,36 +121,84 @@ def _materialize(plpy: Any, ref: ModelRef, described: str, source_table: str, ou
                              sqlstate=errors.FEATURE_NOT_SUPPORTED,
                              hint="Pack one feature column and one label column.")
     columns = PackedColumns(x_columns, y_columns, summary["label_kind"] == "classification")
-    output = PackedOutput(plpy, out, list(x_columns), list(y_columns), None)
-    if first is None:
-        insert, first = output.create(int(summary["num_segments"])), 0
-    else:  # the buffers from `first` on are computed (again)
-        insert = plpy.prepare(*output.insert_sql(out.quoted))
-        plpy.execute(plpy.prepare(f"DELETE FROM {out.quoted} WHERE buffer_id >= $1", ["integer"]), [first])
-        plpy.execute(f"DROP TABLE {summary_out.quoted}")
-    feature_shape, rows = None, 0
-    for segment in range(int(summary["num_segments"])):
-        started, segment_rows = time.perf_counter(), 0
-        # One buffer in memory at a time (a budget of 0 bytes): the table may be larger.
-        for buffer in scan_partition(plpy, summary["packed_table"], columns, segment, budget_bytes=0):
-            if buffer.buffer_id < first:
-                continue
-            x, y = buffer.load()
-            features = feature_model(x)
-            feature_shape = list(features.shape[1:])
-            plpy.execute(insert, [features.tobytes(), y.tobytes(), list(features.shape), list(y.shape),
-                                  buffer.buffer_id, segment])
-            segment_rows += len(x)
-        rows += segment_rows
-        plpy.notice(f"materialize_features: segment {segment + 1} of {summary['num_segments']}: "
-                    f"{segment_rows} rows through {layer_name} in {time.perf_counter() - started:.1f} s")
-    if feature_shape is None:
-        feature_shape = list(feature_model.shape)
+    # On segment servers, the output's segments are where the source's are.
+    homes = None if placed is None else [placed[k].server for k in range(int(summary["num_segments"]))]
+    output = PackedOutput(plpy, out, list(x_columns), list(y_columns), homes)
+    try:
+        if first is None:
+            insert, first = output.create(int(summary["num_segments"])), 0
+        else:  # the buffers from `first` on are computed (again)
+            # (a table on segment servers is not packed in key order: `first` is None there)
+            insert = plpy.prepare(*output.insert_sql(out.quoted))
+            plpy.execute(plpy.prepare(f"DELETE FROM {out.quoted} WHERE buffer_id >= $1", ["integer"]), [first])
+            plpy.execute(f"DROP TABLE {summary_out.quoted}")
+        if placed is None:
+            rows = sum(_computed_here(plpy, feature_model, summary, columns, segment, first, insert, layer_name)
+                       for segment in range(int(summary["num_segments"])))
+        else:
+            rows = _computed_there(plpy, ref, layer_index, layer_name, digest, summary, placed, out)
+    except BaseException:
+        output.drop_remote()
+        raise
+    feature_shape = list(feature_model.shape)
     write_features_summary(plpy, source, summary_out, summary["packed_table"], out.quoted, feature_shape,
                            features_of, digest)
     computed = "" if first == 0 else f", {rows} of them computed now (the others were already)"
     plpy.notice(f"materialize_features: {out.quoted} holds {summary['num_rows']} rows of features of shape "
                 f"{feature_shape} ({described}, up to layer {layer_name}){computed}")
+
+
+def _computed_here(plpy: Any, feature_model: Any, summary: dict, columns: PackedColumns, segment: int,
+                   first: int, insert: Any, layer_name: str) -> int:
+    """The features of one segment of this server, computed in this session: its rows."""
+    started = time.perf_counter()
+    rows = materialize.compute_segment(plpy, feature_model, summary["packed_table"], columns, segment, first,
+                                       lambda values: plpy.execute(insert, values))
+    plpy.notice(f"materialize_features: segment {segment + 1} of {summary['num_segments']}: "
+                f"{rows} rows through {layer_name} in {time.perf_counter() - started:.1f} s")
+    return rows
+
+
+def _computed_there(plpy: Any, ref: ModelRef, layer_index: int, layer_name: str, digest: str, summary: dict,
+                    placed: dict, out: catalog.NewTable) -> int:
+    """The features of segments on segment servers, each server's computed there into its
+    partitions of the output (`segment.materialize`), all at once, in a worker session of
+    each (counted by its cap): the rows."""
+    if len(ref.weights) > outputs.WEIGHTS_VALUE_BYTES:
+        raise MadlibMopError(f"the weights of {ref.model_table} ({len(ref.weights) / 2**20:.0f} MB) are too "
+                             "big to be sent to segment servers", sqlstate=errors.FEATURE_NOT_SUPPORTED,
+                             hint="Materialize the features of a table packed on this server.")
+    there = segments.placement(plpy, catalog.resolve_table(plpy, out.quoted))
+    x_columns, y_columns = packed.packed_columns(summary)
+    tasks: dict[str, tuple[segments.SegmentServer, dict]] = {}
+    for segment, part in sorted(placed.items()):
+        server, task = tasks.setdefault(part.server.name, (part.server, {
+            "model_arch": ref.model_arch, "layer": layer_index, "digest": digest,
+            "columns": [list(x_columns), list(y_columns)], "segments": {},
+            "classification": summary["label_kind"] == "classification"}))
+        task["segments"][str(segment)] = {"source": part.name, "output": there[segment].name}
+    schema = catalog.extension_schema(plpy)
+    plpy.notice(f"materialize_features: computing on {', '.join(s.label for s, _ in tasks.values())}, "
+                "each its own segments")
+
+    def compute(session, server, task) -> dict:
+        try:
+            return session.execute(f"SELECT {schema}._mop_segment_materialize(%s, %s)",
+                                   (Jsonb(dict(task, threads=worker_threads(len(tasks)))), ref.weights),
+                                   binary=True).fetchone()[0]
+        except Exception as error:
+            raise on_server(server, error) from None
+
+    with contextlib.ExitStack() as stack:
+        sessions = [stack.enter_context(slot_session(plpy, server)) for server, _ in tasks.values()]
+        results = run_all(sessions, [lambda session, server=server, task=task: compute(session, server, task)
+                                     for server, task in tasks.values()], lambda: plpy.execute("SELECT 1"))
+    done = {int(k): v for result in results for k, v in result["segments"].items()}
+    for segment in sorted(done):
+        plpy.notice(f"materialize_features: segment {segment + 1} of {summary['num_segments']} "
+                    f"({placed[segment].server.label}): {done[segment]['rows']} rows through {layer_name} "
+                    f"in {done[segment]['seconds']:.1f} s")
+    return sum(one["rows"] for one in done.values())
 
 
 def _computed_before(plpy: Any, out: catalog.NewTable, summary_out: catalog.NewTable, source: dict,
