@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import threading
 import time
 import uuid
+from pathlib import Path
 
 import keras
 import psycopg
@@ -958,3 +961,53 @@ def test_features_of_a_table_on_segment_servers_are_materialized_there(cluster, 
                 sql.Identifier(f"iris_hidden_seg{segment}"))).fetchone()[0] > 0, server
     assert all(result["kept_on"] in ("seg0", "seg1") for *_, result in _visits(cluster, "head_out"))
 
+
+
+@contextlib.contextmanager
+def _not_answering(server):
+    """The server stopped (its processes, or its container, paused), as behind a link that
+    delays everything, until the block ends: its sessions stay open, nothing answers."""
+    if isinstance(server, ContainerServer):
+        containers._docker("pause", server.container)
+        try:
+            yield
+        finally:
+            containers._docker("unpause", server.container)
+        return
+    postmaster = int((server.data / "postmaster.pid").read_text().split()[0])
+    processes = [postmaster] + [int(stat.parent.name) for stat in Path("/proc").glob("[0-9]*/stat")
+                                if _parent(stat) == postmaster]
+    for pid in processes:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in processes:
+            os.kill(pid, signal.SIGCONT)
+
+
+def _parent(stat: Path) -> int | None:
+    try:  # (pid (comm) state ppid ...: comm may hold spaces)
+        return int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def test_a_segment_server_that_answers_nothing_for_seconds_delays_the_job(cluster, servers, walkthrough):
+    """seg1 stops answering for 3 s mid-job (its processes paused: the states it keeps, the
+    calls to it and the fetches from it wait): the job waits without an error and ends with
+    the walkthrough's weights, every sub-epoch once."""
+    notices, errors = [], []
+    job = _run_in_thread(cluster, "slow_segment", notices, errors)
+    with _connect(cluster) as watcher, contextlib.ExitStack() as paused:
+        with held_job(watcher, "slow_segment", 3):
+            paused.enter_context(_not_answering(servers["seg1"]))
+        time.sleep(3)  # (the job goes on from its hold, then waits for seg1)
+        assert job.is_alive()  # (visits on seg1 are to come in both iterations)
+    job.join(timeout=300)
+    assert not job.is_alive() and not errors, errors
+    assert _weights(cluster, "slow_segment") == walkthrough
+    _every_subepoch_once(cluster, "slow_segment")
+    with _connect(cluster) as conn:  # (it waited out the pause)
+        assert conn.execute("SELECT extract(epoch FROM finished_at - started_at) FROM jobs "
+                            "WHERE model_output_table = 'public.slow_segment'").fetchone()[0] >= 3
