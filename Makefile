@@ -5,6 +5,8 @@
 #   make dsn      print the connection string in use:  psql "$(make -s dsn)"
 #   make cluster  a coordinator and two segment servers on this machine (.cluster/):
 #                 psql "$(make -s cluster-dsn)"; make cluster-stop; make cluster-kill-segment
+#                 CLUSTER_NET=lan|wan: each segment server in a network namespace of its own
+#                 behind a shaped link (madlib_mop.tools.cluster_net; root, iproute2)
 #   make images   the Docker images (base from Debian's packages, then docker/Dockerfile)
 #   make compose-up   the same topology as containers: psql "$(make -s compose-dsn)"
 #   make test-containers   the tests on the compose cluster and on a testcontainers server
@@ -134,8 +136,10 @@ dsn:
 	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.embedded dsn
 
 # ---- several servers on this machine (madlib_mop.tools.local_cluster) ---------------------
+# off (the loopback), lan or wan: see madlib_mop/tools/cluster_net.py
+CLUSTER_NET ?= off
 cluster: $(STAMPS)/venv install
-	@$(PY) -m madlib_mop.tools.local_cluster start
+	@MADLIB_MOP_CLUSTER_NET=$(CLUSTER_NET) $(PY) -m madlib_mop.tools.local_cluster start
 
 cluster-dsn:
 	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.local_cluster dsn
@@ -144,7 +148,7 @@ cluster-stop:
 	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.local_cluster stop
 
 cluster-status:
-	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.local_cluster status
+	@MADLIB_MOP_CLUSTER_NET=$(CLUSTER_NET) PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.local_cluster status
 
 cluster-kill-segment:
 	@PYTHONPATH=$(CURDIR) $(SERVER_PYTHON) -m madlib_mop.tools.local_cluster kill-segment
@@ -213,7 +217,7 @@ lint: $(STAMPS)/venv
 # Benchmarks: not part of the tests; each prints a markdown table.
 # bench-cluster: W1 and packing on `make cluster` against the embedded server (about 25 min).
 bench-cluster: install db-start
-	$(PY) bench/bench_cluster.py
+	MADLIB_MOP_CLUSTER_NET=$(CLUSTER_NET) $(PY) bench/bench_cluster.py
 
 # The documentation site (MkDocs): the pages of docs/, and the SQL reference and settings
 # generated from sql/ and src/ as it is built; --strict fails on a broken link or anchor.

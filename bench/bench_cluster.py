@@ -6,8 +6,9 @@ against copying the same rows into a foreign table.
 Measured:
   - makespan of madlib_keras_fit_multiple_model (cluster / one server);
   - bytes over the network per epoch: TCP loopback traffic during the fit (the cluster's
-    worker sessions are TCP; one server's are Unix sockets), against models x hops x state
-    size (each state goes from the server that keeps it to the next) and the packed data;
+    worker sessions are TCP; one server's are Unix sockets), or, with CLUSTER_NET, the
+    traffic through the cluster's switch, against models x hops x state size (each state
+    goes from the server that keeps it to the next) and the packed data;
   - per hop: state bytes through the coordinator and fetched from server to server, with
     the segment servers able to reach each other and (the same fit again) not, when the
     coordinator carries every state;
@@ -17,7 +18,9 @@ Measured:
     INSERT INTO <foreign table on a segment server> SELECT * FROM <source> of the same rows.
 
     .venv/bin/python bench/bench_cluster.py [--rows 250000]
-Prints markdown tables; writes bench/results/cluster.json.
+    make bench-cluster CLUSTER_NET=lan   (segment servers in network namespaces behind shaped
+                                          links: madlib_mop.tools.cluster_net)
+Prints markdown tables; writes bench/results/cluster.json (cluster-lan.json, ...).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import argparse
 import contextlib
 import json
 import statistics
+import subprocess
 import sys
 import time
 from datetime import datetime, timezone
@@ -38,7 +42,7 @@ from psycopg.conninfo import make_conninfo
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_mop  # noqa: E402  (the workloads and their loading)
 
-from madlib_mop.tools import local_cluster as cluster_tool  # noqa: E402
+from madlib_mop.tools import cluster_net, local_cluster as cluster_tool  # noqa: E402
 from madlib_mop.tools.demo import ensure_extension  # noqa: E402
 from madlib_mop.tools.embedded import configured_dsn  # noqa: E402
 
@@ -46,13 +50,25 @@ SCHEMA = bench_mop.SCHEMA
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def loopback_bytes() -> int:
-    """Bytes received on the loopback interface so far (/proc/net/dev)."""
-    for line in Path("/proc/net/dev").read_text().splitlines():
+def network_bytes() -> int:
+    """Bytes sent over the cluster's network so far: received on the loopback interface
+    (/proc/net/dev); with CLUSTER_NET, also received by the switch's ports from the servers
+    (each packet crosses one port into the switch)."""
+    moved = _received(Path("/proc/net/dev").read_text(), lambda name: name == "lo")
+    if cluster_net.profile() is not None:
+        switch = subprocess.run(["ip", "netns", "exec", cluster_net.SWITCH, "cat", "/proc/net/dev"],
+                                capture_output=True, text=True, check=True).stdout
+        moved += _received(switch, lambda name: name.startswith("mopnet"))
+    return moved
+
+
+def _received(table: str, counted) -> int:
+    total = 0
+    for line in table.splitlines():
         name, _, fields = line.partition(":")
-        if name.strip() == "lo":
-            return int(fields.split()[0])
-    return 0
+        if fields and counted(name.strip()):
+            total += int(fields.split()[0])
+    return total
 
 
 # What a worker times in a sub-epoch (segment.worker): reading its buffers, loading the
@@ -78,10 +94,10 @@ def prepare(dsn: str, workload: dict, segments: str | None) -> psycopg.Connectio
 
 
 def fit(conn: psycopg.Connection, out: str = "w1_fit") -> dict:
-    before, started, called = loopback_bytes(), time.perf_counter(), time.time()
+    before, started, called = network_bytes(), time.perf_counter(), time.time()
     conn.execute(f"SELECT madlib_keras_fit_multiple_model('w1_packed', '{out}', 'w1_mst', 1, "
                  "FALSE, 'w1_vpacked')")
-    makespan, moved = time.perf_counter() - started, loopback_bytes() - before
+    makespan, moved = time.perf_counter() - started, network_bytes() - before
     visits = conn.execute(f"SELECT mst_key, step, segment, result FROM {out}_mop_visits "
                           "ORDER BY segment, (result->>'finished_at')::float8").fetchall()
     state = conn.execute(f"SELECT avg(octet_length(state)) FROM {out}_mop_state WHERE step = 0"
@@ -105,7 +121,7 @@ def fit(conn: psycopg.Connection, out: str = "w1_fit") -> dict:
              "fetched": statistics.mean(h.get("fetched_bytes", 0) for h in hops),
              "record": statistics.mean(len(json.dumps(h)) for h in hops),
              "fetch_ms": 1000 * statistics.mean(h["seconds"].get("fetch", 0.0) for h in hops)}
-    return {"makespan": makespan, "loopback_bytes": moved, "state_bytes": float(state),
+    return {"makespan": makespan, "network_bytes": moved, "state_bytes": float(state),
             "first_subepoch_s": first_subepoch, "traced": traced,
             "packed_bytes": int(data), "hops": len(visits), "epochs": epochs,
             "subepoch": parts, "gap_ms": 1000 * statistics.median(gaps) if gaps else None,
@@ -151,6 +167,8 @@ def main() -> None:
     args = parser.parse_args()
     workload = dict(bench_mop.WORKLOADS["W1"], data=args.rows)  # generated rows
     cluster_dsn = cluster_tool.start()
+    network = ("the loopback" if cluster_net.profile() is None else
+               f"CLUSTER_NET={cluster_net.profile()[0]}, each segment server's link: {cluster_net.shaping('seg0', 0)}")
     servers = cluster_tool.servers()
     seg0 = make_conninfo(cluster_tool._dsn_with_password(servers["seg0"]))
     for name in ("seg0", "seg1"):  # the bench's schema there too: a clean start
@@ -178,13 +196,14 @@ def main() -> None:
             conn.execute(f"DROP SCHEMA {SCHEMA} CASCADE")
     rows = int(args.rows * 0.8)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "cluster.json").write_text(json.dumps(
-        {"measured_at": datetime.now(timezone.utc).isoformat(), "rows": rows, **results},
+    net = cluster_net.profile()
+    (RESULTS / ("cluster.json" if net is None else f"cluster-{net[0]}.json")).write_text(json.dumps(
+        {"measured_at": datetime.now(timezone.utc).isoformat(), "rows": rows, "network": network, **results},
         indent=2, default=str))
     one, many = results["one server"], results["cluster"]
     expected = many["hops"] * many["state_bytes"]
     print(f"\n### W1 on 2 segment servers against one server with 2 segments ({rows} training rows, "
-          f"{len(workload['configs'])} models, {many['epochs']} epochs)\n")
+          f"{len(workload['configs'])} models, {many['epochs']} epochs; {network})\n")
     print("| | one server | cluster | ratio |\n|---|---:|---:|---:|")
     print(f"| makespan (s) | {one['makespan']:.1f} | {many['makespan']:.1f} | "
           f"{many['makespan'] / one['makespan']:.3f} |")
@@ -219,10 +238,10 @@ def main() -> None:
     print(f"| same weights | {'yes' if carried['weights'] == one['weights'] else 'NO'} | "
           f"{'yes' if direct['weights'] == one['weights'] else 'NO'} |")
     print("\n| network per epoch | bytes |\n|---|---:|")
-    print(f"| loopback TCP during the fit, per epoch | {many['loopback_bytes'] / many['epochs']:,.0f} |")
+    print(f"| TCP over the network during the fit, per epoch | {many['network_bytes'] / many['epochs']:,.0f} |")
     print(f"| models x hops x state size (server to server), per epoch | {expected / many['epochs']:,.0f} |")
     print(f"| packed data (never moved after packing) | {many['packed_bytes']:,} |")
-    print(f"| one server: loopback TCP during the fit, per epoch | {one['loopback_bytes'] / one['epochs']:,.0f} |")
+    print(f"| one server: loopback TCP during the fit, per epoch | {one['network_bytes'] / one['epochs']:,.0f} |")
     print(f"\n### Packing {rows} rows onto the cluster\n")
     print("| | seconds | rows/s |\n|---|---:|---:|")
     print(f"| training_preprocessor_dl on one server | {one['packing_s']:.1f} | {rows / one['packing_s']:,.0f} |")

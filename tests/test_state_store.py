@@ -7,19 +7,18 @@ import numpy as np
 import pytest
 
 from madlib_mop.errors import MadlibMopError
-from madlib_mop.job import state_store
 from madlib_mop.job.state_store import HopFiles
 from madlib_mop.runtime import state
 
 
 def test_a_state_is_cut_into_pieces_of_at_most_the_limit(monkeypatch):
-    monkeypatch.setattr(state_store, "PIECE_BYTES", 10)
+    monkeypatch.setattr(state, "PIECE_BYTES", 10)
     blob = bytes(range(25))
-    parts = list(state_store.pieces(blob))
+    parts = list(state.pieces(blob))
     assert [n for n, _ in parts] == [0, 1, 2]
     assert [len(p) for _, p in parts] == [10, 10, 5]
     assert b"".join(p for _, p in parts) == blob
-    assert list(state_store.pieces(b"")) == [(0, b"")]  # an empty state is one empty piece
+    assert list(state.pieces(b"")) == [(0, b"")]  # an empty state is one empty piece
 
 
 def test_hop_files_are_written_whole_read_and_removed(tmp_path):

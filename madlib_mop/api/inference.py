@@ -485,7 +485,7 @@ def _weights_for_workers(plpy: Any, ref: ModelRef, here: bool, task: dict) -> by
     """The weights each predict call sends, or None where the workers read them from the
     model table themselves (`task` then names it): big ones, when the model table is an
     ordinary table and the data is this server's (`here`).  A big value costs much more
-    sent with every call (`job.state_store.PIECE_BYTES`)."""
+    sent with every call (`runtime.state.PIECE_BYTES`)."""
     if (here and ref.model_oid is not None and len(ref.weights) > SHIPPED_WEIGHTS_BYTES
             and not catalog.is_temporary(plpy, ref.model_oid)):
         catalog.committed(plpy, {"model_table": catalog.resolve_table(plpy, ref.model_oid)})

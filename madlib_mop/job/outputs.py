@@ -5,7 +5,7 @@
 A model's weights are one value of `<out>`.model_weights, as MADlib stores them, up to
 `WEIGHTS_VALUE_BYTES`; above that (PostgreSQL takes no value nor message over 1 GB)
 model_weights is NULL and the same bytes are in `<out>_mop_weights` (mst_key, piece,
-model_weights), in pieces of at most `state_store.PIECE_BYTES`, joined in piece order
+model_weights), in pieces of at most `runtime.state.PIECE_BYTES`, joined in piece order
 (`segment.models.trained_models` reads either form).
 
 Created with the job; `publish` brings a model's rows up to date as it finishes iterations,
@@ -21,7 +21,7 @@ import madlib_mop
 from madlib_mop.json_values import finite_json
 from madlib_mop.job import metrics
 from madlib_mop.grammar import model_config
-from madlib_mop.job.state_store import PIECE_BYTES, pieces
+from madlib_mop.runtime.state import PIECE_BYTES, pieces
 from madlib_mop.job.tables import WEIGHTS
 from madlib_mop.runtime import state
 
@@ -99,7 +99,7 @@ def store_weights(db: psycopg.Connection, t: dict[str, sql.Identifier], mst_key:
     """A model's weights into its `<out>` row (which exists), in the caller's transaction:
     one value up to WEIGHTS_VALUE_BYTES, else NULL there and the pieces in `<out>_mop_weights`
     (made here when first needed).  A value bigger than a piece is sent in pieces and joined
-    by the server (one big message costs the square of its size: `state_store.PIECE_BYTES`)."""
+    by the server (one big message costs the square of its size: `runtime.state.PIECE_BYTES`)."""
     output, table = t["output"], t["weights"]
     if db.execute("SELECT to_regclass(%s) IS NOT NULL", (table.as_string(db),)).fetchone()[0]:
         db.execute(sql.SQL("DELETE FROM {} WHERE mst_key = %s").format(table), (mst_key,))

@@ -14,7 +14,7 @@ several times the sub-epoch for big models.  So:
   per job and digest; whatever reads a hop file but a worker gets it whole (`compose`).
 - **Once per iteration** (the state after a model's last sub-epoch of an iteration) and at
   step 0 the state is also written into the job's state table, in pieces of at most
-  `PIECE_BYTES` (`StateTable`), by the coordinator's `DurableWriter`, beside the hops:
+  `runtime.state.PIECE_BYTES` (`StateTable`), by the coordinator's `DurableWriter`, beside the hops:
   that is the copy a resume can count on after any failure, and the one backups and
   replicas carry.
 - A resume uses a hop file only when it was written since the server last started (the
@@ -47,7 +47,7 @@ from typing import Any, Callable, Iterator
 from madlib_mop import errors
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.runtime import state
-from madlib_mop.runtime.state import PIECE_BYTES, pieces  # noqa: F401  (this module's callers' too)
+from madlib_mop.runtime.state import pieces
 
 # In the server's data directory.  Its name starts with pgsql_tmp, as PostgreSQL's own
 # temporary files do, so that base backups and pg_rewind leave it out: a restored or

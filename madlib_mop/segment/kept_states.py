@@ -170,7 +170,7 @@ def forget_older(kept: state_store.HopFiles, spec: Any, segments_count: int, mst
 
 
 def serve(plpy: Any, store: str, mst_key: int, step: int, whole: bool) -> Iterator[bytes]:
-    """The state, in pieces of `state_store.PIECE_BYTES`, to another server's worker of the
+    """The state, in pieces of `runtime.state.PIECE_BYTES`, to another server's worker of the
     same role (`fetch`: as kept, a staged model's head alone) or the coordinator's (whole):
     read from its mapped hop file."""
     kept = hops(plpy, store)
@@ -191,7 +191,7 @@ def serve_prefix(plpy: Any, store: str, digest: str) -> Iterator[bytes]:
 
 def _pieces(stack: contextlib.ExitStack, blob: Any) -> Iterator[bytes]:
     with stack:
-        for _, piece in state_store.pieces(blob):
+        for _, piece in state.pieces(blob):
             yield piece
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from madlib_mop import errors
 from madlib_mop.errors import MadlibMopError
-from madlib_mop.job.state_store import PIECE_BYTES
+from madlib_mop.runtime.state import PIECE_BYTES
 from madlib_mop.json_values import json_value
 from madlib_mop.runtime import model_facts as facts
 from madlib_mop.runtime.tf_runtime import import_tensorflow

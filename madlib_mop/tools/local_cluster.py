@@ -6,6 +6,10 @@ docker/docker-compose.yml's `setup` service against its containers).
     python -m madlib_mop.tools.local_cluster start|stop|status|dsn|kill-segment|destroy
     python -m madlib_mop.tools.local_cluster setup --coordinator DSN --segment NAME=DSN ...
 
+With MADLIB_MOP_CLUSTER_NET=lan or wan (`make cluster CLUSTER_NET=lan`), each segment
+server runs in a network namespace of its own, behind a link of that rate and delay
+(`madlib_mop.tools.cluster_net`); `stop` removes the network.
+
 The set-up, on every server: the extension in schema madlib_mop of the database, usable by
 every role; on the
 coordinator: postgres_fdw, each segment server registered with add_segment_server (as a
@@ -22,6 +26,7 @@ import sys
 from pathlib import Path
 from urllib.parse import quote
 
+from madlib_mop.tools import cluster_net
 from madlib_mop.tools.embedded import (DEFAULT_DATABASE, REPO_ROOT, SUPERUSER, ClusterError, command_failed,
                                        EmbeddedCluster)
 
@@ -30,15 +35,27 @@ FIRST_PORT = int(os.environ.get("MADLIB_MOP_CLUSTER_PORT") or 54340)
 SEGMENT_SERVERS = 2
 
 
-def servers(first_port: int | None = None) -> dict[str, EmbeddedCluster]:
-    """coordinator, seg0, seg1: their folders and ports (`first_port`, by default
-    FIRST_PORT, +1, +2).  Each segment server runs on cores of its own, as on a machine of
-    its own (the coordinator on all), unless MADLIB_MOP_CLUSTER_CPUS=shared or the machine
-    has fewer cores than segment servers."""
+def servers(first_port: int | None = None, base: Path | None = None, networked: bool | None = None
+            ) -> dict[str, EmbeddedCluster]:
+    """coordinator, seg0, seg1: their folders (under `base`, by default BASE) and ports
+    (`first_port`, by default FIRST_PORT, +1, +2).  Each segment server runs on cores of its
+    own, as on a machine of its own (the coordinator on all), unless
+    MADLIB_MOP_CLUSTER_CPUS=shared or the machine has fewer cores than segment servers; and
+    in a network namespace of its own when `networked` (by default: MADLIB_MOP_CLUSTER_NET
+    names a network)."""
     names = ["coordinator"] + [f"seg{i}" for i in range(SEGMENT_SERVERS)]
     first = FIRST_PORT if first_port is None else first_port
-    return {name: EmbeddedCluster(BASE / name, first + i, cpus=segment_cpus(i - 1) if i else None)
-            for i, name in enumerate(names)}
+    base = base or BASE
+    networked = cluster_net.profile() is not None if networked is None else networked
+    found: dict[str, EmbeddedCluster] = {"coordinator": EmbeddedCluster(base / "coordinator", first)}
+    for i, name in enumerate(names[1:]):
+        if networked:
+            found[name] = cluster_net.NamespacedServer(base / name, first + 1 + i, cpus=segment_cpus(i),
+                                                       space=cluster_net.namespace(name),
+                                                       at=cluster_net.address(i))
+        else:
+            found[name] = EmbeddedCluster(base / name, first + 1 + i, cpus=segment_cpus(i))
+    return found
 
 
 def segment_cpus(index: int) -> list[int] | None:
@@ -51,8 +68,12 @@ def segment_cpus(index: int) -> list[int] | None:
 
 
 def _dsn_with_password(server: EmbeddedCluster) -> str:
-    return (f"postgresql://{SUPERUSER}:{quote(server.password, safe='')}@127.0.0.1:"
+    return (f"postgresql://{SUPERUSER}:{quote(server.password, safe='')}@{_address(server)}:"
             f"{server.port}/{DEFAULT_DATABASE}")
+
+
+def _address(server: EmbeddedCluster) -> str:
+    return getattr(server, "address", "127.0.0.1")
 
 
 def setup(coordinator: str, segments: list[tuple[str, str]]) -> None:
@@ -79,6 +100,10 @@ def setup(coordinator: str, segments: list[tuple[str, str]]) -> None:
                                       "WHERE server_name = %s", (name,)).fetchone()
             exists = conn.execute("SELECT 1 FROM pg_foreign_server WHERE srvname = %s",
                                   (name,)).fetchone()
+            if exists:  # at the address it has now (`make cluster` with another CLUSTER_NET)
+                conn.execute(sql.SQL("ALTER SERVER {} OPTIONS (SET host {}, SET port {})").format(
+                    sql.Identifier(name), sql.Literal(where.get("host", "localhost")),
+                    sql.Literal(str(where.get("port", 5432)))))
             if not registered and exists:  # e.g. the extension was dropped and made again
                 conn.execute("SELECT madlib_mop.add_segment_server(%s)", (name,))
             elif not registered:
@@ -124,15 +149,38 @@ def _peers(dsn: str, others: list[tuple[str, str]]) -> None:
                 sql.Identifier(role), sql.Identifier(name), sql.Literal(role), sql.Literal(where["password"])))
 
 
-def start() -> str:
-    """Start every server (idempotent), set the cluster up; the coordinator's DSN."""
-    found = servers()
+def start(found: dict[str, EmbeddedCluster] | None = None) -> str:
+    """Start every server (idempotent), in the network MADLIB_MOP_CLUSTER_NET names, and set
+    the cluster up; the coordinator's DSN.  A server last started in another network (or
+    none) is started again in this one."""
+    found = found or servers()
+    net = cluster_net.profile()
+    segments = [name for name in found if name != "coordinator"]
+    for server in found.values():
+        if server.is_initialized() and server.ensure_setting("listen_addresses", f"'{_address(server)}'") \
+                and server.is_running():
+            server.stop()
+    if net is not None:
+        if any(server.is_running() for name, server in found.items() if name != "coordinator"):
+            for name in segments:
+                found[name].stop()
+        print(cluster_net.up(segments, *net))
+    else:
+        cluster_net.down(segments)
     for server in found.values():
         server.start()
     setup(_dsn_with_password(found["coordinator"]),
           [(name, _dsn_with_password(server)) for name, server in found.items()
            if name != "coordinator"])
     return found["coordinator"].dsn()
+
+
+def stop(found: dict[str, EmbeddedCluster] | None = None) -> None:
+    """Stop every server, then remove the network (its namespaces and links), if one."""
+    found = found or servers()
+    for server in found.values():
+        server.stop()
+    cluster_net.down([name for name in found if name != "coordinator"])
 
 
 def kill_segment(name: str = "seg0") -> None:
@@ -153,23 +201,23 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "start":
             dsn = start()
             print(f"cluster running: coordinator {dsn}; segment servers "
-                  + ", ".join(f"{n} (127.0.0.1:{s.port})" for n, s in servers().items()
+                  + ", ".join(f"{n} ({_address(s)}:{s.port})" for n, s in servers().items()
                               if n != "coordinator"))
         elif args.command == "dsn":
             print(servers()["coordinator"].dsn())
         elif args.command == "stop":
-            for server in servers().values():
-                server.stop()
+            stop()
             print("cluster stopped")
         elif args.command == "status":
             for name, server in servers().items():
                 state = "running" if server.is_running() else (
                     "stopped" if server.is_initialized() else "not created")
-                print(f"{name}: {state} (127.0.0.1:{server.port}, data in {server.data})")
+                print(f"{name}: {state} ({_address(server)}:{server.port}, data in {server.data})")
         elif args.command == "kill-segment":
             kill_segment()
             print("seg0 stopped (immediate); `make cluster` starts it again")
         elif args.command == "destroy":
+            stop()
             for server in servers().values():
                 server.destroy()
             print(f"cluster removed ({BASE})")
