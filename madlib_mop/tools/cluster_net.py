@@ -179,7 +179,6 @@ class NamespacedServer(EmbeddedCluster):
 
     def initialize(self, password: str | None = None) -> None:
         super().initialize(password)
-        self.ensure_setting("listen_addresses", f"'{self.address}'")
         hba = self.data / "pg_hba.conf"
         line = f"host all all {HOST_ADDRESS.rsplit('.', 1)[0]}.0/{PREFIX} scram-sha-256"
         if line not in hba.read_text(encoding="utf-8").splitlines():

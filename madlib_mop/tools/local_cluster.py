@@ -73,7 +73,7 @@ def _dsn_with_password(server: EmbeddedCluster) -> str:
 
 
 def _address(server: EmbeddedCluster) -> str:
-    return getattr(server, "address", "127.0.0.1")
+    return getattr(server, "address", "127.0.0.1")  # (a container's: 127.0.0.1, its port published)
 
 
 def setup(coordinator: str, segments: list[tuple[str, str]]) -> None:
@@ -156,10 +156,6 @@ def start(found: dict[str, EmbeddedCluster] | None = None) -> str:
     found = found or servers()
     net = cluster_net.profile()
     segments = [name for name in found if name != "coordinator"]
-    for server in found.values():
-        if server.is_initialized() and server.ensure_setting("listen_addresses", f"'{_address(server)}'") \
-                and server.is_running():
-            server.stop()
     if net is not None:
         if any(server.is_running() for name, server in found.items() if name != "coordinator"):
             for name in segments:
