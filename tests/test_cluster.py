@@ -131,6 +131,15 @@ def _weights(dsn, table):
                             .format(sql.Identifier(table))).fetchall()
 
 
+def _partitions(conn, table: str) -> list[tuple]:
+    """(partition, its kind, its foreign server) of a packed table."""
+    return conn.execute("SELECT c.relname, c.relkind, s.srvname FROM pg_inherits i "
+                        "JOIN pg_class c ON c.oid = i.inhrelid "
+                        "JOIN pg_foreign_table f ON f.ftrelid = c.oid "
+                        "JOIN pg_foreign_server s ON s.oid = f.ftserver "
+                        "WHERE i.inhparent = %s::regclass ORDER BY 1", (table,)).fetchall()
+
+
 def _job(dsn, out):
     with _connect(dsn) as conn:
         return conn.execute("SELECT job_id, state, subepochs_done, subepochs_total FROM jobs "
@@ -154,12 +163,7 @@ def test_walkthrough_on_the_cluster_gives_the_weights_of_one_server(cluster, ext
     assert walkthrough == _weights(extension_dsn, "iris_model")
     with _connect(cluster) as conn:
         # The packed table's segments are foreign tables; their rows are on the segment servers.
-        kinds = conn.execute("SELECT c.relname, c.relkind, s.srvname FROM pg_inherits i "
-                             "JOIN pg_class c ON c.oid = i.inhrelid "
-                             "JOIN pg_foreign_table f ON f.ftrelid = c.oid "
-                             "JOIN pg_foreign_server s ON s.oid = f.ftserver "
-                             "WHERE i.inhparent = 'iris_packed'::regclass ORDER BY 1").fetchall()
-        assert kinds == [("iris_packed_seg0", "f", "seg0"), ("iris_packed_seg1", "f", "seg1")]
+        assert _partitions(conn, "iris_packed") == [("iris_packed_seg0", "f", "seg0"), ("iris_packed_seg1", "f", "seg1")]
         summary = conn.execute("SELECT num_segments, rows_per_segment FROM iris_packed_summary").fetchone()
         assert summary[0] == 2
         # Evaluate (on the segment servers) and predict (the test table is the coordinator's).
@@ -947,12 +951,7 @@ def test_features_of_a_table_on_segment_servers_are_materialized_there(cluster, 
     assert heads[cluster] == heads[extension_dsn]
     assert any("computing on segment server seg0" in n and "seg1" in n for n in notices), notices
     with _connect(cluster) as conn:
-        kinds = conn.execute("SELECT c.relname, c.relkind, s.srvname FROM pg_inherits i "
-                             "JOIN pg_class c ON c.oid = i.inhrelid "
-                             "JOIN pg_foreign_table f ON f.ftrelid = c.oid "
-                             "JOIN pg_foreign_server s ON s.oid = f.ftserver "
-                             "WHERE i.inhparent = 'iris_hidden'::regclass ORDER BY 1").fetchall()
-        assert kinds == [("iris_hidden_seg0", "f", "seg0"), ("iris_hidden_seg1", "f", "seg1")]
+        assert _partitions(conn, "iris_hidden") == [("iris_hidden_seg0", "f", "seg0"), ("iris_hidden_seg1", "f", "seg1")]
         assert conn.execute("SELECT features_of FROM iris_hidden_summary").fetchone()[0].startswith(
             "public.iris_model mst_key 1")
     for segment, server in enumerate(("seg0", "seg1")):

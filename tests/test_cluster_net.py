@@ -30,11 +30,15 @@ def networked(monkeypatch_module):
     monkeypatch_module.setenv(cluster_net.VARIABLE, "lan")
     # (under the cluster's folder: the servers' OS user reaches it)
     found = local_cluster.servers(free_port_block(3), base=local_cluster.BASE / "net")
+    for server in found.values():  # (new servers: nothing of an earlier run)
+        server.destroy()
     try:
         local_cluster.start(found)
         yield found
     finally:
         local_cluster.stop(found)
+        for server in found.values():
+            server.destroy()
 
 
 @pytest.fixture(scope="module")
