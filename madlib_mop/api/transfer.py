@@ -31,7 +31,6 @@ from madlib_mop.json_values import json_value
 from madlib_mop.preprocess.output import PackedOutput, write_features_summary
 from madlib_mop.runtime import keras_json, staging, training
 from madlib_mop.runtime.buffers import PackedColumns
-from madlib_mop.runtime.tf_runtime import worker_threads
 from madlib_mop.segment import materialize, models
 from madlib_mop.segment.models import ModelRef
 
@@ -137,12 +136,12 @@ def _materialize(plpy: Any, ref: ModelRef, described: str, source_table: str, ou
                        for segment in range(int(summary["num_segments"])))
         else:
             rows = _computed_there(plpy, ref, layer_index, layer_name, digest, summary, placed, out)
+        feature_shape = list(feature_model.shape)
+        write_features_summary(plpy, source, summary_out, summary["packed_table"], out.quoted, feature_shape,
+                               features_of, digest)
     except BaseException:
         output.drop_remote()
         raise
-    feature_shape = list(feature_model.shape)
-    write_features_summary(plpy, source, summary_out, summary["packed_table"], out.quoted, feature_shape,
-                           features_of, digest)
     computed = "" if first == 0 else f", {rows} of them computed now (the others were already)"
     plpy.notice(f"materialize_features: {out.quoted} holds {summary['num_rows']} rows of features of shape "
                 f"{feature_shape} ({described}, up to layer {layer_name}){computed}")
@@ -183,9 +182,9 @@ def _computed_there(plpy: Any, ref: ModelRef, layer_index: int, layer_name: str,
 
     def compute(session, server, task) -> dict:
         try:
+            # (its TensorFlow threads: the server's own, by its cores)
             return session.execute(f"SELECT {schema}._mop_segment_materialize(%s, %s)",
-                                   (Jsonb(dict(task, threads=worker_threads(len(tasks)))), ref.weights),
-                                   binary=True).fetchone()[0]
+                                   (Jsonb(task), ref.weights), binary=True).fetchone()[0]
         except Exception as error:
             raise on_server(server, error) from None
 

@@ -184,7 +184,7 @@ class ClusterWorker(LocalWorker):
         own = secrets.token_hex(16)
         _, sizes = super().initial_states(request, weights, own)
         states = read_in_pieces(lambda key, offset: self._call("_mop_initial_state_piece", own, key, offset),
-                                [model["mst_key"] for model in request["models"]], sizes)
+                                [model["mst_key"] for model in request["models"]], sizes, self.where)
         # (there, the request's files then stay in that server's folder of new states)
         return (states, sizes) if states is not None else super().initial_states(request, weights, None)
 
@@ -260,11 +260,12 @@ def sent_in_pieces(receive: Callable[[bytes, int, bool], Any], blob: bytes) -> b
     return True
 
 
-def read_in_pieces(piece_at: Callable[[int, int], tuple], mst_keys: list[int], sizes: list[int]
-                   ) -> list[bytes] | None:
+def read_in_pieces(piece_at: Callable[[int, int], tuple], mst_keys: list[int], sizes: list[int],
+                   where: str) -> list[bytes] | None:
     """Step-0 states a segment server's worker wrote to files of a request, read a piece
-    per call (`piece_at(mst_key, offset)`: `_mop_initial_state_piece`).  None: that
-    server's extension predates this."""
+    per call (`piece_at(mst_key, offset)`: `_mop_initial_state_piece`, which removes a file
+    once its end is read; on a failure, those not read are removed so).  None: that
+    server's extension predates this (its files stay in its folder of new states)."""
     states = []
     try:
         for mst_key, size in zip(mst_keys, sizes):
@@ -272,14 +273,27 @@ def read_in_pieces(piece_at: Callable[[int, int], tuple], mst_keys: list[int], s
             while blob.tell() < size:
                 (piece,) = piece_at(mst_key, blob.tell())
                 if not piece:
-                    break
+                    raise MadlibMopError(f"{where}: the step-0 state of model {mst_key} ended after "
+                                         f"{blob.tell()} of its {size} bytes", sqlstate=errors.DATA_EXCEPTION,
+                                         hint="Start the job again.")
                 blob.write(piece)
             states.append(blob.getvalue())
-    except psycopg.Error as error:
-        if error.sqlstate != errors.UNDEFINED_FUNCTION:
-            raise
-        return None
+    except BaseException as error:
+        if isinstance(error, psycopg.Error) and error.sqlstate == errors.UNDEFINED_FUNCTION:
+            return None
+        _removed_there(piece_at, mst_keys[len(states):], sizes[len(states):])
+        raise
     return states
+
+
+def _removed_there(piece_at: Callable[[int, int], tuple], mst_keys: list[int], sizes: list[int]) -> None:
+    """The files of states not read, removed where the server still answers (reading at
+    their end removes them)."""
+    for mst_key, size in zip(mst_keys, sizes):
+        try:
+            piece_at(mst_key, size)
+        except Exception:
+            return
 
 
 def _adopted_there(connection: psycopg.Connection, schema: sql.Identifier, local_segments: int,

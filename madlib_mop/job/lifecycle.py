@@ -101,7 +101,7 @@ def _weight_shapes(layout: list) -> list[list[int]]:
 
 def create_job(plpy: Any, plan: Plan, previous_job: JobRecord | None, keras: KerasWork, prepare=None,
                left_by: JobRecord | None = None, weight_bytes: dict[str, int] | None = None,
-               limits: memory.WorkerLimits | None = None) -> tuple[int, memory.WorkerMemory]:
+               servers: list[memory.WorkerLimits] | None = None) -> tuple[int, memory.WorkerMemory]:
     """The jobs row, the output and per-job tables, and every model's initial state, in one
     transaction of a session of its own: a failed start leaves nothing.  Refused when its
     worker sessions would not fit their share of the server's memory (`job.memory`).  `prepare(db)`
@@ -109,8 +109,8 @@ def create_job(plpy: Any, plan: Plan, previous_job: JobRecord | None, keras: Ker
     `left_by`: an earlier job of this output whose output table was dropped; the tables it
     left are dropped in the same transaction.  `weight_bytes` (architecture -> its weights'
     bytes, `plan.check_models`): the job is refused for memory before any state is made
-    when even the estimate from them does not fit.  `limits`: those of the servers its
-    workers run on (the tightest segment server's), else this server's."""
+    when even the estimate from them does not fit.  `servers`: the limits of the servers its
+    workers run on (segment servers'), else this server's count."""
     names = job_tables.names(plan.out.schema, plan.out.name)
     t = identifiers(names)
     previous_states: dict[int, bytes] = {}
@@ -148,15 +148,14 @@ def create_job(plpy: Any, plan: Plan, previous_job: JobRecord | None, keras: Ker
         packed_tables = [p["packed_table"] for p in (plan.source, plan.validation) if p]
         caching = plan.arguments.use_caching is not False
         if weight_bytes:
-            memory.check(memory.estimate(plpy, plan.configs, {
+            memory.checked(plpy, plan.configs, {
                 c["mst_key"]: memory.estimated_state_bytes(c, weight_bytes[c["model_arch"]])
-                for c in plan.configs if c["model_arch"] in weight_bytes}, packed_tables, caching, limits))
+                for c in plan.configs if c["model_arch"] in weight_bytes}, packed_tables, caching, servers or [])
         for mst_key, blob in initial_states(plpy, plan, previous_states, keras, previous_compile):
             sizes[mst_key] = len(blob)
             # Refused as soon as the states so far are too big: nothing is then left (the
             # transaction is not committed).
-            need = memory.estimate(plpy, plan.configs, sizes, packed_tables, caching, limits)
-            memory.check(need)
+            need = memory.checked(plpy, plan.configs, sizes, packed_tables, caching, servers or [])
             job_tables.add_model(db, t, configs[mst_key], blob)
             outputs.add_model(db, t, configs[mst_key], blob, plan.info_labels.get(mst_key, {}))
             del blob
@@ -255,7 +254,7 @@ def run_plan(plpy: Any, plan: Plan, warm_start: bool, can_commit: bool, caller: 
         keras = KerasWork.for_job(lambda: pool, engine, plpy)
         weight_bytes = check_models(plpy, plan, keras)
         job_id, need = create_job(plpy, plan, previous, keras, prepare, left_by, weight_bytes,
-                                  memory.tightest(engine.worker_limits()))
+                                  memory.limits_of(engine.worker_limits()))
     except BaseException:
         pool.stop()
         raise

@@ -46,12 +46,10 @@ def limits_here(plpy: Any) -> WorkerLimits:
     return WorkerLimits(cap, server_slots.slot_share_mb(cap), float(budget_mb(plpy)))
 
 
-def tightest(found: list[tuple[str, dict]]) -> WorkerLimits | None:
-    """Of servers' limits (`Engine.worker_limits`), the one whose sessions may use the
-    least (None: none given, this server's count)."""
-    limits = [WorkerLimits(int(v["cap"]), float(v["share_mb"]), float(v["budget_mb"]), where)
-              for where, v in found]
-    return min(limits, key=lambda one: (one.share_mb, one.budget_mb), default=None)
+def limits_of(found: list[tuple[str, dict]]) -> list[WorkerLimits]:
+    """Servers' limits as `Engine.worker_limits` gives them (none: this server's count)."""
+    return [WorkerLimits(int(v["cap"]), float(v["share_mb"]), float(v["budget_mb"]), where)
+            for where, v in found]
 
 
 @dataclass(frozen=True)
@@ -120,6 +118,17 @@ def estimate(plpy: Any, configs: list[dict], state_bytes: dict[int, int], packed
     buffers = min(data, max(0.0, budget - models)) if use_caching else 0.0
     return WorkerMemory(float(server_slots.BASE_MB), models, buffers, limits.share_mb,
                         limits.cap, float(budget), limits.where)
+
+
+def checked(plpy: Any, configs: list[dict], state_bytes: dict[int, int], packed_tables: list[str],
+            use_caching: bool, servers: list[WorkerLimits]) -> WorkerMemory:
+    """`estimate` for each server the workers run on (`servers`; none: this one), each
+    checked (`check`): the one with the least room left."""
+    needs = [estimate(plpy, configs, state_bytes, packed_tables, use_caching, limits)
+             for limits in servers or [None]]
+    for need in needs:
+        check(need)
+    return min(needs, key=lambda need: need.share_mb - need.total_mb)
 
 
 def check(need: WorkerMemory) -> None:

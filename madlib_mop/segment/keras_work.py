@@ -39,6 +39,9 @@ def initial_state_piece(plpy: Any, token: str, mst_key: int, at_byte: int) -> by
     the request's folder once it is empty."""
     directory = facts.request_directory(token)
     path = directory / f"{int(mst_key)}.state"
+    if int(at_byte) < 0:
+        raise MadlibMopError(f"at_byte {at_byte} is negative", sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint="Only madlib_mop's own calls use this function.")
     try:
         with open(path, "rb") as handle:
             size = os.fstat(handle.fileno()).st_size

@@ -169,7 +169,7 @@ class NamespacedServer(EmbeddedCluster):
 
     def __init__(self, *args, space: str, at: str, **kwargs):
         super().__init__(*args, **kwargs)
-        self.space, self.address = space, at
+        self.space, self.address, self.listen = space, at, at
 
     def _as_server_user(self, argv: list[str]) -> list[str]:
         # (a server started before the namespace was, or after it went, is stopped from here)

@@ -172,7 +172,7 @@ def installed_after_start(bindir: Path, data: Path) -> bool:
 
 class EmbeddedCluster(_ServerFiles):
     """One initdb cluster: its folder, its port, and how to start and stop it."""
-    address = "127.0.0.1"  # the one address it listens on (`tools.cluster_net`: another)
+    listen: str | None = None  # made its listen_addresses at every start (`make cluster`'s servers)
 
     def __init__(self, base: Path | None = None, port: int | None = None,
                  worker_auth: bool = True, cpus: list[int] | None = None):
@@ -295,9 +295,9 @@ class EmbeddedCluster(_ServerFiles):
         `database` exists; return its DSN."""
         self.initialize()
         self.ensure_setting("jit", "off")
-        # (listen_addresses: a segment server of `make cluster` may have been in another network)
-        added = [self.ensure_setting(name, value) for name, value in
-                 {**self.preload_settings(), "listen_addresses": f"'{self.address}'"}.items()]
+        # (listen: a segment server of `make cluster` may have been in another network)
+        added = [self.ensure_setting(name, value) for name, value in {**self.preload_settings(), **(
+            {"listen_addresses": f"'{self.listen}'"} if self.listen else {})}.items()]
         if (any(added) or installed_after_start(self.bindir, self.data)) and self.is_running():
             self.run_command([self.tool("pg_ctl"), "restart", "-w", "-t", "60", "-m", "fast",
                        "-D", str(self.data), "-l", str(self.log), "-o", f"-p {self.port}"])

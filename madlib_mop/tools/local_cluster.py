@@ -55,6 +55,7 @@ def servers(first_port: int | None = None, base: Path | None = None, networked: 
                                                        at=cluster_net.address(i))
         else:
             found[name] = EmbeddedCluster(base / name, first + 1 + i, cpus=segment_cpus(i))
+            found[name].listen = "127.0.0.1"  # (back from a network namespace, if it was in one)
     return found
 
 
