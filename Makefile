@@ -215,9 +215,11 @@ lint: $(STAMPS)/venv
 	$(PY) -m ruff check .
 
 # Benchmarks: not part of the tests; each prints a markdown table.
-# bench-cluster: W1 and packing on `make cluster` against the embedded server (about 25 min).
+# bench-cluster: W1 and packing on `make cluster` against the embedded server (about 25 min);
+# BENCH_CLUSTER_ARGS="--workload W4 --rows 12500 --big-state-mb 1100" for W4 and a 1 GB state.
+BENCH_CLUSTER_ARGS ?=
 bench-cluster: install db-start
-	MADLIB_MOP_CLUSTER_NET=$(CLUSTER_NET) $(PY) bench/bench_cluster.py
+	MADLIB_MOP_CLUSTER_NET=$(CLUSTER_NET) $(PY) bench/bench_cluster.py $(BENCH_CLUSTER_ARGS)
 
 # The documentation site (MkDocs): the pages of docs/, and the SQL reference and settings
 # generated from sql/ and src/ as it is built; --strict fails on a broken link or anchor.

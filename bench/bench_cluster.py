@@ -1,7 +1,8 @@
-"""Several servers against one: W1 (bench_mop.py) trained on the cluster of `make cluster`
-(a coordinator and 2 segment servers on this machine) and on the embedded server with 2
-segments, side by side, on the same data and configurations; and packing on the cluster
-against copying the same rows into a foreign table.
+"""Several servers against one: a workload of bench_mop.py (W1, or W4's ResNets) trained on
+the cluster of `make cluster` (a coordinator and 2 segment servers on this machine) and on
+the embedded server with 2 segments, side by side, on the same data and configurations;
+one model of a state of about 1 GB hopping between the segment servers; and packing on the
+cluster against copying the same rows into a foreign table.
 
 Measured:
   - makespan of madlib_keras_fit_multiple_model (cluster / one server);
@@ -14,13 +15,17 @@ Measured:
     coordinator carries every state;
   - the sub-epoch breakdown (read, restore, train, save in the worker) and the gap between
     two visits of a segment (dispatch, network, the coordinator's commit);
-  - packing: training_preprocessor_dl on the cluster (rows/s) against
+  - `--big-state-mb N`: one model of a state of N MB (an Embedding of N/16 million rows of 4
+    columns, on iris, plain SGD) on the cluster and on one server: each fetch between the
+    segment servers against its network bound (bytes / the links' rate, plus their delay
+    where tc netem sets one), and the makespans;
+  - packing (W1): training_preprocessor_dl on the cluster (rows/s) against
     INSERT INTO <foreign table on a segment server> SELECT * FROM <source> of the same rows.
 
-    .venv/bin/python bench/bench_cluster.py [--rows 250000]
+    .venv/bin/python bench/bench_cluster.py [--workload W1|W4] [--rows N] [--big-state-mb 1100]
     make bench-cluster CLUSTER_NET=lan   (segment servers in network namespaces behind shaped
                                           links: madlib_mop.tools.cluster_net)
-Prints markdown tables; writes bench/results/cluster.json (cluster-lan.json, ...).
+Prints markdown tables; writes bench/results/cluster.json (cluster-lan.json, cluster-w4-lan.json, ...).
 """
 
 from __future__ import annotations
@@ -93,9 +98,9 @@ def prepare(dsn: str, workload: dict, segments: str | None) -> psycopg.Connectio
     return conn
 
 
-def fit(conn: psycopg.Connection, out: str = "w1_fit") -> dict:
+def fit(conn: psycopg.Connection, out: str = "w1_fit", iterations: int = 1) -> dict:
     before, started, called = network_bytes(), time.perf_counter(), time.time()
-    conn.execute(f"SELECT madlib_keras_fit_multiple_model('w1_packed', '{out}', 'w1_mst', 1, "
+    conn.execute(f"SELECT madlib_keras_fit_multiple_model('w1_packed', '{out}', 'w1_mst', {iterations}, "
                  "FALSE, 'w1_vpacked')")
     makespan, moved = time.perf_counter() - started, network_bytes() - before
     visits = conn.execute(f"SELECT mst_key, step, segment, result FROM {out}_mop_visits "
@@ -144,6 +149,69 @@ def copy_into_foreign_table(conn: psycopg.Connection, segment_dsn: str, batch_si
     return time.perf_counter() - started
 
 
+def link_rate_bits(rate: str) -> float:
+    """tc's rate (`10gbit`, `100mbit`) in bits per second."""
+    for unit, factor in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3), ("bit", 1.0)):
+        if rate.endswith(unit):
+            return float(rate[: -len(unit)]) * factor
+    raise ValueError(f"not a tc rate: {rate!r}")
+
+
+def network_bound(state_bytes: int) -> float | None:
+    """Seconds a state's bytes take from one segment server to the other over CLUSTER_NET's
+    links: their rate (each link of the path is shaped alike), plus the delay of the two
+    links each way for the request and the first piece where netem sets one.  None: the
+    loopback, no bound."""
+    net = cluster_net.profile()
+    if net is None:
+        return None
+    delayed = "netem" in cluster_net.shaping("seg0", 0)
+    delay = 4 * float(net[1].delay.removesuffix("ms")) / 1000 if delayed else 0.0
+    return state_bytes * 8 / link_rate_bits(net[1].rate) + delay
+
+
+def big_architecture(state_mb: int) -> str:
+    """One model whose state is about `state_mb` MB and whose steps are cheap: an Embedding
+    of state_mb/16 million rows of 4 columns on iris (its features cast to the row numbers
+    0-7), written from a model of 8 rows (building it would hold the MBs here)."""
+    import keras
+
+    config = json.loads(keras.Sequential([keras.Input((4,)), keras.layers.Embedding(8, 4, name="rows"),
+                                          keras.layers.Flatten(),
+                                          keras.layers.Dense(3, activation="softmax")]).to_json())
+    [embedding] = [layer for layer in config["config"]["layers"] if layer["config"]["name"] == "rows"]
+    embedding["config"]["input_dim"] = state_mb * (1 << 20) // 16
+    return json.dumps(config)
+
+
+def big_state(dsn: str, segments: str | None, state_mb: int) -> dict:
+    """The model of `big_architecture` trained for 2 iterations (4 visits, a hop between the
+    segment servers after each but the last): the makespan and each fetch."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+        conn.execute(f"CREATE SCHEMA {SCHEMA}")
+        conn.execute(f"SET search_path = {SCHEMA}, madlib_mop")
+        bench_mop.load_workload(conn, "big", dict(bench_mop.WORKLOADS["IRIS"], configs=[]))
+        rules = f", distribution_rules => '{segments}'" if segments else ""
+        conn.execute(f"SELECT training_preprocessor_dl('big_train', 'big_packed', 'y', 'x'{rules})")
+        conn.execute("SELECT load_keras_model('big_arch', %s::json)", (big_architecture(state_mb),))
+        before, started = network_bytes(), time.perf_counter()
+        conn.execute("SELECT madlib_keras_fit('big_packed', 'big_fit', 'big_arch', 1, "
+                     "$$loss='categorical_crossentropy', optimizer='SGD(learning_rate=0.1)', "
+                     "metrics=['accuracy']$$, 'batch_size=50, epochs=1', 2)")
+        makespan, moved = time.perf_counter() - started, network_bytes() - before
+        visits = [v for (v,) in conn.execute("SELECT result FROM big_fit_mop_visits ORDER BY step")]
+        # (weights over 1 GB: NULL in model_weights, in pieces beside it)
+        weights = conn.execute("SELECT md5(model_weights) FROM big_fit").fetchone()[0] or conn.execute(
+            "SELECT md5(string_agg(md5(model_weights), '' ORDER BY piece)) FROM big_fit_mop_weights").fetchone()[0]
+        conn.execute(f"DROP SCHEMA {SCHEMA} CASCADE")
+    fetches = [{"bytes": v["fetched_bytes"], "seconds": v["seconds"].get("fetch", 0.0),
+                "bound": network_bound(v["fetched_bytes"])} for v in visits if v.get("fetched_bytes")]
+    return {"makespan": makespan, "network_bytes": moved, "weights": weights, "fetches": fetches,
+            "state_bytes": max(v.get("state_bytes", 0) for v in visits),
+            "coordinator_bytes": [v.get("coordinator_bytes", 0) for v in visits]}
+
+
 @contextlib.contextmanager
 def without_peers(servers: dict) -> Iterator[None]:
     """Each segment server without foreign servers for the others: the coordinator carries
@@ -163,47 +231,71 @@ def without_peers(servers: dict) -> Iterator[None]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=bench_mop.WORKLOADS["W1"]["data"])
+    parser.add_argument("--workload", choices=("W1", "W4"), default="W1")
+    parser.add_argument("--rows", type=int, help="W1: rows generated (default: bench_mop's); "
+                        f"W4: images (default {bench_mop.CIFAR_ROWS})")
+    parser.add_argument("--big-state-mb", type=int, default=0,
+                        help="also one model of a state of this many MB (0: not)")
     args = parser.parse_args()
-    workload = dict(bench_mop.WORKLOADS["W1"], data=args.rows)  # generated rows
+    workload = dict(bench_mop.WORKLOADS[args.workload])
+    if args.workload == "W1":
+        workload["data"] = args.rows or workload["data"]  # generated rows
+    elif args.rows:
+        bench_mop.CIFAR_ROWS = args.rows
+    rows = int((args.rows or (workload["data"] if args.workload == "W1" else bench_mop.CIFAR_ROWS)) * 0.8)
     cluster_dsn = cluster_tool.start()
-    network = ("the loopback" if cluster_net.profile() is None else
-               f"CLUSTER_NET={cluster_net.profile()[0]}, each segment server's link: {cluster_net.shaping('seg0', 0)}")
+    net = cluster_net.profile()
+    network = ("the loopback" if net is None else
+               f"CLUSTER_NET={net[0]}, each segment server's link: {cluster_net.shaping('seg0', 0)}")
     servers = cluster_tool.servers()
-    seg0 = make_conninfo(cluster_tool._dsn_with_password(servers["seg0"]))
-    for name in ("seg0", "seg1"):  # the bench's schema there too: a clean start
-        with psycopg.connect(cluster_tool._dsn_with_password(servers[name]), autocommit=True) as there:
-            there.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
-
-    # A clean start: no worker session kept idle by an earlier run, on any server.
-    for dsn in [configured_dsn()] + [cluster_tool._dsn_with_password(s) for s in servers.values()]:
-        with psycopg.connect(dsn, autocommit=True) as there:
-            there.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                          "WHERE application_name LIKE 'madlib_mop%' AND pid <> pg_backend_pid()")
+    _clean_start(servers)
     results = {}
     for name, dsn, segments in (("one server", configured_dsn(), "2"), ("cluster", cluster_dsn, None)):
         with prepare(dsn, workload, segments) as conn:
             packing = conn.info_packing  # type: ignore[attr-defined]
-            copies = ({size: copy_into_foreign_table(conn, seg0, size) for size in (1, 1000)}
-                      if name == "cluster" else None)
-            results[name] = dict(fit(conn), packing_s=packing, copy_s=copies)
+            copies = ({size: copy_into_foreign_table(conn, make_conninfo(cluster_tool._dsn_with_password(
+                servers["seg0"])), size) for size in (1, 1000)} if name == "cluster" and args.workload == "W1"
+                else None)
+            results[name] = dict(fit(conn, iterations=workload["iterations"]), packing_s=packing, copy_s=copies)
             # The same fit again: its worker sessions are the first fit's, kept idle (on the
             # cluster, on the segment servers, taken up through a relaying session).
-            results[name]["again"] = fit(conn, "w1_fit_again")
+            results[name]["again"] = fit(conn, "w1_fit_again", workload["iterations"])
             if name == "cluster":  # the segment servers unable to reach each other
                 with without_peers(servers):
-                    results[name]["carried"] = fit(conn, "w1_fit_carried")
+                    results[name]["carried"] = fit(conn, "w1_fit_carried", workload["iterations"])
             conn.execute(f"DROP SCHEMA {SCHEMA} CASCADE")
-    rows = int(args.rows * 0.8)
+    if args.big_state_mb:
+        _clean_start(servers)  # (the workload's idle sessions hold memory the big state needs)
+        results["big state"] = {name: big_state(dsn, segments, args.big_state_mb) for name, dsn, segments in
+                                (("one server", configured_dsn(), "2"), ("cluster", cluster_dsn, None))}
+        _clean_start(servers)
     RESULTS.mkdir(exist_ok=True)
-    net = cluster_net.profile()
-    (RESULTS / ("cluster.json" if net is None else f"cluster-{net[0]}.json")).write_text(json.dumps(
-        {"measured_at": datetime.now(timezone.utc).isoformat(), "rows": rows, "network": network, **results},
-        indent=2, default=str))
+    named = "cluster" + ("" if args.workload == "W1" else f"-{args.workload.lower()}")
+    (RESULTS / (f"{named}.json" if net is None else f"{named}-{net[0]}.json")).write_text(json.dumps(
+        {"measured_at": datetime.now(timezone.utc).isoformat(), "workload": args.workload, "rows": rows,
+         "network": network, **results}, indent=2, default=str))
+    print_workload(args.workload, rows, len(workload["configs"]), network, results)
+    if "big state" in results:
+        print_big_state(results["big state"], network)
+
+
+def _clean_start(servers: dict) -> None:
+    """No worker session kept idle by an earlier run, on any server; the bench's schema gone
+    from the segment servers."""
+    for name in ("seg0", "seg1"):
+        with psycopg.connect(cluster_tool._dsn_with_password(servers[name]), autocommit=True) as there:
+            there.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
+    for dsn in [configured_dsn()] + [cluster_tool._dsn_with_password(s) for s in servers.values()]:
+        with psycopg.connect(dsn, autocommit=True) as there:
+            there.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                          "WHERE application_name LIKE 'madlib_mop%' AND pid <> pg_backend_pid()")
+
+
+def print_workload(workload: str, rows: int, models: int, network: str, results: dict) -> None:
     one, many = results["one server"], results["cluster"]
     expected = many["hops"] * many["state_bytes"]
-    print(f"\n### W1 on 2 segment servers against one server with 2 segments ({rows} training rows, "
-          f"{len(workload['configs'])} models, {many['epochs']} epochs; {network})\n")
+    print(f"\n### {workload} on 2 segment servers against one server with 2 segments ({rows} training rows, "
+          f"{models} models, {many['epochs']} epochs; {network})\n")
     print("| | one server | cluster | ratio |\n|---|---:|---:|---:|")
     print(f"| makespan (s) | {one['makespan']:.1f} | {many['makespan']:.1f} | "
           f"{many['makespan'] / one['makespan']:.3f} |")
@@ -242,16 +334,36 @@ def main() -> None:
     print(f"| models x hops x state size (server to server), per epoch | {expected / many['epochs']:,.0f} |")
     print(f"| packed data (never moved after packing) | {many['packed_bytes']:,} |")
     print(f"| one server: loopback TCP during the fit, per epoch | {one['network_bytes'] / one['epochs']:,.0f} |")
-    print(f"\n### Packing {rows} rows onto the cluster\n")
-    print("| | seconds | rows/s |\n|---|---:|---:|")
-    print(f"| training_preprocessor_dl on one server | {one['packing_s']:.1f} | {rows / one['packing_s']:,.0f} |")
-    print(f"| training_preprocessor_dl on the cluster | {many['packing_s']:.1f} | {rows / many['packing_s']:,.0f} |")
-    for size, seconds in many["copy_s"].items():
-        print(f"| INSERT INTO <foreign table> SELECT (same rows, batch_size {size}) | {seconds:.1f} | "
-              f"{rows / seconds:,.0f} |")
-    fastest = min(many["copy_s"].values())
-    print(f"| cluster packing / fastest foreign-table copy (target <= 1.5) | "
-          f"{many['packing_s'] / fastest:.2f} | |")
+    if many["copy_s"]:
+        print(f"\n### Packing {rows} rows onto the cluster\n")
+        print("| | seconds | rows/s |\n|---|---:|---:|")
+        print(f"| training_preprocessor_dl on one server | {one['packing_s']:.1f} | {rows / one['packing_s']:,.0f} |")
+        print(f"| training_preprocessor_dl on the cluster | {many['packing_s']:.1f} | "
+              f"{rows / many['packing_s']:,.0f} |")
+        for size, seconds in many["copy_s"].items():
+            print(f"| INSERT INTO <foreign table> SELECT (same rows, batch_size {size}) | {seconds:.1f} | "
+                  f"{rows / seconds:,.0f} |")
+        fastest = min(many["copy_s"].values())
+        print(f"| cluster packing / fastest foreign-table copy (target <= 1.5) | "
+              f"{many['packing_s'] / fastest:.2f} | |")
+
+
+def print_big_state(runs: dict, network: str) -> None:
+    one, many = runs["one server"], runs["cluster"]
+    print(f"\n### One model of a {many['state_bytes'] / 1e9:.2f} GB state, 2 iterations ({network})\n")
+    print("| | one server | cluster | ratio |\n|---|---:|---:|---:|")
+    print(f"| makespan (s) | {one['makespan']:.1f} | {many['makespan']:.1f} | "
+          f"{many['makespan'] / one['makespan']:.2f} |")
+    print(f"| same weights | | {'yes' if one['weights'] == many['weights'] else 'NO'} | |")
+    print(f"| state bytes through the coordinator, by visit | | "
+          f"{', '.join(f'{b:,}' for b in many['coordinator_bytes'])} | |")
+    print("\n| fetch between the segment servers | bytes | seconds | network bound (s) | seconds / bound |"
+          "\n|---|---:|---:|---:|---:|")
+    for number, fetch in enumerate(many["fetches"], 1):
+        bound, seconds = fetch["bound"], fetch["seconds"]
+        print(f"| {number} | {fetch['bytes']:,} | {seconds:.2f} | "
+              f"{'-' if bound is None else f'{bound:.2f}'} | "
+              f"{'-' if bound is None else f'{seconds / bound:.1f}'} |")
 
 
 if __name__ == "__main__":

@@ -19,8 +19,8 @@ ROWS = 70_000_000
 MORE_THAN_ONE_VALUE = 1 << 30
 
 
-def _architecture() -> str:
-    """The model's JSON, written from a model of 8 rows whose Embedding then says ROWS: a
+def _architecture(rows: int = ROWS) -> str:
+    """The model's JSON, written from a model of 8 rows whose Embedding then says `rows`: a
     model built with ROWS would hold its 1.1 GB of weights in this process for nothing."""
     import keras
 
@@ -28,7 +28,7 @@ def _architecture() -> str:
                                           keras.layers.Flatten(),
                                           keras.layers.Dense(3, activation="softmax")]).to_json())
     [embedding] = [layer for layer in config["config"]["layers"] if layer["config"]["name"] == "rows"]
-    embedding["config"]["input_dim"] = ROWS
+    embedding["config"]["input_dim"] = rows
     return json.dumps(config)
 
 

@@ -815,6 +815,79 @@ def test_segment_servers_restarted_mid_job_lose_the_states_they_kept(cluster, se
     _every_subepoch_once(cluster, "restarted_segment")
 
 
+def _sending_a_state(servers, name: str, job: threading.Thread) -> tuple[str, int]:
+    """(segment server, backend pid) of a backend sending a model's state to another segment
+    server's worker, caught sending and paused (SIGSTOP) there: the fetch is mid-way."""
+    sessions = {server: psycopg.connect(_server_dsn(servers[server], name), autocommit=True)
+                for server in ("seg0", "seg1")}
+    sending = ("SELECT pid FROM pg_stat_activity WHERE application_name = 'madlib_mop state fetch' "
+               "AND state = 'active' AND strpos(query, '_mop_segment_state\"(') > 0")
+    try:
+        while job.is_alive():
+            for server, there in sessions.items():
+                for (pid,) in there.execute(sending).fetchall():
+                    os.kill(pid, signal.SIGSTOP)
+                    # (still sending once paused: it may have ended between the look and the pause)
+                    if there.execute(sending + " AND pid = %s", (pid,)).fetchone():
+                        return server, pid
+                    os.kill(pid, signal.SIGCONT)
+            time.sleep(0.002)
+    finally:
+        for there in sessions.values():
+            there.close()
+    raise AssertionError("the job ended before a state was caught on its way between the segment servers")
+
+
+def test_a_segment_server_restarted_mid_fetch(cluster, servers, walkthrough):
+    """A model of a 64 MB state (16 pieces) hops between the segment servers; the server it
+    left is restarted while the other fetches its state (the sending backend caught mid-way
+    and paused, the fetcher's partial file written).  The fetch fails, its partial file is
+    removed, the job goes back to the model's durable state in the same call and ends with
+    the weights of an uninterrupted run, every sub-epoch once."""
+    from madlib_mop.job import state_store
+    from tests.test_big_states import _architecture
+
+    if _uses_containers():
+        pytest.skip("pauses a backend process of a server of this machine")
+    name = conninfo_to_dict(cluster)["dbname"]
+    fit = ("SELECT madlib_keras_fit('iris_packed', %s, 'fetched_arch', 1, $$loss='categorical_crossentropy', "
+           "optimizer='SGD(learning_rate=0.1)', metrics=['accuracy']$$, 'batch_size=50, epochs=1', 2)")
+    with _connect(cluster) as conn:
+        conn.execute("SELECT load_keras_model('fetched_arch', %s::json)", (_architecture(4_000_000),))
+        conn.execute(fit, ("fetched_whole",))
+    notices, errors = [], []
+
+    def run():
+        try:
+            with _connect(cluster, notices) as conn:
+                conn.execute(fit, ("fetched_cut",))
+        except psycopg.Error as error:
+            errors.append(error)
+    job = threading.Thread(target=run)
+    job.start()
+    paused = None
+    try:
+        source, paused = _sending_a_state(servers, name, job)
+        fetcher = "seg1" if source == "seg0" else "seg0"
+        hop_files = servers[fetcher].data / state_store.DIRECTORY
+        assert list(hop_files.rglob("*.partial")), "the fetcher has written no piece"
+        servers[source].crash()  # (its paused backend: killed by its postmaster within 5 s)
+        servers[source].start()
+        job.join(timeout=300)
+    finally:
+        if paused is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(paused, signal.SIGCONT)
+        for server in ("seg0", "seg1"):
+            _end_idle_sessions(_server_dsn(servers[server], name))  # (they hold the model's MBs)
+    assert not job.is_alive() and not errors, errors
+    assert any(f"segment server {source}" in n or "no state of model 1" in n for n in notices), notices
+    assert any("going on from the models' last durable states" in n for n in notices), notices
+    assert not list(hop_files.rglob("*.partial"))
+    assert _weights(cluster, "fetched_cut") == _weights(cluster, "fetched_whole")
+    _every_subepoch_once(cluster, "fetched_cut")
+
+
 def test_staged_models_on_segment_servers_keep_their_features_there(cluster, servers, walkthrough):
     """Heads on frozen layers of one base (tests/test_staging.py's models), trained on the
     cluster with their frozen layers staged and without: the same weights; the features were

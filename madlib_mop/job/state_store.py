@@ -136,6 +136,9 @@ class HopFiles:
         except OSError as error:
             partial.unlink(missing_ok=True)
             raise self._not_written(what, error) from None
+        except BaseException:  # (`blob` failed: a fetch whose server went away mid-way)
+            partial.unlink(missing_ok=True)
+            raise
 
     def receive(self, mst_key: int, step: int, piece: bytes, offset: int, last: bool) -> None:
         """A piece of a state another session sends a piece per call (a segment server's,
