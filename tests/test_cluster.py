@@ -839,7 +839,7 @@ def _sending_a_state(servers, name: str, job: threading.Thread) -> tuple[str, in
 
 
 def test_a_segment_server_restarted_mid_fetch(cluster, servers, walkthrough):
-    """A model of a 64 MB state (16 pieces) hops between the segment servers; the server it
+    """A model of a 32 MB state (8 pieces) hops between the segment servers; the server it
     left is restarted while the other fetches its state (the sending backend caught mid-way
     and paused, the fetcher's partial file written).  The fetch fails, its partial file is
     removed, the job goes back to the model's durable state in the same call and ends with
@@ -853,7 +853,7 @@ def test_a_segment_server_restarted_mid_fetch(cluster, servers, walkthrough):
     fit = ("SELECT madlib_keras_fit('iris_packed', %s, 'fetched_arch', 1, $$loss='categorical_crossentropy', "
            "optimizer='SGD(learning_rate=0.1)', metrics=['accuracy']$$, 'batch_size=50, epochs=1', 2)")
     with _connect(cluster) as conn:
-        conn.execute("SELECT load_keras_model('fetched_arch', %s::json)", (_architecture(4_000_000),))
+        conn.execute("SELECT load_keras_model('fetched_arch', %s::json)", (_architecture(2_000_000),))
         conn.execute(fit, ("fetched_whole",))
     notices, errors = [], []
 
