@@ -36,6 +36,24 @@ def test_hop_files_are_written_whole_read_and_removed(tmp_path):
     assert hops.read(1, 3) is None
 
 
+def test_a_state_written_a_piece_at_a_time_that_fails_mid_way_leaves_no_file(tmp_path):
+    """A fetch whose sending server goes away after some pieces (a connection error, not an
+    OS error): neither the state nor its partial file is left."""
+    class ConnectionLost(Exception):
+        pass
+
+    hops = HopFiles(16384, 7, "run-a", root=tmp_path)
+    hops.create()
+
+    def fetched(handle):
+        handle.write(b"a piece")
+        raise ConnectionLost()
+    with pytest.raises(ConnectionLost):
+        hops.write(1, 2, fetched)
+    assert not hops.holds(1, 2)
+    assert list(hops.run_directory.iterdir()) == []
+
+
 def test_files_of_an_earlier_server_run_are_removed_for_every_job(tmp_path):
     old_run = HopFiles(16384, 7, "run-a", root=tmp_path)
     other_job_old = HopFiles(16384, 8, "run-a", root=tmp_path)
