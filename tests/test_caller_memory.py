@@ -158,3 +158,37 @@ def test_a_workers_step0_states_are_kept_for_a_job_of_the_same_configurations(mo
     monkeypatch.setattr(model_facts, "KEPT_STATES_BYTES", 8 * len(built[1]) + 1)
     model_facts.each_state({"seed": 9, "models": models[:1]}, None).__next__()
     assert model_facts._kept_bytes == sum(map(len, model_facts._kept.values())) <= model_facts.KEPT_STATES_BYTES
+
+
+def test_kept_step0_states_pushed_out_by_the_states_of_the_same_job(monkeypatch):
+    """A job whose first models' states were kept and whose others are built anew: the new
+    states push the kept ones out of the budget before their turn.  Each model still gets
+    its state, the one it would get alone (the kept states a job asks for are taken when it
+    asks, not when their turn comes)."""
+    import collections
+
+    import keras
+
+    from madlib_mop.runtime import model_facts
+
+    arch = keras.Sequential([keras.Input((4,)), keras.layers.Dense(5, activation="relu"),
+                             keras.layers.Dense(3, activation="softmax")]).to_json()
+    models = [{"mst_key": key, "model_arch": arch, "compile_params": ADAM,
+               "fit_params": "batch_size=8, epochs=1"} for key in (1, 2, 3, 4)]
+    monkeypatch.setattr(model_facts, "_kept", collections.OrderedDict())
+    monkeypatch.setattr(model_facts, "_kept_bytes", 0)
+    alone = dict(model_facts.each_state({"seed": 7, "models": models}, None))
+    # The budget full: models 3 and 4's states, the oldest, and others' (of other jobs).
+    # Asked in the order 1, 2, 3, 4, the states of 1 and 2 are built, kept, and push
+    # those of 3 and 4 out before their turn.
+    size = len(alone[1])
+    monkeypatch.setattr(model_facts, "KEPT_STATES_BYTES", 16 * size)  # states up to 2 * size kept
+    kept = [model_facts._state_key(models[index], 7, None, None) for index in (2, 3)]
+    monkeypatch.setattr(model_facts, "_kept", collections.OrderedDict(
+        [(key, model_facts._kept[key]) for key in kept]
+        + [(f"other {n}", bytes((14 * size - 1) // 6)) for n in range(6)]))
+    monkeypatch.setattr(model_facts, "_kept_bytes", sum(map(len, model_facts._kept.values())))
+    again = dict(model_facts.each_state({"seed": 7, "models": models}, None))
+    assert not set(kept) & set(model_facts._kept)  # (pushed out, as said)
+    assert sorted(again) == [1, 2, 3, 4]
+    assert _values(again) == _values(alone)

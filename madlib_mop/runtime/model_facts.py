@@ -125,11 +125,15 @@ def each_state(request: dict, weights: list[bytes | None] | None):
     keys = [_state_key(m, seed, None if w is None else bytes(w), request.get("custom"))
             for m, w in zip(request["models"], weights)]
     specs = _specs(request, weights)
-    built = training.each_initial_state([s for s, k in zip(specs, keys) if k not in _kept], seed)
+    # The kept states this request uses, taken now: the states it builds may push them out
+    # of the budget before their turn.
+    reused = {key: _kept[key] for key in keys if key in _kept}
+    built = training.each_initial_state([s for s, k in zip(specs, keys) if k not in reused], seed)
     for spec, key in zip(specs, keys):
-        if key in _kept:
-            _kept.move_to_end(key)
-            yield spec.mst_key, _kept[key]
+        if key in reused:
+            if key in _kept:
+                _kept.move_to_end(key)
+            yield spec.mst_key, reused[key]
             continue
         mst_key, blob = next(built)
         if len(blob) <= KEPT_STATES_BYTES // 8:
