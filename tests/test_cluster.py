@@ -692,6 +692,45 @@ def test_a_table_on_the_segment_servers_is_packed_and_predicted_where_it_lies(cl
         assert any("queued for a worker session of segment server seg0" in n for n in notices), notices
 
 
+def test_a_table_packed_in_key_order_on_the_segment_servers_grows_by_appending(cluster, walkthrough):
+    """Packed in key order onto the segment servers, then its new rows appended there: the
+    buffers (training and validation) and the summary of one packing of the grown table,
+    and a model trained on it gets the weights of one trained on that packing."""
+    with _connect(cluster) as conn:
+        # Rows arrive in an order that mixes the classes: `arrived` is the key.
+        conn.execute("CREATE TABLE iris_growing AS SELECT row_number() OVER (ORDER BY md5(id::text)) "
+                     "AS arrived, attributes, class_text FROM iris_train")
+        conn.execute("CREATE VIEW iris_so_far AS SELECT * FROM iris_growing "
+                     "WHERE arrived <= current_setting('test.rows')::int")
+        conn.execute("SET test.rows = 100")
+        calls = {"packed": "SELECT training_preprocessor_dl('iris_so_far', %s, 'class_text', 'attributes', "
+                           "buffer_size => 15, key_column => 'arrived')",
+                 "valid": "SELECT validation_preprocessor_dl('iris_so_far', %s, 'class_text', 'attributes', "
+                          "%s, buffer_size => 15, key_column => 'arrived')"}
+        for out in ("grown", "grown_whole"):
+            if out == "grown_whole":
+                conn.execute("SET test.rows = 150")
+            conn.execute(calls["packed"], (f"{out}_packed",))
+            conn.execute(calls["valid"], (f"{out}_valid", f"{out}_packed"))
+        assert [kind for _, kind, _ in _partitions(conn, "grown_packed")] == ["f", "f"]
+        for kind in ("packed", "valid"):
+            appended = conn.execute("SELECT preprocessor_dl_append(%s, 'iris_so_far')",
+                                    (f"grown_{kind}",)).fetchone()[0]
+            assert appended == 50
+            buffers = [conn.execute(sql.SQL("SELECT __dist_key__, buffer_id, attributes, class_text, "
+                                            "attributes_shape FROM {} ORDER BY 1, 2").format(
+                sql.Identifier(table))).fetchall() for table in (f"grown_{kind}", f"grown_whole_{kind}")]
+            assert buffers[0] == buffers[1] and len({row[0] for row in buffers[0]}) == 2, kind
+            summaries = [conn.execute(sql.SQL("SELECT num_rows, rows_per_segment, buffers_per_segment, "
+                                              "packed_by_key FROM {}").format(
+                sql.Identifier(f"{table}_summary"))).fetchone() for table in (f"grown_{kind}", f"grown_whole_{kind}")]
+            assert summaries[0] == summaries[1] and summaries[0][0] == 150, kind
+        for out in ("grown", "grown_whole"):
+            conn.execute("SELECT madlib_keras_fit_multiple_model(%s, %s, 'mst', 1, FALSE, %s)",
+                         (f"{out}_packed", f"{out}_model", f"{out}_valid"))
+    assert _weights(cluster, "grown_model") == _weights(cluster, "grown_whole_model")
+
+
 def test_a_model_of_two_inputs_and_outputs_gives_the_weights_of_one_server(cluster, extension_dsn,
                                                                           walkthrough):
     """MADlib's multi-io set-up packed onto the segment servers: fit (validating there) and

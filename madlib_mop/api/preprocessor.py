@@ -88,7 +88,7 @@ def _preprocess(plpy, module, source_table, output_table, dependent_varname, ind
     if normalizing_const is None:
         normalizing_const = 1.0
     homes = segment_homes(plpy, distribution_rules, training)
-    key = _key(plpy, table, key_column, homes)
+    key = _key(plpy, table, key_column)
     segment_total = _segment_total(plpy, distribution_rules, training, homes)
 
     lying = _source_on_segment_servers(plpy, table, homes, training is None)
@@ -159,19 +159,13 @@ def _check_columns(features: list[Features], labels: list, training: dict | None
                                   "and not the same column twice).")
 
 
-def _key(plpy: Any, table: catalog.Table, key_column: str | None, homes: list | None):
-    """The key column of a table packed in key order (None: packed otherwise)."""
+def _key(plpy: Any, table: catalog.Table, key_column: str | None):
+    """The key column of a table packed in key order (None: packed otherwise).  On segment
+    servers too: the rows are ranked here (one order for the whole table), and each buffer
+    goes to its segment's server."""
     if key_column is None:
         return None
-    key = keyed.key_column(plpy, table, key_column)
-    if homes is not None:
-        raise MadlibMopError(
-            "key_column: tables packed in key order are kept on this server",
-            sqlstate=errors.FEATURE_NOT_SUPPORTED,
-            detail="Segment servers are registered, and the packed table would be spread over them.",
-            hint="Pass distribution_rules => '2' (a number of segments of this server), or pack "
-                 "without key_column.")
-    return key
+    return keyed.key_column(plpy, table, key_column)
 
 
 def _in_key_order(plpy: Any, table: catalog.Table, key, features: list[Features], labels: list,
@@ -208,10 +202,6 @@ def preprocessor_dl_append(plpy: Any, packed_table: str, source_table: str) -> i
             detail="A table packed without key_column has its rows shuffled as a whole.",
             hint="Pack it again with training_preprocessor_dl(..., key_column => 'id') (or "
                  "validation_preprocessor_dl's key_column), then append.")
-    if segments.placement(plpy, packed) is not None:
-        raise MadlibMopError(f"{packed.name} lies on segment servers: rows cannot be appended to it",
-                             sqlstate=errors.FEATURE_NOT_SUPPORTED,
-                             hint="Pack the grown table again.")
     order = keyed.KeyOrder.of(summary[keyed.SUMMARY_COLUMN])
     table = catalog.resolve_table(plpy, source_table)
     lock_for_change(plpy, packed, "appended to")
