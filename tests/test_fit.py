@@ -17,6 +17,7 @@ from madlib_mop.job import state_store
 from madlib_mop.tools.replay import replay
 from tests.conftest import connect as _connect, coordinator_killed_mid_job, held_job, iris_table, mlp_json
 from madlib_mop.job.schedule import visit_orders
+from madlib_mop.runtime import fusion, training
 
 import keras  # noqa: E402  (a missing Keras fails these tests, it does not skip them)
 
@@ -120,8 +121,15 @@ def test_outputs_follow_madlib(data, reference):
 def test_visits_follow_the_schedule(data, reference):
     with _connect(data) as conn:
         visits = conn.execute("SELECT mst_key, step, segment FROM ref_mop_visits ORDER BY 1, 2").fetchall()
-        seed = conn.execute("SELECT seed FROM jobs WHERE model_output_table = 'public.ref'").fetchone()[0]
-    orders = visit_orders([1, 2, 3, 4], 2, 3, seed)
+        seed, orders_by = conn.execute("SELECT seed, arguments->>'orders' FROM jobs "
+                                       "WHERE model_output_table = 'public.ref'").fetchone()
+        configs = conn.cursor(row_factory=dict_row).execute(
+            "SELECT mst_key, model_arch::text AS model_arch, compile_params, fit_params "
+            "FROM ref_mop_models").fetchall()
+    # Paths drawn by the models' fusion classes (their configurations alone)
+    classes = {c["mst_key"]: fusion.fusion_class(training.ModelSpec.of(c)) for c in configs}
+    assert orders_by == "by_class" and len(set(classes.values())) < len(classes)
+    orders = visit_orders([1, 2, 3, 4], 2, 3, seed, classes)
     for mst_key in (1, 2, 3, 4):
         segments = [s for k, _, s in visits if k == mst_key]
         assert segments == [s for epoch in orders[mst_key] for s in epoch]

@@ -258,3 +258,29 @@ def test_metrics_are_reported_as_keras_reports_them(case):
         alone.restore(training.initial_states([spec], 7)[spec.mst_key])
         expected = training.train_subepoch(alone, spec, buffers, 7, 0, classification).means()
         assert outcome.means() == pytest.approx(expected, rel=1e-5)
+
+
+def test_a_fused_programs_states_go_the_same_bits_per_variable_and_traced():
+    """A fused program restores and captures K states per variable until that has cost
+    `TRACE_AFTER_SECONDS`, then by one traced call each way: both ways give each model's
+    own payload, and a non-finite weight is found in the captured rows alike."""
+    specs = _specs(_cnn(), OPTIMIZERS["Adam"])
+    fused, _ = _fused(specs, _buffers((8, 8, 2)), 1)
+    states = [fused[spec.mst_key] for spec in specs]
+    per_variable = fused_program.FusedProgram(specs[0], len(specs))
+    traced = fused_program.FusedProgram(specs[0], len(specs))
+    traced.states._function("assign"), traced.states._function("read")
+    for program in (per_variable, traced):
+        program.restore(states)
+        assert [_payload(blob) for blob in program.capture()] == [_payload(blob) for blob in states]
+    assert not per_variable.states._traced("assign") and traced.states._traced("assign")
+    assert np.array_equal(per_variable.states.rows(), traced.states.rows())
+    broken = [bytearray(blob) for blob in states]
+    weights = state.decode(states[2])[0][0]  # the first variable: weights, float32
+    start = len(states[2]) - len(_payload(states[2]))
+    broken[2][start:start + 4] = np.array([np.inf], np.float32).tobytes()
+    assert state.decode(broken[2])[0][0].kind == weights.kind == "weights"
+    for program in (per_variable, traced):
+        program.restore(broken)
+        blobs, found = program.capture_checked()
+        assert list(found) == [2] and _payload(blobs[2]) == _payload(broken[2])

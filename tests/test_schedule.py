@@ -321,3 +321,49 @@ def test_a_partner_stopped_or_given_steps_again_in_an_earlier_epoch_frees_or_hol
     assert dispatcher.next_visit(0) is None
     dispatcher.stop(2)
     assert dispatcher.next_visit(0) == ((1,), 2)
+
+
+@pytest.mark.parametrize("segments", [2, 3, 4])
+def test_paths_drawn_by_class_keep_classes_whole_where_the_paths_lengths_allow(segments):
+    """Orders drawn by class: every path as long as a rotation's, every model still a
+    rotation of the epoch's labelling, and a class split across paths only where a path's
+    end falls inside it; a job of classes that share nothing keeps its rotations."""
+    models = list(range(1, 13))
+    classes = {m: f"c{(m - 1) % 4}" for m in models}  # 4 classes of 3 (as MADlib's iris grid)
+    orders = visit_orders(models, segments, 6, 11, classes)
+    rotations = visit_orders(models, segments, 6, 11)
+    for epoch in range(6):
+        paths: dict[tuple, list[int]] = {}
+        for m in models:
+            paths.setdefault(tuple(orders[m][epoch]), []).append(m)
+        lengths = sorted(len(members) for members in paths.values())
+        assert lengths == sorted(len(members) for members in _paths(rotations, epoch).values())
+        assert len(paths) == segments
+        # a class lies on as many paths as the cuts that fall inside it, at most 2 here
+        spread = {c: len({tuple(orders[m][epoch]) for m in models if classes[m] == c}) for c in "c0 c1 c2 c3".split()}
+        assert sum(n - 1 for n in spread.values()) <= segments - 1
+        if segments == 2:  # 12 models in 2 paths of 6: two whole classes each
+            assert set(spread.values()) == {1}
+    assert orders != rotations
+    distinct = {m: f"only{m}" for m in models} | {1: None, 2: None}
+    assert visit_orders(models, segments, 6, 11, distinct) == rotations
+
+
+def _paths(orders, epoch):
+    paths: dict[tuple, list[int]] = {}
+    for m, each in orders.items():
+        paths.setdefault(tuple(each[epoch]), []).append(m)
+    return paths
+
+
+def test_paths_drawn_by_class_depend_on_the_seed_and_the_classes_only():
+    classes = {1: "a", 2: "b", 3: "a", 4: "b", 5: None}
+    a = visit_orders([1, 2, 3, 4, 5], 2, 5, seed=3, classes=classes)
+    assert a == visit_orders([5, 4, 3, 2, 1], 2, 5, seed=3, classes=dict(reversed(classes.items())))
+    assert a != visit_orders([1, 2, 3, 4, 5], 2, 5, seed=4, classes=classes)
+    assert visit_orders([1, 2, 3, 4, 5], 2, 8, seed=3, classes=classes) == {
+        m: o + visit_orders([1, 2, 3, 4, 5], 2, 8, seed=3, classes=classes)[m][5:] for m, o in a.items()}
+    pairs = visit_orders([1, 2, 3, 4], 2, 5, seed=3, classes={1: "a", 2: "b", 3: "a", 4: "b"})
+    for epoch in range(5):  # two classes of 2 on 2 paths of 2: each class shares its path
+        assert pairs[1][epoch] == pairs[3][epoch] and pairs[2][epoch] == pairs[4][epoch]
+        assert pairs[1][epoch] != pairs[2][epoch]

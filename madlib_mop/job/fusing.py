@@ -105,6 +105,17 @@ def job_classes(plpy: Any, job: Any, local: bool, initial: set[int], model_rows:
         key: facts["parameters"] for key, facts in keras.facts(asked).items()}, steps)
 
 
+def path_classes(job: Any, initial: set[int], model_rows: Callable[[], list[dict]]) -> dict[int, str | None] | None:
+    """What a job draws its models' paths by (`job.schedule.visit_orders`): each model it
+    started with (`initial`) and its fusion class (None: it has none), from the
+    configurations alone, whatever madlib_mop.fuse_models is.  None for a job that draws
+    rotations (an earlier version's) or has custom functions (which never fuse)."""
+    if job.arguments.orders != "by_class" or job.arguments.custom_functions:
+        return None
+    return {row["mst_key"]: fusion.fusion_class(training.ModelSpec.of(row))
+            for row in model_rows() if row["mst_key"] in initial}
+
+
 def inference_groups(setting: str, specs: list[training.ModelSpec], weight_bytes: list[int | None]
                      ) -> list[list[int]]:
     """The models (indices into `specs`) that evaluate and predict as fused groups unless

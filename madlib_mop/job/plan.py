@@ -256,7 +256,7 @@ def note_ignored_compile_params(plpy: Any, texts: list[str]) -> None:
 
 def _recorded_settings(plpy: Any) -> dict:
     """The settings a job records where they are not as before they existed."""
-    recorded = {} if stage_frozen_layers(plpy) else {"stage_frozen_layers": False}
+    recorded = {"orders": "by_class"} | ({} if stage_frozen_layers(plpy) else {"stage_frozen_layers": False})
     fuse = fusing.fuse_models(plpy)
     return recorded if fuse == "off" else dict(recorded, fuse_models=fuse)
 

@@ -57,6 +57,10 @@ class JobArguments:
     custom_functions: Mapping[str, Any] | None = None  # object table and digests (`job.plan`)
     stage_frozen_layers: bool = True
     fuse_models: str = "off"  # madlib_mop.fuse_models when the job started (`job.fusing`)
+    # How the models' paths were drawn (`job.schedule.visit_orders`): "by_class" for every
+    # job started now; "rotation" for a job started before jobs recorded it (resumed with
+    # the orders it had).
+    orders: str = "rotation"
     if_output_exists: str | None = None
     output_family: str | None = None  # if_output_exists => 'new_version': the first name
     # Tables packed in key order: argument -> the rows they held when the job started (a

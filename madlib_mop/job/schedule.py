@@ -17,10 +17,13 @@ draws its orders from its own stream (`added_model_orders`), and a stopped model
 no longer dispatched, so adding or stopping models changes no other model's order.
 
 Fused groups (`runtime.fusion`; madlib_mop.fuse_models).  The rotation sends several models
-along the same path in an epoch (those whose offsets agree modulo S): those of them that
-can train as one program (one fusion class) hop as one unit, `group(model, epoch)`.  No
-model's orders change, so a fused model sees the rows an unfused one sees, in the same
-order.  Which models a fused call trains together is decided by the plan, the pruner's
+along the same path in an epoch: those of them that can train as one program (one fusion
+class) hop as one unit, `group(model, epoch)`.  A job draws its paths by class (its
+recorded `orders`, "by_class"; a job started before jobs recorded it keeps its rotations): the
+models of a class go one path where the paths' lengths allow (`_starts`), so that a class
+of 3 on 2 segments fuses as 3, not as 2 and 1.  The classes come from the configurations
+alone, whether or not the job fuses, so a fused model sees the rows an unfused one sees,
+in the same order.  Which models a fused call trains together is decided by the plan, the pruner's
 stops and a person's requests, never by timing, because a fused model's bits depend on its
 partners (a batched product of K models rounds as it does): a unit waits for each member
 still behind it in the epoch (it has steps to train there) and for a held member's decision;
@@ -40,11 +43,14 @@ _ADDED = 0xADD  # the streams of models added after the start
 MAX_GROUP = 16  # models in one fused call at most (bench_fusion: no gain beyond 8-16)
 
 
-def visit_orders(models: list[int], segments: int, epochs: int, seed: int) -> dict[int, list[list[int]]]:
+def visit_orders(models: list[int], segments: int, epochs: int, seed: int,
+                 classes: dict[int, str] | None = None) -> dict[int, list[list[int]]]:
     """orders[model][epoch] = the segments the model visits that epoch, in order.
 
-    Epoch e's orders depend only on the seed, the models and e (not on how many epochs
-    there are), so a job extended later (warm start) keeps its past orders.
+    Epoch e's orders depend only on the seed, the models, their `classes` and e (not on how
+    many epochs there are), so a job extended later (warm start) keeps its past orders.
+    `classes` (model -> its fusion class, `runtime.fusion.fusion_class`, from its
+    configuration alone; None for a model of none): see `_starts`.
     """
     if segments < 1:
         raise ValueError("segments must be at least 1")
@@ -53,11 +59,32 @@ def visit_orders(models: list[int], segments: int, epochs: int, seed: int) -> di
     orders: dict[int, list[list[int]]] = {m: [] for m in models}
     for _ in range(epochs):
         labels = rng.permutation(segments)
-        offsets = rng.permutation(len(models))
-        for i, model in enumerate(models):
-            start = int(offsets[i]) % segments
-            orders[model].append([int(labels[(start + j) % segments]) for j in range(segments)])
+        starts = _starts(models, rng.permutation(len(models)), segments, classes)
+        for model in models:
+            orders[model].append([int(labels[(starts[model] + j) % segments]) for j in range(segments)])
     return orders
+
+
+def _starts(models: list[int], offsets: np.ndarray, segments: int,
+            classes: dict[int, str] | None) -> dict[int, int]:
+    """Each model's first segment in an epoch (an index into its labels), from the epoch's
+    random `offsets` (a permutation of the models' positions).
+
+    Without classes, or where no two models share one, model i starts at offsets[i] mod S.
+    Otherwise the models of a class go the same path where they can, so that they fuse
+    whole (whether or not the job fuses: a fused model's orders are an unfused one's):
+    classes in the order of their members' least offset, the members of each in the order
+    of theirs, that line cut into S runs of equal length (one model more in the first
+    runs), run r starting at segment r.  Every path has as many models as before."""
+    offset = {model: int(offsets[i]) for i, model in enumerate(models)}
+    named = [classes.get(m) for m in models if classes and classes.get(m) is not None]
+    if len(set(named)) == len(named):
+        return {model: offset[model] % segments for model in models}
+    blocks: dict[object, list[int]] = {}  # (in the order of each class's least offset)
+    for model in sorted(models, key=offset.get):
+        blocks.setdefault(classes.get(model) or ("alone", model), []).append(model)
+    line = [model for block in blocks.values() for model in block]
+    return {model: position * segments // len(line) for position, model in enumerate(line)}
 
 
 def added_model_orders(model: int, segments: int, epochs: int, seed: int) -> list[list[int]]:
@@ -73,25 +100,29 @@ def started_with(keys, initial_models: int | None, added=frozenset()) -> list[in
     return sorted(k for k in keys if k <= (initial_models or k) and k not in added)
 
 
-def model_orders(model: int, initial: list[int], segments: int, rounds: int, seed: int) -> list[list[int]]:
+def model_orders(model: int, initial: list[int], segments: int, rounds: int, seed: int,
+                 classes: dict[int, str] | None = None) -> list[list[int]]:
     """A model's first `rounds` orders, as `dispatcher_for` gives them (prefix-stable: more
     rounds keep the earlier ones)."""
     if model in initial:
-        return visit_orders(initial, segments, rounds, seed)[model]
+        return visit_orders(initial, segments, rounds, seed, classes)[model]
     return added_model_orders(model, segments, rounds, seed)
 
 
 def dispatcher_for(rounds: dict[int, int], done: dict[int, int], segments: int, seed: int,
-                   initial_models: int | None, added=frozenset()) -> "Dispatcher":
+                   initial_models: int | None, added=frozenset(),
+                   classes: dict[int, str] | None = None) -> "Dispatcher":
     """The dispatcher of a job's models (`rounds`: each one's passes over the segments;
-    `done`: its sub-epochs done).  Models added while the job ran (`started_with`) have
-    orders of their own, drawn the same whenever they are added, so that a resumed job
-    gives every model the orders it had."""
+    `done`: its sub-epochs done; `classes`: the fusion classes of the models it started
+    with, for a job that draws its orders by class).  Models added while the job ran
+    (`started_with`) have orders of their own, drawn the same whenever they are added, so
+    that a resumed job gives every model the orders it had."""
     initial = started_with(rounds, initial_models, added)
-    orders = visit_orders(initial, segments, max(rounds[k] for k in initial), seed) if initial else {}
+    orders = visit_orders(initial, segments, max(rounds[k] for k in initial), seed, classes) if initial else {}
     for key in set(rounds) - set(initial):
         orders[key] = added_model_orders(key, segments, rounds[key], seed)
-    return Dispatcher({k: o[: rounds[k]] for k, o in orders.items()}, segments, done)
+    return Dispatcher({k: o[: rounds[k]] for k, o in orders.items()}, segments, done,
+                      classes=dict(classes or {}))
 
 
 def fusion_groups(orders: dict[int, list[list[int]]], fusion: dict[int, int], epoch: int) -> dict[int, tuple]:
@@ -120,15 +151,14 @@ class _ModelProgress:
 
 @dataclass
 class Dispatcher:
-    """Barrier-free dispatch of planned visits (pure bookkeeping, no I/O).
-
-    `done` gives, per model, the sub-epochs already completed (a resumed job starts there).
-    """
+    """Barrier-free dispatch of planned visits (pure bookkeeping, no I/O).  `done` gives, per
+    model, the sub-epochs already completed (a resumed job starts there)."""
 
     orders: dict[int, list[list[int]]]
     segments: int
     done: dict[int, int] = field(default_factory=dict)
     fusion: dict[int, int] = field(default_factory=dict)  # model -> its fusion class
+    classes: dict[int, str] = field(default_factory=dict)  # the classes its orders were drawn by
 
     def __post_init__(self) -> None:
         self.progress = {m: _ModelProgress(self.done.get(m, 0)) for m in self.orders}

@@ -216,7 +216,7 @@ class JobSteering:
             initial = schedule.started_with(self.models, self.store.job.arguments.initial_models,
                                             self.added)
             orders = schedule.model_orders(model.mst_key, initial, self.store.job.num_segments, rounds,
-                                           self.store.job.seed)
+                                           self.store.job.seed, self.schedule.classes)
         self.schedule.limit(model.mst_key, rounds * self.store.job.num_segments, orders)
         model.iterations = iterations
 

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from madlib_mop.runtime import fused_ops, model_state, state
+from madlib_mop.runtime import fused_ops, model_state
 from madlib_mop.runtime.buffers import Buffer
 from madlib_mop.runtime.fusion import (ONE_MINUS, PER_MODEL_ARGUMENTS, SHARED_ARGUMENTS,
                                        per_model_arguments, shape_arguments)
@@ -34,11 +34,11 @@ class FusedProgram:
         self.shared = dict(zip(SHARED_ARGUMENTS[self.optimizer_name], shape_arguments(spec)))
         self.variables = model_state.state_variables(self.template)
         self.layout = [(kind, tuple(v.shape)) for kind, v in self.variables]
-        self.header = model_state.state_header(self.variables)
         # One stacked variable per variable of the template's state, in its order.
         self.stacked = [tf.Variable(tf.zeros((size,) + tuple(v.shape), dtype=v.dtype),
                                     trainable=False, name=f"fused_{i}")
                         for i, (_, v) in enumerate(self.variables)]
+        self.states = model_state.StackedStates(self.variables, self.stacked)
         self._by_id = {id(v): stacked for (_, v), stacked in zip(self.variables, self.stacked)}
         self.trainable = [self._by_id[id(v)] for v in self.template.trainable_variables]
         self._functions: dict[tuple, Any] = {}
@@ -50,15 +50,7 @@ class FusedProgram:
     # ---- state ----
     def restore(self, blobs: Sequence[bytes | bytearray]) -> None:
         """Each model's whole state, in the order of the group."""
-        if len(blobs) != self.size:
-            raise ValueError(f"a fused program of {self.size} models given {len(blobs)} states")
-        entries = []
-        for blob in blobs:
-            decoded, _ = state.decode(blob)
-            state.check_layout(state.layout_of(decoded), self.layout)
-            entries.append(decoded)
-        for index, stacked in enumerate(self.stacked):
-            stacked.assign(np.stack([each[index].array for each in entries]))
+        self.states.restore(blobs)
 
     def load_weights(self, weights: Sequence[bytes]) -> None:
         """Each model's trained weights (MADlib's `model_weights`: float32, concatenated in
@@ -80,24 +72,17 @@ class FusedProgram:
 
     def capture(self) -> list[bytes]:
         """Each model's state, the bytes an unfused program of it would write."""
-        values = [stacked.numpy() for stacked in self.stacked]
-        return [state.encode([state.Entry(item["kind"], item["name"], value[k])
-                              for item, value in zip(self.header, values)])
-                for k in range(self.size)]
+        return self.states.capture()
+
+    def capture_checked(self) -> tuple[list[bytes], dict[int, str]]:
+        """`capture()`, and why models' weights diverged (one is NaN or infinite), by the
+        model's index: what `training.Program.nonfinite` finds of an unfused model.  The
+        stacked variables are read once for both."""
+        rows = self.states.rows()
+        return self.states.capture_rows(rows), self.states.nonfinite(rows)
 
     def nonfinite(self) -> dict[int, str]:
-        """Why models' weights diverged (one is NaN or infinite), by the model's index: what
-        `training.Program.nonfinite` finds of an unfused model.  Each stacked variable is
-        read once for all K models."""
-        found: dict[int, str] = {}
-        for item, stacked in zip(self.header, self.stacked):
-            values = stacked.numpy()
-            if item["kind"] != "weights" or values.dtype.kind != "f":
-                continue
-            finite = np.isfinite(values.reshape(self.size, -1)).all(axis=1)
-            for index in np.flatnonzero(~finite):
-                found.setdefault(int(index), f"weight {item['name']} is not finite")
-        return found
+        return self.capture_checked()[1]
 
     # ---- the fused forward pass ----
     def _function(self, kind: str, x: np.ndarray, y: np.ndarray):

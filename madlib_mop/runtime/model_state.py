@@ -163,6 +163,10 @@ class ModelState:
         self._functions: dict[str, object] = {}
         self._untraced_seconds = {"assign": 0.0, "read": 0.0}
 
+    def _targets(self) -> tuple[list, list[int]]:
+        """The variables the traced calls assign and read, and the axes before a state's."""
+        return [v for _, v in self.variables], []
+
     def trace(self) -> None:
         """Trace both calls now (a worker warming up for the jobs to come)."""
         if self._raw_path:
@@ -183,28 +187,30 @@ class ModelState:
         import tensorflow as tf
 
         if kind not in self._functions:
-            variables = [v for _, v in self.variables]
+            # (one state's bytes per variable; a stacked state has K of each, one per row)
             sizes = [int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize
-                     for v in variables]
+                     for _, v in self.variables]
+            variables, leading = self._targets()
             if kind == "assign":
                 def assign(payload):
                     raw = tf.io.decode_raw(payload, tf.uint8)
                     start = 0
                     for variable, size in zip(variables, sizes):
-                        piece = raw[start:start + size]
-                        itemsize = np.dtype(variable.dtype).itemsize
-                        value = piece if itemsize == 1 else tf.reshape(piece, [-1, itemsize])
-                        value = tf.bitcast(value, variable.dtype) if variable.dtype != "uint8" else value
+                        piece = raw[..., start:start + size]
+                        dtype = tf.as_dtype(variable.dtype)
+                        value = piece if dtype.size == 1 else tf.reshape(piece, leading + [-1, dtype.size])
+                        value = tf.bitcast(value, dtype) if dtype != tf.uint8 else value
                         variable.assign(tf.reshape(value, variable.shape))
                         start += size
                     return tf.constant(0)
 
                 function = tf.function(assign, autograph=False,
-                                       input_signature=[tf.TensorSpec((), tf.string)])
+                                       input_signature=[tf.TensorSpec(leading, tf.string)])
             else:
                 def read():
-                    return tf.concat([tf.reshape(tf.bitcast(v.value, tf.uint8), [-1])
-                                      for v in variables], axis=0)
+                    # (a Keras variable's value is a property, a tf.Variable's a method)
+                    return tf.concat([tf.reshape(tf.bitcast(tf.convert_to_tensor(v), tf.uint8), leading + [-1])
+                                      for v in variables], axis=-1)
 
                 function = tf.function(read, autograph=False)
             self._functions[kind] = function.get_concrete_function()
@@ -235,3 +241,70 @@ class ModelState:
             return
         with self._untraced("read"):
             write_variables(self.variables, handle, meta)
+
+
+class StackedStates(ModelState):
+    """K models' states held in variables stacked along a leading axis (a fused program's,
+    `runtime.fused_program`): each model's own state restored into its row and captured
+    from it as the bytes its unfused program would write.  The same two ways as one
+    model's state: per variable (a `numpy.stack` of K arrays each) until that has cost
+    TRACE_AFTER_SECONDS, then one traced call each way for all K (per variable, a group's
+    hop cost about three unfused models' hops: 2.4 ms to restore 3 small MLPs)."""
+
+    def __init__(self, variables: list[tuple[str, Any]], stacked: list):
+        super().__init__(None, variables)
+        self.stacked = stacked
+        self.size = int(stacked[0].shape[0])
+        self._raw_path = self._raw_path and self.size * self._state_bytes <= self.RAW_PATH_BYTES
+
+    def _targets(self) -> tuple[list, list[int]]:
+        return self.stacked, [self.size]
+
+    def restore(self, blobs) -> None:  # (a list of K states, in the order of the rows)
+        import tensorflow as tf
+
+        if len(blobs) != self.size:
+            raise ValueError(f"a fused program of {self.size} models given {len(blobs)} states")
+        payloads, dtypes = [], []
+        for blob in blobs:
+            header, offset = state.split(blob)
+            state.check_layout(state.header_layout(header), self.layout)
+            payloads.append(bytes(blob[offset:]))
+            dtypes.append([item["dtype"] for item in header["layout"]])
+        if self._traced("assign") and all(each == self._dtypes for each in dtypes):
+            self._function("assign")(tf.constant(payloads))
+            return
+        with self._untraced("assign"):
+            entries = [state.decode(blob)[0] for blob in blobs]
+            for index, stacked in enumerate(self.stacked):
+                stacked.assign(np.stack([each[index].array for each in entries]))
+
+    def rows(self) -> np.ndarray:
+        """(K, a state's payload bytes) uint8: row k the payload of model k's state."""
+        if self._traced("read"):
+            return self._function("read")().numpy()
+        with self._untraced("read"):
+            values = [np.asarray(stacked.numpy()) for stacked in self.stacked]
+            return np.concatenate([v.astype(v.dtype.newbyteorder("<"), copy=False).reshape(self.size, -1)
+                                   .view(np.uint8) for v in values], axis=1)
+
+    def capture(self, meta: dict | None = None) -> list[bytes]:  # (each model's state)
+        return self.capture_rows(self.rows(), meta)
+
+    def capture_rows(self, rows: np.ndarray, meta: dict | None = None) -> list[bytes]:
+        """Each model's state from `rows()`."""
+        return [state.assemble(self._header, row.tobytes(), meta) for row in rows]
+
+    def nonfinite(self, rows: np.ndarray) -> dict[int, str]:
+        """Why models' weights in `rows` (`rows()`) are not finite, by the model's row."""
+        found: dict[int, str] = {}
+        start = 0
+        for item in self._header:
+            dtype = np.dtype(item["dtype"]).newbyteorder("<")
+            size = int(np.prod(item["shape"], dtype=np.int64)) * dtype.itemsize
+            if item["kind"] == "weights" and dtype.kind == "f":
+                values = np.ascontiguousarray(rows[:, start:start + size]).view(dtype)
+                for index in np.flatnonzero(~np.isfinite(values).all(axis=1)):
+                    found.setdefault(int(index), f"weight {item['name']} is not finite")
+            start += size
+        return found

@@ -371,8 +371,9 @@ def train_fused(plpy: Any, job_id: int, mst_keys: list[int], step: int, segment:
     outcomes, _ = fused_program.train_fused_subepoch(program, specs, buffers, ctx.seed, step,
                                                      ctx.train.columns.classification, chunk_rows)
     trained = time.perf_counter()
-    results, nonfinite = [], program.nonfinite()
-    for index, (key, outcome, blob) in enumerate(zip(mst_keys, outcomes, program.capture())):
+    results = []
+    blobs, nonfinite = program.capture_checked()
+    for index, (key, outcome, blob) in enumerate(zip(mst_keys, outcomes, blobs)):
         diverged = training.divergence(outcome.means()) or nonfinite.get(index)
         if not diverged:
             ctx.states.hops.write(key, step + 1, blob)
