@@ -244,6 +244,7 @@ bench: install db-start
 	$(PY) bench/bench_cycles.py
 	$(PY) bench/bench_fusion.py
 	$(PY) bench/bench_fused_jobs.py
+	$(PY) bench/bench_prewarm.py
 
 clean:
 	-@$(PGXS_MAKE) clean

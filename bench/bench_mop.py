@@ -12,6 +12,9 @@ Workloads (fixed seeds):
       50,000 rows (40,000 to train on); 8 small ResNets (residual blocks, BatchNormalization, Dropout; 0.27-2.7 M
       parameters: 2 widths x 2 dense heads x 2 learning rates), 2 epochs.  Its tables are read into NumPy with a
       binary loader (as Python lists, 40,000 images would take 4 GB per process).
+  W5  W1's data; 64 configurations of one MLP (64 hidden units; 4 learning rates x batch 64 to 512 x 4 values
+      of Adam's beta_1), 5 epochs: many small models, 4 fusion classes of 16.  Only (b''), (c), (c warm) and
+      (c fused) run: (a) would take an hour.
 
 Compared in one run, on the same data and configurations:
   (a) export: read the table into NumPy with psycopg, train the configurations one after
@@ -37,7 +40,7 @@ Compared in one run, on the same data and configurations:
       programs);
   (d) for W1, W3 and W4, the lower bound max(sum of single-thread times / S, longest one).
 
-    .venv/bin/python bench/bench_mop.py [--segments 2] [--workloads IRIS,W1,W2,W3,W4]
+    .venv/bin/python bench/bench_mop.py [--segments 2] [--workloads IRIS,W1,W2,W3,W4,W5]
 Prints markdown tables; writes bench/results/mop.json and PNG plots.
 """
 
@@ -84,12 +87,25 @@ WORKLOADS = {
     "W3": {"data": 100_000, "epochs": 3, "iterations": 1, "frequency": 1,
            "configs": _configs([(16,), (256, 256)], [0.001, 0.01], [32, 512])},
     # hidden: ("resnet", base filters, dense head units)
+    # 64 configurations of one MLP (4 learning rates x 4 batch sizes x 4 values of Adam's
+    # beta_1) on W1's data: many small models, 4 fusion classes of 16.  Only (b''), (c),
+    # (c warm) and (c fused) run ("arms"): (a) would take an hour.
+    "W5": {"data": 250_000, "epochs": 5, "iterations": 1, "frequency": 1, "arms": "fused",
+           "configs": [dict(c, beta_1=beta) for c in _configs([(64,)], [0.001, 0.003, 0.01, 0.03],
+                                                              [64, 128, 256, 512])
+                       for beta in (0.9, 0.8, 0.95, 0.85)]},
     "W4": {"data": "cifar", "epochs": 2, "iterations": 2, "frequency": 1,
            "configs": _configs([("resnet", 8, 256), ("resnet", 8, 2560), ("resnet", 16, 128),
                                 ("resnet", 16, 1280)], [0.001, 0.003], [64])},
 }
 BOUNDED = ("W1", "W3", "W4")  # the workloads whose lower bound (d) is measured
 CIFAR_ROWS = 50_000
+
+
+def adam(config: dict) -> str:
+    """The configuration's optimizer as compile_params write it."""
+    beta = f", beta_1={config['beta_1']}" if "beta_1" in config else ""
+    return f"Adam(learning_rate={config['lr']}{beta})"
 
 
 def generated(rows: int, seed: int = 0):
@@ -218,13 +234,14 @@ def _train(config: dict, epochs: int, x, y, x_valid, y_valid, loop: str) -> dict
     started = time.perf_counter()
     if loop == "fit":
         model = keras.models.model_from_json(arch)
-        model.compile(optimizer=keras.optimizers.Adam(learning_rate=config["lr"]),
+        model.compile(optimizer=keras.optimizers.Adam(learning_rate=config["lr"],
+                                                      beta_1=config.get("beta_1", 0.9)),
                       loss="categorical_crossentropy", metrics=["accuracy"])
         history = model.fit(x, onehot, batch_size=config["batch"], epochs=epochs, shuffle=True,
                             verbose=0)
         losses = [float(v) for v in history.history["loss"]]
     else:
-        spec = training.ModelSpec(0, arch, f"optimizer='Adam(lr={config['lr']})',"
+        spec = training.ModelSpec(0, arch, f"optimizer='{adam(config)}',"
                                   "loss='categorical_crossentropy',metrics=['accuracy']", "")
         program = training.Program(training.compiled_model(spec, 0))
         model, losses, rng = program.model, [], np.random.default_rng(0)
@@ -294,7 +311,7 @@ def _sample_worker_memory(dsn: str, stop: threading.Event, peaks: dict) -> None:
 
 
 def run_mop(dsn: str, name: str, workload: dict, segments: int, prewarm: bool = True,
-            fuse: bool = False) -> dict:
+            fuse: bool = False, role: bool = True) -> dict:
     """The job in a new session, then the same job again in that session (output _fit2):
     the second finds the session's workers warm; then in new sessions of the role, on its
     idle sessions and (`prewarm`) on sessions the server kept ready."""
@@ -313,16 +330,17 @@ def run_mop(dsn: str, name: str, workload: dict, segments: int, prewarm: bool = 
             _run_fit(conn, dsn, name, "fit5", workload, segments)  # traces the fused programs
             fused = _run_fit(conn, dsn, name, "fit6", workload, segments)
             conn.execute("RESET madlib_mop.fuse_models")
-    with _session(dsn) as conn:  # the role's idle sessions, adopted by another session
-        role = _run_fit(conn, dsn, name, "fit3", workload, segments)
-    runs = {"warm": warm, "role": role} | ({"fused": fused} if fused else {})
+    runs = {"warm": warm} | ({"fused": fused} if fused else {})
+    if role:
+        with _session(dsn) as conn:  # the role's idle sessions, adopted by another session
+            runs["role"] = _run_fit(conn, dsn, name, "fit3", workload, segments)
     with prewarmed(dsn, segments, prewarm) as ready:  # sessions the server opened for the role
         if ready:
             with _session(dsn) as conn:
                 runs["prewarm"] = _run_fit(conn, dsn, name, "fit4", workload, segments)
     for key, run in runs.items():
         result[key] = {k: run[k] for k in ("makespan", "first_visit_after", "breakdown", "hop_gap_ms",
-                                           "traced_visits")}
+                                           "traced_visits", "accuracy", "fused_visits", "visit_count")}
         result[key]["same_weights"] = run["weights_md5"] == result["weights_md5"]
     return result
 
@@ -437,6 +455,8 @@ def _run_fit(conn, dsn: str, name: str, out: str, workload: dict, segments: int)
             "peak_rss_mb": max(peaks.values()) if peaks else None, "breakdown": parts,
             # visits that traced a function (0 where the workers had the programs ready)
             "traced_visits": sum(1 for *_, r in visits if r.get("traced")),
+            # visits a fused call made (each of its models records one)
+            "fused_visits": sum(1 for *_, r in visits if r["seconds"].get("fused")), "visit_count": len(visits),
             "visits": [{"mst_key": k, "segment": s,
                         "start": r["finished_at"] - r["seconds"]["total"] - float(started_at),
                         "end": r["finished_at"] - float(started_at)} for k, _, s, r in visits]}
@@ -480,7 +500,7 @@ def load_workload(conn, name: str, workload: dict) -> tuple[int, int]:
     conn.execute(f"INSERT INTO {name}_mst_summary VALUES ('{SCHEMA}.{name}_arch', NULL)")
     for config in workload["configs"]:
         conn.execute(f"INSERT INTO {name}_mst (model_id, compile_params, fit_params) VALUES (%s, %s, %s)", (
-            model_ids[tuple(config["hidden"])], f"optimizer='Adam(learning_rate={config['lr']})',loss='categorical_crossentropy',"
+            model_ids[tuple(config["hidden"])], f"optimizer='{adam(config)}',loss='categorical_crossentropy',"
                "metrics=['accuracy']",
                f"batch_size={config['batch']},epochs={workload['epochs'] // workload['iterations']}"))
     return cut, len(x) - cut
@@ -560,7 +580,7 @@ def print_hops(h: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--segments", type=int, default=2)
-    parser.add_argument("--workloads", default="HOPS,IRIS,W1,W2,W3,W4")
+    parser.add_argument("--workloads", default="HOPS,IRIS,W1,W2,W3,W4,W5")
     args = parser.parse_args()
     S, cores = args.segments, os.cpu_count() or 1
     dsn = configured_dsn()
@@ -583,6 +603,9 @@ def main() -> None:
                     "binary": workload["data"] == "cifar"}
             everything = list(range(len(configs)))
             shares = balanced_shares(configs, train_rows, S)
+            if workload.get("arms") == "fused":
+                report["workloads"][name] = run_fused_arms(dsn, name, workload, base, shares, S)
+                continue
             print(f"{name}: (a) export, one process, Keras' fit ...", flush=True)
             a_time, (a,) = run_processes([dict(base, indexes=everything, threads=None)])
             print(f"{name}: (a') export, one process, madlib_mop's loop ...", flush=True)
@@ -619,6 +642,29 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "mop.json").write_text(json.dumps(report, indent=2, default=str))
     plot(report)
+
+
+def run_fused_arms(dsn: str, name: str, workload: dict, base: dict, shares: list, S: int) -> dict:
+    """(b''), then (c), (c warm) and (c fused) (fuse_models = on, its second run timed)."""
+    print(f"{name}: (b'') {S} processes, one thread each, madlib_mop's loop ...", flush=True)
+    _, b3 = run_processes([dict(base, indexes=share, threads=1, loop="program") for share in shares])
+    print(f"{name}: (c) madlib_mop, then the same job in the same session, then fused ...", flush=True)
+    c = run_mop(dsn, name.lower(), workload, S, prewarm=False, fuse=True, role=False)
+    b3_makespan = max(p["train_seconds"] for p in b3)
+    accuracy = {int(k): v["accuracy"] for p in b3 for k, v in p["results"].items()}
+    fused_accuracy = c["fused"].pop("accuracy")
+    print(f"\n### {name}: {len(workload['configs'])} configurations, {workload['epochs']} epochs, S = {S}\n")
+    print("| method | makespan s | / (b'') |")
+    print("|---|---:|---:|")
+    for label, seconds in (("(b'') task parallel, madlib_mop's loop", b3_makespan), ("(c)", c["makespan"]),
+                           ("(c warm)", c["warm"]["makespan"]), ("(c fused)", c["fused"]["makespan"])):
+        print(f"| {label} | {seconds:.1f} | {seconds / b3_makespan:.2f} |")
+    gaps = [abs(fused_accuracy[k] - c["accuracy"][k]) for k in c["accuracy"]]
+    print(f"\nvalidation accuracy: mean (b'') {np.mean(list(accuracy.values())):.4f}, (c) "
+          f"{np.mean(list(c['accuracy'].values())):.4f}, (c fused) {np.mean(list(fused_accuracy.values())):.4f}; "
+          f"largest difference of a configuration's, fused against (c): {100 * max(gaps):.2f} points; "
+          f"fused visits {c['fused']['fused_visits']} of {c['fused']['visit_count']}")
+    return {"b3": {"makespan": b3_makespan, "processes": b3}, "c": c}
 
 
 def print_workload(name: str, workload: dict, r: dict, S: int) -> None:
@@ -701,6 +747,11 @@ def print_summary(report: dict) -> None:
           "(c warm) / (b'') | (c) / (d) | (c warm) / (d) |")
     print("|---|" + "---:|" * 22)
     for name, r in report["workloads"].items():
+        if "a" not in r:  # (b'') and (c) arms only
+            b3, fused = r["b3"]["makespan"], r["c"]["fused"]["makespan"]
+            print(f"| {name} | | | | {b3:.1f} | | {r['c']['makespan']:.1f} | {r['c']['warm']['makespan']:.1f} "
+                  f"| | | | {fused:.1f} | {fused / b3:.2f} |" + " |" * 10)
+            continue
         a, a2, b2, b3 = (r[k]["makespan"] for k in ("a", "a2", "b2", "b3"))
         c, warm = r["c"]["makespan"], r["c"]["warm"]["makespan"]
         role = r["c"].get("role", {}).get("makespan")
@@ -729,6 +780,8 @@ def plot(report: dict) -> None:
     import matplotlib.pyplot as plt
 
     for name, r in report["workloads"].items():
+        if "a" not in r:
+            continue
         figure, axis = plt.subplots(figsize=(10, 3 + 0.2 * len(r["c"]["accuracy"])))
         for visit in r["c"]["visits"]:
             axis.barh(visit["segment"], visit["end"] - visit["start"], left=visit["start"],

@@ -121,15 +121,18 @@ def test_outputs_follow_madlib(data, reference):
 def test_visits_follow_the_schedule(data, reference):
     with _connect(data) as conn:
         visits = conn.execute("SELECT mst_key, step, segment FROM ref_mop_visits ORDER BY 1, 2").fetchall()
-        seed, orders_by = conn.execute("SELECT seed, arguments->>'orders' FROM jobs "
+        seed, orders_by = conn.execute("SELECT seed, arguments->'orders' FROM jobs "
                                        "WHERE model_output_table = 'public.ref'").fetchone()
         configs = conn.cursor(row_factory=dict_row).execute(
             "SELECT mst_key, model_arch::text AS model_arch, compile_params, fit_params "
             "FROM ref_mop_models").fetchall()
-    # Paths drawn by the models' fusion classes (their configurations alone)
+    # Paths drawn by the models' fusion classes (their configurations alone), as recorded
     classes = {c["mst_key"]: fusion.fusion_class(training.ModelSpec.of(c)) for c in configs}
-    assert orders_by == "by_class" and len(set(classes.values())) < len(classes)
-    orders = visit_orders([1, 2, 3, 4], 2, 3, seed, classes)
+    groups: dict = {}
+    for key in sorted(classes):
+        groups.setdefault(classes[key], []).append(key)
+    assert orders_by == {"by_class": [g for g in groups.values() if len(g) > 1]} != {"by_class": []}
+    orders = visit_orders([1, 2, 3, 4], 2, 3, seed, {k: i for i, g in enumerate(orders_by["by_class"]) for k in g})
     for mst_key in (1, 2, 3, 4):
         segments = [s for k, _, s in visits if k == mst_key]
         assert segments == [s for epoch in orders[mst_key] for s in epoch]

@@ -1,5 +1,5 @@
 """Fused groups in jobs (madlib_mop.fuse_models, `job.fusing`, `job.schedule`): models of
-one fusion class that the rotation sends along the same path hop as one unit and train in
+one fusion class that the job sends along the same path hop as one unit and train in
 one call.  Against the same job unfused: each model's weights within float rounding, the
 same visits, and replay gives its weights; run again or resumed after a killed
 coordinator: the same bits; a model a pruner stops leaves its group, which goes on."""

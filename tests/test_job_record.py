@@ -7,11 +7,13 @@ from __future__ import annotations
 import ast
 import json
 import re
+import types
 from pathlib import Path
 
 import pytest
 
 from madlib_mop.errors import MadlibMopError
+from madlib_mop.job import fusing
 from madlib_mop.job.record import JobArguments, JobRecord, JobState
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,3 +87,34 @@ def test_only_the_repository_queries_jobs(path):
     queries = [s for s in _sql_strings(ast.parse(path.read_text()))
                if re.search(r"(FROM|UPDATE|INTO)\s+\S*\.jobs\b", s)]
     assert not queries, queries
+
+
+def test_a_job_recorded_before_jobs_recorded_their_orders_is_the_same_call_and_keeps_its_rotations():
+    """A job an earlier version started (no `orders` in its arguments) and the same call
+    today (which records its paths by class) are the same call: called again, the job goes
+    on, with the rotations it had."""
+    old = {"source_table": "t_packed", "model_output_table": "public.m", "model_selection_table": "mst",
+           "num_iterations": 2, "validation_table": None, "metrics_compute_frequency": 1,
+           "warm_start": False, "name": None, "description": None, "use_caching": True, "seed": 7}
+    recorded = JobArguments.of(old)
+    now = JobArguments.of(dict(old, orders={"by_class": [[1, 3], [2, 4]]}))
+    assert recorded.orders == "rotation" and "orders" not in recorded.as_json()
+    assert recorded != now and recorded.same_call(now) and now.same_call(recorded)
+    assert not recorded.same_call(now.replace(seed=8))
+    job = types.SimpleNamespace(arguments=recorded)
+    assert fusing.path_classes(job) is None
+    job.arguments = now
+    assert fusing.path_classes(job) == {1: 0, 3: 0, 2: 1, 4: 1}
+    assert JobArguments.of(json.loads(json.dumps(now.as_json()))) == now
+
+
+def test_the_paths_recorded_group_the_models_of_each_fusion_class_of_two_or_more():
+    mlp = json.dumps({"class_name": "Sequential", "config": {"name": "s", "layers": [
+        {"class_name": "InputLayer", "config": {"batch_shape": [None, 4], "name": "i"}},
+        {"class_name": "Dense", "config": {"units": 3, "activation": "softmax", "name": "d"}}]}})
+    def config(key, lr, batch):
+        return {"mst_key": key, "model_arch": mlp, "fit_params": f"batch_size={batch}",
+                "compile_params": f"optimizer='Adam(lr={lr})',loss='categorical_crossentropy',metrics=['accuracy']"}
+    configs = [config(1, 0.1, 8), config(2, 0.1, 16), config(3, 0.01, 8), config(4, 0.001, 32), config(5, 0.3, 8)]
+    assert fusing.path_grouping(configs, custom_functions=False) == {"by_class": [[1, 3, 5]]}
+    assert fusing.path_grouping(configs, custom_functions=True) == {"by_class": []}

@@ -132,7 +132,7 @@ class Coordinator:
         self.initial = set(schedule.started_with(rounds, self.args.initial_models, steering.added(requests)))
         self.schedule = schedule.dispatcher_for(rounds, {k: len(m.visits) for k, m in self.models.items()}, self.S,
                                                 self.job.seed, self.args.initial_models, steering.added(requests),
-                                                fusing.path_classes(self.job, self.initial, self.store.model_rows))
+                                                fusing.path_classes(self.job))
         self.started_epoch = self.store.mark_running(os.getpid())
         self.search = JobSearch(self.plpy, self.store, self.engine, self.models, self.schedule, bool(self.partitions),
                                 self._notice, KerasWork.for_job(lambda: self.pool, self.engine, self.plpy))

@@ -105,15 +105,29 @@ def job_classes(plpy: Any, job: Any, local: bool, initial: set[int], model_rows:
         key: facts["parameters"] for key, facts in keras.facts(asked).items()}, steps)
 
 
-def path_classes(job: Any, initial: set[int], model_rows: Callable[[], list[dict]]) -> dict[int, str | None] | None:
-    """What a job draws its models' paths by (`job.schedule.visit_orders`): each model it
-    started with (`initial`) and its fusion class (None: it has none), from the
-    configurations alone, whatever madlib_mop.fuse_models is.  None for a job that draws
-    rotations (an earlier version's) or has custom functions (which never fuse)."""
-    if job.arguments.orders != "by_class" or job.arguments.custom_functions:
+def path_grouping(configs: Iterable[dict], custom_functions: bool) -> dict:
+    """What a new job records of how it draws its models' paths (`job.schedule.visit_orders`,
+    `JobArguments.orders`): the models (mst_keys) of each fusion class of two or more, from
+    the configurations alone, whatever madlib_mop.fuse_models is.  Recorded, not worked
+    out again when the job is resumed: a later version that fuses more layers keeps a
+    resumed job's orders.  None with custom functions (their models never fuse)."""
+    classes: dict[str, list[int]] = {}
+    if not custom_functions:
+        for config in sorted(configs, key=lambda c: c["mst_key"]):
+            key = fusion.fusion_class(training.ModelSpec.of(config))
+            if key is not None:
+                classes.setdefault(key, []).append(int(config["mst_key"]))
+    return {"by_class": [members for members in classes.values() if len(members) > 1]}
+
+
+def path_classes(job: Any) -> dict[int, int] | None:
+    """The classes a job draws its models' paths by (mst_key -> its class's number, for the
+    models of a class of two or more), as it recorded them; None for a job that draws
+    rotations (one started before jobs recorded how)."""
+    orders = job.arguments.orders
+    if not isinstance(orders, dict):
         return None
-    return {row["mst_key"]: fusion.fusion_class(training.ModelSpec.of(row))
-            for row in model_rows() if row["mst_key"] in initial}
+    return {key: number for number, members in enumerate(orders["by_class"]) for key in members}
 
 
 def inference_groups(setting: str, specs: list[training.ModelSpec], weight_bytes: list[int | None]

@@ -213,7 +213,7 @@ def run_plan(plpy: Any, plan: Plan, warm_start: bool, can_commit: bool, caller: 
         repository.abandon(plpy, unfinished.job_id, "its tables were dropped")
         unfinished = None
     if unfinished is not None:
-        if unfinished.arguments == plan.arguments:
+        if unfinished.arguments.same_call(plan.arguments):
             plpy.notice(f"{caller}: continuing job {unfinished.job_id} "
                         f"({unfinished.subepochs_done} of {unfinished.subepochs_total} "
                         "sub-epochs done)")

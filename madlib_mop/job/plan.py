@@ -195,6 +195,7 @@ def plan_job(plpy: Any, source_table: str, model_output_table: str, model_select
     if recorded:
         arguments["custom_functions"] = recorded
     arguments.update(_recorded_settings(plpy))
+    arguments["orders"] = fusing.path_grouping(configs, bool(recorded))
     if policy == "new_version":
         out = versions.versioned_output(plpy, out, arguments)
     recorded = JobArguments.of(arguments)
@@ -256,7 +257,7 @@ def note_ignored_compile_params(plpy: Any, texts: list[str]) -> None:
 
 def _recorded_settings(plpy: Any) -> dict:
     """The settings a job records where they are not as before they existed."""
-    recorded = {"orders": "by_class"} | ({} if stage_frozen_layers(plpy) else {"stage_frozen_layers": False})
+    recorded = {} if stage_frozen_layers(plpy) else {"stage_frozen_layers": False}
     fuse = fusing.fuse_models(plpy)
     return recorded if fuse == "off" else dict(recorded, fuse_models=fuse)
 

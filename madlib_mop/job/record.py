@@ -57,10 +57,11 @@ class JobArguments:
     custom_functions: Mapping[str, Any] | None = None  # object table and digests (`job.plan`)
     stage_frozen_layers: bool = True
     fuse_models: str = "off"  # madlib_mop.fuse_models when the job started (`job.fusing`)
-    # How the models' paths were drawn (`job.schedule.visit_orders`): "by_class" for every
-    # job started now; "rotation" for a job started before jobs recorded it (resumed with
-    # the orders it had).
-    orders: str = "rotation"
+    # How the models' paths are drawn (`job.schedule.visit_orders`): {"by_class": the
+    # mst_keys of each fusion class of two or more} for every job started now
+    # (`job.fusing.path_grouping`); "rotation" for a job started before jobs recorded it
+    # (resumed with the orders it had).
+    orders: Any = "rotation"
     if_output_exists: str | None = None
     output_family: str | None = None  # if_output_exists => 'new_version': the first name
     # Tables packed in key order: argument -> the rows they held when the job started (a
@@ -97,6 +98,12 @@ class JobArguments:
 
     def replace(self, **changes: Any) -> "JobArguments":
         return dataclasses.replace(self, **changes)
+
+    def same_call(self, other: "JobArguments") -> bool:
+        """Whether `other` (a call's arguments now) is the call that started this job.  How
+        the job draws its paths (`orders`) is the job's own record, not a part of the call:
+        a job started before jobs recorded it goes on with its rotations."""
+        return self == other.replace(orders=self.orders)
 
 
 _LAST_ALWAYS_RECORDED = [f.name for f in dataclasses.fields(JobArguments)].index("seed")

@@ -9,17 +9,18 @@ models, then the model with the most work left (remaining sub-epochs times its o
 sub-epoch time), so that the slowest models do not finish last and alone; a model never
 waits for the other models to finish their epoch.
 
-The orders of the models a job starts with are rotations (model i starts at offset i mod S
-and moves one segment on each hop) of a segment labelling drawn afresh each epoch, with
-the models' offsets shuffled too: when models take equal time, S models proceed in
-lock-step without ever waiting.  A model added later (a searcher's new configuration)
-draws its orders from its own stream (`added_model_orders`), and a stopped model is only
+The orders of the models a job starts with are rotations (each model starts at an offset
+and moves one segment on each hop; offset i mod S for model i, or by class: `_starts`) of
+a segment labelling drawn afresh each epoch, with the models' offsets shuffled too: when
+models take equal time, S models proceed in lock-step without ever waiting.  A model
+added later (a searcher's new configuration) draws its orders from its own stream
+(`added_model_orders`), and a stopped model is only
 no longer dispatched, so adding or stopping models changes no other model's order.
 
 Fused groups (`runtime.fusion`; madlib_mop.fuse_models).  The rotation sends several models
 along the same path in an epoch: those of them that can train as one program (one fusion
-class) hop as one unit, `group(model, epoch)`.  A job draws its paths by class (its
-recorded `orders`, "by_class"; a job started before jobs recorded it keeps its rotations): the
+class) hop as one unit, `group(model, epoch)`.  A job draws its paths by class (the classes
+its `orders` recorded; a job started before jobs recorded them keeps its rotations): the
 models of a class go one path where the paths' lengths allow (`_starts`), so that a class
 of 3 on 2 segments fuses as 3, not as 2 and 1.  The classes come from the configurations
 alone, whether or not the job fuses, so a fused model sees the rows an unfused one sees,
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import Hashable
 
 import numpy as np
 
@@ -44,13 +46,13 @@ MAX_GROUP = 16  # models in one fused call at most (bench_fusion: no gain beyond
 
 
 def visit_orders(models: list[int], segments: int, epochs: int, seed: int,
-                 classes: dict[int, str] | None = None) -> dict[int, list[list[int]]]:
+                 classes: dict[int, Hashable] | None = None) -> dict[int, list[list[int]]]:
     """orders[model][epoch] = the segments the model visits that epoch, in order.
 
     Epoch e's orders depend only on the seed, the models, their `classes` and e (not on how
     many epochs there are), so a job extended later (warm start) keeps its past orders.
-    `classes` (model -> its fusion class, `runtime.fusion.fusion_class`, from its
-    configuration alone; None for a model of none): see `_starts`.
+    `classes` (model -> its fusion class as the job recorded it, `job.fusing.path_grouping`;
+    a model without one is alone): see `_starts`.
     """
     if segments < 1:
         raise ValueError("segments must be at least 1")
@@ -66,7 +68,7 @@ def visit_orders(models: list[int], segments: int, epochs: int, seed: int,
 
 
 def _starts(models: list[int], offsets: np.ndarray, segments: int,
-            classes: dict[int, str] | None) -> dict[int, int]:
+            classes: dict[int, Hashable] | None) -> dict[int, int]:
     """Each model's first segment in an epoch (an index into its labels), from the epoch's
     random `offsets` (a permutation of the models' positions).
 
@@ -74,15 +76,17 @@ def _starts(models: list[int], offsets: np.ndarray, segments: int,
     Otherwise the models of a class go the same path where they can, so that they fuse
     whole (whether or not the job fuses: a fused model's orders are an unfused one's):
     classes in the order of their members' least offset, the members of each in the order
-    of theirs, that line cut into S runs of equal length (one model more in the first
-    runs), run r starting at segment r.  Every path has as many models as before."""
+    of theirs, that line cut into S runs whose lengths differ by one at most (position p
+    in run p * S // M), run r starting at segment r.  Every path has as many models as a
+    rotation's."""
     offset = {model: int(offsets[i]) for i, model in enumerate(models)}
     named = [classes.get(m) for m in models if classes and classes.get(m) is not None]
     if len(set(named)) == len(named):
         return {model: offset[model] % segments for model in models}
     blocks: dict[object, list[int]] = {}  # (in the order of each class's least offset)
     for model in sorted(models, key=offset.get):
-        blocks.setdefault(classes.get(model) or ("alone", model), []).append(model)
+        found = classes.get(model)
+        blocks.setdefault(("alone", model) if found is None else found, []).append(model)
     line = [model for block in blocks.values() for model in block]
     return {model: position * segments // len(line) for position, model in enumerate(line)}
 
@@ -101,7 +105,7 @@ def started_with(keys, initial_models: int | None, added=frozenset()) -> list[in
 
 
 def model_orders(model: int, initial: list[int], segments: int, rounds: int, seed: int,
-                 classes: dict[int, str] | None = None) -> list[list[int]]:
+                 classes: dict[int, Hashable] | None = None) -> list[list[int]]:
     """A model's first `rounds` orders, as `dispatcher_for` gives them (prefix-stable: more
     rounds keep the earlier ones)."""
     if model in initial:
@@ -111,7 +115,7 @@ def model_orders(model: int, initial: list[int], segments: int, rounds: int, see
 
 def dispatcher_for(rounds: dict[int, int], done: dict[int, int], segments: int, seed: int,
                    initial_models: int | None, added=frozenset(),
-                   classes: dict[int, str] | None = None) -> "Dispatcher":
+                   classes: dict[int, Hashable] | None = None) -> "Dispatcher":
     """The dispatcher of a job's models (`rounds`: each one's passes over the segments;
     `done`: its sub-epochs done; `classes`: the fusion classes of the models it started
     with, for a job that draws its orders by class).  Models added while the job ran
@@ -158,7 +162,7 @@ class Dispatcher:
     segments: int
     done: dict[int, int] = field(default_factory=dict)
     fusion: dict[int, int] = field(default_factory=dict)  # model -> its fusion class
-    classes: dict[int, str] = field(default_factory=dict)  # the classes its orders were drawn by
+    classes: dict[int, Hashable] = field(default_factory=dict)  # the classes its orders were drawn by
 
     def __post_init__(self) -> None:
         self.progress = {m: _ModelProgress(self.done.get(m, 0)) for m in self.orders}

@@ -57,7 +57,7 @@ def versioned_output(plpy: Any, out: catalog.NewTable, arguments: dict) -> catal
 
 def same_call(recorded: JobArguments, arguments: JobArguments) -> bool:
     """The same call but for the version it wrote."""
-    return recorded.replace(model_output_table="") == arguments.replace(model_output_table="")
+    return recorded.replace(model_output_table="").same_call(arguments.replace(model_output_table=""))
 
 
 def taken(plpy: Any, out: catalog.NewTable) -> bool:

@@ -221,6 +221,9 @@ def each_initial_state(specs: list[ModelSpec], seed: int) -> Iterator[tuple[int,
                                           for (kind, v), value in zip(model_state.state_variables(model), values)])
 
 
+EVALUATION_BATCH = 1024  # rows per batch of `Program.evaluate`
+
+
 class Program:
     """A compiled Keras model with one traced function for a whole pass of training over a
     chunk of rows, and one for evaluating a chunk.
@@ -336,7 +339,7 @@ class Program:
         shorter); the loss and metrics are the means over the rows, as fit reports them."""
         return self._run("train", x, y, sample_weight, batch_size)
 
-    def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = 1024) -> dict:
+    def evaluate(self, x: np.ndarray, y: np.ndarray, batch_size: int = EVALUATION_BATCH) -> dict:
         """Loss and metrics over the rows, as `evaluate(x, y, batch_size)` reports them."""
         return self._run("test", x, y, None, batch_size)
 
