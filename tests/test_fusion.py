@@ -284,3 +284,25 @@ def test_a_fused_programs_states_go_the_same_bits_per_variable_and_traced():
         program.restore(broken)
         blobs, found = program.capture_checked()
         assert list(found) == [2] and _payload(blobs[2]) == _payload(broken[2])
+
+
+def test_a_fused_run_over_more_rows_than_it_gathers_at_once_trains_the_same_minibatches(monkeypatch):
+    """The K models' gathered rows are bounded (`GATHERED_BYTES`): a segment bigger than that
+    trains in several runs of the loop, each a multiple of the batch size, over the same
+    minibatches: the same weights, bit for bit, and the same rows counted."""
+    specs = _specs(_mlp(dropout=True), OPTIMIZERS["Adam"])
+    buffers = _buffers((6,), rows_per_buffer=(23, 19, 30, 41))
+    whole, whole_reports = _fused(specs, buffers, 2)
+    # (less than a row: runs of one batch, 8 rows)
+    monkeypatch.setattr(fused_program, "GATHERED_BYTES", 1)
+    runs = []
+    original = fused_program.FusedProgram.run
+    monkeypatch.setattr(fused_program.FusedProgram, "run",
+                        lambda self, kind, x, *rest: runs.append(x.shape[1]) or original(self, kind, x, *rest))
+    chunked, chunked_reports = _fused(specs, buffers, 2)
+    assert runs[:15] == [8] * 14 + [1] and sum(runs) == 2 * 113
+    assert all(_payload(chunked[k]) == _payload(whole[k]) for k in whole)
+    for key, reports in whole_reports.items():
+        for report, other in zip(reports, chunked_reports[key]):
+            assert report.keys() == other.keys()
+            assert all(abs(report[name] - other[name]) <= 1e-5 * max(1.0, abs(report[name])) for name in report)

@@ -168,6 +168,11 @@ class FusedProgram:
         return loss_sums.numpy(), metric_sums.numpy()
 
 
+# The K models' gathered rows of one run of the fused loop, at most (a run of W5's 16 models
+# on 100,000 rows of 64 features would gather 410 MB whole).
+GATHERED_BYTES = 64 * 2**20
+
+
 def train_fused_subepoch(program: FusedProgram, specs: Sequence[ModelSpec], buffers: list[Buffer],
                          seed: int, step: int, classification: bool,
                          chunk_rows: int | None = None) -> tuple[list[Outcome], dict[str, float]]:
@@ -175,8 +180,10 @@ def train_fused_subepoch(program: FusedProgram, specs: Sequence[ModelSpec], buff
     the buffers once, each in its own seeded order (`training.subepoch_order`), in the
     minibatches `training.train_subepoch` gives it.  The buffers are decoded once for all
     and held whole (unlike the unfused loop, which streams them), with the K models'
-    gathered rows of a chunk (`chunk_rows` per model; None: the whole segment).  Returns
-    each model's outcome and the seconds spent decoding, gathering and training."""
+    gathered rows of a chunk (`chunk_rows` per model; None: the whole segment), at most
+    GATHERED_BYTES for the K of them: the same minibatches, in runs of the traced loop of
+    a multiple of the batch size.  Returns each model's outcome and the seconds spent
+    decoding, gathering and training."""
     seconds = {"decode": 0.0, "gather": 0.0, "train": 0.0}
     if not buffers:
         return [Outcome() for _ in specs], seconds
@@ -198,7 +205,10 @@ def train_fused_subepoch(program: FusedProgram, specs: Sequence[ModelSpec], buff
                       if order else np.zeros(0, np.int64))
     arguments = np.array([per_model_arguments(spec) for spec in specs], np.float32).reshape(len(specs), -1)
     rows = len(x_all)
-    limit = rows if chunk_rows is None else max(batch_size, chunk_rows // batch_size * batch_size)
+    # (K copies of a chunk's rows, each model's in its own order: bounded, whatever the segment)
+    row_bytes = len(specs) * (x_all[:1].nbytes + y_all[:1].nbytes)
+    most = max(batch_size, GATHERED_BYTES // max(1, row_bytes) // batch_size * batch_size)
+    limit = min(rows if chunk_rows is None else max(batch_size, chunk_rows // batch_size * batch_size), most)
     outcomes = [Outcome() for _ in specs]
     for begin in range(0, rows, max(1, limit)):
         started = time.perf_counter()
