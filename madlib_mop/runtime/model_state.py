@@ -7,6 +7,7 @@ format is `runtime.state`'s."""
 from __future__ import annotations
 
 import contextlib
+import math
 import sys
 import time
 from typing import Any, Iterator
@@ -256,6 +257,14 @@ class StackedStates(ModelState):
         self.stacked = stacked
         self.size = int(stacked[0].shape[0])
         self._raw_path = self._raw_path and self.size * self._state_bytes <= self.RAW_PATH_BYTES
+        # Where each float weight lies in a row of `rows()` (worked out once: read every hop)
+        self._float_weights, start = [], 0
+        for item in self._header:
+            dtype = np.dtype(item["dtype"]).newbyteorder("<")
+            size = math.prod(item["shape"]) * dtype.itemsize
+            if item["kind"] == "weights" and dtype.kind == "f":
+                self._float_weights.append((slice(start, start + size), dtype, item["name"]))
+            start += size
 
     def _targets(self) -> tuple[list, list[int]]:
         return self.stacked, [self.size]
@@ -301,13 +310,8 @@ class StackedStates(ModelState):
     def nonfinite(self, rows: np.ndarray) -> dict[int, str]:
         """Why models' weights in `rows` (`rows()`) are not finite, by the model's row."""
         found: dict[int, str] = {}
-        start = 0
-        for item in self._header:
-            dtype = np.dtype(item["dtype"]).newbyteorder("<")
-            size = int(np.prod(item["shape"], dtype=np.int64)) * dtype.itemsize
-            if item["kind"] == "weights" and dtype.kind == "f":
-                values = np.ascontiguousarray(rows[:, start:start + size]).view(dtype)
-                for index in np.flatnonzero(~np.isfinite(values).all(axis=1)):
-                    found.setdefault(int(index), f"weight {item['name']} is not finite")
-            start += size
+        for columns, dtype, name in self._float_weights:
+            values = np.ascontiguousarray(rows[:, columns]).view(dtype)
+            for index in np.flatnonzero(~np.isfinite(values).all(axis=1)):
+                found.setdefault(int(index), f"weight {name} is not finite")
         return found
