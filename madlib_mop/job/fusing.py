@@ -110,7 +110,7 @@ def path_grouping(configs: Iterable[dict], custom_functions: bool) -> dict:
     `JobArguments.orders`): the models (mst_keys) of each fusion class of two or more, from
     the configurations alone, whatever madlib_mop.fuse_models is.  Recorded, not worked
     out again when the job is resumed: a later version that fuses more layers keeps a
-    resumed job's orders.  None with custom functions (their models never fuse)."""
+    resumed job's orders.  No class with custom functions (their models never fuse)."""
     classes: dict[str, list[int]] = {}
     if not custom_functions:
         for config in sorted(configs, key=lambda c: c["mst_key"]):
