@@ -581,6 +581,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--segments", type=int, default=2)
     parser.add_argument("--workloads", default="HOPS,IRIS,W1,W2,W3,W4,W5")
+    parser.add_argument("--arms", choices=("all", "sessions"), default="all",
+                        help="sessions: (b''), (c), (c warm), (c role) and (c prewarm) alone (W4 in 20 "
+                             "minutes instead of 41)")
     args = parser.parse_args()
     S, cores = args.segments, os.cpu_count() or 1
     dsn = configured_dsn()
@@ -605,6 +608,9 @@ def main() -> None:
             shares = balanced_shares(configs, train_rows, S)
             if workload.get("arms") == "fused":
                 report["workloads"][name] = run_fused_arms(dsn, name, workload, base, shares, S)
+                continue
+            if args.arms == "sessions":
+                report["workloads"][name] = run_session_arms(dsn, name, workload, base, shares, S)
                 continue
             print(f"{name}: (a) export, one process, Keras' fit ...", flush=True)
             a_time, (a,) = run_processes([dict(base, indexes=everything, threads=None)])
@@ -664,6 +670,24 @@ def run_fused_arms(dsn: str, name: str, workload: dict, base: dict, shares: list
           f"{np.mean(list(c['accuracy'].values())):.4f}, (c fused) {np.mean(list(fused_accuracy.values())):.4f}; "
           f"largest difference of a configuration's, fused against (c): {100 * max(gaps):.2f} points; "
           f"fused visits {c['fused']['fused_visits']} of {c['fused']['visit_count']}")
+    return {"b3": {"makespan": b3_makespan, "processes": b3}, "c": c}
+
+
+def run_session_arms(dsn: str, name: str, workload: dict, base: dict, shares: list, S: int) -> dict:
+    """(b''), then (c), (c warm), (c role) and (c prewarm): what a session's start costs."""
+    print(f"{name}: (b'') {S} processes, one thread each, madlib_mop's loop ...", flush=True)
+    _, b3 = run_processes([dict(base, indexes=share, threads=1, loop="program") for share in shares])
+    print(f"{name}: (c) madlib_mop in a new session, warm, role, prewarm ...", flush=True)
+    c = run_mop(dsn, name.lower(), workload, S)
+    b3_makespan = max(p["train_seconds"] for p in b3)
+    print(f"\n### {name}: {len(workload['configs'])} configurations, {workload['epochs']} epochs, S = {S}\n")
+    print("| method | makespan s | / (b'') | first sub-epoch after the call s | visits that traced | weights |")
+    print("|---|---:|---:|---:|---:|---|")
+    print(f"| (b'') task parallel, madlib_mop's loop | {b3_makespan:.1f} | 1.00 | | | |")
+    for label, run in (("(c)", c), *((f"(c {k})", c[k]) for k in ("warm", "role", "prewarm") if k in c)):
+        same = "" if run is c else ("bitwise equal to (c)'s" if run["same_weights"] else "DIFFERENT")
+        print(f"| {label} | {run['makespan']:.1f} | {run['makespan'] / b3_makespan:.2f} | "
+              f"{run['first_visit_after']:.2f} | {run['traced_visits']} | {same} |")
     return {"b3": {"makespan": b3_makespan, "processes": b3}, "c": c}
 
 
@@ -747,10 +771,15 @@ def print_summary(report: dict) -> None:
           "(c warm) / (b'') | (c) / (d) | (c warm) / (d) |")
     print("|---|" + "---:|" * 22)
     for name, r in report["workloads"].items():
-        if "a" not in r:  # (b'') and (c) arms only
-            b3, fused = r["b3"]["makespan"], r["c"]["fused"]["makespan"]
-            print(f"| {name} | | | | {b3:.1f} | | {r['c']['makespan']:.1f} | {r['c']['warm']['makespan']:.1f} "
-                  f"| | | | {fused:.1f} | {fused / b3:.2f} |" + " |" * 10)
+        if "a" not in r:  # (b'') and (c) arms only: fused ones, or sessions' ones
+            b3, c = r["b3"]["makespan"], r["c"]
+            seconds = {k: c[k]["makespan"] for k in ("role", "prewarm", "fused") if k in c}
+            cells = [f"{seconds[k]:.1f}" if k in seconds else "" for k in ("role", "prewarm")]
+            cells.append(f"{seconds['prewarm'] / b3:.2f}" if "prewarm" in seconds else "")
+            cells += [f"{seconds['fused']:.1f}", f"{seconds['fused'] / b3:.2f}"] if "fused" in seconds else ["", ""]
+            print(f"| {name} | | | | {b3:.1f} | | {c['makespan']:.1f} | {c['warm']['makespan']:.1f} | "
+                  + " | ".join(cells) + " |" + " |" * 6 + f" {c['makespan'] / b3:.2f} | "
+                  f"{c['warm']['makespan'] / b3:.2f} | | |")
             continue
         a, a2, b2, b3 = (r[k]["makespan"] for k in ("a", "a2", "b2", "b3"))
         c, warm = r["c"]["makespan"], r["c"]["warm"]["makespan"]

@@ -72,8 +72,8 @@ def test_a_call_leaves_the_caller_without_tensorflow(prepared, call):
 
 
 def test_states_are_the_same_bits_whoever_builds_them(prepared, tmp_path, monkeypatch):
-    """A job's step-0 states as its worker session built them, as the helper process builds
-    them (the path of a call that finds no free slot), and as Keras builds them in this
+    """A job's step-0 states as its worker sessions built them (2 segments: each of its 2
+    workers builds a share), as the helper process builds them (the path of a call that finds no free slot), and as Keras builds them in this
     process: the same bytes.  Where they are built never changes a model."""
     from madlib_mop.job.keras_work import KerasWork
     from madlib_mop.runtime import training
@@ -97,6 +97,21 @@ def test_states_are_the_same_bits_whoever_builds_them(prepared, tmp_path, monkey
     # (Variables' names depend on what Keras named before in the process: not compared.)
     assert _values(by_worker) == _values(by_helper) == _values(here)
     assert not any((tmp_path / "pgsql_tmp_madlib_mop_new_states").iterdir())  # nothing left behind
+
+
+def test_states_are_shared_out_by_their_building_time(monkeypatch):
+    """A job's workers each build a share of its step-0 states: by weights' size where the
+    session knows it (largest first to the least loaded), every model in one share."""
+    from madlib_mop.job import keras_work
+
+    monkeypatch.setattr(keras_work, "_facts", {"big": {"weight_bytes": 900}, "mid": {"weight_bytes": 500},
+                                               "small": {"weight_bytes": 400}})
+    models = [{"model_arch": a} for a in ("small", "big", "mid", "small")]
+    assert keras_work._shares(models, 2) == [[1, 3], [0, 2]]  # 1,300 and 900
+    assert sorted(keras_work._shares(models, 8)) == [[0], [1], [2], [3]]  # no worker without a share
+    assert keras_work._shares(models, 1) == [[0, 1, 2, 3]]
+    unknown = [{"model_arch": "new"}] * 5  # nothing known yet: by count
+    assert sorted(map(len, keras_work._shares(unknown, 2))) == [2, 3]
 
 
 def _values(states: dict[int, bytes]) -> dict[int, tuple]:

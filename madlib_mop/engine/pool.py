@@ -92,24 +92,39 @@ class WorkerPool:
         """`call` on one live worker, waited for: it runs after what that worker runs now.
         Results of the job's other calls that arrive meanwhile are put back, in order, for
         the job to collect.  Raises what the call raised."""
-        index = self.live()[0]
-        tag = ("call", object())
-        self.submit(index, tag, call)
+        return self.call_each([call], poll)[0]
+
+    def call_each(self, calls: list[Callable[[Worker], Any]], poll: Callable[[], None]) -> list[Any]:
+        """Call i on live worker i (as many calls as live workers at most), all waited for:
+        each runs after what its worker runs now.  Results of the job's other calls that
+        arrive meanwhile are put back, in order, for the job to collect.  Raises what the
+        first call to fail raised, once every call has ended."""
+        live = self.live()
+        if len(calls) > len(live):
+            raise ValueError(f"{len(calls)} calls for {len(live)} live workers")
+        tags = [("call", object()) for _ in calls]
+        for index, tag, call in zip(live, tags, calls):
+            self.submit(index, tag, call)
+        found: dict[int, tuple[Any, BaseException | None]] = {}
         others = []
         try:
-            while True:
+            while len(found) < len(tags):
                 got = self.next_result(0.25)
                 if got is None:
                     poll()
-                elif got[0] is tag:
-                    if got[2] is not None:
-                        raise got[2]
-                    return got[1]
+                    continue
+                mine = [i for i, tag in enumerate(tags) if got[0] is tag]
+                if mine:
+                    found[mine[0]] = (got[1], got[2])
                 else:
                     others.append(got)
         finally:
             for item in others:
                 self.results.put(item)
+        for _, error in (found[i] for i in range(len(tags))):
+            if error is not None:
+                raise error
+        return [found[i][0] for i in range(len(tags))]
 
     def stop(self) -> None:
         """Cancel what runs and close the workers' sessions (once: not after `release`)."""
