@@ -6,6 +6,7 @@ and its RssAnon (memory of its own, which nothing else frees), before and after 
 from __future__ import annotations
 
 import json
+import shutil
 
 import psycopg
 import pytest
@@ -99,19 +100,39 @@ def test_states_are_the_same_bits_whoever_builds_them(prepared, tmp_path, monkey
     assert not any((tmp_path / "pgsql_tmp_madlib_mop_new_states").iterdir())  # nothing left behind
 
 
-def test_states_are_shared_out_by_their_building_time(monkeypatch):
-    """A job's workers each build a share of its step-0 states: by weights' size where the
-    session knows it (largest first to the least loaded), every model in one share."""
-    from madlib_mop.job import keras_work
+def test_states_are_shared_out_by_their_building_time():
+    """A job's workers each build a share of its step-0 states: by weights' size (largest
+    first to the least loaded), the models of one program key together where there are
+    keys enough for every worker, every model in one share."""
+    from madlib_mop.job.keras_work import _shares
 
-    monkeypatch.setattr(keras_work, "_facts", {"big": {"weight_bytes": 900}, "mid": {"weight_bytes": 500},
-                                               "small": {"weight_bytes": 400}})
-    models = [{"model_arch": a} for a in ("small", "big", "mid", "small")]
-    assert keras_work._shares(models, 2) == [[1, 3], [0, 2]]  # 1,300 and 900
-    assert sorted(keras_work._shares(models, 8)) == [[0], [1], [2], [3]]  # no worker without a share
-    assert keras_work._shares(models, 1) == [[0, 1, 2, 3]]
-    unknown = [{"model_arch": "new"}] * 5  # nothing known yet: by count
-    assert sorted(map(len, keras_work._shares(unknown, 2))) == [2, 3]
+    costs, keys = [400, 900, 500, 400], ["a", "b", "c", "a"]
+    assert _shares(costs, keys, 2) == [[1], [0, 2, 3]]  # 900 against 500 + 800 ("a" whole)
+    assert sorted(_shares(costs, keys, 3)) == [[0, 3], [1], [2]]
+    assert sorted(_shares(costs, keys, 8)) == [[0], [1], [2], [3]]  # fewer keys than workers: by model
+    assert _shares(costs, keys, 1) == [[0, 1, 2, 3]]
+    assert sorted(map(len, _shares([1] * 5, ["k"] * 5, 2))) == [2, 3]
+
+
+def test_a_withdrawn_request_leaves_no_state_files(tmp_path, monkeypatch):
+    """A worker stops writing step-0 states once the caller removed the request's directory
+    (it gave up: a cancel), and leaves nothing behind."""
+    from madlib_mop.errors import MadlibMopError
+    from madlib_mop.runtime import model_facts
+
+    token = "ab" * 16
+    directory = model_facts.request_directory(token, tmp_path)
+
+    def states(request, weights):
+        yield 1, b"first"
+        shutil.rmtree(directory)  # the caller gives up meanwhile
+        yield 2, b"second"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(model_facts, "each_state", states)
+    with pytest.raises(MadlibMopError) as raised:
+        model_facts.initial_states({"models": [{}, {}], "seed": 0}, None, token)
+    assert raised.value.sqlstate == "55000"
+    assert not directory.exists()
 
 
 def _values(states: dict[int, bytes]) -> dict[int, tuple]:

@@ -480,3 +480,42 @@ def test_without_the_preloaded_library_each_database_caps_its_own(server_host):
         assert kept == [("madlib_mop", "idle")] * 2 and locks == 2  # the job's two, kept for its role
     finally:
         server.destroy()
+
+
+class _SlowWorker:
+    """What `engine.pool` asks of a worker (it is engine-independent): calls run on it,
+    cancel() and close()."""
+    segment = 0
+
+    def __init__(self):
+        self.ran, self.cancelled, self.closed, self.release = [], False, False, threading.Event()
+
+    def cancel(self):
+        self.cancelled = True
+        self.release.set()
+
+    def close(self):
+        self.closed = True
+
+
+def test_a_stopped_pool_drops_the_calls_not_started():
+    """A job that stops (a cancel) leaves its workers no call to run unwaited for: the one
+    running is cancelled, those queued behind it are dropped; `ready` prefers a worker that
+    runs nothing."""
+    from madlib_mop.engine.pool import WorkerPool
+
+    busy, free = _SlowWorker(), _SlowWorker()
+    pool = WorkerPool([busy, free])
+    pool.submit(0, "first", lambda w: (w.release.wait(10), w.ran.append("first")))
+    for name in ("second", "third"):
+        pool.submit(0, name, lambda w, name=name: w.ran.append(name))
+    deadline = time.monotonic() + 10
+    while not pool.threads[0].running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pool.ready() == [1]
+    assert pool.call_each([lambda w: "built"], lambda: None, pool.ready()) == ["built"]
+    pool.stop()
+    for thread in pool.threads:
+        thread.join(timeout=10)
+    assert busy.cancelled and busy.closed and free.closed
+    assert busy.ran == ["first"]  # second and third never ran

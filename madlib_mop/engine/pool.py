@@ -20,6 +20,12 @@ class WorkerThread(threading.Thread):
         super().__init__(daemon=True, name=f"madlib_mop worker {worker.segment}")
         self.worker, self.results, self.inbox = worker, results, queue.Queue()
         self.close_worker = True
+        self.running = False  # a call runs now
+
+    @property
+    def busy(self) -> bool:
+        """Running a call, or with calls waiting (a new session importing TensorFlow)."""
+        return self.running or not self.inbox.empty()
 
     def run(self) -> None:
         while True:
@@ -27,6 +33,7 @@ class WorkerThread(threading.Thread):
             if item is None:
                 break
             tag, call, report = item
+            self.running = True
             try:
                 value = call(self.worker)
                 if report:
@@ -34,6 +41,8 @@ class WorkerThread(threading.Thread):
             except Exception as error:  # reported to the caller, which decides
                 if report:
                     self.results.put((tag, None, error))
+            finally:
+                self.running = False
         if self.close_worker:
             self.worker.close()
 
@@ -41,6 +50,12 @@ class WorkerThread(threading.Thread):
         self.inbox.put((tag, call, report))
 
     def stop(self) -> None:
+        """Cancel what runs, drop the calls waiting (nobody collects them now), end."""
+        while True:
+            try:
+                self.inbox.get_nowait()
+            except queue.Empty:
+                break
         self.worker.cancel()
         self.inbox.put(None)
 
@@ -79,6 +94,12 @@ class WorkerPool:
     def live(self) -> list[int]:
         return [i for i in range(len(self.threads)) if i not in self.retired]
 
+    def ready(self) -> list[int]:
+        """The live workers running nothing now, or all live ones when every one is busy
+        (then none is readier than another)."""
+        live = self.live()
+        return [i for i in live if not self.threads[i].busy] or live
+
     def workers(self) -> list[Worker]:
         return [self.threads[i].worker for i in self.live()]
 
@@ -94,16 +115,17 @@ class WorkerPool:
         the job to collect.  Raises what the call raised."""
         return self.call_each([call], poll)[0]
 
-    def call_each(self, calls: list[Callable[[Worker], Any]], poll: Callable[[], None]) -> list[Any]:
-        """Call i on live worker i (as many calls as live workers at most), all waited for:
+    def call_each(self, calls: list[Callable[[Worker], Any]], poll: Callable[[], None],
+                  indexes: list[int] | None = None) -> list[Any]:
+        """Call i on worker indexes[i] (default: the live workers in turn), all waited for:
         each runs after what its worker runs now.  Results of the job's other calls that
-        arrive meanwhile are put back, in order, for the job to collect.  Raises what the
-        first call to fail raised, once every call has ended."""
-        live = self.live()
-        if len(calls) > len(live):
-            raise ValueError(f"{len(calls)} calls for {len(live)} live workers")
+        arrive meanwhile are put back, in order, for the job to collect.  Once every call
+        has ended, raises the error of the first call (in the calls' order) that failed."""
+        indexes = self.live() if indexes is None else indexes
+        if len(calls) > len(indexes):
+            raise ValueError(f"{len(calls)} calls for {len(indexes)} workers")
         tags = [("call", object()) for _ in calls]
-        for index, tag, call in zip(live, tags, calls):
+        for index, tag, call in zip(indexes, tags, calls):
             self.submit(index, tag, call)
         found: dict[int, tuple[Any, BaseException | None]] = {}
         others = []

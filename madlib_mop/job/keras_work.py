@@ -55,8 +55,9 @@ class KerasWork:
     session of the call and returns its value (None: no worker; the helper process
     answers); `shares_files`: that worker writes to this server's data directory;
     `poll`: run while waiting, so that a cancel of the call takes effect; `ask_each(calls_for)`
-    (a job's): calls_for(n) gives n calls, one for each of the call's n live workers, which
-    run them at once; their values in order (None: no worker)."""
+    (a job's): calls_for(n) gives n calls, one for each of n of the call's workers (those
+    running nothing now, or all when every one is busy), which run them at once; their
+    values in order (None: no worker)."""
 
     def __init__(self, ask: Callable[[Callable[[Worker], Any]], Any] | None,
                  shares_files: bool = True, poll: Callable[[], None] = lambda: None,
@@ -66,7 +67,8 @@ class KerasWork:
     @classmethod
     def for_job(cls, pool_of: Callable[[], Any], engine: Any, plpy: Any) -> "KerasWork":
         """A job's: the first live worker of its pool (`pool_of()`, an `engine.pool.WorkerPool`
-        or None) while it has one, else the helper process."""
+        or None) while it has one, for step-0 states its ready workers at once (`ask_each`),
+        else the helper process."""
         poll = lambda: plpy.execute("SELECT 1")  # noqa: E731  (a cancel of the call takes effect)
 
         def ask(call):
@@ -75,8 +77,8 @@ class KerasWork:
 
         def ask_each(calls_for):
             pool = pool_of()
-            live = len(pool.live()) if pool is not None else 0
-            return pool.call_each(calls_for(live), poll) if live else None
+            ready = pool.ready() if pool is not None else []
+            return pool.call_each(calls_for(len(ready)), poll, ready) if ready else None
         return cls(ask, engine.shares_files, poll, ask_each)
 
     def _asked(self, call: Callable[[Worker], Any]) -> tuple[bool, Any]:
@@ -146,15 +148,13 @@ class KerasWork:
         token = secrets.token_hex(16)
         directory = request_directory(token)
         try:
-            answered = self.shares_files and self._built_by_workers(request, weights, token)
-            if not answered:
-                directory.mkdir(parents=True, exist_ok=True)
-                for index, blob in enumerate(weights):
-                    if blob is not None:
-                        (directory / f"{index}.weights").write_bytes(blob)
-                self._helper({"kind": "states", "token": token, **request,
-                              "models": [dict(m, has_weights=w is not None)
-                                         for m, w in zip(request["models"], weights)]})
+            if self.shares_files:
+                self._built_by_workers(request, weights, token, [s.program_key for s in specs])
+            # A state's file is there once whole: the helper builds what no worker did (no
+            # worker, or one whose session was lost).
+            missing = [i for i, s in enumerate(specs) if not (directory / f"{int(s.mst_key)}.state").exists()]
+            if missing:
+                self._built_by_helper(request, weights, token, missing)
             for spec in specs:
                 path = directory / f"{int(spec.mst_key)}.state"
                 blob = path.read_bytes()
@@ -164,18 +164,33 @@ class KerasWork:
         finally:
             shutil.rmtree(directory, ignore_errors=True)
 
-    def _built_by_workers(self, request: dict, weights: list[bytes | None], token: str) -> bool:
+    def _built_by_workers(self, request: dict, weights: list[bytes | None], token: str,
+                          program_keys: list[tuple]) -> None:
         """The request's states built into the token's directory by the call's workers, each
-        building a share at once (a job's workers: on 2 cores, 8 ResNets' states in half the
-        time); False when no worker answered."""
+        building a share at once (a job's workers: on 2 cores, 8 ResNets' states in 0.7 s
+        rather than 1.2-1.5 s), or by one."""
         def calls_for(workers: int) -> list[Callable[[Worker], Any]]:
+            costs = [_facts.get(m["model_arch"], {}).get("weight_bytes", 1) for m in request["models"]]
             return [lambda worker, share=share: worker.initial_states(
                         {**request, "models": [request["models"][i] for i in share]},
                         [weights[i] for i in share], token)
-                    for share in _shares(request["models"], workers)]
+                    for share in _shares(costs, program_keys, workers)]
         if self.ask_each is not None and len(request["models"]) > 1:
-            return self._answered(lambda: self.ask_each(calls_for))[0]
-        return self._asked(lambda worker: worker.initial_states(request, weights, token))[0]
+            self._answered(lambda: self.ask_each(calls_for))
+        else:
+            self._asked(lambda worker: worker.initial_states(request, weights, token))
+
+    def _built_by_helper(self, request: dict, weights: list[bytes | None], token: str,
+                         indexes: list[int]) -> None:
+        """The states of the request's models at `indexes` built by a helper process."""
+        directory = request_directory(token)
+        directory.mkdir(parents=True, exist_ok=True)
+        for position, index in enumerate(indexes):
+            if weights[index] is not None:
+                (directory / f"{position}.weights").write_bytes(weights[index])
+        self._helper({"kind": "states", "token": token, **request,
+                      "models": [dict(request["models"][i], has_weights=weights[i] is not None)
+                                 for i in indexes]})
 
     # ---- the helper process ------------------------------------------------------------
 
@@ -209,17 +224,22 @@ class KerasWork:
         return answer
 
 
-def _shares(models: list[dict], workers: int) -> list[list[int]]:
+def _shares(costs: list[int], program_keys: list[tuple], workers: int) -> list[list[int]]:
     """The models' indexes in at most `workers` shares of about equal building time (by
-    their weights' size where this session knows it, largest first to the least loaded)."""
-    count = max(1, min(workers, len(models)))
-    cost = [_facts.get(m["model_arch"], {}).get("weight_bytes", 1) for m in models]
+    their weights' size, largest first to the least loaded).  The models of one program
+    key stay together where there are keys enough for every worker: a worker compiles a
+    key's first model, then builds the others' from it for less."""
+    count = max(1, min(workers, len(costs)))
+    by_key: dict[tuple, list[int]] = {}
+    for index, key in enumerate(program_keys):
+        by_key.setdefault(key, []).append(index)
+    units = list(by_key.values()) if len(by_key) >= count else [[i] for i in range(len(costs))]
     shares: list[list[int]] = [[] for _ in range(count)]
     loads = [0] * count
-    for index in sorted(range(len(models)), key=lambda i: -cost[i]):
+    for unit in sorted(units, key=lambda u: -sum(costs[i] for i in u)):
         least = loads.index(min(loads))
-        shares[least].append(index)
-        loads[least] += cost[index]
+        shares[least] += unit
+        loads[least] += sum(costs[i] for i in unit)
     return [sorted(share) for share in shares]
 
 

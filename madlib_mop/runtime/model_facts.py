@@ -158,6 +158,9 @@ def initial_states(request: dict, weights: list[bytes | None] | None, token: str
         if directory is None:
             states.append(bytes(blob))
         else:
+            if not directory.is_dir():  # the caller gave up (a cancel) and removed it: leave nothing
+                raise MadlibMopError("initial states: the request was withdrawn",
+                                     sqlstate=errors.OBJECT_NOT_IN_PREREQUISITE_STATE)
             partial = directory / f"{int(mst_key)}.state.partial"
             with open(partial, "wb") as handle:
                 handle.write(blob)
