@@ -167,8 +167,7 @@ class KerasWork:
     def _built_by_workers(self, request: dict, weights: list[bytes | None], token: str,
                           program_keys: list[tuple]) -> None:
         """The request's states built into the token's directory by the call's workers, each
-        building a share at once (a job's workers: on 2 cores, 8 ResNets' states in 0.7 s
-        rather than 1.2-1.5 s), or by one."""
+        building a share at once (a job's workers), or by one."""
         def calls_for(workers: int) -> list[Callable[[Worker], Any]]:
             costs = [_facts.get(m["model_arch"], {}).get("weight_bytes", 1) for m in request["models"]]
             return [lambda worker, share=share: worker.initial_states(
