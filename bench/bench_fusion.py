@@ -91,7 +91,7 @@ def fused(group, data, repeats: int) -> tuple[float, dict, list[float]]:
     best, parts, accuracy = float("inf"), {}, []
     for step in range(repeats + 1):
         started = time.perf_counter()
-        outcomes, seconds = fused_program.train_fused_subepoch(program, group, data, 0, step, True)
+        outcomes, seconds = fused_program.train_fused_subepoch(program, group, data, 0, [step] * len(group), True)
         program.capture()
         elapsed = time.perf_counter() - started
         if step and elapsed < best:

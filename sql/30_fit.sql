@@ -129,9 +129,11 @@ CREATE FUNCTION @extschema@._mop_train(job_id bigint, mst_key integer, step inte
                                        OUT new_state bytea, OUT result jsonb)
 #plpython "mop_train.py"
 
--- Models of one fusion group (madlib_mop.fuse_models) trained as one program: their states
--- read from and written to the job's store, one visit record per model, in their order.
-CREATE FUNCTION @extschema@._mop_train_fused(job_id bigint, mst_keys integer[], step integer,
+-- Models of one fusion group (madlib_mop.fuse_models) trained as one program, each after
+-- its own number of sub-epochs (steps, in the order of mst_keys: a clone's is not its
+-- source's): their states read from and written to the job's store, one visit record per
+-- model, in their order.
+CREATE FUNCTION @extschema@._mop_train_fused(job_id bigint, mst_keys integer[], steps integer[],
                                              segment integer)
 RETURNS jsonb[]
 #plpython "mop_train_fused.py"
@@ -142,8 +144,8 @@ RETURNS jsonb
 #plpython "mop_evaluate.py"
 
 -- The validation pass of the models of one fused call (their states in the job's store) as
--- one program: each model's result, in their order.
-CREATE FUNCTION @extschema@._mop_evaluate_fused(job_id bigint, mst_keys integer[], step integer,
+-- one program, each after its own number of sub-epochs: each model's result, in their order.
+CREATE FUNCTION @extschema@._mop_evaluate_fused(job_id bigint, mst_keys integer[], steps integer[],
                                                 partition integer)
 RETURNS jsonb[]
 #plpython "mop_evaluate_fused.py"

@@ -2,11 +2,14 @@
 one fusion class that the job sends along the same path hop as one unit and train in
 one call.  Against the same job unfused: each model's weights within float rounding, the
 same visits, and replay gives its weights; run again or resumed after a killed
-coordinator: the same bits; a model a pruner stops leaves its group, which goes on."""
+coordinator: the same bits; a model a pruner stops leaves its group, which goes on; a
+person's clone joins its source's group, before and after a killed coordinator."""
 
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import numpy as np
 import psycopg
@@ -14,7 +17,7 @@ import pytest
 from psycopg import sql
 from psycopg.rows import tuple_row
 
-from tests.conftest import connect, coordinator_killed_mid_job, iris_table
+from tests.conftest import connect, coordinator_killed_mid_job, held_job, iris_table
 
 MODELS = 8  # on 2 segments: 4 models per path and epoch
 COMPILE = ("loss='categorical_crossentropy', optimizer='Adam(learning_rate={lr})', "
@@ -78,6 +81,11 @@ def test_a_fused_job_trains_each_model_as_unfused_within_rounding(iris):
         assert {v[3] for v in alone} == {1} and {v[3] for v in together} == {MODELS // 2}
         assert conn.execute("SELECT arguments->>'fuse_models' FROM jobs WHERE model_output_table = "
                             "'public.iris_fused'").fetchone()[0] == "on"
+        # The classes that fuse, decided when the job was made and recorded with it.
+        assert conn.execute("SELECT arguments->'orders'->'fused' FROM jobs WHERE model_output_table = "
+                            "'public.iris_fused'").fetchone()[0] == [list(range(1, MODELS + 1))]
+        assert conn.execute("SELECT arguments->'orders'->'fused' FROM jobs WHERE model_output_table = "
+                            "'public.iris_unfused'").fetchone()[0] == []
         for key in unfused:
             a, b = (np.frombuffer(w, np.float32) for w in (unfused[key], fused[key]))
             assert a.shape == b.shape and not np.array_equal(a, np.zeros_like(a))
@@ -155,6 +163,69 @@ def test_a_stopped_model_leaves_its_group_which_goes_on(iris):
         # After a stop, calls of the stopped models' groups have fewer models.
         assert any(n < MODELS // 2 for *_, n in visits)
         assert all(last[k] == 4 * 2 - 1 for k in set(last) - stopped)
+
+
+def _fused_with(conn, out: str) -> dict[tuple[int, int], tuple[int, list]]:
+    """(mst_key, step) -> (segment, the models of its call) of every visit."""
+    return {(key, step): (segment, (r if isinstance(r, dict) else json.loads(r)).get("fused_with") or [key])
+            for key, step, segment, r in conn.execute(sql.SQL(
+                "SELECT mst_key, step, segment, result FROM {}").format(sql.Identifier(f"{out}_mop_visits")))}
+
+
+def test_a_clone_joins_its_sources_group_and_a_resumed_job_keeps_it_there(iris):
+    """A clone of model 3 at a higher learning rate (the same fusion class) goes model 3's
+    path from where it was made and trains in the calls of its group, each at its own
+    step; killed after the clone and resumed, the job keeps it in that group; replay gives
+    the clone's weights within float rounding."""
+    out, failures = "iris_fused_cloned", []
+
+    def fit() -> None:
+        try:
+            _fit(iris, out, "on")
+        except psycopg.OperationalError as error:  # (its coordinator is terminated)
+            failures.append(error)
+
+    thread = threading.Thread(target=fit)
+    thread.start()
+    with connect(iris) as conn:
+        with held_job(conn, out, MODELS // 2):  # (after its first calls: a clone at iteration 1 or 2)
+            job_id = conn.execute("SELECT job_id FROM jobs WHERE model_output_table = %s",
+                                  (f"public.{out}",)).fetchone()[0]
+            action = conn.execute("SELECT clone_model(%s, 3, %s)",
+                                  (job_id, COMPILE.format(lr=0.02))).fetchone()[0]
+            time.sleep(0.6)  # (the job looks for requests every 0.5 s: it sees this one when let go)
+        deadline = time.monotonic() + 60
+        while (applied := conn.execute("SELECT applied_iteration, new_mst_key FROM steering "
+                                       "WHERE action_id = %s AND applied_at IS NOT NULL", (action,)).fetchone()) is None:
+            assert time.monotonic() < deadline and thread.is_alive(), failures
+            time.sleep(0.02)
+        iteration, clone = applied
+        done = conn.execute("SELECT subepochs_done FROM jobs WHERE job_id = %s", (job_id,)).fetchone()[0]
+        with held_job(conn, out, done + MODELS // 2 + 1):
+            pid = conn.execute("SELECT coordinator_pid FROM jobs WHERE job_id = %s", (job_id,)).fetchone()[0]
+            conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        thread.join(timeout=120)
+        assert failures, "the coordinator's session should have been terminated"
+        conn.execute("SELECT pg_advisory_lock(lock_key), pg_advisory_unlock(lock_key) FROM jobs "
+                     "WHERE job_id = %s", (job_id,))
+        conn.execute("CALL resume(%s)", (job_id,))
+        assert 1 <= iteration < 4 and clone == MODELS + 1
+        visits, at = _fused_with(conn, out), 2 * iteration  # (2 sub-epochs an iteration)
+        steps = sorted(step for key, step in visits if key == clone)
+        assert steps == list(range(2 * 4))  # the job's 4 iterations, from the clone's step 0
+        for step in steps:  # in the call of model 3's step at + step, on its segment; alone after it
+            segment, partners = visits[(clone, step)]
+            if at + step < 2 * 4:
+                assert (segment, partners) == visits[(3, at + step)] and clone in partners and len(partners) > 1
+            else:
+                assert partners == [clone]
+        assert all(clone not in partners for (key, step), (_, partners) in visits.items() if key == 3 and step < at)
+        from madlib_mop.tools.replay import replay
+
+        weights = np.frombuffer(_weights(conn, out)[clone], np.float32)
+        replayed = replay(conn, out, clone)
+        conn.row_factory = tuple_row
+        np.testing.assert_allclose(replayed, weights, rtol=1e-4, atol=1e-5)
 
 
 def test_the_setting_is_checked(iris):

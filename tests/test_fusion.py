@@ -80,7 +80,7 @@ def _fused(specs, buffers, steps):
     program.restore([training.initial_states([spec], 7)[spec.mst_key] for spec in specs])
     reports = {spec.mst_key: [] for spec in specs}
     for step in range(steps):
-        outcomes, seconds = fused_program.train_fused_subepoch(program, specs, buffers, 7, step, True)
+        outcomes, seconds = fused_program.train_fused_subepoch(program, specs, buffers, 7, [step] * len(specs), True)
         assert set(seconds) == {"decode", "gather", "train"}
         for spec, outcome in zip(specs, outcomes):
             reports[spec.mst_key].append(outcome.means())
@@ -115,6 +115,24 @@ def test_fused_models_train_as_each_alone(optimizer, layers):
         for got, expected in zip(fused_reports[spec.mst_key], alone_reports[spec.mst_key], strict=True):
             assert got.keys() == expected.keys()
             assert got == pytest.approx(expected, rel=1e-5)
+
+
+def test_fused_models_at_their_own_steps_train_as_each_alone():
+    """A clone in its source's group trains its own step (5 fewer here): each model's rows
+    order comes from its own step, as alone."""
+    specs = _specs(_mlp(dropout=True), OPTIMIZERS["Adam"][:2])
+    buffers, offsets = _buffers((6,)), [5, 0]
+    program = fused_program.FusedProgram(specs[0], 2)
+    program.restore([training.initial_states([spec], 7)[spec.mst_key] for spec in specs])
+    for step in range(3):
+        fused_program.train_fused_subepoch(program, specs, buffers, 7, [step + o for o in offsets], True)
+    fused = dict(zip((s.mst_key for s in specs), program.capture()))
+    for spec, offset in zip(specs, offsets):
+        alone = training.Program.for_spec(spec)
+        alone.restore(training.initial_states([spec], 7)[spec.mst_key])
+        for step in range(3):
+            training.train_subepoch(alone, spec, buffers, 7, step + offset, True)
+        _assert_close(fused[spec.mst_key], alone.capture())
 
 
 def test_fused_convolutions_train_as_each_alone():
@@ -209,7 +227,7 @@ def test_a_fused_models_infinite_weight_is_found_for_it_alone():
     program = fused_program.FusedProgram(specs[0], len(specs))
     program.restore([training.initial_states([spec], 7)[spec.mst_key] for spec in specs])
     assert program.nonfinite() == {}
-    outcomes, _ = fused_program.train_fused_subepoch(program, specs, _buffers((6,), (8,)), 7, 0, True)
+    outcomes, _ = fused_program.train_fused_subepoch(program, specs, _buffers((6,), (8,)), 7, [0] * 3, True)
     assert all(training.divergence(outcome.means()) is None for outcome in outcomes)
     found = program.nonfinite()
     assert list(found) == [1] and found[1].startswith("weight ") and found[1].endswith("is not finite")
@@ -252,7 +270,7 @@ def test_metrics_are_reported_as_keras_reports_them(case):
     classification = case != "rows_of_several_steps"
     fused = fused_program.FusedProgram(specs[0], 2)
     fused.restore([training.initial_states([spec], 7)[spec.mst_key] for spec in specs])
-    outcomes, _ = fused_program.train_fused_subepoch(fused, specs, buffers, 7, 0, classification)
+    outcomes, _ = fused_program.train_fused_subepoch(fused, specs, buffers, 7, [0, 0], classification)
     for spec, outcome in zip(specs, outcomes):
         alone = training.Program.for_spec(spec)
         alone.restore(training.initial_states([spec], 7)[spec.mst_key])

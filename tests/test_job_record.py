@@ -105,6 +105,9 @@ def test_a_job_recorded_before_jobs_recorded_their_orders_is_the_same_call_and_k
     assert fusing.path_classes(job) is None
     job.arguments = now
     assert fusing.path_classes(job) == {1: 0, 3: 0, 2: 1, 4: 1}
+    assert not fusing.clones_follow(job)  # (recorded before clones went their sources' paths)
+    job.arguments = now.replace(orders=dict(now.orders, clones="source_path"))
+    assert fusing.clones_follow(job)
     assert JobArguments.of(json.loads(json.dumps(now.as_json()))) == now
 
 
@@ -116,5 +119,27 @@ def test_the_paths_recorded_group_the_models_of_each_fusion_class_of_two_or_more
         return {"mst_key": key, "model_arch": mlp, "fit_params": f"batch_size={batch}",
                 "compile_params": f"optimizer='Adam(lr={lr})',loss='categorical_crossentropy',metrics=['accuracy']"}
     configs = [config(1, 0.1, 8), config(2, 0.1, 16), config(3, 0.01, 8), config(4, 0.001, 32), config(5, 0.3, 8)]
-    assert fusing.path_grouping(configs, custom_functions=False) == {"by_class": [[1, 3, 5]]}
-    assert fusing.path_grouping(configs, custom_functions=True) == {"by_class": []}
+    assert fusing.path_grouping(configs, custom_functions=False) == {"by_class": [[1, 3, 5]],
+                                                                     "clones": "source_path"}
+    assert fusing.path_grouping(configs, custom_functions=True) == {"by_class": [], "clones": "source_path"}
+
+
+def test_a_job_fuses_by_the_classes_it_recorded_and_its_clones_join_them():
+    """The classes recorded when the job was made are read back, not worked out again (no
+    server or worker is asked: none is given); a clone of a fused model joins its class
+    where its configuration is of it; a job on segment servers fuses none."""
+    mlp = json.dumps({"class_name": "Sequential", "config": {"name": "s", "layers": [
+        {"class_name": "InputLayer", "config": {"batch_shape": [None, 4], "name": "i"}},
+        {"class_name": "Dense", "config": {"units": 3, "activation": "softmax", "name": "d"}}]}})
+    rows = [{"mst_key": key, "model_arch": mlp, "fit_params": f"batch_size={batch}",
+             "compile_params": f"optimizer='Adam(lr={lr})',loss='categorical_crossentropy'"}
+            for key, lr, batch in ((1, 0.1, 8), (2, 0.2, 8), (3, 0.1, 16), (4, 0.05, 8), (5, 0.1, 32))]
+    old = {"source_table": "t_packed", "model_output_table": "public.m", "model_selection_table": "mst",
+           "num_iterations": 2, "validation_table": None, "metrics_compute_frequency": 1,
+           "warm_start": False, "name": None, "description": None, "use_caching": True, "seed": 7,
+           "fuse_models": "auto", "orders": {"by_class": [[1, 2]], "clones": "source_path", "fused": [[1, 2], [3]]}}
+    job = types.SimpleNamespace(arguments=JobArguments.of(old))
+    clones = {4: (1, 2), 5: (3, 2)}  # 4 keeps model 1's class; 5 (batch 32) is not of model 3's
+    found = fusing.job_classes(None, job, True, {1, 2, 3}, lambda: rows, None, clones)
+    assert found == {1: 0, 2: 0, 3: 1, 4: 0}
+    assert fusing.job_classes(None, job, False, {1, 2, 3}, lambda: rows, None, clones) == {}

@@ -7,7 +7,8 @@ import heapq
 import numpy as np
 import pytest
 
-from madlib_mop.job.schedule import Dispatcher, added_model_orders, visit_orders
+from madlib_mop.job.schedule import (Dispatcher, added_model_orders, clock_offsets, dispatcher_for, model_orders,
+                                    visit_orders)
 
 
 def _simulate(models, segments, epochs, seed, durations, failures=frozenset(), done=None,
@@ -367,3 +368,58 @@ def test_paths_drawn_by_class_depend_on_the_seed_and_the_classes_only():
     for epoch in range(5):  # two classes of 2 on 2 paths of 2: each class shares its path
         assert pairs[1][epoch] == pairs[3][epoch] and pairs[2][epoch] == pairs[4][epoch]
         assert pairs[1][epoch] != pairs[2][epoch]
+
+
+def test_a_clone_goes_its_sources_path_and_joins_its_group_where_it_was_made():
+    """Models 1-4 of one class go two paths on 2 segments, two models a path.  Model 5, a
+    clone of model 1 made after its first epoch (2 sub-epochs), has model 1's orders from
+    epoch 1 on and trains its own steps 0 and 1 in the units of model 1's steps 2 and 3; a
+    clone of the clone follows too; a resumed job's dispatcher does the same."""
+    classes = {1: "a", 2: "a", 3: "a", 4: "a"}
+    initial = [1, 2, 3, 4]
+    orders = visit_orders(initial, 2, 3, 11, classes)
+    dispatcher = Dispatcher(dict(orders), 2, fusion=dict.fromkeys(initial, 0), classes=classes)
+    while dispatcher.progress[1].done < 2:
+        for segment in (0, 1):
+            given = dispatcher.next_visit(segment)
+            for model in given[0] if given else ():
+                dispatcher.finish(model, segment, 1.0)
+    clones = {5: (1, 2)}
+    clone_orders = model_orders(5, initial, 2, 2, 11, classes, clones)
+    assert clone_orders == orders[1][1:]
+    dispatcher.add(5, clone_orders, offset=clock_offsets(clones)[5], fusion=0)
+    partners = dispatcher.group(1, 1)
+    assert 5 in partners and len(partners) == 3 and dispatcher.group(5, 0) == partners
+    others = [m for m in initial if m not in partners]
+    for model in others:
+        dispatcher.hold(model)  # (the other pair waits: the segments are this unit's)
+    segment = orders[1][1][0]
+    assert dispatcher.next_visit(segment) == (partners, 2)
+    assert [dispatcher.step_of(m, 1, 2) for m in partners] == [2, 2, 0]
+    for model in partners:
+        dispatcher.finish(model, segment, 1.0)
+    assert dispatcher.next_visit(1 - segment) == (partners, 3)
+    clones[6] = (5, 2)
+    assert model_orders(6, initial, 2, 1, 11, classes, clones) == orders[1][2:]
+    assert clock_offsets(clones) == {5: 2, 6: 4}
+    resumed = dispatcher_for({1: 3, 2: 3, 3: 3, 4: 3, 5: 2, 6: 1}, {1: 4, 2: 4, 3: 4, 4: 4, 5: 2, 6: 0},
+                             2, 11, None, {5, 6}, classes, clones)
+    assert resumed.orders[5] == clone_orders and resumed.offsets == {5: 2, 6: 4}
+    resumed.fuse({1: 0, 2: 0, 3: 0, 4: 0, 5: 0, 6: 0})
+    unit = resumed.group(1, 2)  # (epoch 2's pairs are drawn afresh)
+    assert {5, 6} <= set(unit) and len(unit) == 4 and resumed.group(6, 0) == resumed.group(5, 1) == unit
+    for model in set(initial) - set(unit):
+        resumed.hold(model)
+    assert resumed.next_visit(orders[1][2][0]) == (unit, 4)
+
+
+def test_a_clone_of_another_class_or_of_a_job_that_does_not_fuse_trains_alone_on_its_sources_path():
+    orders = {1: [[0, 1], [1, 0]], 2: [[0, 1], [1, 0]]}
+    dispatcher = Dispatcher(dict(orders), 2, fusion={1: 0, 2: 0})
+    for segment in (0, 1):
+        assert dispatcher.next_visit(segment) == ((1, 2), segment)
+        for model in (1, 2):
+            dispatcher.finish(model, segment, 1.0)
+    dispatcher.add(3, orders[1][1:], offset=2)  # (no class: `fusing.clone_class` gave None)
+    assert dispatcher.group(3, 0) == (3,)
+    assert dispatcher.next_visit(1) in (((1, 2), 2), ((3,), 0))

@@ -376,8 +376,8 @@ def test_a_superuser_does_not_run_a_job_row_another_role_forged(conn, extension_
     for statement in ("CALL madlib_mop.resume(%s)", "SELECT madlib_mop.resume_job(%s)",
                       "SELECT madlib_mop._mop_train(%s, 1, 0, 0, ''::bytea)",
                       "SELECT madlib_mop._mop_evaluate(%s, 1, 0, 0, ''::bytea)",
-                      "SELECT madlib_mop._mop_train_fused(%s, ARRAY[1, 2], 0, 0)",
-                      "SELECT madlib_mop._mop_evaluate_fused(%s, ARRAY[1, 2], 0, 0)"):
+                      "SELECT madlib_mop._mop_train_fused(%s, ARRAY[1, 2], ARRAY[0, 0], 0)",
+                      "SELECT madlib_mop._mop_evaluate_fused(%s, ARRAY[1, 2], ARRAY[0, 0], 0)"):
         with pytest.raises(psycopg.errors.InvalidParameterValue) as caught:
             conn.execute(statement, (job,))
         assert "another role" in caught.value.diag.message_primary

@@ -1,4 +1,4 @@
 from madlib_mop.plpy_bridge import run
 from madlib_mop.segment.worker import train_fused
 
-return run(plpy, train_fused, job_id, mst_keys, step, segment)
+return run(plpy, train_fused, job_id, mst_keys, steps, segment)

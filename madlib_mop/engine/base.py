@@ -120,10 +120,11 @@ class Worker(abc.ABC):
         """One sub-epoch of model `mst_key` on `segment` from its state after `step`
         sub-epochs: (the new state, the visit's record)."""
 
-    def train_fused(self, job_id: int, mst_keys: tuple[int, ...], step: int,
+    def train_fused(self, job_id: int, mst_keys: tuple[int, ...], steps: tuple[int, ...],
                     segment: int) -> list[tuple[None, VisitRecord]]:
         """One sub-epoch of models of one fusion group, as one program (`runtime.fusion`),
-        their states in the job's store: each model's (None, record), in their order.  Only
+        each from its state after its `steps` sub-epochs (a clone's count is its own), their
+        states in the job's store: each model's (None, record), in their order.  Only
         the workers of an engine that `stores_states` have it."""
         raise MadlibMopError("this engine's workers do not train fused models",
                              sqlstate=errors.FEATURE_NOT_SUPPORTED,
@@ -135,9 +136,9 @@ class Worker(abc.ABC):
         """Validation loss and metrics of the state on one partition of the job's
         validation table: {rows, metrics, finished_at, ...}."""
 
-    def evaluate_fused(self, job_id: int, mst_keys: tuple[int, ...], step: int,
+    def evaluate_fused(self, job_id: int, mst_keys: tuple[int, ...], steps: tuple[int, ...],
                        partition: int) -> list[dict]:
-        """`evaluate` of the models of one fused call, after `step` sub-epochs, as one
+        """`evaluate` of the models of one fused call, each after its `steps` sub-epochs, as one
         program, their states in the job's store: each model's result, in their order."""
         raise MadlibMopError("this engine's workers do not evaluate fused models",
                              sqlstate=errors.FEATURE_NOT_SUPPORTED,

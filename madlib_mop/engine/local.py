@@ -134,9 +134,9 @@ class LocalWorker(Worker):
         record.seconds["call"] = time.perf_counter() - started
         return (None if new_state is None else bytes(new_state)), record
 
-    def train_fused(self, job_id, mst_keys, step, segment):
+    def train_fused(self, job_id, mst_keys, steps, segment):
         started = time.perf_counter()
-        (results,) = self._call("_mop_train_fused", job_id, list(mst_keys), step, segment)
+        (results,) = self._call("_mop_train_fused", job_id, list(mst_keys), list(steps), segment)
         records = [VisitRecord.from_json(result) for result in results]
         for record in records:  # each model's share of the call as the coordinator saw it
             record.seconds["call"] = (time.perf_counter() - started) / len(records)
@@ -145,8 +145,8 @@ class LocalWorker(Worker):
     def evaluate(self, job_id, mst_key, step, partition, model_state):
         return json_value(self._call("_mop_evaluate", job_id, mst_key, step, partition, model_state)[0])
 
-    def evaluate_fused(self, job_id, mst_keys, step, partition):
-        (results,) = self._call("_mop_evaluate_fused", job_id, list(mst_keys), step, partition)
+    def evaluate_fused(self, job_id, mst_keys, steps, partition):
+        (results,) = self._call("_mop_evaluate_fused", job_id, list(mst_keys), list(steps), partition)
         return [json_value(result) for result in results]
 
     def evaluate_models(self, task, partition):

@@ -32,19 +32,25 @@ class Task:
     attempt: int = 1
     worker: int = -1  # the pool's index of the worker running it
     fused: tuple[int, ...] = ()  # a fused call's models (`schedule`), states in the job's store
+    steps: tuple[int, ...] = ()  # a fused call's: each model's own step (a clone's is not its source's)
 
     def __call__(self, worker: Worker, job_id: int):
         if self.fused and self.kind == "evaluate":
-            return worker.evaluate_fused(job_id, self.fused, self.step, self.partition)
+            return worker.evaluate_fused(job_id, self.fused, self.steps, self.partition)
         if self.fused:
-            return worker.train_fused(job_id, self.fused, self.step, self.partition)
+            return worker.train_fused(job_id, self.fused, self.steps, self.partition)
         if self.kind == "train":
             return worker.train(job_id, self.mst_key, self.step, self.partition, self.state)
         return worker.evaluate(job_id, self.mst_key, self.step, self.partition, self.state)
 
     def each(self) -> list["Task"]:
         """One task per model it trains (a fused call's models; else itself)."""
-        return [dataclasses.replace(self, mst_key=key, fused=()) for key in self.fused] or [self]
+        return [dataclasses.replace(self, mst_key=key, step=step, fused=(), steps=())
+                for key, step in zip(self.fused, self.steps)] or [self]
+
+    def step_of(self, mst_key: int) -> int:
+        """The step of one of its models."""
+        return self.steps[self.fused.index(mst_key)] if self.fused else self.step
 
 
 class WorkAssignment:
@@ -103,7 +109,8 @@ class WorkAssignment:
         models, step = given
         if len(models) > 1:
             return Task("train", models[0], step, segment, segment, None,
-                        self.attempts.get((models[0], step), 1), fused=models)
+                        self.attempts.get((models[0], step), 1), fused=models,
+                        steps=tuple(self.schedule.step_of(m, models[0], step) for m in models))
         return Task("train", models[0], step, segment, segment, self.state_of(models[0]),
                     self.attempts.get((models[0], step), 1))
 
@@ -117,7 +124,7 @@ class WorkAssignment:
 
     def steps_needed(self, mst_key: int) -> list[int]:
         """The steps of the model's states that validation passes still need."""
-        return [t.step for t in self.pending_evals + list(self.running.values())
+        return [t.step_of(mst_key) for t in self.pending_evals + list(self.running.values())
                 if t.kind == "evaluate" and mst_key in (t.fused or (t.mst_key,))]
 
     def queue_evals(self, models: dict, model, step: int, partitions: int, lost,
@@ -125,13 +132,16 @@ class WorkAssignment:
         """The validation passes of `model` (a `store.ModelRecord` of `models`) after `step`
         sub-epochs that are not recorded: with its partners (`eval_partners`) one fused pass
         per partition, queued once for all of them; else its own, given `state()`."""
-        partners = eval_partners(models, model, step, due)
+        step_of = lambda k: self.schedule.step_of(k, model.mst_key, step)  # noqa: E731
+        partners = eval_partners(models, model, step, due, step_of)
         if len(partners) > 1:  # (their states are in the job's store)
+            steps = tuple(step_of(k) for k in partners)
             queued = {t.partition for t in self.pending_evals + list(self.running.values())
-                      if t.kind == "evaluate" and t.fused == partners and t.step == step}
-            missing = {p for k in partners if k not in lost for p in range(partitions)
-                       if (step, p) not in models[k].evals and p not in queued}
-            self.pending_evals += [Task("evaluate", partners[0], step, p % self.S, p, None, fused=partners)
+                      if t.kind == "evaluate" and t.fused == partners and t.steps == steps}
+            missing = {p for k, own in zip(partners, steps) if k not in lost for p in range(partitions)
+                       if (own, p) not in models[k].evals and p not in queued}
+            self.pending_evals += [Task("evaluate", partners[0], steps[0], p % self.S, p, None,
+                                        fused=partners, steps=steps)
                                    for p in sorted(missing)]
             return
         missing = [p for p in range(partitions) if (step, p) not in model.evals]
@@ -139,14 +149,16 @@ class WorkAssignment:
         self.pending_evals += [Task("evaluate", model.mst_key, step, p % self.S, p, given) for p in missing]
 
 
-def eval_partners(models: dict, model, step: int, due: Callable[[object, int], bool]) -> tuple[int, ...]:
+def eval_partners(models: dict, model, step: int, due: Callable[[object, int], bool],
+                  step_of: Callable[[int], int]) -> tuple[int, ...]:
     """The models a validation pass of `model` after `step` sub-epochs evaluates with, as
     one program: of the fused call that trained its last sub-epoch (`VisitRecord.fused_with`),
     those whose visit counted and whose validation is `due` then (it among them), else
-    itself.  Decided from the recorded visits alone, so a resumed job evaluates with the
-    same partners (a model's bits depend on them)."""
+    itself.  `step_of(k)`: partner k's own step then (a clone's differs).  Decided from the
+    recorded visits alone, so a resumed job evaluates with the same partners (a model's
+    bits depend on them)."""
     fused_with = (model.visits.get(step - 1) or {}).get("fused_with") or ()
-    partners = tuple(k for k in fused_with if k in models and (step - 1) in models[k].visits
-                     and due(models[k], step))
+    partners = tuple(k for k in fused_with if k in models and (step_of(k) - 1) in models[k].visits
+                     and due(models[k], step_of(k)))
     return partners if model.mst_key in partners else (model.mst_key,)
 

@@ -92,9 +92,8 @@ def kept_elsewhere(engine: Engine, plpy: Any, job: Any, retry: RetryPolicy) -> A
 
 
 class Coordinator:
-    """The loop of one job, in the calling session's backend (see the module's docstring):
-    workers through the engine's pool, records through the store, decisions through the
-    job's search, NOTICEs and the job's row through its progress."""
+    """One job's loop, in the calling session's backend (the module's docstring): workers through
+    the pool, records through the store, decisions through its search, NOTICEs through its progress."""
 
     def __init__(self, plpy: Any, job_id: int, can_commit: bool, engine: Engine,
                  pool: WorkerPool | None = None):
@@ -129,10 +128,11 @@ class Coordinator:
         self.models: dict[int, ModelRecord] = self.store.load_models()
         requests = steering.resumed(self.store, self.models)  # a person's, applied as before
         rounds = {m.mst_key: m.iterations * m.epochs for m in self.models.values()}
-        self.initial = set(schedule.started_with(rounds, self.args.initial_models, steering.added(requests)))
-        self.schedule = schedule.dispatcher_for(rounds, {k: len(m.visits) for k, m in self.models.items()}, self.S,
-                                                self.job.seed, self.args.initial_models, steering.added(requests),
-                                                fusing.path_classes(self.job))
+        added, clones = steering.added(requests), steering.clone_sources(requests, self.models, self.job)
+        self.initial = set(schedule.started_with(rounds, self.args.initial_models, added))
+        self.schedule = schedule.dispatcher_for(rounds, {k: len(m.visits) for k, m in self.models.items()},
+                                                self.S, self.job.seed, self.args.initial_models, added,
+                                                fusing.path_classes(self.job), clones)
         self.started_epoch = self.store.mark_running(os.getpid())
         self.search = JobSearch(self.plpy, self.store, self.engine, self.models, self.schedule, bool(self.partitions),
                                 self._notice, KerasWork.for_job(lambda: self.pool, self.engine, self.plpy))
@@ -169,7 +169,7 @@ class Coordinator:
             wait_for_workers(self.plpy, self.store, self.engine, self.pool, self.S,
                              lambda: interruption_point(self.plpy, self.can_commit), self._notice)
         self.schedule.fuse(fusing.job_classes(self.plpy, self.job, self.engine.stores_states, self.initial,
-                                              self.store.model_rows, self.search.keras))
+                                              self.store.model_rows, self.search.keras, self.steering.clones))
         self.store.running_on(len(self.pool.live()))
         self.supply = WorkerSupply(self.plpy, self.store, self.engine, self.pool, self.S)
         for index, thread in enumerate(self.pool.threads):

@@ -16,14 +16,18 @@ The setting, recorded with the job when it starts (a resumed job keeps it):
   short job does not earn back (a pair saves about 0.04 ms per model and step): a class
   fuses when its models train at least AUTO_STEPS steps per segment in the job.
 
-Only models on this server fuse (a segment server's worker is sent states with the call);
-models added while the job runs (a searcher's, a person's) train alone.  The classes are a
-function of the models' configurations, their weights' count and the recorded setting, so a
-resumed job forms the same groups.
+Only models on this server fuse (a segment server's worker is sent states with the call).
+A person's clone of a model that fuses hops in its source's groups where its configuration
+is of its source's class (`clone_class`: a changed learning rate keeps it, a changed batch
+size does not); models a searcher or a person adds train alone.  The classes are a
+function of the models' configurations, their weights' count and the setting, decided
+when the job is made and recorded with it (`decided`: `orders` "fused"), and of its
+recorded clones, so a resumed job forms the same groups.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Iterable
 
 from madlib_mop import errors
@@ -86,29 +90,82 @@ def fusion_classes(configs: Iterable[dict], setting: str,
 
 
 def job_classes(plpy: Any, job: Any, local: bool, initial: set[int], model_rows: Callable[[], list[dict]],
-                keras: Any) -> dict[int, int]:
+                keras: Any, clones: dict[int, tuple[int, int]]) -> dict[int, int]:
     """A job's fusion classes (`job`: its `record.JobRecord`): of the models it started
-    with (`initial`), on this server (`local`), without custom functions."""
-    arguments = job.arguments
+    with, as it recorded them when it was made (`decided`), and of its `clones`
+    (`with_clones`).  A job made before jobs recorded them works them out again: of the
+    models it started with (`initial`), on this server (`local`)."""
+    orders = job.arguments.orders
+    if isinstance(orders, dict) and "fused" in orders:
+        found = {key: number for number, members in enumerate(orders["fused"]) for key in members}
+    else:
+        configs = [row for row in model_rows() if row["mst_key"] in initial]
+        found = _decide(plpy, job.arguments, job.source_table, job.num_segments, local, configs, keras)
+    return with_clones(found if local else {}, clones, model_rows)
+
+
+def decided(plpy: Any, plan: Any, local: bool, keras: Any) -> Any:
+    """The plan (`job.plan.Plan`) with its models' fusion classes recorded in its arguments'
+    `orders` ("fused": the mst_keys of each class, in the order of their first model), so
+    that the job, resumed by a later version or with other facts, fuses as it started."""
+    classes = _decide(plpy, plan.arguments, plan.source["packed_table"], plan.source["num_segments"], local,
+                      plan.configs, keras)
+    members: list[list[int]] = [[] for _ in set(classes.values())]
+    for key in sorted(classes):
+        members[classes[key]].append(int(key))
+    orders = dict(plan.arguments.orders, fused=members)
+    return dataclasses.replace(plan, arguments=plan.arguments.replace(orders=orders))
+
+
+def _decide(plpy: Any, arguments: Any, source_table: str, num_segments: int, local: bool, configs: list[dict],
+            keras: Any) -> dict[int, int]:
+    """The classes of `configs` that fuse (`fusion_classes`) on this server (`local`),
+    without custom functions."""
     if arguments.fuse_models == "off" or not local or arguments.custom_functions:
         return {}
-    configs = [row for row in model_rows() if row["mst_key"] in initial]
     rows = 0
     if arguments.fuse_models == "auto":  # a table packed by MADlib does not say: none fuse
-        rows = packed.read_summary(plpy, job.source_table, argument="source_table").get("num_rows") or 0
+        rows = packed.read_summary(plpy, source_table, argument="source_table").get("num_rows") or 0
 
     def steps(config: dict) -> float:  # a model's minibatches per segment over the job
         spec = training.ModelSpec.of(config)
         batch = spec.fit.get("batch_size", 32)
-        return -(-rows // (batch * job.num_segments)) * spec.epochs * arguments.num_iterations
+        return -(-rows // (batch * num_segments)) * spec.epochs * arguments.num_iterations
     return fusion_classes(configs, arguments.fuse_models, lambda asked: {
         key: facts["parameters"] for key, facts in keras.facts(asked).items()}, steps)
+
+
+def clone_class(fusion_of: dict[int, int], source: dict, clone: dict) -> int | None:
+    """The fusion class (of `fusion_of`, model -> class) a clone hops in: its source's, where
+    the source fuses and the clone's configuration (mst_key, model_arch, compile_params,
+    fit_params) is of the source's class; else None (it trains alone)."""
+    if source["mst_key"] not in fusion_of:
+        return None
+    found = fusion.fusion_class(training.ModelSpec.of(clone))
+    same = found is not None and found == fusion.fusion_class(training.ModelSpec.of(source))
+    return fusion_of[source["mst_key"]] if same else None
+
+
+def with_clones(fusion_of: dict[int, int], clones: dict[int, tuple[int, int]],
+                model_rows: Callable[[], list[dict]]) -> dict[int, int]:
+    """`fusion_of` with the classes of a resumed job's clones (clone -> (source, step),
+    `job.steering.clone_sources`) as `clone_class` gave them when they were made."""
+    if not clones or not fusion_of:
+        return fusion_of
+    configs = {row["mst_key"]: row for row in model_rows()}
+    joined = dict(fusion_of)
+    for clone in sorted(clones):  # (a clone of a clone after its source)
+        found = clone_class(joined, configs[clones[clone][0]], configs[clone])
+        if found is not None:
+            joined[clone] = found
+    return joined
 
 
 def path_grouping(configs: Iterable[dict], custom_functions: bool) -> dict:
     """What a new job records of how it draws its models' paths (`job.schedule.visit_orders`,
     `JobArguments.orders`): the models (mst_keys) of each fusion class of two or more, from
-    the configurations alone, whatever madlib_mop.fuse_models is.  Recorded, not worked
+    the configurations alone, whatever madlib_mop.fuse_models is; and that a person's
+    clones go their sources' paths (`job.schedule.model_orders`).  Recorded, not worked
     out again when the job is resumed: a later version that fuses more layers keeps a
     resumed job's orders.  No class with custom functions (their models never fuse)."""
     classes: dict[str, list[int]] = {}
@@ -117,7 +174,15 @@ def path_grouping(configs: Iterable[dict], custom_functions: bool) -> dict:
             key = fusion.fusion_class(training.ModelSpec.of(config))
             if key is not None:
                 classes.setdefault(key, []).append(int(config["mst_key"]))
-    return {"by_class": [members for members in classes.values() if len(members) > 1]}
+    return {"by_class": [members for members in classes.values() if len(members) > 1],
+            "clones": "source_path"}
+
+
+def clones_follow(job: Any) -> bool:
+    """Whether the job's clones go their sources' paths (a job started before jobs recorded
+    so draws a clone's orders from a stream of its own)."""
+    orders = job.arguments.orders
+    return isinstance(orders, dict) and orders.get("clones") == "source_path"
 
 
 def path_classes(job: Any) -> dict[int, int] | None:

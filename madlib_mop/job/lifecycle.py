@@ -20,7 +20,7 @@ from madlib_mop.engine.base import Engine, failure_sqlstate
 from madlib_mop.engine.cluster import engine_for
 from madlib_mop.engine.local import LocalEngine
 from madlib_mop.errors import MadlibMopError
-from madlib_mop.job import memory, outputs, repository, store
+from madlib_mop.job import fusing, memory, outputs, repository, store
 from madlib_mop.job import tables as job_tables
 from madlib_mop.job.coordinator import Coordinator, start_pool
 from madlib_mop.job.record import JobRecord, JobState
@@ -253,6 +253,7 @@ def run_plan(plpy: Any, plan: Plan, warm_start: bool, can_commit: bool, caller: 
     try:
         keras = KerasWork.for_job(lambda: pool, engine, plpy)
         weight_bytes = check_models(plpy, plan, keras)
+        plan = fusing.decided(plpy, plan, engine.stores_states, keras)  # (recorded: a resumed job fuses so)
         job_id, need = create_job(plpy, plan, previous, keras, prepare, left_by, weight_bytes,
                                   memory.limits_of(engine.worker_limits()))
     except BaseException:

@@ -58,9 +58,10 @@ class JobArguments:
     stage_frozen_layers: bool = True
     fuse_models: str = "off"  # madlib_mop.fuse_models when the job started (`job.fusing`)
     # How the models' paths are drawn (`job.schedule.visit_orders`): {"by_class": the
-    # mst_keys of each fusion class of two or more} for every job started now
-    # (`job.fusing.path_grouping`); "rotation" for a job started before jobs recorded it
-    # (resumed with the orders it had).
+    # mst_keys of each fusion class of two or more, "clones": "source_path"} for every job
+    # started now (`job.fusing.path_grouping`; a job recorded without "clones" draws its
+    # clones' orders from their own streams); "rotation" for a job started before jobs
+    # recorded it (resumed with the orders it had).
     orders: Any = "rotation"
     if_output_exists: str | None = None
     output_family: str | None = None  # if_output_exists => 'new_version': the first name

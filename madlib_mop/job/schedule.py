@@ -14,7 +14,7 @@ and moves one segment on each hop; offset i mod S for model i, or by class: `_st
 a segment labelling drawn afresh each epoch, with the models' offsets shuffled too: when
 models take equal time, S models proceed in lock-step without ever waiting.  A model
 added later (a searcher's new configuration) draws its orders from its own stream
-(`added_model_orders`), and a stopped model is only
+(`added_model_orders`), a clone follows its source (`model_orders`), and a stopped model is only
 no longer dispatched, so adding or stopping models changes no other model's order.
 
 Fused groups (`runtime.fusion`; madlib_mop.fuse_models).  The rotation sends several models
@@ -29,7 +29,9 @@ stops and a person's requests, never by timing, because a fused model's bits dep
 partners (a batched product of K models rounds as it does): a unit waits for each member
 still behind it in the epoch (it has steps to train there) and for a held member's decision;
 members already past the step (only a person's request makes one) are not waited for.
-Only the models the job started with fuse; models added later train alone.
+A person's clone of a model (`job.steering`) goes its source's path from where it was made,
+one step of the job's clock with it (`clock_offsets`), and hops in its source's groups where
+it is of its source's fusion class; models a searcher or a person adds train alone.
 """
 
 from __future__ import annotations
@@ -105,43 +107,87 @@ def started_with(keys, initial_models: int | None, added=frozenset()) -> list[in
 
 
 def model_orders(model: int, initial: list[int], segments: int, rounds: int, seed: int,
-                 classes: dict[int, Hashable] | None = None) -> list[list[int]]:
+                 classes: dict[int, Hashable] | None = None,
+                 clones: dict[int, tuple[int, int]] | None = None) -> list[list[int]]:
     """A model's first `rounds` orders, as `dispatcher_for` gives them (prefix-stable: more
-    rounds keep the earlier ones)."""
+    rounds keep the earlier ones).  A clone (`clones`: clone -> (its source, the source's
+    sub-epochs done when it was made), for a job whose clones follow their sources) goes
+    its source's path from there on."""
+    if clones and model in clones:
+        source, at = clones[model]
+        shift = at // segments
+        return model_orders(source, initial, segments, shift + rounds, seed, classes, clones)[shift:]
     if model in initial:
         return visit_orders(initial, segments, rounds, seed, classes)[model]
     return added_model_orders(model, segments, rounds, seed)
 
 
+def clock_offsets(clones: dict[int, tuple[int, int]] | None) -> dict[int, int]:
+    """model -> the sub-epochs on the job's clock before its own first one: a clone's
+    source's, plus the source's sub-epochs done when the clone was made (0 for the others:
+    a clone's step s is its source's step s + offset, so that they train one step together)."""
+    offsets: dict[int, int] = {}
+
+    def offset(model: int) -> int:
+        if model not in offsets:
+            source, at = clones[model]
+            offsets[model] = (offset(source) if source in clones else 0) + at
+        return offsets[model]
+    for model in clones or {}:
+        offset(model)
+    return offsets
+
+
 def dispatcher_for(rounds: dict[int, int], done: dict[int, int], segments: int, seed: int,
                    initial_models: int | None, added=frozenset(),
-                   classes: dict[int, Hashable] | None = None) -> "Dispatcher":
+                   classes: dict[int, Hashable] | None = None,
+                   clones: dict[int, tuple[int, int]] | None = None) -> "Dispatcher":
     """The dispatcher of a job's models (`rounds`: each one's passes over the segments;
     `done`: its sub-epochs done; `classes`: the fusion classes of the models it started
-    with, for a job that draws its orders by class).  Models added while the job ran
-    (`started_with`) have orders of their own, drawn the same whenever they are added, so
-    that a resumed job gives every model the orders it had."""
+    with, for a job that draws its orders by class; `clones`: see `model_orders`).  Models
+    added while the job ran (`started_with`) have orders of their own, drawn the same
+    whenever they are added, or their source's, so that a resumed job gives every model
+    the orders it had."""
     initial = started_with(rounds, initial_models, added)
     orders = visit_orders(initial, segments, max(rounds[k] for k in initial), seed, classes) if initial else {}
     for key in set(rounds) - set(initial):
-        orders[key] = added_model_orders(key, segments, rounds[key], seed)
+        orders[key] = model_orders(key, initial, segments, rounds[key], seed, classes, clones)
     return Dispatcher({k: o[: rounds[k]] for k, o in orders.items()}, segments, done,
-                      classes=dict(classes or {}))
+                      classes=dict(classes or {}), offsets=clock_offsets(clones))
 
 
-def fusion_groups(orders: dict[int, list[list[int]]], fusion: dict[int, int], epoch: int) -> dict[int, tuple]:
-    """model -> its group in `epoch`: the models of its fusion class whose path that epoch is
-    its own, in key order, in chunks of MAX_GROUP."""
+def fusion_groups(orders: dict[int, list[list[int]]], fusion: dict[int, int], epoch: int,
+                  offsets: dict[int, int] | None = None, segments: int = 1) -> dict[int, tuple]:
+    """model -> its group in `epoch` of the job's clock (a model's own epoch is that less
+    its offset, `clock_offsets`, in epochs of `segments` sub-epochs): the models of its
+    fusion class whose path that epoch is its own, in key order, in chunks of MAX_GROUP."""
     paths: dict[tuple, list[int]] = defaultdict(list)
     for model in sorted(fusion):
-        if epoch < len(orders[model]):
-            paths[(fusion[model], tuple(orders[model][epoch]))].append(model)
+        own = epoch - (offsets or {}).get(model, 0) // segments
+        if 0 <= own < len(orders[model]):
+            paths[(fusion[model], tuple(orders[model][own]))].append(model)
     groups = {}
     for members in paths.values():
         for start in range(0, len(members), MAX_GROUP):
             chunk = tuple(members[start:start + MAX_GROUP])
             groups.update({member: chunk for member in chunk})
     return groups
+
+
+def most_work_left(due, progress: dict[int, "_ModelProgress"], total: dict[int, int]) -> int | None:
+    """Among the models `due` on a segment: the highest priority, then the most work left
+    (sub-epochs left x the model's observed time; a model not timed yet counts the
+    others' mean), then the fewest done, then the lowest key."""
+    due = [(model, progress[model]) for model in due]
+    if not due:
+        return None
+    default = 1.0
+    if any(not p.seconds for _, p in due):
+        known = [p.seconds for p in progress.values() if p.seconds is not None]
+        default = sum(known) / len(known) if known else 1.0
+    *_, model = min((-p.priority, -(total[model] - p.done) * (p.seconds or default), p.done, model)
+                    for model, p in due)
+    return model
 
 
 @dataclass
@@ -163,6 +209,7 @@ class Dispatcher:
     done: dict[int, int] = field(default_factory=dict)
     fusion: dict[int, int] = field(default_factory=dict)  # model -> its fusion class
     classes: dict[int, Hashable] = field(default_factory=dict)  # the classes its orders were drawn by
+    offsets: dict[int, int] = field(default_factory=dict)  # model -> `clock_offsets` (clones)
 
     def __post_init__(self) -> None:
         self.progress = {m: _ModelProgress(self.done.get(m, 0)) for m in self.orders}
@@ -170,9 +217,8 @@ class Dispatcher:
         self.running: dict[int, set[int]] = {}  # segment -> the models of its call not finished
         self._groups: dict[tuple[int, int], tuple[int, ...]] = {}  # (epoch, model) -> group
         self.total = {m: len(o) * self.segments for m, o in self.orders.items()}
-        # The models that may be dispatched, by the segment each is due on next: a free
-        # segment looks at its own, not at every model (a scan of every model for every
-        # free segment took 8 ms per hop at 2,560 models: bench/bench_coordinator.py).
+        # The models that may be dispatched, by the segment each is due on next (a scan of every
+        # model for every free segment took 8 ms per hop at 2,560 models: bench_coordinator.py).
         self.due: dict[int, set[int]] = {s: set() for s in range(self.segments)}
         self._due_on: dict[int, int] = {}
         for model in self.orders:
@@ -201,12 +247,18 @@ class Dispatcher:
         self._reindex(model, *range(first // self.segments * self.segments, last + 1, self.segments))
 
     def group(self, model: int, epoch: int) -> tuple[int, ...]:
-        """The models that hop with `model` in `epoch` (`fusion_groups`)."""
+        """The models that hop with `model` in its own `epoch` (`fusion_groups`)."""
         if model not in self.fusion or epoch >= len(self.orders[model]):
             return (model,)
-        if (epoch, model) not in self._groups:
-            self._groups.update({(epoch, m): g for m, g in fusion_groups(self.orders, self.fusion, epoch).items()})
-        return self._groups[(epoch, model)]
+        clock = epoch + self.offsets.get(model, 0) // self.segments
+        if (clock, model) not in self._groups:
+            self._groups.update({(clock, m): g for m, g in
+                                 fusion_groups(self.orders, self.fusion, clock, self.offsets, self.segments).items()})
+        return self._groups[(clock, model)]
+
+    def step_of(self, member: int, model: int, step: int) -> int:
+        """`member`'s own step at `model`'s step `step` (they differ for a clone)."""
+        return step + self.offsets.get(model, 0) - self.offsets.get(member, 0)
 
     def unit(self, model: int) -> tuple[int, ...]:
         """The models that train the model's next step with it if they may go now, else ()."""
@@ -215,10 +267,10 @@ class Dispatcher:
         step = self.progress[model].done
         unit = []
         for member in self.group(model, step // self.segments):
-            p = self.progress[member]
-            if self.total[member] <= step or p.done > step:
+            p, own = self.progress[member], self.step_of(member, model, step)
+            if self.total[member] <= own or p.done > own:
                 continue  # never trains this step, or already past it
-            if p.done < step or p.busy or p.held:
+            if p.done < own or p.busy or p.held:
                 return ()  # the unit waits for it
             unit.append(member)
         return tuple(unit)
@@ -269,19 +321,8 @@ class Dispatcher:
         return self.due[segment]
 
     def choose(self, due) -> int | None:
-        """Among the models due on a segment: the highest priority, then the most work left
-        (sub-epochs left x the model's observed time; a model not timed yet counts the
-        others' mean), then the fewest done, then the lowest key."""
-        due = [(model, self.progress[model]) for model in due]
-        if not due:
-            return None
-        default = 1.0
-        if any(not p.seconds for _, p in due):
-            known = [p.seconds for p in self.progress.values() if p.seconds is not None]
-            default = sum(known) / len(known) if known else 1.0
-        *_, model = min((-p.priority, -(self.total[model] - p.done) * (p.seconds or default), p.done, model)
-                        for model, p in due)
-        return model
+        """Among the models due on a segment, the one to go (`most_work_left`)."""
+        return most_work_left(due, self.progress, self.total)
 
     def finish(self, model: int, segment: int, seconds: float | None = None) -> int:
         """The model's visit to the segment succeeded (in `seconds`); returns its completed
@@ -295,14 +336,20 @@ class Dispatcher:
         self._reindex(model, progress.done - 1, progress.done)
         return progress.done
 
-    def add(self, model: int, orders: list[list[int]], done: int = 0) -> None:
-        """A model joins the job (orders: see `added_model_orders`)."""
+    def add(self, model: int, orders: list[list[int]], done: int = 0, offset: int = 0,
+            fusion: int | None = None) -> None:
+        """A model joins the job (orders: `model_orders`; `offset`: `clock_offsets`), in the
+        fusion class `fusion` if given (its source's: it joins its source's groups)."""
         if model in self.orders:
             raise ValueError(f"model {model} is already scheduled")
         self.orders[model] = orders
         self.progress[model] = _ModelProgress(done)
         self.total[model] = len(orders) * self.segments
-        self._index(model)  # it does not fuse: in no group
+        self.offsets[model] = offset
+        if fusion is not None:
+            self.fusion[model] = fusion
+            self._groups.clear()  # the groups it is in gain it
+        self._reindex(model, done)
 
     def stop(self, model: int) -> None:
         """The model trains no further (a running visit of it may still finish)."""

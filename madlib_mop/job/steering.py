@@ -10,7 +10,9 @@ timing:
     clone       at its next iteration boundary, a new model (the next free mst_key) starts
                 from its state there, with the request's compile and fit params: the whole
                 state when the compile params are the source's, else its weights and a new
-                optimizer (as warm start does); it trains the job's num_iterations
+                optimizer (as warm start does); it trains the job's num_iterations, on its
+                source's path from there (`schedule.model_orders`), in its source's fused
+                groups where it is of its source's class (`fusing.clone_class`)
     add         a new model, at once, as a searcher's configuration joins
 
 Each applied request records the iteration it took effect after (and the model it made), in
@@ -27,7 +29,7 @@ from typing import Any, Callable
 from psycopg import sql
 
 from madlib_mop.errors import MadlibMopError
-from madlib_mop.job import plan, schedule
+from madlib_mop.job import fusing, plan, schedule
 from madlib_mop.engine.base import Engine
 from madlib_mop.job.events import JobEvents
 from madlib_mop.job.search_driver import JobSearch
@@ -99,6 +101,18 @@ def added(requests: list[Request]) -> set[int]:
     return {r.new_mst_key for r in requests if r.applied and r.new_mst_key is not None}
 
 
+def clone_sources(requests: list[Request], models: dict[int, ModelRecord], job: Any
+                  ) -> dict[int, tuple[int, int]]:
+    """clone -> (its source, the source's sub-epochs done when it was made), of a job
+    (`record.JobRecord`) whose clones go their sources' paths (`fusing.clones_follow`;
+    else none)."""
+    if not fusing.clones_follow(job):
+        return {}
+    return {r.new_mst_key: (r.mst_key, r.applied_iteration * models[r.mst_key].per_iteration)
+            for r in requests if r.action == "clone" and r.applied and r.new_mst_key in models
+            and r.mst_key in models and r.applied_iteration is not None}
+
+
 class JobSteering:
     """The job's requests: the applied ones (read at the start), the others applied as the
     models they act on reach iteration boundaries."""
@@ -113,7 +127,9 @@ class JobSteering:
         self.events = events
         self.keras = search.keras  # an added model's facts and state: the job's (`job.keras_work`)
         self.search.record_stops({k: v for k, v in stops(requests).items() if k in self.models})
-        self.added = added(requests)  # models made by requests: their visit orders are their own
+        self.added = added(requests)  # models made by requests: not of the job's rotations
+        self.follow = fusing.clones_follow(store.job)
+        self.clones = clone_sources(requests, models, store.job)  # they go their sources' paths
         self.pending = [r for r in requests if not r.applied]
         self.seen = {r.action_id for r in requests}  # ids are drawn at insert, not commit
         self.polled = 0.0
@@ -216,7 +232,7 @@ class JobSteering:
             initial = schedule.started_with(self.models, self.store.job.arguments.initial_models,
                                             self.added)
             orders = schedule.model_orders(model.mst_key, initial, self.store.job.num_segments, rounds,
-                                           self.store.job.seed, self.schedule.classes)
+                                           self.store.job.seed, self.schedule.classes, self.clones)
         self.schedule.limit(model.mst_key, rounds * self.store.job.num_segments, orders)
         model.iterations = iterations
 
@@ -249,7 +265,9 @@ class JobSteering:
         self.added.add(key)
         self.models[key] = self.store.model_record(key, entry["model_id"], entry["compile_params"],
                                                    entry["fit_params"])
-        self.schedule.add(key, schedule.added_model_orders(key, job.num_segments, rounds, job.seed))
+        # (a clone's point as its request records it: a resumed job's `clone_sources`)
+        self._schedule(key, entry, source, None if source is None else iteration * self.models[source].per_iteration,
+                       rounds)
         self.search.pruner.start(sorted(self.models))
         self.engine.prepare_job(self.plpy, job, self.store.model_rows)  # segment servers learn it
         self.changed(self.models[key])
@@ -257,6 +275,25 @@ class JobSteering:
                     + (f"a clone of mst_key {source} after iteration {iteration}, " if source else "")
                     + f"{entry['compile_params']}, {entry['fit_params']}")
         return True
+
+    def _schedule(self, key: int, entry: dict, source: int | None, at: int | None, rounds: int) -> None:
+        """The new model's orders: a clone's, its source's from `at` on (in its groups where
+        it fuses); an added model's, of its own."""
+        job = self.store.job
+        if source is None or not self.follow:
+            return self.schedule.add(key, schedule.added_model_orders(key, job.num_segments, rounds, job.seed))
+        self.clones[key] = (source, at)
+        initial = schedule.started_with(self.models, job.arguments.initial_models, self.added)
+        origin = self.models[source]
+        joined = fusing.clone_class(self.schedule.fusion, {
+            "mst_key": source, "model_arch": entry["model_arch"], "compile_params": origin.compile_params,
+            "fit_params": origin.fit_params}, entry)
+        self.schedule.add(key, schedule.model_orders(key, initial, job.num_segments, rounds, job.seed,
+                                                     self.schedule.classes, self.clones),
+                          offset=schedule.clock_offsets(self.clones)[key], fusion=joined)
+        if joined is not None:
+            self.notice(f"mst_key {key} trains fused with its source's group "
+                        f"{self.schedule.group(key, 0)}")
 
     def _initial_state(self, entry: dict, source: int | None, at: int | None) -> bytes:
         """A clone's: the source's state (whole when compiled the same, else its weights and

@@ -174,10 +174,11 @@ GATHERED_BYTES = 64 * 2**20
 
 
 def train_fused_subepoch(program: FusedProgram, specs: Sequence[ModelSpec], buffers: list[Buffer],
-                         seed: int, step: int, classification: bool,
+                         seed: int, steps: Sequence[int], classification: bool,
                          chunk_rows: int | None = None) -> tuple[list[Outcome], dict[str, float]]:
     """Train the program's models (their states restored, in the order of `specs`) over
-    the buffers once, each in its own seeded order (`training.subepoch_order`), in the
+    the buffers once, each in its own seeded order (`training.subepoch_order` of its own
+    step, `steps` in the order of `specs`), in the
     minibatches `training.train_subepoch` gives it.  The buffers are decoded once for all
     and held whole (unlike the unfused loop, which streams them), with the K models'
     gathered rows of a chunk (`chunk_rows` per model; None: the whole segment), at most
@@ -198,7 +199,7 @@ def train_fused_subepoch(program: FusedProgram, specs: Sequence[ModelSpec], buff
     offsets = np.cumsum([0] + [len(x) for x, _ in loaded])
     seconds["decode"] = time.perf_counter() - started
     orders = []
-    for spec in specs:
+    for spec, step in zip(specs, steps, strict=True):
         order = subepoch_order([b.rows for b in buffers], seed, spec.mst_key, step,
                                fit.get("shuffle", True))
         orders.append(np.concatenate([offsets[index] + permutation for index, permutation in order])

@@ -340,20 +340,24 @@ def _fused_program(plpy: Any, ctx: JobContext, mst_keys: list[int]) -> fused_pro
     return _fused[key]
 
 
-def _restored_fused(plpy: Any, ctx: JobContext, mst_keys: list[int], step: int
+def _restored_fused(plpy: Any, ctx: JobContext, mst_keys: list[int], steps: list[int]
                     ) -> tuple[fused_program.FusedProgram, float]:
-    """The models' fused program, with each model's state after `step` sub-epochs (from the
-    job's store) restored into it; and when it was built (before the states were read)."""
+    """The models' fused program, with each model's state after its `steps` sub-epochs (from
+    the job's store) restored into it; and when it was built (before the states were read)."""
+    if len(steps) != len(mst_keys):
+        raise MadlibMopError(f"job {ctx.job_id}: {len(mst_keys)} models and {len(steps)} steps",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint="Give one step per model, in the order of mst_keys.")
     program = _fused_program(plpy, ctx, mst_keys)
     built = time.perf_counter()
     with contextlib.ExitStack() as stack:
-        program.restore([stack.enter_context(_state(ctx, key, step, None)) for key in mst_keys])
+        program.restore([stack.enter_context(_state(ctx, key, step, None)) for key, step in zip(mst_keys, steps)])
     return program, built
 
 
-def train_fused(plpy: Any, job_id: int, mst_keys: list[int], step: int, segment: int) -> list[str]:
+def train_fused(plpy: Any, job_id: int, mst_keys: list[int], steps: list[int], segment: int) -> list[str]:
     """One sub-epoch of the models `mst_keys` (one fusion group of the schedule, each after
-    `step` sub-epochs) on `segment`, trained as one fused program: each model's state read
+    its `steps` sub-epochs) on `segment`, trained as one fused program: each model's state read
     from and written to the job's store as `train` does, one visit's record per model."""
     started = time.perf_counter()
     ctx = context(plpy, job_id)
@@ -364,16 +368,16 @@ def train_fused(plpy: Any, job_id: int, mst_keys: list[int], step: int, segment:
     setup = time.perf_counter()
     buffers = _buffers(plpy, ctx, ctx.train, segment)
     read = time.perf_counter()
-    program, built = _restored_fused(plpy, ctx, mst_keys, step)
+    program, built = _restored_fused(plpy, ctx, mst_keys, steps)
     restored = time.perf_counter()
     specs = [ctx.specs[key] for key in mst_keys]
     chunk_rows = None if all(b.in_memory for b in buffers) else max(b.rows for b in buffers)
-    outcomes, _ = fused_program.train_fused_subepoch(program, specs, buffers, ctx.seed, step,
+    outcomes, _ = fused_program.train_fused_subepoch(program, specs, buffers, ctx.seed, steps,
                                                      ctx.train.columns.classification, chunk_rows)
     trained = time.perf_counter()
     results = []
     blobs, nonfinite = program.capture_checked()
-    for index, (key, outcome, blob) in enumerate(zip(mst_keys, outcomes, blobs)):
+    for index, (key, step, outcome, blob) in enumerate(zip(mst_keys, steps, outcomes, blobs)):
         diverged = training.divergence(outcome.means()) or nonfinite.get(index)
         if not diverged:
             ctx.states.hops.write(key, step + 1, blob)
@@ -428,9 +432,9 @@ def evaluate(plpy: Any, job_id: int, mst_key: int, step: int, partition: int,
                         "seconds": seconds, "staged": staged})
 
 
-def evaluate_fused(plpy: Any, job_id: int, mst_keys: list[int], step: int, partition: int) -> list[str]:
+def evaluate_fused(plpy: Any, job_id: int, mst_keys: list[int], steps: list[int], partition: int) -> list[str]:
     """`evaluate` of the models of one fused call (`VisitRecord.fused_with`), each after
-    `step` sub-epochs, as one program over the partition's rows: each model's result, in
+    its `steps` sub-epochs, as one program over the partition's rows: each model's result, in
     their order.  Their inference cost is their architecture's, which they share: timed once
     per worker and job, on the first model alone, as `evaluate` times it."""
     started = time.perf_counter()
@@ -442,7 +446,7 @@ def evaluate_fused(plpy: Any, job_id: int, mst_keys: list[int], step: int, parti
                              hint="Only the fused models of a fit given a validation_table evaluate fused.")
     buffers = _buffers(plpy, ctx, ctx.validation, partition)
     read = time.perf_counter()
-    program, built = _restored_fused(plpy, ctx, mst_keys, step)
+    program, built = _restored_fused(plpy, ctx, mst_keys, steps)
     restored = time.perf_counter()
     classification = ctx.validation.columns.classification
     outcomes = fused_program.evaluate_fused(program, [ctx.specs[key] for key in mst_keys], buffers,
@@ -451,7 +455,7 @@ def evaluate_fused(plpy: Any, job_id: int, mst_keys: list[int], step: int, parti
     cost_class = fusion.fusion_class(ctx.specs[mst_keys[0]])
     if cost_class not in ctx.inference_ms and buffers:
         alone = _program(plpy, ctx, mst_keys[0])
-        with _state(ctx, mst_keys[0], step, None) as blob:
+        with _state(ctx, mst_keys[0], steps[0], None) as blob:
             _restore(ctx, alone, blob)
         timed = training.evaluate(alone, ctx.specs[mst_keys[0]], buffers[:1], classification)
         if timed.seconds_per_row is not None:
