@@ -47,8 +47,9 @@ def iris(extension_dsn):
     return extension_dsn
 
 
-def _fit(dsn: str, out: str, fuse: str, pruner: str | None = None, validation: bool = False) -> None:
-    with connect(dsn) as conn:
+def _fit(dsn: str, out: str, fuse: str, pruner: str | None = None, validation: bool = False,
+         notices: list | None = None) -> None:
+    with connect(dsn, notices) as conn:
         conn.execute(f"SET madlib_mop.fuse_models = {fuse}")
         conn.execute("SELECT madlib_keras_fit_multiple_model('iris_fused_packed', %s, 'iris_fused_mst', "
                      "4, FALSE, %s, %s, pruner => %s)",
@@ -177,11 +178,11 @@ def test_a_clone_joins_its_sources_group_and_a_resumed_job_keeps_it_there(iris):
     path from where it was made and trains in the calls of its group, each at its own
     step; killed after the clone and resumed, the job keeps it in that group; replay gives
     the clone's weights within float rounding."""
-    out, failures = "iris_fused_cloned", []
+    out, failures, notices = "iris_fused_cloned", [], []
 
     def fit() -> None:
         try:
-            _fit(iris, out, "on")
+            _fit(iris, out, "on", notices=notices)
         except psycopg.OperationalError as error:  # (its coordinator is terminated)
             failures.append(error)
 
@@ -210,6 +211,8 @@ def test_a_clone_joins_its_sources_group_and_a_resumed_job_keeps_it_there(iris):
                      "WHERE job_id = %s", (job_id,))
         conn.execute("CALL resume(%s)", (job_id,))
         assert 1 <= iteration < 4 and clone == MODELS + 1
+        assert any(f"mst_key {clone} enters" in n and "it trains fused with its source's group (" in n
+                   for n in notices), notices
         visits, at = _fused_with(conn, out), 2 * iteration  # (2 sub-epochs an iteration)
         steps = sorted(step for key, step in visits if key == clone)
         assert steps == list(range(2 * 4))  # the job's 4 iterations, from the clone's step 0

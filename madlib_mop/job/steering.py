@@ -266,22 +266,25 @@ class JobSteering:
         self.models[key] = self.store.model_record(key, entry["model_id"], entry["compile_params"],
                                                    entry["fit_params"])
         # (a clone's point as its request records it: a resumed job's `clone_sources`)
-        self._schedule(key, entry, source, None if source is None else iteration * self.models[source].per_iteration,
-                       rounds)
+        fused = self._schedule(key, entry, source,
+                               None if source is None else iteration * self.models[source].per_iteration, rounds)
         self.search.pruner.start(sorted(self.models))
         self.engine.prepare_job(self.plpy, job, self.store.model_rows)  # segment servers learn it
         self.changed(self.models[key])
         self.notice(f"mst_key {key} enters (steering action {request.action_id}, by {request.owner}): "
                     + (f"a clone of mst_key {source} after iteration {iteration}, " if source else "")
-                    + f"{entry['compile_params']}, {entry['fit_params']}")
+                    + f"{entry['compile_params']}, {entry['fit_params']}"
+                    + ("" if fused is None else f"; it trains fused with its source's group {fused}"))
         return True
 
-    def _schedule(self, key: int, entry: dict, source: int | None, at: int | None, rounds: int) -> None:
+    def _schedule(self, key: int, entry: dict, source: int | None, at: int | None, rounds: int
+                  ) -> tuple[int, ...] | None:
         """The new model's orders: a clone's, its source's from `at` on (in its groups where
-        it fuses); an added model's, of its own."""
+        it fuses: its first one is returned); an added model's, of its own."""
         job = self.store.job
         if source is None or not self.follow:
-            return self.schedule.add(key, schedule.added_model_orders(key, job.num_segments, rounds, job.seed))
+            self.schedule.add(key, schedule.added_model_orders(key, job.num_segments, rounds, job.seed))
+            return None
         self.clones[key] = (source, at)
         initial = schedule.started_with(self.models, job.arguments.initial_models, self.added)
         origin = self.models[source]
@@ -291,9 +294,7 @@ class JobSteering:
         self.schedule.add(key, schedule.model_orders(key, initial, job.num_segments, rounds, job.seed,
                                                      self.schedule.classes, self.clones),
                           offset=schedule.clock_offsets(self.clones)[key], fusion=joined)
-        if joined is not None:
-            self.notice(f"mst_key {key} trains fused with its source's group "
-                        f"{self.schedule.group(key, 0)}")
+        return None if joined is None else self.schedule.group(key, 0)
 
     def _initial_state(self, entry: dict, source: int | None, at: int | None) -> bytes:
         """A clone's: the source's state (whole when compiled the same, else its weights and
