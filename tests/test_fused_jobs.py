@@ -231,6 +231,43 @@ def test_a_clone_joins_its_sources_group_and_a_resumed_job_keeps_it_there(iris):
         np.testing.assert_allclose(replayed, weights, rtol=1e-4, atol=1e-5)
 
 
+def test_models_whose_fused_call_would_not_fit_the_worker_budget_train_unfused(iris):
+    """A fused call holds its segment's rows decoded whole (the unfused loop streams them):
+    where that and the models' states are over madlib_mop.worker_memory_mb, the job is made
+    unfused, with a NOTICE, and records so (a resumed job does not fuse either)."""
+    notices: list[str] = []
+    with connect(iris, notices) as conn:
+        conn.execute("CREATE TABLE wide AS SELECT i AS id, ARRAY(SELECT ((i * 7 + j * 13) % 101) / 101.0 "
+                     "FROM generate_series(1, 64) j)::real[] AS x, (i % 3)::text AS y "
+                     "FROM generate_series(1, 6000) i")
+        conn.execute("SELECT training_preprocessor_dl('wide', 'wide_packed', 'y', 'x', buffer_size => 1000, "
+                     "distribution_rules => '2')")
+        conn.execute("SELECT load_keras_model('wide_arch', %s::json)", (_wide(),))
+        conn.execute("SELECT load_model_selection_table('wide_arch', 'wide_mst', ARRAY[1], %s, "
+                     "ARRAY['batch_size=100'])", ([COMPILE.format(lr=r) for r in (0.01, 0.02, 0.03, 0.04)],))
+        conn.execute("SET madlib_mop.fuse_models = on")
+        for budget, out in ((1, "wide_unfused"), (64, "wide_fused")):  # (a segment: 3,000 rows, 1.6 MB)
+            conn.execute(f"SET madlib_mop.worker_memory_mb = {budget}")
+            notices.clear()
+            conn.execute("SELECT madlib_keras_fit_multiple_model('wide_packed', %s, 'wide_mst', 1)", (out,))
+            fused = conn.execute("SELECT arguments->'orders'->'fused' FROM jobs WHERE model_output_table = %s",
+                                 (f"public.{out}",)).fetchone()[0]
+            calls = {n for *_, n in _visits(conn, out)}
+            said = [n for n in notices if "the models train unfused" in n]
+            if budget == 1:
+                assert fused == [] and calls == {1} and len(said) == 1, notices
+                assert "of the 1 MB of madlib_mop.worker_memory_mb" in said[0]
+            else:
+                assert fused == [[1, 2, 3, 4]] and calls == {2} and not said  # (2 a path)
+
+
+def _wide() -> str:
+    import keras
+
+    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(8, activation="relu"),
+                             keras.layers.Dense(3, activation="softmax")]).to_json()
+
+
 def test_the_setting_is_checked(iris):
     with connect(iris) as conn:
         conn.execute("SET madlib_mop.fuse_models = sometimes")

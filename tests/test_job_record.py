@@ -143,3 +143,19 @@ def test_a_job_fuses_by_the_classes_it_recorded_and_its_clones_join_them():
     found = fusing.job_classes(None, job, True, {1, 2, 3}, lambda: rows, None, clones)
     assert found == {1: 0, 2: 0, 3: 1, 4: 0}
     assert fusing.job_classes(None, job, False, {1, 2, 3}, lambda: rows, None, clones) == {}
+
+
+def test_what_a_fused_call_holds_of_its_segment_and_states():
+    source = {"rows_per_segment": [100, 120], "feature_shape": [4], "num_classes": [3]}
+    assert fusing.decoded_segment_bytes(source) == 120 * (2 * 4 * 4 + 8 * 3)
+    assert fusing.decoded_segment_bytes({"num_rows": 220}) is None  # (packed by MADlib: not said)
+    mlp = json.dumps({"class_name": "Sequential", "config": {"name": "s", "layers": [
+        {"class_name": "InputLayer", "config": {"batch_shape": [None, 4], "name": "i"}},
+        {"class_name": "Dense", "config": {"units": 3, "activation": "softmax", "name": "d"}}]}})
+    configs = [{"mst_key": key, "model_arch": mlp, "fit_params": "batch_size=8",
+                "compile_params": "optimizer='SGD(lr=0.1)',loss='categorical_crossentropy'"} for key in (1, 2, 3)]
+    assert fusing.fused_need({}, configs, source, {mlp: 1000}) is None
+    total, held = fusing.fused_need({1: 0, 2: 0, 3: 0}, configs, source, {mlp: 1000})
+    # SGD keeps no slot: a state is its weights; 3 copies of one program's, and of the 3 stacked.
+    assert held * fusing.memory.MB == 120 * (2 * 4 * 4 + 8 * 3)
+    assert total * fusing.memory.MB == 3 * 1000 + 3 * 3 * 1000 + 120 * (2 * 4 * 4 + 8 * 3)

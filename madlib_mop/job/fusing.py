@@ -28,11 +28,14 @@ recorded clones, so a resumed job forms the same groups.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Iterable
 
 from madlib_mop import errors
 from madlib_mop.db import packed, settings
 from madlib_mop.errors import MadlibMopError
+from madlib_mop.job import memory
+from madlib_mop.job.schedule import MAX_GROUP
 from madlib_mop.runtime import fusion, training
 
 FUSE_SETTING = "madlib_mop.fuse_models"
@@ -104,17 +107,57 @@ def job_classes(plpy: Any, job: Any, local: bool, initial: set[int], model_rows:
     return with_clones(found if local else {}, clones, model_rows)
 
 
-def decided(plpy: Any, plan: Any, local: bool, keras: Any) -> Any:
+def decided(plpy: Any, plan: Any, local: bool, keras: Any, weight_bytes: dict[str, int]) -> Any:
     """The plan (`job.plan.Plan`) with its models' fusion classes recorded in its arguments'
     `orders` ("fused": the mst_keys of each class, in the order of their first model), so
-    that the job, resumed by a later version or with other facts, fuses as it started."""
+    that the job, resumed by a later version or with other facts, fuses as it started.
+    None fuse where a fused call would not fit madlib_mop.worker_memory_mb (`fused_need`;
+    `weight_bytes`: architecture -> its weights' bytes, `plan.check_models`)."""
     classes = _decide(plpy, plan.arguments, plan.source["packed_table"], plan.source["num_segments"], local,
                       plan.configs, keras)
+    budget = memory.budget_mb(plpy)
+    need = fused_need(classes, plan.configs, plan.source, weight_bytes)
+    if budget > 0 and need is not None and need[0] > budget:  # (0 keeps no buffers: not a bound)
+        plpy.notice(f"{FUSE_SETTING}: the models train unfused: a fused call would hold about "
+                    f"{need[0]:.0f} MB (its segment's rows decoded, {need[1]:.0f} MB, and the "
+                    f"models' states) of the {budget} MB of madlib_mop.worker_memory_mb")
+        classes = {}
     members: list[list[int]] = [[] for _ in set(classes.values())]
     for key in sorted(classes):
         members[classes[key]].append(int(key))
     orders = dict(plan.arguments.orders, fused=members)
     return dataclasses.replace(plan, arguments=plan.arguments.replace(orders=orders))
+
+
+def decoded_segment_bytes(source: dict) -> int | None:
+    """What a fused call holds of the largest segment of a packed table (`source`: its
+    summary) decoded: its features as float32 twice (the buffers' and their concatenation)
+    and its labels as int16 and float32 (`fused_program.train_fused_subepoch`, which holds
+    the segment whole where the unfused loop streams it); None where the summary does not
+    say (a table packed by MADlib)."""
+    rows, shape = source.get("rows_per_segment"), source.get("feature_shape")
+    if not rows or not shape:
+        return None
+    labels = sum(source.get("num_classes") or [1])
+    return max(rows) * (2 * 4 * math.prod(shape) + 8 * labels)
+
+
+def fused_need(classes: dict[int, int], configs: list[dict], source: dict, weight_bytes: dict[str, int]
+               ) -> tuple[float, float] | None:
+    """(MB a worker holds to train the fused `classes`: the job's models as `job.memory`
+    counts them, each class's stacked states (a group's, at most MAX_GROUP models)
+    and the decoded segment; the decoded segment's MB), or None when nothing fuses or the
+    segment's size is not known."""
+    held = decoded_segment_bytes(source)
+    if not classes or held is None:
+        return None
+    states = {c["mst_key"]: memory.estimated_state_bytes(c, weight_bytes[c["model_arch"]])
+              for c in configs if c["model_arch"] in weight_bytes}
+    models = memory.models_bytes([training.ModelSpec.of(c) for c in configs], states)
+    for number in set(classes.values()):
+        members = [states.get(k, 0) for k, v in classes.items() if v == number]
+        models += memory.STATE_COPIES * min(len(members), MAX_GROUP) * max(members)
+    return (models + held) / memory.MB, held / memory.MB
 
 
 def _decide(plpy: Any, arguments: Any, source_table: str, num_segments: int, local: bool, configs: list[dict],
