@@ -7,8 +7,8 @@ import heapq
 import numpy as np
 import pytest
 
-from madlib_mop.job.schedule import (Dispatcher, added_model_orders, clock_offsets, dispatcher_for, model_orders,
-                                    visit_orders)
+from madlib_mop.job.schedule import (MAX_GROUP, Dispatcher, added_model_orders, clock_offsets, dispatcher_for,
+                                    fusion_groups, model_orders, visit_orders)
 
 
 def _simulate(models, segments, epochs, seed, durations, failures=frozenset(), done=None,
@@ -387,7 +387,7 @@ def test_a_clone_goes_its_sources_path_and_joins_its_group_where_it_was_made():
     clones = {5: (1, 2)}
     clone_orders = model_orders(5, initial, 2, 2, 11, classes, clones)
     assert clone_orders == orders[1][1:]
-    dispatcher.add(5, clone_orders, offset=clock_offsets(clones)[5], fusion=0)
+    dispatcher.add(5, clone_orders, offset=clock_offsets(clones)[5], fusion=0, source=1)
     partners = dispatcher.group(1, 1)
     assert 5 in partners and len(partners) == 3 and dispatcher.group(5, 0) == partners
     others = [m for m in initial if m not in partners]
@@ -423,3 +423,24 @@ def test_a_clone_of_another_class_or_of_a_job_that_does_not_fuse_trains_alone_on
     dispatcher.add(3, orders[1][1:], offset=2)  # (no class: `fusing.clone_class` gave None)
     assert dispatcher.group(3, 0) == (3,)
     assert dispatcher.next_visit(1) in (((1, 2), 2), ((3,), 0))
+
+
+def test_a_clone_hops_only_in_its_source_s_groups_where_they_have_room():
+    """In every epoch a clone is in its source's group (the one whose models wait for its
+    source, so none of them had trained the step before the clone was made), never in
+    another of its class and path, whose models may have gone on ahead; where that group is
+    full (MAX_GROUP), or its source no longer trains, it trains alone."""
+    orders = {m: [[0, 1], [1, 0]] for m in range(1, 21)}  # 20 of one class on one path: 16 + 4
+    fusion = dict.fromkeys(range(1, 22), 0)
+    with_clone = {**orders, 21: [[0, 1], [1, 0]]}
+    full = fusion_groups(with_clone, fusion, 0, {}, 2, {21: 3})  # model 3's group has 16
+    assert full[3] == tuple(range(1, MAX_GROUP + 1)) and full[17] == (17, 18, 19, 20) and 21 not in full
+    room = fusion_groups(with_clone, fusion, 0, {}, 2, {21: 18})
+    assert room[21] == room[18] == (17, 18, 19, 20, 21)
+    # Model 18 trains one epoch; its clone, made at its end (2 sub-epochs), would hop with
+    # it in epoch 1 of the job's clock: model 18 is not there, the clone trains alone.
+    ended = fusion_groups({**orders, 18: [[0, 1]], 21: [[1, 0]]}, fusion, 1, {21: 2}, 2, {21: 18})
+    assert 21 not in ended and ended[17] == (17, 19, 20)
+    dispatcher = Dispatcher({**orders, 18: [[0, 1]]}, 2, fusion=dict.fromkeys(range(1, 21), 0))
+    dispatcher.add(21, [[1, 0]], offset=2, fusion=0, source=18)
+    assert dispatcher.group(21, 0) == (21,) and dispatcher.group(17, 1) == (17, 19, 20)

@@ -17,9 +17,9 @@ The setting, recorded with the job when it starts (a resumed job keeps it):
   fuses when its models train at least AUTO_STEPS steps per segment in the job.
 
 Only models on this server fuse (a segment server's worker is sent states with the call).
-A person's clone of a model that fuses hops in its source's groups where its configuration
-is of its source's class (`clone_class`: a changed learning rate keeps it, a changed batch
-size does not); models a searcher or a person adds train alone.  The classes are a
+A person's clone of a model that fuses hops in its source's groups (`job.schedule.fusion_groups`)
+where its configuration is of its source's class (`clone_class`: a changed learning rate
+keeps it, a changed batch size does not); models a searcher or a person adds train alone.  The classes are a
 function of the models' configurations, their weights' count and the setting, decided
 when the job is made and recorded with it (`decided`: `orders` "fused"), and of its
 recorded clones, so a resumed job forms the same groups.
@@ -145,9 +145,9 @@ def decoded_segment_bytes(source: dict) -> int | None:
 def fused_need(classes: dict[int, int], configs: list[dict], source: dict, weight_bytes: dict[str, int]
                ) -> tuple[float, float] | None:
     """(MB a worker holds to train the fused `classes`: the job's models as `job.memory`
-    counts them, each class's stacked states (a group's, at most MAX_GROUP models)
-    and the decoded segment; the decoded segment's MB), or None when nothing fuses or the
-    segment's size is not known."""
+    counts them, each class's stacked states (a group's: MAX_GROUP models, as a person's
+    clones may fill it) and the decoded segment; the decoded segment's MB), or None when
+    nothing fuses or the segment's size is not known."""
     held = decoded_segment_bytes(source)
     if not classes or held is None:
         return None
@@ -156,7 +156,7 @@ def fused_need(classes: dict[int, int], configs: list[dict], source: dict, weigh
     models = memory.models_bytes([training.ModelSpec.of(c) for c in configs], states)
     for number in set(classes.values()):
         members = [states.get(k, 0) for k, v in classes.items() if v == number]
-        models += memory.STATE_COPIES * min(len(members), MAX_GROUP) * max(members)
+        models += memory.STATE_COPIES * MAX_GROUP * max(members)
     return (models + held) / memory.MB, held / memory.MB
 
 

@@ -30,8 +30,9 @@ partners (a batched product of K models rounds as it does): a unit waits for eac
 still behind it in the epoch (it has steps to train there) and for a held member's decision;
 members already past the step (only a person's request makes one) are not waited for.
 A person's clone of a model (`job.steering`) goes its source's path from where it was made,
-one step of the job's clock with it (`clock_offsets`), and hops in its source's groups where
-it is of its source's fusion class; models a searcher or a person adds train alone.
+one step of the job's clock with it (`clock_offsets`), and hops in its source's groups (only
+those: `fusion_groups`) where it is of its source's fusion class; models a searcher or a
+person adds train alone.
 """
 
 from __future__ import annotations
@@ -153,25 +154,41 @@ def dispatcher_for(rounds: dict[int, int], done: dict[int, int], segments: int, 
     for key in set(rounds) - set(initial):
         orders[key] = model_orders(key, initial, segments, rounds[key], seed, classes, clones)
     return Dispatcher({k: o[: rounds[k]] for k, o in orders.items()}, segments, done,
-                      classes=dict(classes or {}), offsets=clock_offsets(clones))
+                      classes=dict(classes or {}), offsets=clock_offsets(clones),
+                      sources={clone: source for clone, (source, _) in (clones or {}).items()})
 
 
 def fusion_groups(orders: dict[int, list[list[int]]], fusion: dict[int, int], epoch: int,
-                  offsets: dict[int, int] | None = None, segments: int = 1) -> dict[int, tuple]:
+                  offsets: dict[int, int] | None = None, segments: int = 1,
+                  sources: dict[int, int] | None = None) -> dict[int, tuple]:
     """model -> its group in `epoch` of the job's clock (a model's own epoch is that less
     its offset, `clock_offsets`, in epochs of `segments` sub-epochs): the models of its
-    fusion class whose path that epoch is its own, in key order, in chunks of MAX_GROUP."""
+    fusion class whose path that epoch is its own, in key order, in chunks of MAX_GROUP.
+
+    A clone (`sources`: clone -> its source) is in its source's group only, where its
+    source trains that epoch and the group has room (then at its end, clones in key
+    order): the models of that group wait for the source, so none had trained the step
+    before the clone was made; a group without the source may have (its models went on
+    ahead), and which steps they then shared would depend on timing."""
     paths: dict[tuple, list[int]] = defaultdict(list)
-    for model in sorted(fusion):
-        own = epoch - (offsets or {}).get(model, 0) // segments
-        if 0 <= own < len(orders[model]):
-            paths[(fusion[model], tuple(orders[model][own]))].append(model)
-    groups = {}
+
+    def own(model: int) -> int | None:  # the model's own epoch, if it trains it
+        found = epoch - (offsets or {}).get(model, 0) // segments
+        return found if 0 <= found < len(orders[model]) else None
+    for model in sorted(set(fusion) - set(sources or {})):
+        if own(model) is not None:
+            paths[(fusion[model], tuple(orders[model][own(model)]))].append(model)
+    groups: dict[int, list[int]] = {}
     for members in paths.values():
         for start in range(0, len(members), MAX_GROUP):
-            chunk = tuple(members[start:start + MAX_GROUP])
+            chunk = members[start:start + MAX_GROUP]
             groups.update({member: chunk for member in chunk})
-    return groups
+    for clone in sorted(set(sources or {}) & set(fusion)):  # (a clone of a clone after its source)
+        chunk = groups.get(sources[clone])
+        if chunk is not None and own(clone) is not None and len(chunk) < MAX_GROUP:
+            chunk.append(clone)
+            groups[clone] = chunk
+    return {member: tuple(chunk) for member, chunk in groups.items()}
 
 
 def most_work_left(due, progress: dict[int, "_ModelProgress"], total: dict[int, int]) -> int | None:
@@ -210,12 +227,13 @@ class Dispatcher:
     fusion: dict[int, int] = field(default_factory=dict)  # model -> its fusion class
     classes: dict[int, Hashable] = field(default_factory=dict)  # the classes its orders were drawn by
     offsets: dict[int, int] = field(default_factory=dict)  # model -> `clock_offsets` (clones)
+    sources: dict[int, int] = field(default_factory=dict)  # clone -> its source (`fusion_groups`)
 
     def __post_init__(self) -> None:
         self.progress = {m: _ModelProgress(self.done.get(m, 0)) for m in self.orders}
         self.busy_segments: set[int] = set()
         self.running: dict[int, set[int]] = {}  # segment -> the models of its call not finished
-        self._groups: dict[tuple[int, int], tuple[int, ...]] = {}  # (epoch, model) -> group
+        self._groups: dict[tuple[int, int], tuple[int, ...]] = {}  # (clock epoch, model) -> group
         self.total = {m: len(o) * self.segments for m, o in self.orders.items()}
         # The models that may be dispatched, by the segment each is due on next (a scan of every
         # model for every free segment took 8 ms per hop at 2,560 models: bench_coordinator.py).
@@ -252,9 +270,9 @@ class Dispatcher:
             return (model,)
         clock = epoch + self.offsets.get(model, 0) // self.segments
         if (clock, model) not in self._groups:
-            self._groups.update({(clock, m): g for m, g in
-                                 fusion_groups(self.orders, self.fusion, clock, self.offsets, self.segments).items()})
-        return self._groups[(clock, model)]
+            self._groups.update({(clock, m): g for m, g in fusion_groups(
+                self.orders, self.fusion, clock, self.offsets, self.segments, self.sources).items()})
+        return self._groups.get((clock, model), (model,))  # (a clone its source's groups leave out)
 
     def step_of(self, member: int, model: int, step: int) -> int:
         """`member`'s own step at `model`'s step `step` (they differ for a clone)."""
@@ -337,17 +355,16 @@ class Dispatcher:
         return progress.done
 
     def add(self, model: int, orders: list[list[int]], done: int = 0, offset: int = 0,
-            fusion: int | None = None) -> None:
-        """A model joins the job (orders: `model_orders`; `offset`: `clock_offsets`), in the
-        fusion class `fusion` if given (its source's: it joins its source's groups)."""
+            fusion: int | None = None, source: int | None = None) -> None:
+        """A model joins the job (`model_orders`, `clock_offsets`; a clone fused: `fusion_groups`)."""
         if model in self.orders:
             raise ValueError(f"model {model} is already scheduled")
         self.orders[model] = orders
         self.progress[model] = _ModelProgress(done)
         self.total[model] = len(orders) * self.segments
         self.offsets[model] = offset
-        if fusion is not None:
-            self.fusion[model] = fusion
+        if fusion is not None:  # (a clone of `source`, in its class: it hops in its groups)
+            self.fusion[model], self.sources[model] = fusion, source
             self._groups.clear()  # the groups it is in gain it
         self._reindex(model, done)
 

@@ -274,13 +274,13 @@ class JobSteering:
         self.notice(f"mst_key {key} enters (steering action {request.action_id}, by {request.owner}): "
                     + (f"a clone of mst_key {source} after iteration {iteration}, " if source else "")
                     + f"{entry['compile_params']}, {entry['fit_params']}"
-                    + ("" if fused is None else f"; it trains fused with its source's group {fused}"))
+                    + ("" if fused is None or len(fused) < 2 else f"; it trains fused with its source's group {fused}"))
         return True
 
     def _schedule(self, key: int, entry: dict, source: int | None, at: int | None, rounds: int
                   ) -> tuple[int, ...] | None:
-        """The new model's orders: a clone's, its source's from `at` on (in its groups where
-        it fuses: its first one is returned); an added model's, of its own."""
+        """The new model's orders: a clone's, its source's from `at` on (its first group is
+        returned: its source's, or itself alone); an added model's, of its own."""
         job = self.store.job
         if source is None or not self.follow:
             self.schedule.add(key, schedule.added_model_orders(key, job.num_segments, rounds, job.seed))
@@ -293,8 +293,8 @@ class JobSteering:
             "fit_params": origin.fit_params}, entry)
         self.schedule.add(key, schedule.model_orders(key, initial, job.num_segments, rounds, job.seed,
                                                      self.schedule.classes, self.clones),
-                          offset=schedule.clock_offsets(self.clones)[key], fusion=joined)
-        return None if joined is None else self.schedule.group(key, 0)
+                          offset=schedule.clock_offsets(self.clones)[key], fusion=joined, source=source)
+        return self.schedule.group(key, 0)
 
     def _initial_state(self, entry: dict, source: int | None, at: int | None) -> bytes:
         """A clone's: the source's state (whole when compiled the same, else its weights and
