@@ -444,3 +444,19 @@ def test_a_clone_hops_only_in_its_source_s_groups_where_they_have_room():
     dispatcher = Dispatcher({**orders, 18: [[0, 1]]}, 2, fusion=dict.fromkeys(range(1, 21), 0))
     dispatcher.add(21, [[1, 0]], offset=2, fusion=0, source=18)
     assert dispatcher.group(21, 0) == (21,) and dispatcher.group(17, 1) == (17, 19, 20)
+
+
+def test_a_clone_leaves_its_source_s_groups_where_a_stop_ends_the_source():
+    """A person's stop lowers the source's sub-epochs in all and leaves its orders: from the
+    epoch it no longer trains, its clone trains alone, as in a resumed job, whose
+    dispatcher has the source's orders cut where the stop ended them."""
+    orders = {m: [[0, 1], [1, 0]] for m in range(17, 21)}
+    dispatcher = Dispatcher(dict(orders), 2, fusion=dict.fromkeys(orders, 0))
+    dispatcher.add(21, [[0, 1], [1, 0]], fusion=0, source=18)
+    assert dispatcher.group(21, 0) == dispatcher.group(21, 1) == (17, 18, 19, 20, 21)
+    dispatcher.limit(18, 2)  # model 18: 1 epoch of 2 sub-epochs in all
+    assert dispatcher.group(21, 0) == (17, 18, 19, 20, 21) and dispatcher.group(21, 1) == (21,)
+    assert dispatcher.group(17, 1) == (17, 18, 19, 20)  # (18 is skipped there: `unit`)
+    resumed = dispatcher_for({17: 2, 18: 1, 19: 2, 20: 2, 21: 2}, {}, 2, 11, None, {21}, None, {21: (18, 0)})
+    resumed.fuse(dict.fromkeys(range(17, 22), 0))
+    assert resumed.group(21, 1) == (21,)

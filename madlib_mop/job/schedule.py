@@ -160,16 +160,18 @@ def dispatcher_for(rounds: dict[int, int], done: dict[int, int], segments: int, 
 
 def fusion_groups(orders: dict[int, list[list[int]]], fusion: dict[int, int], epoch: int,
                   offsets: dict[int, int] | None = None, segments: int = 1,
-                  sources: dict[int, int] | None = None) -> dict[int, tuple]:
+                  sources: dict[int, int] | None = None, totals: dict[int, int] | None = None
+                  ) -> dict[int, tuple]:
     """model -> its group in `epoch` of the job's clock (a model's own epoch is that less
     its offset, `clock_offsets`, in epochs of `segments` sub-epochs): the models of its
     fusion class whose path that epoch is its own, in key order, in chunks of MAX_GROUP.
 
-    A clone (`sources`: clone -> its source) is in its source's group only, where its
-    source trains that epoch and the group has room (then at its end, clones in key
-    order): the models of that group wait for the source, so none had trained the step
-    before the clone was made; a group without the source may have (its models went on
-    ahead), and which steps they then shared would depend on timing."""
+    A clone (`sources`: clone -> its source) is in its source's group only, where both
+    train that epoch (by their sub-epochs in all, `totals`: a stop lowers them, the orders
+    stay) and fewer than MAX_GROUP of the group do (then at its end, clones in key order):
+    the models of that group wait for the source, so none had trained the step before the
+    clone was made; a group without the source may have (its models went on ahead), and
+    which steps they then shared would depend on timing."""
     paths: dict[tuple, list[int]] = defaultdict(list)
 
     def own(model: int) -> int | None:  # the model's own epoch, if it trains it
@@ -183,9 +185,11 @@ def fusion_groups(orders: dict[int, list[list[int]]], fusion: dict[int, int], ep
         for start in range(0, len(members), MAX_GROUP):
             chunk = members[start:start + MAX_GROUP]
             groups.update({member: chunk for member in chunk})
+    def trains(model: int) -> bool:  # (a resumed job's orders end where its stop put its total)
+        return own(model) is not None and (totals is None or own(model) * segments < totals[model])
     for clone in sorted(set(sources or {}) & set(fusion)):  # (a clone of a clone after its source)
         chunk = groups.get(sources[clone])
-        if chunk is not None and own(clone) is not None and len(chunk) < MAX_GROUP:
+        if chunk and trains(sources[clone]) and trains(clone) and sum(map(trains, chunk)) < MAX_GROUP:
             chunk.append(clone)
             groups[clone] = chunk
     return {member: tuple(chunk) for member, chunk in groups.items()}
@@ -271,7 +275,7 @@ class Dispatcher:
         clock = epoch + self.offsets.get(model, 0) // self.segments
         if (clock, model) not in self._groups:
             self._groups.update({(clock, m): g for m, g in fusion_groups(
-                self.orders, self.fusion, clock, self.offsets, self.segments, self.sources).items()})
+                self.orders, self.fusion, clock, self.offsets, self.segments, self.sources, self.total).items()})
         return self._groups.get((clock, model), (model,))  # (a clone its source's groups leave out)
 
     def step_of(self, member: int, model: int, step: int) -> int:
@@ -295,8 +299,7 @@ class Dispatcher:
 
     def dispatchable(self, model: int) -> bool:
         """Idle, not held, and with planned visits left."""
-        p = self.progress[model]
-        return not p.busy and not p.held and p.done < self.total[model]
+        return not (p := self.progress[model]).busy and not p.held and p.done < self.total[model]
 
     def _unindex(self, model: int) -> None:
         segment = self._due_on.pop(model, None)
@@ -372,6 +375,7 @@ class Dispatcher:
         """The model trains no further (a running visit of it may still finish)."""
         progress, before = self.progress[model], self.total[model]
         self.total[model] = progress.done + (1 if progress.busy else 0)
+        self._groups.clear()  # (its clones leave its groups where it no longer trains)
         self._reindex_span(model, progress.done, before)  # its groups go on without it
 
     def limit(self, model: int, total: int, orders: list[list[int]] | None = None) -> None:
@@ -379,7 +383,7 @@ class Dispatcher:
         enough: `model_orders`), from the next one it is dispatched on."""
         if orders is not None:
             self.orders[model] = orders
-            self._groups.clear()  # its path in later epochs may join it to groups there
+        self._groups.clear()  # its path in later epochs may join it (and its clones) to groups
         if total > len(self.orders[model]) * self.segments:
             raise ValueError(f"model {model} has orders for {len(self.orders[model])} rounds only")
         before, self.total[model] = self.total[model], total
