@@ -114,6 +114,24 @@ CREATE FUNCTION @extschema@._mop_segment_validate(job_id bigint, mst_key integer
 RETURNS jsonb
 #plpython "mop_segment_validate.py"
 
+-- One sub-epoch of the models of one fused group (madlib_mop.fuse_models) as one program:
+-- each model's state found as _mop_segment_train finds it (kept on segment server
+-- states_from[i], NULL: here, where the coordinator may have carried it before the call),
+-- each after its own number of sub-epochs (steps); the new states stay here.  Each model's
+-- visit record, in the order of mst_keys.
+CREATE FUNCTION @extschema@._mop_segment_train_fused(job_id bigint, mst_keys integer[], steps integer[],
+                                                     segment integer, states_from text[],
+                                                     forget_below integer[])
+RETURNS jsonb[]
+#plpython "mop_segment_train_fused.py"
+
+-- The validation pass of the models of one fused call, their states found as
+-- _mop_segment_train_fused finds them: each model's result, in the order of mst_keys.
+CREATE FUNCTION @extschema@._mop_segment_validate_fused(job_id bigint, mst_keys integer[], steps integer[],
+                                                        partition integer, states_from text[])
+RETURNS jsonb[]
+#plpython "mop_segment_validate_fused.py"
+
 -- Of the segment servers named as the coordinator names them, those this server's workers
 -- fetch states from directly: a foreign server of that name here (a superuser's) and the
 -- calling role's user mapping for it.

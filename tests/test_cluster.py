@@ -835,6 +835,94 @@ def test_a_segment_server_that_cannot_reach_another_is_carried_its_states(cluste
         cluster_tool._peers(seg1, [("seg0", _server_dsn(servers["seg0"], name))])
 
 
+FUSED = ["SET madlib_mop.fuse_models = on"]
+
+
+def _fused_evals(dsn, out):
+    """(mst_key, step, partition) -> (validation metrics, the models evaluated with it)."""
+    with _connect(dsn) as conn:
+        return {(key, step, partition): (r["metrics"], r.get("fused_with"))
+                for key, step, partition, r in conn.execute(sql.SQL(
+                    "SELECT mst_key, step, partition, result FROM {}").format(
+                    sql.Identifier(f"{out}_mop_evals")))}
+
+
+def _hops_moved(visits) -> tuple[int, int]:
+    """(hops whose state a worker fetched from the other segment server, hops whose state the
+    coordinator carried), checking each hop's bytes."""
+    fetched = carried = 0
+    for (m, step, _, result), before in _hops(visits):
+        if before["kept_on"] == result["kept_on"]:
+            assert result["fetched_bytes"] == 0 and result["coordinator_bytes"] == 0, (m, step)
+        elif result["fetched_bytes"]:
+            assert result["fetched_bytes"] == before["state_bytes"] > 1000 and not result["coordinator_bytes"]
+            fetched += 1
+        else:  # (read from the server that kept it, sent to this one)
+            assert result["coordinator_bytes"] == 2 * before["state_bytes"] > 2000, (m, step)
+            carried += 1
+    return fetched, carried
+
+
+def test_a_fused_job_on_the_segment_servers_gives_the_weights_of_one_server(cluster, extension_dsn, walkthrough):
+    """madlib_mop.fuse_models = on: the walkthrough's 2 models (one class: Adam at 2 learning
+    rates) train as one program on each segment server, each model's state fetched from the
+    server its last visit left it on, as a model alone; they validate as one program too.
+    The weights and validation results are those of the same job fused on one server with 2
+    segments, bit for bit."""
+    _fit(cluster, "iris_fused", settings=FUSED)
+    _fit(extension_dsn, "iris_fused", settings=FUSED + ["SET madlib_mop.segments = 2"])
+    assert _weights(cluster, "iris_fused") == _weights(extension_dsn, "iris_fused")
+    visits = _visits(cluster, "iris_fused")
+    assert visits and all(result["fused_with"] == [1, 2] for *_, result in visits)
+    assert all(result["kept_on"] == f"seg{segment}" for _, _, segment, result in visits)
+    fetched, carried = _hops_moved(visits)
+    assert fetched >= 2 and carried == 0
+    evals = _fused_evals(cluster, "iris_fused")
+    assert evals and all(with_ == [1, 2] for _, with_ in evals.values())
+    assert evals == _fused_evals(extension_dsn, "iris_fused")
+
+
+def test_a_fused_group_on_a_server_that_cannot_reach_the_other_is_carried_their_states(cluster, servers,
+                                                                                       extension_dsn, walkthrough):
+    """seg1's foreign server for seg0 points at a port that refuses: the fused call there
+    fails to fetch (08001), the coordinator carries the group's states from then on, and the
+    weights are those of the fused job on one server."""
+    name = conninfo_to_dict(cluster)["dbname"]
+    seg1 = _server_dsn(servers["seg1"], name)
+    if not _weights(extension_dsn, "iris_fused"):
+        pytest.skip("needs the fused job of the test before")
+    try:
+        with psycopg.connect(seg1, autocommit=True) as admin:
+            admin.execute("ALTER SERVER seg0 OPTIONS (SET port '1')")
+        _fit(cluster, "iris_fused_carried", settings=FUSED)
+        assert _weights(cluster, "iris_fused_carried") == _weights(extension_dsn, "iris_fused")
+        fetched, carried = _hops_moved(_visits(cluster, "iris_fused_carried"))
+        assert fetched and carried
+    finally:
+        cluster_tool._peers(seg1, [("seg0", _server_dsn(servers["seg0"], name))])
+
+
+def test_a_segment_server_whose_extension_predates_fused_training_trains_the_models_alone(
+        cluster, servers, walkthrough):
+    """Where a segment server's extension has no fused training, a job asked to fuse says
+    so in a NOTICE naming the server, and its models train alone: the walkthrough's weights."""
+    name = conninfo_to_dict(cluster)["dbname"]
+    seg1 = _server_dsn(servers["seg1"], name)
+    renamed = "madlib_mop._mop_segment_train_fused(bigint, integer[], integer[], integer, text[], integer[])"
+    with psycopg.connect(seg1, autocommit=True) as admin:
+        admin.execute(f"ALTER FUNCTION {renamed} RENAME TO _mop_segment_train_fused_hidden")
+    notices: list[str] = []
+    try:
+        _fit(cluster, "iris_unfusable", notices, settings=FUSED)
+    finally:
+        with psycopg.connect(seg1, autocommit=True) as admin:
+            admin.execute(f"ALTER FUNCTION {renamed.replace('_fused(', '_fused_hidden(')} "
+                          "RENAME TO _mop_segment_train_fused")
+    assert any("train unfused" in n and "seg1" in n for n in notices), notices
+    assert _weights(cluster, "iris_unfusable") == walkthrough
+    assert not any(result.get("fused_with") for *_, result in _visits(cluster, "iris_unfusable"))
+
+
 def test_segment_servers_restarted_mid_job_lose_the_states_they_kept(cluster, servers, walkthrough):
     """Both segment servers restarted between two hops: the states they kept are gone (their
     files are of the earlier run), so the job goes back to the models' durable states in

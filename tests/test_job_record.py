@@ -127,7 +127,7 @@ def test_the_paths_recorded_group_the_models_of_each_fusion_class_of_two_or_more
 def test_a_job_fuses_by_the_classes_it_recorded_and_its_clones_join_them():
     """The classes recorded when the job was made are read back, not worked out again (no
     server or worker is asked: none is given); a clone of a fused model joins its class
-    where its configuration is of it; a job on segment servers fuses none."""
+    where its configuration is of it; a job whose engine does not fuse fuses none."""
     mlp = json.dumps({"class_name": "Sequential", "config": {"name": "s", "layers": [
         {"class_name": "InputLayer", "config": {"batch_shape": [None, 4], "name": "i"}},
         {"class_name": "Dense", "config": {"units": 3, "activation": "softmax", "name": "d"}}]}})
@@ -140,9 +140,9 @@ def test_a_job_fuses_by_the_classes_it_recorded_and_its_clones_join_them():
            "fuse_models": "auto", "orders": {"by_class": [[1, 2]], "clones": "source_path", "fused": [[1, 2], [3]]}}
     job = types.SimpleNamespace(arguments=JobArguments.of(old))
     clones = {4: (1, 2), 5: (3, 2)}  # 4 keeps model 1's class; 5 (batch 32) is not of model 3's
-    found = fusing.job_classes(None, job, True, {1, 2, 3}, lambda: rows, None, clones)
+    found = fusing.job_classes(None, job, lambda: True, {1, 2, 3}, lambda: rows, None, clones)
     assert found == {1: 0, 2: 0, 3: 1, 4: 0}
-    assert fusing.job_classes(None, job, False, {1, 2, 3}, lambda: rows, None, clones) == {}
+    assert fusing.job_classes(None, job, lambda: False, {1, 2, 3}, lambda: rows, None, clones) == {}
 
 
 def test_what_a_fused_call_holds_of_its_segment_and_states():

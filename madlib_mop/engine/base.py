@@ -121,11 +121,13 @@ class Worker(abc.ABC):
         sub-epochs: (the new state, the visit's record)."""
 
     def train_fused(self, job_id: int, mst_keys: tuple[int, ...], steps: tuple[int, ...],
-                    segment: int) -> list[tuple[None, VisitRecord]]:
+                    segment: int, model_states: tuple[bytes | None, ...]) -> list[tuple[None, VisitRecord]]:
         """One sub-epoch of models of one fusion group, as one program (`runtime.fusion`),
-        each from its state after its `steps` sub-epochs (a clone's count is its own), their
-        states in the job's store: each model's (None, record), in their order.  Only
-        the workers of an engine that `stores_states` have it."""
+        each from its state after its `steps` sub-epochs (a clone's count is its own): each
+        model's (None, record), in their order.  The states are where the workers find them
+        (the job's store; a segment server's, `engine.cluster`), or given (`model_states`:
+        a state the coordinator gives as it gives `train` one, else None); the new ones stay
+        there.  Only the workers of an engine that `fuses` have it."""
         raise MadlibMopError("this engine's workers do not train fused models",
                              sqlstate=errors.FEATURE_NOT_SUPPORTED,
                              hint="SET madlib_mop.fuse_models = off.")
@@ -137,9 +139,10 @@ class Worker(abc.ABC):
         validation table: {rows, metrics, finished_at, ...}."""
 
     def evaluate_fused(self, job_id: int, mst_keys: tuple[int, ...], steps: tuple[int, ...],
-                       partition: int) -> list[dict]:
+                       partition: int, model_states: tuple[bytes | None, ...]) -> list[dict]:
         """`evaluate` of the models of one fused call, each after its `steps` sub-epochs, as one
-        program, their states in the job's store: each model's result, in their order."""
+        program, their states found or given as `train_fused`'s: each model's result, in
+        their order."""
         raise MadlibMopError("this engine's workers do not evaluate fused models",
                              sqlstate=errors.FEATURE_NOT_SUPPORTED,
                              hint="SET madlib_mop.fuse_models = off.")
@@ -187,6 +190,11 @@ class Engine(abc.ABC):
     # (`job.state_store`: they run on the coordinator's server), rather than get it with
     # the call and send it back?
     stores_states = False
+
+    def fuses(self, plpy: Any) -> bool:
+        """Can its workers train and validate models as fused groups (`Worker.train_fused`)?
+        Where they cannot, every model trains alone (`job.fusing`)."""
+        return False
 
     @abc.abstractmethod
     def worker(self, segment: int, label: str) -> Worker: ...

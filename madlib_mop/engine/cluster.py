@@ -5,8 +5,9 @@ that holds its segment, as the calling role, and reads only that server's table.
 A segment server has no row of the job: when a worker opens its session it sends the job's
 description (`job_description`: seeds, model configurations, where the segment's rows are).
 A visit's new state stays on the server where it was trained; the next visit's worker
-fetches it from there (`segment.kept_states`, `engine.segment_states`), and the call and
-its answer carry decisions and records, not states.  A state the coordinator has (step 0,
+fetches it from there (`segment.kept_states`, `engine.segment_states`, `engine.kept_calls`),
+and the call and its answer carry decisions and records, not states; so do a fused group's
+calls, each of its models' states found so.  A state the coordinator has (step 0,
 a model gone back to a durable state) or must carry (between servers that cannot reach
 each other) goes to the worker's server a piece per call first: a state of any size.  A
 server whose extension predates kept states gets the state with the call and returns the
@@ -18,7 +19,7 @@ from __future__ import annotations
 import io
 import secrets
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import psycopg
 from psycopg import sql
@@ -27,21 +28,21 @@ from psycopg.types.json import Jsonb
 from madlib_mop import errors
 from madlib_mop.db import catalog, packed, segments, worker_session
 from madlib_mop.db.segments import Partition, SegmentServer
-from madlib_mop.engine.base import Engine, VisitRecord, Worker, as_error
+from madlib_mop.engine.base import Engine, Worker, as_error
 from madlib_mop.json_values import json_value
-from madlib_mop.runtime import state
 from madlib_mop.engine import idle_workers, server_slots
 from madlib_mop.engine.segment_states import SegmentStates, store_token
+from madlib_mop.engine.kept_calls import KeptStateCalls
 from madlib_mop.engine.local import LocalWorker, NoSlot
 from madlib_mop.errors import MadlibMopError
 
 
 # The calls that need the job's description in the session.
 JOB_FUNCTIONS = ("_mop_train", "_mop_evaluate", "_mop_segment_train", "_mop_segment_validate",
-                 "_mop_segment_receive")
+                 "_mop_segment_receive", "_mop_segment_train_fused", "_mop_segment_validate_fused")
 
 
-class ClusterWorker(LocalWorker):
+class ClusterWorker(KeptStateCalls, LocalWorker):
     """A session on one segment server: one of the role's idle sessions there, taken up
     through a relaying session (`engine.relay`), else a new one on a slot of that server's
     pool."""
@@ -108,74 +109,6 @@ class ClusterWorker(LocalWorker):
                     raise
         self._job_sent = (session, self.job)
 
-    def _source(self, mst_key: int, step: int, model_state: bytes | None) -> tuple[str | None, bytes | None]:
-        """Where the call finds the state: (the segment server it fetches it from, None: its
-        own server or the state given), and the state's bytes when the coordinator carries
-        them (its server cannot reach the one that keeps it)."""
-        if model_state is not None:
-            return None, model_state
-        source = self.states.locate(mst_key, step) if self.states is not None else None
-        if source is None:
-            raise MadlibMopError(f"no state of model {mst_key} after step {step} is known",
-                                 sqlstate=errors.UNDEFINED_FILE, hint="Resume the job.")
-        if source == self.server.name:
-            return None, None
-        if source in self.peers:
-            return source, None
-        return None, self.states.read(mst_key, step)
-
-    def train(self, job_id, mst_key, step, segment, model_state):
-        """A sub-epoch whose new state stays on this worker's server (`segment.kept_states`),
-        its state fetched from where the last visit left it; on a server whose extension
-        predates that, the state goes with the call and comes back."""
-        self._send_job()
-        if self.peers is None:
-            new_state, record = super().train(job_id, mst_key, step, segment, model_state)
-            record.coordinator_bytes = len(model_state or b"") + len(new_state or b"")
-            return new_state, record
-        started = time.perf_counter()
-        model = self.states.models.get(mst_key)
-        (result,), carried = self._from_source(
-            "_mop_segment_train", job_id, mst_key, step, model_state,
-            lambda source, carried: (job_id, mst_key, step, segment, source, carried,
-                                     model.pruned_below if model is not None else 1))
-        record = VisitRecord.from_json(result)
-        record.seconds["call"] = time.perf_counter() - started
-        # A carried state came in from the server that kept it, unless it was the job's own.
-        record.kept_on = self.server.name
-        record.coordinator_bytes = len(carried or b"") * (1 if model_state is not None else 2)
-        return None, record
-
-    def evaluate(self, job_id, mst_key, step, partition, model_state):
-        self._send_job()
-        if self.peers is None:
-            return super().evaluate(job_id, mst_key, step, partition, model_state)
-        (result,), _ = self._from_source("_mop_segment_validate", job_id, mst_key, step, model_state,
-                                         lambda *found: (job_id, mst_key, step, partition, *found))
-        return json_value(result)
-
-    def _from_source(self, function: str, job_id: int, mst_key: int, step: int, model_state: bytes | None,
-                     arguments: Callable[[str | None, bytes | None], tuple]) -> tuple[tuple, bytes | None]:
-        """The call, its state found where it is (`_source`); when its server cannot reach
-        the one that keeps the state (08001), the coordinator carries it, from then on."""
-        source, carried = self._source(mst_key, step, model_state)
-        try:
-            return self._call(function, *arguments(source, self._carry(job_id, mst_key, step, carried))), carried
-        except psycopg.Error as error:
-            if source is None or error.sqlstate != errors.UNABLE_TO_CONNECT or not self.usable:
-                raise
-        self.peers.discard(source)
-        carried = self.states.read(mst_key, step)
-        return self._call(function, *arguments(None, self._carry(job_id, mst_key, step, carried))), carried
-
-    def _carry(self, job_id: int, mst_key: int, step: int, blob: bytes | None) -> bytes | None:
-        """None: the carried state went to its server (`sent_in_pieces`); else it goes with the call."""
-        if blob is None or not self.receives:
-            return blob
-        self.receives = sent_in_pieces(lambda *a: self._call("_mop_segment_receive", job_id, mst_key, step, *a),
-                                       blob)
-        return None if self.receives else blob
-
     def initial_states(self, request, weights, token):
         """Built on the worker's server into files of a request of its own, then read a piece
         per call (`read_in_pieces`): a step-0 state of any size (not one value, at most 1 GB)."""
@@ -241,23 +174,6 @@ class ClusterWorker(LocalWorker):
         raise MadlibMopError("predicting on a segment server is not supported",
                              sqlstate=errors.FEATURE_NOT_SUPPORTED,
                              hint="Predict from a table of the coordinator.")
-
-
-def sent_in_pieces(receive: Callable[[bytes, int, bool], Any], blob: bytes) -> bool:
-    """A state the coordinator carries to a segment server's worker, into the hop file of
-    its server, a piece per call (`receive(piece, offset, last)`: `_mop_segment_receive`),
-    where the call that trains or validates it finds it: so it may be of any size (as an
-    argument of that call it would be one value, at most 1 GB).  False: that server's
-    extension predates this (0.18.0), nothing was sent."""
-    try:
-        for number, piece in state.pieces(blob):
-            offset = number * state.PIECE_BYTES
-            receive(piece, offset, offset + len(piece) >= len(blob))
-    except psycopg.Error as error:
-        if error.sqlstate != errors.UNDEFINED_FUNCTION:
-            raise
-        return False
-    return True
 
 
 def read_in_pieces(piece_at: Callable[[int, int], tuple], mst_keys: list[int], sizes: list[int],
@@ -380,6 +296,7 @@ class ClusterEngine(Engine):
         self.full: str | None = None  # the segment server that had no slot free, if one had none
         self.tried = 0.0
         self._inference: list[ClusterWorker] = []
+        self._fuses: bool | None = None  # (`fuses`, asked once)
 
     def _server(self, segment: int) -> SegmentServer:
         if segment not in self.partitions:
@@ -404,22 +321,39 @@ class ClusterEngine(Engine):
             worker.states = self.states
         return self.states
 
-    def worker_limits(self) -> list[tuple[str, dict]]:
-        """Each segment server's, asked over a session like its workers' (the caller's
-        settings go with it); one whose extension predates the question is not counted."""
-        found = []
+    def _sessions(self) -> Iterator[tuple[str, SegmentServer, psycopg.Connection]]:
+        """A session on each segment server, like its workers' (the caller's settings go with it)."""
         for name, server in self.servers.items():
             with segments.connect(self.conninfo[name], server, self.hints[name],
                                   application_name="madlib_mop coordinator") as session:
-                try:
-                    (limits,) = session.execute(sql.SQL("SELECT {}._mop_worker_limits()").format(
-                        sql.Identifier(self.schema))).fetchone()
-                except psycopg.Error as error:
-                    if error.sqlstate != errors.UNDEFINED_FUNCTION:
-                        raise as_error(error) from None
-                    continue
+                yield name, server, session
+
+    def worker_limits(self) -> list[tuple[str, dict]]:
+        """Each segment server's; one whose extension predates the question is not counted."""
+        found = []
+        for name, _, session in self._sessions():
+            try:
+                (limits,) = session.execute(sql.SQL("SELECT {}._mop_worker_limits()").format(
+                    sql.Identifier(self.schema))).fetchone()
+            except psycopg.Error as error:
+                if error.sqlstate != errors.UNDEFINED_FUNCTION:
+                    raise as_error(error) from None
+                continue
             found.append((f"segment server {name}", json_value(limits)))
         return found
+
+    def fuses(self, plpy: Any) -> bool:
+        """Where every segment server's extension trains fused groups (0.21.0 on); else the
+        job's models train alone, with a NOTICE naming the servers that predate it."""
+        if self._fuses is None:
+            older = [server.label for _, server, session in self._sessions() if not session.execute(
+                "SELECT to_regproc(%s) IS NOT NULL", (f"{self.schema}._mop_segment_train_fused",)).fetchone()[0]]
+            if older:
+                plpy.notice(f"madlib_mop.fuse_models: the models train unfused: the extension of "
+                            f"{', '.join(older)} predates fused training on segment servers",
+                            hint="ALTER EXTENSION madlib_mop UPDATE on each segment server.")
+            self._fuses = not older
+        return self._fuses
 
     def prepare_job(self, plpy: Any, job: Any, models: Callable[[], list[dict]]) -> None:
         self.job = job_description(plpy, job, models(), self.partitions)

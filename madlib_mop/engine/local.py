@@ -134,7 +134,8 @@ class LocalWorker(Worker):
         record.seconds["call"] = time.perf_counter() - started
         return (None if new_state is None else bytes(new_state)), record
 
-    def train_fused(self, job_id, mst_keys, steps, segment):
+    def train_fused(self, job_id, mst_keys, steps, segment, model_states):
+        # (`model_states`: none; a worker of this server reads the job's store)
         started = time.perf_counter()
         (results,) = self._call("_mop_train_fused", job_id, list(mst_keys), list(steps), segment)
         records = [VisitRecord.from_json(result) for result in results]
@@ -145,7 +146,7 @@ class LocalWorker(Worker):
     def evaluate(self, job_id, mst_key, step, partition, model_state):
         return json_value(self._call("_mop_evaluate", job_id, mst_key, step, partition, model_state)[0])
 
-    def evaluate_fused(self, job_id, mst_keys, steps, partition):
+    def evaluate_fused(self, job_id, mst_keys, steps, partition, model_states):
         (results,) = self._call("_mop_evaluate_fused", job_id, list(mst_keys), list(steps), partition)
         return [json_value(result) for result in results]
 
@@ -200,6 +201,9 @@ class LocalEngine(Engine):
 
     pooled = True
     stores_states = True
+
+    def fuses(self, plpy: Any) -> bool:
+        return True
 
     def __init__(self, plpy: Any, say_cap: bool = True):
         """`say_cap`: the NOTICE of a cap per database (a call's own engine says it; one that

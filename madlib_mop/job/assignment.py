@@ -28,25 +28,27 @@ class Task:
     step: int
     segment: int  # where it runs: the segment whose server (and, training, whose data) it needs
     partition: int  # the data partition it reads (= segment when training)
-    state: bytes | None  # the model's state after `step` sub-epochs (None: in the job's store)
+    state: bytes | None  # the model's state after `step` sub-epochs (None: the worker finds it)
     attempt: int = 1
     worker: int = -1  # the pool's index of the worker running it
-    fused: tuple[int, ...] = ()  # a fused call's models (`schedule`), states in the job's store
+    fused: tuple[int, ...] = ()  # a fused call's models (`schedule`)
     steps: tuple[int, ...] = ()  # a fused call's: each model's own step (a clone's is not its source's)
+    states: tuple[bytes | None, ...] = ()  # a fused call's: each model's, as `state`
 
     def __call__(self, worker: Worker, job_id: int):
         if self.fused and self.kind == "evaluate":
-            return worker.evaluate_fused(job_id, self.fused, self.steps, self.partition)
+            return worker.evaluate_fused(job_id, self.fused, self.steps, self.partition, self.states)
         if self.fused:
-            return worker.train_fused(job_id, self.fused, self.steps, self.partition)
+            return worker.train_fused(job_id, self.fused, self.steps, self.partition, self.states)
         if self.kind == "train":
             return worker.train(job_id, self.mst_key, self.step, self.partition, self.state)
         return worker.evaluate(job_id, self.mst_key, self.step, self.partition, self.state)
 
     def each(self) -> list["Task"]:
         """One task per model it trains (a fused call's models; else itself)."""
-        return [dataclasses.replace(self, mst_key=key, step=step, fused=(), steps=())
-                for key, step in zip(self.fused, self.steps)] or [self]
+        states = self.states or (None,) * len(self.fused)
+        return [dataclasses.replace(self, mst_key=key, step=step, fused=(), steps=(), states=(), state=state)
+                for key, step, state in zip(self.fused, self.steps, states)] or [self]
 
     def step_of(self, mst_key: int) -> int:
         """The step of one of its models."""
@@ -110,7 +112,8 @@ class WorkAssignment:
         if len(models) > 1:
             return Task("train", models[0], step, segment, segment, None,
                         self.attempts.get((models[0], step), 1), fused=models,
-                        steps=tuple(self.schedule.step_of(m, models[0], step) for m in models))
+                        steps=tuple(self.schedule.step_of(m, models[0], step) for m in models),
+                        states=tuple(self.state_of(m) for m in models))
         return Task("train", models[0], step, segment, segment, self.state_of(models[0]),
                     self.attempts.get((models[0], step), 1))
 
@@ -128,24 +131,26 @@ class WorkAssignment:
                 if t.kind == "evaluate" and mst_key in (t.fused or (t.mst_key,))]
 
     def queue_evals(self, models: dict, model, step: int, partitions: int, lost,
-                    due: Callable[[object, int], bool], state: Callable[[], bytes | None]) -> None:
+                    due: Callable[[object, int], bool], state: Callable[[int, int], bytes | None]) -> None:
         """The validation passes of `model` (a `store.ModelRecord` of `models`) after `step`
         sub-epochs that are not recorded: with its partners (`eval_partners`) one fused pass
-        per partition, queued once for all of them; else its own, given `state()`."""
+        per partition, queued once for all of them; else its own.  Each is given
+        `state(mst_key, step)` (None: its worker finds it)."""
         step_of = lambda k: self.schedule.step_of(k, model.mst_key, step)  # noqa: E731
         partners = eval_partners(models, model, step, due, step_of)
-        if len(partners) > 1:  # (their states are in the job's store)
+        if len(partners) > 1:
             steps = tuple(step_of(k) for k in partners)
             queued = {t.partition for t in self.pending_evals + list(self.running.values())
                       if t.kind == "evaluate" and t.fused == partners and t.steps == steps}
             missing = {p for k, own in zip(partners, steps) if k not in lost for p in range(partitions)
                        if (own, p) not in models[k].evals and p not in queued}
+            states = tuple(state(k, own) for k, own in zip(partners, steps)) if missing else ()
             self.pending_evals += [Task("evaluate", partners[0], steps[0], p % self.S, p, None,
-                                        fused=partners, steps=steps)
+                                        fused=partners, steps=steps, states=states)
                                    for p in sorted(missing)]
             return
         missing = [p for p in range(partitions) if (step, p) not in model.evals]
-        given = state() if missing else None
+        given = state(model.mst_key, step) if missing else None
         self.pending_evals += [Task("evaluate", model.mst_key, step, p % self.S, p, given) for p in missing]
 
 

@@ -168,7 +168,7 @@ class Coordinator:
         if not self.pool.live():
             wait_for_workers(self.plpy, self.store, self.engine, self.pool, self.S,
                              lambda: interruption_point(self.plpy, self.can_commit), self._notice)
-        self.schedule.fuse(fusing.job_classes(self.plpy, self.job, self.engine.stores_states, self.initial,
+        self.schedule.fuse(fusing.job_classes(self.plpy, self.job, lambda: self.engine.fuses(self.plpy), self.initial,
                                               self.store.model_rows, self.search.keras, self.steering.clones))
         self.store.running_on(len(self.pool.live()))
         self.supply = WorkerSupply(self.plpy, self.store, self.engine, self.pool, self.S)
@@ -264,7 +264,7 @@ class Coordinator:
         step = iteration * model.per_iteration
         if self.partitions and due(model, step):
             self.work.queue_evals(self.models, model, step, self.partitions, self.failures, due,
-                                  lambda: state_for_call(self.engine, self.store, model.mst_key, step))
+                                  lambda key, at: state_for_call(self.engine, self.store, key, at))
 
     def publish(self, model: ModelRecord) -> None:
         """Bring the model's output rows up to date, then hand its new reports to search."""

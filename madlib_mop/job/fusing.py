@@ -16,7 +16,9 @@ The setting, recorded with the job when it starts (a resumed job keeps it):
   short job does not earn back (a pair saves about 0.04 ms per model and step): a class
   fuses when its models train at least AUTO_STEPS steps per segment in the job.
 
-Only models on this server fuse (a segment server's worker is sent states with the call).
+Models fuse on this server and on segment servers whose extension trains fused groups
+(`engine.cluster.ClusterEngine.fuses`: a fused call there fetches each model's state from
+where its last visit left it, as a visit alone does).
 A person's clone of a model that fuses hops in its source's groups (`job.schedule.fusion_groups`)
 where its configuration is of its source's class (`clone_class`: a changed learning rate
 keeps it, a changed batch size does not); models a searcher or a person adds train alone.  The classes are a
@@ -92,28 +94,29 @@ def fusion_classes(configs: Iterable[dict], setting: str,
     return {k: numbers.setdefault(v, len(numbers)) for k, v in keys.items()}
 
 
-def job_classes(plpy: Any, job: Any, local: bool, initial: set[int], model_rows: Callable[[], list[dict]],
+def job_classes(plpy: Any, job: Any, fuses: Callable[[], bool], initial: set[int], model_rows: Callable[[], list[dict]],
                 keras: Any, clones: dict[int, tuple[int, int]]) -> dict[int, int]:
     """A job's fusion classes (`job`: its `record.JobRecord`): of the models it started
     with, as it recorded them when it was made (`decided`), and of its `clones`
     (`with_clones`).  A job made before jobs recorded them works them out again: of the
-    models it started with (`initial`), on this server (`local`)."""
+    models it started with (`initial`).  None where the job's engine does not fuse
+    (`fuses()`: `engine.base.Engine.fuses`, asked only where a class fuses)."""
     orders = job.arguments.orders
     if isinstance(orders, dict) and "fused" in orders:
         found = {key: number for number, members in enumerate(orders["fused"]) for key in members}
     else:
         configs = [row for row in model_rows() if row["mst_key"] in initial]
-        found = _decide(plpy, job.arguments, job.source_table, job.num_segments, local, configs, keras)
-    return with_clones(found if local else {}, clones, model_rows)
+        found = _decide(plpy, job.arguments, job.source_table, job.num_segments, fuses, configs, keras)
+    return with_clones(found if found and fuses() else {}, clones, model_rows)
 
 
-def decided(plpy: Any, plan: Any, local: bool, keras: Any, weight_bytes: dict[str, int]) -> Any:
+def decided(plpy: Any, plan: Any, fuses: Callable[[], bool], keras: Any, weight_bytes: dict[str, int]) -> Any:
     """The plan (`job.plan.Plan`) with its models' fusion classes recorded in its arguments'
     `orders` ("fused": the mst_keys of each class, in the order of their first model), so
     that the job, resumed by a later version or with other facts, fuses as it started.
     None fuse where a fused call would not fit madlib_mop.worker_memory_mb (`fused_need`;
     `weight_bytes`: architecture -> its weights' bytes, `plan.check_models`)."""
-    classes = _decide(plpy, plan.arguments, plan.source["packed_table"], plan.source["num_segments"], local,
+    classes = _decide(plpy, plan.arguments, plan.source["packed_table"], plan.source["num_segments"], fuses,
                       plan.configs, keras)
     budget = memory.budget_mb(plpy)
     need = fused_need(classes, plan.configs, plan.source, weight_bytes)
@@ -160,11 +163,11 @@ def fused_need(classes: dict[int, int], configs: list[dict], source: dict, weigh
     return (models + held) / memory.MB, held / memory.MB
 
 
-def _decide(plpy: Any, arguments: Any, source_table: str, num_segments: int, local: bool, configs: list[dict],
-            keras: Any) -> dict[int, int]:
-    """The classes of `configs` that fuse (`fusion_classes`) on this server (`local`),
+def _decide(plpy: Any, arguments: Any, source_table: str, num_segments: int, fuses: Callable[[], bool],
+            configs: list[dict], keras: Any) -> dict[int, int]:
+    """The classes of `configs` that fuse (`fusion_classes`) where the job's engine fuses,
     without custom functions."""
-    if arguments.fuse_models == "off" or not local or arguments.custom_functions:
+    if arguments.fuse_models == "off" or arguments.custom_functions or not fuses():
         return {}
     rows = 0
     if arguments.fuse_models == "auto":  # a table packed by MADlib does not say: none fuse

@@ -253,7 +253,7 @@ def run_plan(plpy: Any, plan: Plan, warm_start: bool, can_commit: bool, caller: 
     try:
         keras = KerasWork.for_job(lambda: pool, engine, plpy)
         weight_bytes = check_models(plpy, plan, keras)
-        plan = fusing.decided(plpy, plan, engine.stores_states, keras, weight_bytes)  # (recorded: resumed so)
+        plan = fusing.decided(plpy, plan, lambda: engine.fuses(plpy), keras, weight_bytes)  # (recorded: resumed so)
         job_id, need = create_job(plpy, plan, previous, keras, prepare, left_by, weight_bytes,
                                   memory.limits_of(engine.worker_limits()))
     except BaseException:

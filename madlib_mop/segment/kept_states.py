@@ -244,3 +244,41 @@ def validate(plpy: Any, job_id: int, mst_key: int, step: int, partition: int, st
     if model_state is None:
         found(plpy, kept, store, mst_key, step, state_from)
     return _worker().evaluate(plpy, job_id, mst_key, step, partition, model_state)
+
+
+def _found_all(plpy: Any, job_id: int, mst_keys: list[int], steps: list[int], states_from: list[str | None],
+               forget_below: list[int] | None = None) -> tuple[Any, state_store.HopFiles, list[dict]]:
+    """Before a fused call: each model's state in this server's hop file, as `found` puts
+    it there (a state the coordinator carries was received before the call)."""
+    ctx, kept, store = _kept(plpy, job_id)
+    given = [steps, states_from] + ([forget_below] if forget_below is not None else [])
+    if any(len(values) != len(mst_keys) for values in given):
+        raise MadlibMopError(f"job {job_id}: {len(mst_keys)} models, and not as many steps, servers "
+                             "to find their states on or steps to keep",
+                             sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint="Give one of each per model, in the order of mst_keys.")
+    return ctx, kept, [found(plpy, kept, store, key, step, source)
+                       for key, step, source in zip(mst_keys, steps, states_from)]
+
+
+def train_fused(plpy: Any, job_id: int, mst_keys: list[int], steps: list[int], segment: int,
+                states_from: list[str | None], forget_below: list[int]) -> list[str]:
+    """`segment.worker.train_fused` on a segment server that keeps the states: each model's
+    state found as `train` finds it (`states_from`, one per model), the new states kept
+    here.  Each model's record, with what its fetch took."""
+    ctx, kept, fetched = _found_all(plpy, job_id, mst_keys, steps, states_from, forget_below)
+    records = [VisitRecord.from_json(result)
+               for result in _worker().train_fused(plpy, job_id, mst_keys, steps, segment)]
+    for record, fetch, key, step, below in zip(records, fetched, mst_keys, steps, forget_below):
+        record.seconds["fetch"] = fetch["fetch_seconds"]
+        record.fetched_bytes = fetch["fetched_bytes"]
+        forget_older(kept, ctx.specs[key], ctx.segments, key, step, below)
+    return [record.to_json() for record in records]
+
+
+def validate_fused(plpy: Any, job_id: int, mst_keys: list[int], steps: list[int], partition: int,
+                   states_from: list[str | None]) -> list[str]:
+    """`segment.worker.evaluate_fused` of states kept on segment servers (as `train_fused`
+    finds them)."""
+    _found_all(plpy, job_id, mst_keys, steps, states_from)
+    return _worker().evaluate_fused(plpy, job_id, mst_keys, steps, partition)

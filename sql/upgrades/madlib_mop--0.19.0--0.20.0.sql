@@ -8,10 +8,3 @@
 -- existed has no old one to drop).
 DROP FUNCTION IF EXISTS @extschema@._mop_train_fused(bigint, integer[], integer, integer);
 DROP FUNCTION IF EXISTS @extschema@._mop_evaluate_fused(bigint, integer[], integer, integer);
--- @routines
--- 0.11.0's update cleared the comments the refusing custom-function routines of 0.10.0
--- had; they run here, after the routines exist (an update from 0.10.0 or earlier creates
--- them only here: the routines are in the latest update script alone).
-COMMENT ON FUNCTION @extschema@.delete_custom_function(varchar, integer) IS NULL;
-COMMENT ON FUNCTION @extschema@.delete_custom_function(varchar, text) IS NULL;
-COMMENT ON FUNCTION @extschema@.load_top_k_accuracy_function(varchar, integer) IS NULL;
