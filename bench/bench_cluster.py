@@ -23,7 +23,8 @@ Measured:
   - packing (W1): training_preprocessor_dl on the cluster (rows/s) against
     INSERT INTO <foreign table on a segment server> SELECT * FROM <source> of the same rows.
 
-    .venv/bin/python bench/bench_cluster.py [--workload W1|W4] [--rows N] [--big-state-mb 1100]
+    .venv/bin/python bench/bench_cluster.py [--workload W1|W2|W4|W5] [--rows N] [--big-state-mb 1100]
+                                            [--fuse-models auto|on|off]
     make bench-cluster CLUSTER_NET=lan   (segment servers in network namespaces behind shaped
                                           links: madlib_mop.tools.cluster_net)
 Prints markdown tables; writes bench/results/cluster.json (cluster-lan.json, cluster-w4-lan.json, ...).
@@ -83,13 +84,15 @@ def _received(table: str, counted) -> int:
 SUBEPOCH_PARTS = ("read", "load", "restore", "train", "save", "keep", "total")
 
 
-def prepare(dsn: str, workload: dict, segments: str | None) -> psycopg.Connection:
+def prepare(dsn: str, workload: dict, segments: str | None, fuse_models: str | None) -> psycopg.Connection:
     conn = psycopg.connect(dsn, autocommit=True)
     ensure_extension(conn)
     conn.execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
     conn.execute(f"CREATE SCHEMA {SCHEMA}")
     conn.execute(f"SET search_path = {SCHEMA}, madlib_mop")
-    bench_mop.load_workload(conn, "w1", workload)
+    if fuse_models:
+        conn.execute("SELECT set_config('madlib_mop.fuse_models', %s, false)", (fuse_models,))
+    conn.info_rows = bench_mop.load_workload(conn, "w1", workload)[0]  # type: ignore[attr-defined]
     started = time.perf_counter()
     rules = f", distribution_rules => '{segments}'" if segments else ""
     conn.execute(f"SELECT training_preprocessor_dl('w1_train', 'w1_packed', 'y', 'x'{rules})")
@@ -128,9 +131,10 @@ def fit(conn: psycopg.Connection, out: str = "w1_fit", iterations: int = 1) -> d
              "record": statistics.mean(len(json.dumps(h)) for h in hops),
              "fetch_ms": 1000 * statistics.mean(h["seconds"].get("fetch", 0.0) for h in hops)}
     records = [v[3] for v in visits]
+    fused = sum(1 for r in records if r.get("fused_with"))
     states_moved = sum(r.get("fetched_bytes", 0) + r.get("coordinator_bytes", 0) for r in records)
     return {"makespan": makespan, "network_bytes": moved, "state_bytes": float(state),
-            "states_moved": states_moved,
+            "states_moved": states_moved, "fused_visits": fused,
             "first_subepoch_s": first_subepoch, "traced": traced,
             "packed_bytes": int(data), "hops": len(visits), "epochs": epochs,
             "subepoch": parts, "gap_ms": 1000 * statistics.median(gaps) if gaps else None,
@@ -235,18 +239,19 @@ def without_peers(servers: dict) -> Iterator[None]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workload", choices=("W1", "W4"), default="W1")
+    parser.add_argument("--workload", choices=("W1", "W2", "W4", "W5"), default="W1")
     parser.add_argument("--rows", type=int, help="W1: rows generated (default: bench_mop's); "
                         f"W4: images (default {bench_mop.CIFAR_ROWS})")
     parser.add_argument("--big-state-mb", type=int, default=0,
                         help="also one model of a state of this many MB (0: not)")
+    parser.add_argument("--fuse-models", choices=("auto", "on", "off"),
+                        help="madlib_mop.fuse_models in the fits' sessions (default: the servers')")
     args = parser.parse_args()
     workload = dict(bench_mop.WORKLOADS[args.workload])
-    if args.workload == "W1":
+    if isinstance(workload["data"], int):
         workload["data"] = args.rows or workload["data"]  # generated rows
     elif args.rows:
         bench_mop.CIFAR_ROWS = args.rows
-    rows = int((args.rows or (workload["data"] if args.workload == "W1" else bench_mop.CIFAR_ROWS)) * 0.8)
     cluster_dsn = cluster_tool.start()
     net = cluster_net.profile()
     network = ("the loopback" if net is None else
@@ -255,8 +260,8 @@ def main() -> None:
     _clean_start(servers)
     results = {}
     for name, dsn, segments in (("one server", configured_dsn(), "2"), ("cluster", cluster_dsn, None)):
-        with prepare(dsn, workload, segments) as conn:
-            packing = conn.info_packing  # type: ignore[attr-defined]
+        with prepare(dsn, workload, segments, args.fuse_models) as conn:
+            packing, rows = conn.info_packing, conn.info_rows  # type: ignore[attr-defined]
             copies = ({size: copy_into_foreign_table(conn, make_conninfo(cluster_tool._dsn_with_password(
                 servers["seg0"])), size) for size in (1, 1000)} if name == "cluster" and args.workload == "W1"
                 else None)
@@ -274,11 +279,13 @@ def main() -> None:
                                 (("one server", configured_dsn(), "2"), ("cluster", cluster_dsn, None))}
         _clean_start(servers)
     RESULTS.mkdir(exist_ok=True)
-    named = "cluster" + ("" if args.workload == "W1" else f"-{args.workload.lower()}")
+    named = "cluster" + ("" if args.workload == "W1" else f"-{args.workload.lower()}") + (
+        f"-fuse-{args.fuse_models}" if args.fuse_models else "")
     (RESULTS / (f"{named}.json" if net is None else f"{named}-{net[0]}.json")).write_text(json.dumps(
         {"measured_at": datetime.now(timezone.utc).isoformat(), "workload": args.workload, "rows": rows,
-         "network": network, **results}, indent=2, default=str))
-    print_workload(args.workload, rows, len(workload["configs"]), network, results)
+         "network": network, "fuse_models": args.fuse_models, **results}, indent=2, default=str))
+    fusing = f"; madlib_mop.fuse_models = {args.fuse_models}" if args.fuse_models else ""
+    print_workload(args.workload, rows, len(workload["configs"]), network + fusing, results)
     if "big state" in results:
         print_big_state(results["big state"], network)
 
@@ -306,6 +313,7 @@ def print_workload(workload: str, rows: int, models: int, network: str, results:
         print(f"| sub-epoch {part} (ms, mean) | {1000 * one['subepoch'][part]:.1f} | "
               f"{1000 * many['subepoch'][part]:.1f} | |")
     print(f"| gap between a segment's visits (ms, median) | {one['gap_ms']:.1f} | {many['gap_ms']:.1f} | |")
+    print(f"| visits fused (of {many['hops']}) | {one['fused_visits']} | {many['fused_visits']} | |")
     print(f"| same weights | | {'yes' if one['weights'] == many['weights'] else 'NO'} | |")
     print("\n### The same fit again: its sessions kept idle from the first\n")
     print("| | one server | cluster | ratio |\n|---|---:|---:|---:|")
