@@ -117,12 +117,12 @@ def _walkthrough_data(dsn, local: bool):
         conn.execute("SELECT generate_model_configs('arch', 'mst', ARRAY[1], %s, %s)", (COMPILE, FIT))
 
 
-def _fit(dsn, out, notices=None, settings=()):
+def _fit(dsn, out, notices=None, settings=(), mst="mst"):
     with _connect(dsn, notices) as conn:
         for setting in settings:
             conn.execute(setting)
-        conn.execute("SELECT madlib_keras_fit_multiple_model('iris_packed', %s, 'mst', 2, FALSE, "
-                     "'iris_valid')", (out,))
+        conn.execute("SELECT madlib_keras_fit_multiple_model('iris_packed', %s, %s, 2, FALSE, "
+                     "'iris_valid')", (out, mst))
 
 
 def _weights(dsn, table):
@@ -836,6 +836,18 @@ def test_a_segment_server_that_cannot_reach_another_is_carried_its_states(cluste
 
 
 FUSED = ["SET madlib_mop.fuse_models = on"]
+# 4 models of one fusion class (Adam at 4 learning rates): 2 to a segment server's path, fused.
+FUSED_COMPILE = COMPILE.replace("[0.01, 0.1]", "[0.01, 0.03, 0.1, 0.3]")
+
+
+@pytest.fixture(scope="module")
+def fused_configs(cluster, extension_dsn, walkthrough):
+    for dsn in (cluster, extension_dsn):
+        with _connect(dsn) as conn:
+            conn.execute("DROP TABLE IF EXISTS mst_fused, mst_fused_summary")
+            conn.execute("SELECT generate_model_configs('arch', 'mst_fused', ARRAY[1], %s, %s)",
+                         (FUSED_COMPILE, FIT))
+    return "mst_fused"
 
 
 def _fused_evals(dsn, out):
@@ -863,27 +875,30 @@ def _hops_moved(visits) -> tuple[int, int]:
     return fetched, carried
 
 
-def test_a_fused_job_on_the_segment_servers_gives_the_weights_of_one_server(cluster, extension_dsn, walkthrough):
-    """madlib_mop.fuse_models = on: the walkthrough's 2 models (one class: Adam at 2 learning
-    rates) train as one program on each segment server, each model's state fetched from the
-    server its last visit left it on, as a model alone; they validate as one program too.
-    The weights and validation results are those of the same job fused on one server with 2
+def test_a_fused_job_on_the_segment_servers_gives_the_weights_of_one_server(cluster, extension_dsn,
+                                                                          fused_configs):
+    """madlib_mop.fuse_models = on: 4 models of one class (Adam at 4 learning rates) train 2
+    by 2 as one program on each segment server, each model's state fetched from the server
+    its last visit left it on, as a model alone; they validate as one program too.  The
+    weights and validation results are those of the same job fused on one server with 2
     segments, bit for bit."""
-    _fit(cluster, "iris_fused", settings=FUSED)
-    _fit(extension_dsn, "iris_fused", settings=FUSED + ["SET madlib_mop.segments = 2"])
+    _fit(cluster, "iris_fused", settings=FUSED, mst=fused_configs)
+    _fit(extension_dsn, "iris_fused", settings=FUSED + ["SET madlib_mop.segments = 2"], mst=fused_configs)
     assert _weights(cluster, "iris_fused") == _weights(extension_dsn, "iris_fused")
     visits = _visits(cluster, "iris_fused")
-    assert visits and all(result["fused_with"] == [1, 2] for *_, result in visits)
+    assert len(visits) == 4 * 2 * 2 and all(len(result["fused_with"]) == 2 for *_, result in visits)
+    assert {tuple(r["fused_with"]) for *_, r in visits} == {tuple(r["fused_with"])
+                                                            for *_, r in _visits(extension_dsn, "iris_fused")}
     assert all(result["kept_on"] == f"seg{segment}" for _, _, segment, result in visits)
     fetched, carried = _hops_moved(visits)
     assert fetched >= 2 and carried == 0
     evals = _fused_evals(cluster, "iris_fused")
-    assert evals and all(with_ == [1, 2] for _, with_ in evals.values())
+    assert evals and all(len(with_) == 2 for _, with_ in evals.values())
     assert evals == _fused_evals(extension_dsn, "iris_fused")
 
 
 def test_a_fused_group_on_a_server_that_cannot_reach_the_other_is_carried_their_states(cluster, servers,
-                                                                                       extension_dsn, walkthrough):
+                                                                                       extension_dsn, fused_configs):
     """seg1's foreign server for seg0 points at a port that refuses: the fused call there
     fails to fetch (08001), the coordinator carries the group's states from then on, and the
     weights are those of the fused job on one server."""
@@ -894,7 +909,7 @@ def test_a_fused_group_on_a_server_that_cannot_reach_the_other_is_carried_their_
     try:
         with psycopg.connect(seg1, autocommit=True) as admin:
             admin.execute("ALTER SERVER seg0 OPTIONS (SET port '1')")
-        _fit(cluster, "iris_fused_carried", settings=FUSED)
+        _fit(cluster, "iris_fused_carried", settings=FUSED, mst=fused_configs)
         assert _weights(cluster, "iris_fused_carried") == _weights(extension_dsn, "iris_fused")
         fetched, carried = _hops_moved(_visits(cluster, "iris_fused_carried"))
         assert fetched and carried
@@ -903,9 +918,10 @@ def test_a_fused_group_on_a_server_that_cannot_reach_the_other_is_carried_their_
 
 
 def test_a_segment_server_whose_extension_predates_fused_training_trains_the_models_alone(
-        cluster, servers, walkthrough):
+        cluster, servers, fused_configs):
     """Where a segment server's extension has no fused training, a job asked to fuse says
-    so in a NOTICE naming the server, and its models train alone: the walkthrough's weights."""
+    so in a NOTICE naming the server, and its models train alone: the weights of the job
+    with fuse_models off."""
     name = conninfo_to_dict(cluster)["dbname"]
     seg1 = _server_dsn(servers["seg1"], name)
     renamed = "madlib_mop._mop_segment_train_fused(bigint, integer[], integer[], integer, text[], integer[])"
@@ -913,13 +929,14 @@ def test_a_segment_server_whose_extension_predates_fused_training_trains_the_mod
         admin.execute(f"ALTER FUNCTION {renamed} RENAME TO _mop_segment_train_fused_hidden")
     notices: list[str] = []
     try:
-        _fit(cluster, "iris_unfusable", notices, settings=FUSED)
+        _fit(cluster, "iris_unfusable", notices, settings=FUSED, mst=fused_configs)
     finally:
         with psycopg.connect(seg1, autocommit=True) as admin:
             admin.execute(f"ALTER FUNCTION {renamed.replace('_fused(', '_fused_hidden(')} "
                           "RENAME TO _mop_segment_train_fused")
     assert any("train unfused" in n and "seg1" in n for n in notices), notices
-    assert _weights(cluster, "iris_unfusable") == walkthrough
+    _fit(cluster, "iris_fused_off", settings=["SET madlib_mop.fuse_models = off"], mst=fused_configs)
+    assert _weights(cluster, "iris_unfusable") == _weights(cluster, "iris_fused_off")
     assert not any(result.get("fused_with") for *_, result in _visits(cluster, "iris_unfusable"))
 
 
