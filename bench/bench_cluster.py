@@ -115,10 +115,9 @@ def fit(conn: psycopg.Connection, out: str = "w1_fit", iterations: int = 1) -> d
     first_subepoch = min(v[3]["finished_at"] for v in visits) - called
     data = conn.execute("SELECT sum(octet_length(x) + octet_length(y)) FROM w1_packed").fetchone()[0]
     gaps = []
-    for before_visit, visit in zip(visits, visits[1:]):
-        if before_visit[2] == visit[2]:
-            start = visit[3]["finished_at"] - visit[3]["seconds"]["total"]
-            gaps.append(start - before_visit[3]["finished_at"])
+    for before_visit, visit in zip(calls(visits), calls(visits)[1:]):
+        if before_visit[0] == visit[0]:
+            gaps.append(visit[1] - before_visit[2])
     parts = {p: statistics.mean(v[3]["seconds"].get(p, 0.0) for v in visits)
              for p in SUBEPOCH_PARTS}
     segments = max(v[2] for v in visits) + 1
@@ -141,6 +140,20 @@ def fit(conn: psycopg.Connection, out: str = "w1_fit", iterations: int = 1) -> d
             "accuracy": accuracy, "per_hop": per_hop,
             "weights": conn.execute("SELECT md5(string_agg(md5(model_weights), '' ORDER BY mst_key)) "
                                     f"FROM {out}").fetchone()[0]}
+
+
+def calls(visits: list[tuple]) -> list[tuple[int, float, float]]:
+    """(segment, start, end) of each call: a fused call's visits (the models of its
+    `fused_with`, each record with its share of the call's seconds) as one."""
+    found: list[tuple[int, float, float]] = []
+    for before, (_, _, segment, result) in zip([None] + visits, visits):
+        fused = result.get("fused_with") or []
+        if (before is not None and fused and before[2] == segment and before[3].get("fused_with") == fused
+                and abs(before[3]["finished_at"] - result["finished_at"]) < 0.05):
+            continue  # (the same call: its first visit stands for it)
+        total = result["seconds"]["total"] * max(1, len(fused))
+        found.append((segment, result["finished_at"] - total, result["finished_at"]))
+    return found
 
 
 def copy_into_foreign_table(conn: psycopg.Connection, segment_dsn: str, batch_size: int) -> float:
