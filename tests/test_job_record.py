@@ -5,6 +5,7 @@ are the table's, and only the repository queries `jobs`."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import re
 import types
@@ -14,6 +15,7 @@ import pytest
 
 from madlib_mop.errors import MadlibMopError
 from madlib_mop.job import fusing
+from madlib_mop.job.memory import WorkerLimits
 from madlib_mop.job.record import JobArguments, JobRecord, JobState
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -127,7 +129,7 @@ def test_the_paths_recorded_group_the_models_of_each_fusion_class_of_two_or_more
 def test_a_job_fuses_by_the_classes_it_recorded_and_its_clones_join_them():
     """The classes recorded when the job was made are read back, not worked out again (no
     server or worker is asked: none is given); a clone of a fused model joins its class
-    where its configuration is of it; a job whose engine does not fuse fuses none."""
+    where its configuration is of it."""
     mlp = json.dumps({"class_name": "Sequential", "config": {"name": "s", "layers": [
         {"class_name": "InputLayer", "config": {"batch_shape": [None, 4], "name": "i"}},
         {"class_name": "Dense", "config": {"units": 3, "activation": "softmax", "name": "d"}}]}})
@@ -138,11 +140,19 @@ def test_a_job_fuses_by_the_classes_it_recorded_and_its_clones_join_them():
            "num_iterations": 2, "validation_table": None, "metrics_compute_frequency": 1,
            "warm_start": False, "name": None, "description": None, "use_caching": True, "seed": 7,
            "fuse_models": "auto", "orders": {"by_class": [[1, 2]], "clones": "source_path", "fused": [[1, 2], [3]]}}
-    job = types.SimpleNamespace(arguments=JobArguments.of(old))
+    job = types.SimpleNamespace(job_id=7, arguments=JobArguments.of(old))
     clones = {4: (1, 2), 5: (3, 2)}  # 4 keeps model 1's class; 5 (batch 32) is not of model 3's
-    found = fusing.job_classes(None, job, lambda: True, {1, 2, 3}, lambda: rows, None, clones)
+    fusing_engine = types.SimpleNamespace(stores_states=False, without_fusion=lambda: [])
+    found = fusing.job_classes(None, job, fusing_engine, {1, 2, 3}, lambda: rows, None, clones)
     assert found == {1: 0, 2: 0, 3: 1, 4: 0}
-    assert fusing.job_classes(None, job, lambda: False, {1, 2, 3}, lambda: rows, None, clones) == {}
+    # Where a segment server can no longer fuse, the job is refused, not trained to other bits.
+    older = types.SimpleNamespace(stores_states=False, without_fusion=lambda: ["segment server seg1"])
+    with pytest.raises(MadlibMopError) as refused:
+        fusing.job_classes(None, job, older, {1, 2, 3}, lambda: rows, None, clones)
+    assert refused.value.sqlstate == "0A000" and "seg1" in refused.value.hint
+    # A job made before jobs recorded their classes, on segment servers: none fused then.
+    unrecorded = types.SimpleNamespace(job_id=8, arguments=JobArguments.of(dict(old, orders={"by_class": [[1, 2]]})))
+    assert fusing.job_classes(None, unrecorded, older, {1, 2, 3}, lambda: rows, None, clones) == {}
 
 
 def test_what_a_fused_call_holds_of_its_segment_and_states():
@@ -160,3 +170,42 @@ def test_what_a_fused_call_holds_of_its_segment_and_states():
     # 16 stacked (a person's clones may fill it).
     assert held * fusing.memory.MB == 120 * (2 * 4 * 4 + 8 * 3)
     assert total * fusing.memory.MB == 3 * 1000 + 3 * 16 * 1000 + 120 * (2 * 4 * 4 + 8 * 3)
+
+
+def test_fusion_is_decided_against_the_servers_where_the_fused_calls_run():
+    """A job's fused calls must fit madlib_mop.worker_memory_mb of the servers its workers
+    run on: the smallest bound of the segment servers' (0: none), named in the NOTICE; and
+    an engine whose workers cannot fuse makes none fuse, saying where."""
+    mlp = json.dumps({"class_name": "Sequential", "config": {"name": "s", "layers": [
+        {"class_name": "InputLayer", "config": {"batch_shape": [None, 64], "name": "i"}},
+        {"class_name": "Dense", "config": {"units": 3, "activation": "softmax", "name": "d"}}]}})
+    configs = [{"mst_key": key, "model_arch": mlp, "fit_params": "batch_size=8",
+                "compile_params": f"optimizer='SGD(lr={lr})',loss='categorical_crossentropy'"}
+               for key, lr in ((1, 0.1), (2, 0.2))]
+    arguments = JobArguments.of({"source_table": "t_packed", "model_output_table": "public.m",
+                                 "model_selection_table": "mst", "num_iterations": 1, "validation_table": None,
+                                 "metrics_compute_frequency": 1, "warm_start": False, "name": None,
+                                 "description": None, "use_caching": True, "seed": 7,
+                                 "fuse_models": "on", "orders": {"by_class": [[1, 2]]}})
+
+    @dataclasses.dataclass(frozen=True)
+    class Plan:
+        arguments: JobArguments
+        source: dict
+        configs: list
+
+    # 2 segments of 1,000,000 rows x 64 features: about 500 MB each, decoded.
+    plan = Plan(arguments, {"packed_table": "t_packed", "num_segments": 2, "rows_per_segment": [10 ** 6] * 2,
+                            "feature_shape": [64], "num_classes": [3]}, configs)
+    notices: list[str] = []
+    plpy = types.SimpleNamespace(notice=lambda text, **_: notices.append(text))
+    engine = types.SimpleNamespace(without_fusion=lambda: [])
+    limits = [WorkerLimits(2, 8000.0, 0.0, "segment server seg0"), WorkerLimits(2, 8000.0, 4000.0, "segment server seg1")]
+    assert fusing.decided(plpy, plan, engine, None, {mlp: 780}, limits).arguments.orders["fused"] == [[1, 2]]
+    assert not notices
+    limits[1] = WorkerLimits(2, 8000.0, 300.0, "segment server seg1")
+    assert fusing.decided(plpy, plan, engine, None, {mlp: 780}, limits).arguments.orders["fused"] == []
+    assert len(notices) == 1 and "300 MB of madlib_mop.worker_memory_mb on segment server seg1" in notices[0]
+    older = types.SimpleNamespace(without_fusion=lambda: ["segment server seg0"])
+    assert fusing.decided(plpy, plan, older, None, {mlp: 780}, limits[:1]).arguments.orders["fused"] == []
+    assert "segment server seg0 cannot train fused groups" in notices[-1]

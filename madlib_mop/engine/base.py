@@ -127,7 +127,7 @@ class Worker(abc.ABC):
         model's (None, record), in their order.  The states are where the workers find them
         (the job's store; a segment server's, `engine.cluster`), or given (`model_states`:
         a state the coordinator gives as it gives `train` one, else None); the new ones stay
-        there.  Only the workers of an engine that `fuses` have it."""
+        there.  Only the workers of an engine with nothing `without_fusion` have it."""
         raise MadlibMopError("this engine's workers do not train fused models",
                              sqlstate=errors.FEATURE_NOT_SUPPORTED,
                              hint="SET madlib_mop.fuse_models = off.")
@@ -191,10 +191,11 @@ class Engine(abc.ABC):
     # the call and send it back?
     stores_states = False
 
-    def fuses(self, plpy: Any) -> bool:
-        """Can its workers train and validate models as fused groups (`Worker.train_fused`)?
-        Where they cannot, every model trains alone (`job.fusing`)."""
-        return False
+    def without_fusion(self) -> list[str]:
+        """Where its workers cannot train and validate models as fused groups
+        (`Worker.train_fused`), as messages name it; none: they all can.  A job fuses only
+        where none is named (`job.fusing`)."""
+        return ["this engine's workers"]
 
     @abc.abstractmethod
     def worker(self, segment: int, label: str) -> Worker: ...

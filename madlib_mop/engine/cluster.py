@@ -133,7 +133,9 @@ class ClusterWorker(KeptStateCalls, LocalWorker):
         except psycopg.Error as error:
             # The adopted session lost (08006 from the relay), or the relaying one: the
             # next call opens a session again.
-            if session.closed or session.broken or (error.sqlstate or "").startswith("08"):
+            # (08001 is the adopted session's own call failing to reach another server: kept)
+            if session.closed or session.broken or (
+                    (error.sqlstate or "").startswith("08") and error.sqlstate != errors.UNABLE_TO_CONNECT):
                 self.close()
             raise
         return tuple(idle_workers.decode(json_value(result), [bytes(b) for b in out or []]))
@@ -296,7 +298,7 @@ class ClusterEngine(Engine):
         self.full: str | None = None  # the segment server that had no slot free, if one had none
         self.tried = 0.0
         self._inference: list[ClusterWorker] = []
-        self._fuses: bool | None = None  # (`fuses`, asked once)
+        self._older: list[str] | None = None  # (`without_fusion`)
 
     def _server(self, segment: int) -> SegmentServer:
         if segment not in self.partitions:
@@ -342,18 +344,12 @@ class ClusterEngine(Engine):
             found.append((f"segment server {name}", json_value(limits)))
         return found
 
-    def fuses(self, plpy: Any) -> bool:
-        """Where every segment server's extension trains fused groups (0.21.0 on); else the
-        job's models train alone, with a NOTICE naming the servers that predate it."""
-        if self._fuses is None:
-            older = [server.label for _, server, session in self._sessions() if not session.execute(
+    def without_fusion(self) -> list[str]:
+        """The segment servers whose extension predates fused training (0.21.0), asked once."""
+        if self._older is None:
+            self._older = [server.label for _, server, session in self._sessions() if not session.execute(
                 "SELECT to_regproc(%s) IS NOT NULL", (f"{self.schema}._mop_segment_train_fused",)).fetchone()[0]]
-            if older:
-                plpy.notice(f"madlib_mop.fuse_models: the models train unfused: the extension of "
-                            f"{', '.join(older)} predates fused training on segment servers",
-                            hint="ALTER EXTENSION madlib_mop UPDATE on each segment server.")
-            self._fuses = not older
-        return self._fuses
+        return self._older
 
     def prepare_job(self, plpy: Any, job: Any, models: Callable[[], list[dict]]) -> None:
         self.job = job_description(plpy, job, models(), self.partitions)

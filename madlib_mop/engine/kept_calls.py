@@ -2,8 +2,9 @@
 (`segment.kept_states`): a visit's state is found where the model's last visit left it (its
 worker fetches it from that server), or carried by the coordinator (a step-0 state, a
 durable one, or one kept on a server the worker's server cannot reach), a piece per call.
-`engine.cluster.ClusterWorker` has them; a server whose extension predates kept states gets
-the state with the call and returns the new one, as on one server.
+A fused group's call finds each of its models' states so.  `engine.cluster.ClusterWorker`
+has them; a server whose extension predates kept states gets a model's state with the call
+and returns the new one, as on one server (and trains no fused group).
 """
 
 from __future__ import annotations
@@ -98,28 +99,26 @@ class KeptStateCalls:
         """A fused call, each model's state found as `_from_source` finds one (the carried ones
         sent in pieces before the call): the call's row, and what was carried of each."""
         self._send_job()
+        if self.peers is None:
+            raise MadlibMopError(f"{self.server.label} keeps no states: it trains no fused group",
+                                 sqlstate=errors.FEATURE_NOT_SUPPORTED,
+                                 hint=f"ALTER EXTENSION madlib_mop UPDATE on {self.server.label}, or "
+                                      "SET madlib_mop.fuse_models = off.")
         found = [self._source(key, step, given) for key, step, given in zip(mst_keys, steps, model_states)]
         try:
             return self._call(function, *arguments(self._sent(job_id, mst_keys, steps, found))), [c for _, c in found]
         except psycopg.Error as error:
-            if error.sqlstate != errors.UNABLE_TO_CONNECT or not self.usable or not any(s for s, _ in found):
+            sources = {source for source, _ in found if source}
+            if error.sqlstate != errors.UNABLE_TO_CONNECT or not self.usable or not sources:
                 raise
-        self.peers -= {source for source, _ in found if source}  # (which one failed: not known)
-        found = [(None, carried if source is None else self.states.read(key, step))
-                 for (source, carried), key, step in zip(found, mst_keys, steps)]
-        return self._call(function, *arguments(self._sent(job_id, mst_keys, steps, found))), [c for _, c in found]
-
-    def _sent(self, job_id: int, mst_keys: tuple[int, ...], steps: tuple[int, ...],
-              found: list[tuple[str | None, bytes | None]]) -> list[str | None]:
-        """The carried states of a fused call sent to its server (`_carry`): where each
-        model's state is fetched from."""
-        for (_, carried), key, step in zip(found, mst_keys, steps):
-            if self._carry(job_id, key, step, carried) is not None:
-                raise MadlibMopError(f"{self.server.label} cannot take states in pieces: it trains no fused group",
-                                     sqlstate=errors.FEATURE_NOT_SUPPORTED,
-                                     hint=f"ALTER EXTENSION madlib_mop UPDATE on {self.server.label}, or "
-                                          "SET madlib_mop.fuse_models = off.")
-        return [source for source, _ in found]
+            # The server the fetch could not reach, as its message names it (else all of them).
+            failed = {s for s in sources if f"segment server {s} could not be reached" in str(error)} or sources
+        self.peers -= failed
+        again = [(None, self.states.read(key, step)) if source in failed else (source, None)
+                 for (source, _), key, step in zip(found, mst_keys, steps)]
+        # (the states carried before are on the server: only those read now are sent)
+        row = self._call(function, *arguments(self._sent(job_id, mst_keys, steps, again)))
+        return row, [first if first is not None else then for (_, first), (_, then) in zip(found, again)]
 
     def _from_source(self, function: str, job_id: int, mst_key: int, step: int, model_state: bytes | None,
                      arguments: Callable[[str | None, bytes | None], tuple]) -> tuple[tuple, bytes | None]:

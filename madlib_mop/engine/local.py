@@ -202,8 +202,8 @@ class LocalEngine(Engine):
     pooled = True
     stores_states = True
 
-    def fuses(self, plpy: Any) -> bool:
-        return True
+    def without_fusion(self) -> list[str]:
+        return []
 
     def __init__(self, plpy: Any, say_cap: bool = True):
         """`say_cap`: the NOTICE of a cap per database (a call's own engine says it; one that

@@ -17,7 +17,7 @@ The setting, recorded with the job when it starts (a resumed job keeps it):
   fuses when its models train at least AUTO_STEPS steps per segment in the job.
 
 Models fuse on this server and on segment servers whose extension trains fused groups
-(`engine.cluster.ClusterEngine.fuses`: a fused call there fetches each model's state from
+(`engine.base.Engine.without_fusion`: a fused call there fetches each model's state from
 where its last visit left it, as a visit alone does).
 A person's clone of a model that fuses hops in its source's groups (`job.schedule.fusion_groups`)
 where its configuration is of its source's class (`clone_class`: a changed learning rate
@@ -94,42 +94,70 @@ def fusion_classes(configs: Iterable[dict], setting: str,
     return {k: numbers.setdefault(v, len(numbers)) for k, v in keys.items()}
 
 
-def job_classes(plpy: Any, job: Any, fuses: Callable[[], bool], initial: set[int], model_rows: Callable[[], list[dict]],
+def job_classes(plpy: Any, job: Any, engine: Any, initial: set[int], model_rows: Callable[[], list[dict]],
                 keras: Any, clones: dict[int, tuple[int, int]]) -> dict[int, int]:
     """A job's fusion classes (`job`: its `record.JobRecord`): of the models it started
     with, as it recorded them when it was made (`decided`), and of its `clones`
-    (`with_clones`).  A job made before jobs recorded them works them out again: of the
-    models it started with (`initial`).  None where the job's engine does not fuse
-    (`fuses()`: `engine.base.Engine.fuses`, asked only where a class fuses)."""
+    (`with_clones`).  A job that fuses is refused (0A000) where its engine's workers
+    cannot (`engine.base.Engine.without_fusion`: a segment server whose extension was
+    taken back to an older version): unfused, its models would not train to the bits it
+    started to.  A job made before jobs recorded them works them out again: of the models
+    it started with (`initial`), on this server (jobs on segment servers did not fuse)."""
     orders = job.arguments.orders
     if isinstance(orders, dict) and "fused" in orders:
         found = {key: number for number, members in enumerate(orders["fused"]) for key in members}
-    else:
+    elif engine.stores_states:
         configs = [row for row in model_rows() if row["mst_key"] in initial]
-        found = _decide(plpy, job.arguments, job.source_table, job.num_segments, fuses, configs, keras)
-    return with_clones(found if found and fuses() else {}, clones, model_rows)
+        found = _decide(plpy, job.arguments, job.source_table, job.num_segments, configs, keras)
+    else:
+        found = {}
+    joined = with_clones(found, clones, model_rows)
+    missing = engine.without_fusion() if _several(joined) else []
+    if missing:
+        raise MadlibMopError(f"job {job.job_id} trains models as fused groups, as decided when it was "
+                             f"made, and {', '.join(missing)} cannot",
+                             sqlstate=errors.FEATURE_NOT_SUPPORTED,
+                             hint=f"ALTER EXTENSION madlib_mop UPDATE on {', '.join(missing)}, then resume the job.")
+    return joined
 
 
-def decided(plpy: Any, plan: Any, fuses: Callable[[], bool], keras: Any, weight_bytes: dict[str, int]) -> Any:
+def decided(plpy: Any, plan: Any, engine: Any, keras: Any, weight_bytes: dict[str, int],
+            limits: list[memory.WorkerLimits]) -> Any:
     """The plan (`job.plan.Plan`) with its models' fusion classes recorded in its arguments'
     `orders` ("fused": the mst_keys of each class, in the order of their first model), so
     that the job, resumed by a later version or with other facts, fuses as it started.
-    None fuse where a fused call would not fit madlib_mop.worker_memory_mb (`fused_need`;
-    `weight_bytes`: architecture -> its weights' bytes, `plan.check_models`)."""
-    classes = _decide(plpy, plan.arguments, plan.source["packed_table"], plan.source["num_segments"], fuses,
+    None fuse where the engine's workers cannot (`Engine.without_fusion`: a segment
+    server's extension older than fused training), nor where a fused call would not fit
+    madlib_mop.worker_memory_mb of the servers its workers run on (`fused_need`; `limits`:
+    the segment servers', `Engine.worker_limits`, else this server's; `weight_bytes`:
+    architecture -> its weights' bytes, `plan.check_models`).  Each with a NOTICE."""
+    classes = _decide(plpy, plan.arguments, plan.source["packed_table"], plan.source["num_segments"],
                       plan.configs, keras)
-    budget = memory.budget_mb(plpy)
+    missing = engine.without_fusion() if _several(classes) else []
+    if missing:
+        plpy.notice(f"{FUSE_SETTING}: the models train unfused: {', '.join(missing)} cannot train fused "
+                    "groups (its extension predates them)",
+                    hint=f"ALTER EXTENSION madlib_mop UPDATE on {', '.join(missing)}.")
+        classes = {}
+    bounds = [(limit.budget_mb, limit.where) for limit in limits] or [(memory.budget_mb(plpy), "this server")]
+    # (0 keeps no buffers: not a bound)
+    budget, where = min(((mb, at) for mb, at in bounds if mb > 0), default=(0, ""))
     need = fused_need(classes, plan.configs, plan.source, weight_bytes)
-    if budget > 0 and need is not None and need[0] > budget:  # (0 keeps no buffers: not a bound)
+    if budget > 0 and need is not None and need[0] > budget:
         plpy.notice(f"{FUSE_SETTING}: the models train unfused: a fused call would hold about "
                     f"{need[0]:.0f} MB (its segment's rows decoded, {need[1]:.0f} MB, and the "
-                    f"models' states) of the {budget} MB of madlib_mop.worker_memory_mb")
+                    f"models' states) of the {budget:.0f} MB of madlib_mop.worker_memory_mb on {where}")
         classes = {}
     members: list[list[int]] = [[] for _ in set(classes.values())]
     for key in sorted(classes):
         members[classes[key]].append(int(key))
     orders = dict(plan.arguments.orders, fused=members)
     return dataclasses.replace(plan, arguments=plan.arguments.replace(orders=orders))
+
+
+def _several(classes: dict[int, int]) -> bool:
+    """Has a class two models or more (one that fuses)?"""
+    return len(set(classes.values())) < len(classes)
 
 
 def decoded_segment_bytes(source: dict) -> int | None:
@@ -163,11 +191,10 @@ def fused_need(classes: dict[int, int], configs: list[dict], source: dict, weigh
     return (models + held) / memory.MB, held / memory.MB
 
 
-def _decide(plpy: Any, arguments: Any, source_table: str, num_segments: int, fuses: Callable[[], bool],
-            configs: list[dict], keras: Any) -> dict[int, int]:
-    """The classes of `configs` that fuse (`fusion_classes`) where the job's engine fuses,
-    without custom functions."""
-    if arguments.fuse_models == "off" or arguments.custom_functions or not fuses():
+def _decide(plpy: Any, arguments: Any, source_table: str, num_segments: int, configs: list[dict],
+            keras: Any) -> dict[int, int]:
+    """The classes of `configs` that fuse (`fusion_classes`), without custom functions."""
+    if arguments.fuse_models == "off" or arguments.custom_functions:
         return {}
     rows = 0
     if arguments.fuse_models == "auto":  # a table packed by MADlib does not say: none fuse

@@ -253,9 +253,9 @@ def run_plan(plpy: Any, plan: Plan, warm_start: bool, can_commit: bool, caller: 
     try:
         keras = KerasWork.for_job(lambda: pool, engine, plpy)
         weight_bytes = check_models(plpy, plan, keras)
-        plan = fusing.decided(plpy, plan, lambda: engine.fuses(plpy), keras, weight_bytes)  # (recorded: resumed so)
-        job_id, need = create_job(plpy, plan, previous, keras, prepare, left_by, weight_bytes,
-                                  memory.limits_of(engine.worker_limits()))
+        limits = memory.limits_of(engine.worker_limits())
+        plan = fusing.decided(plpy, plan, engine, keras, weight_bytes, limits)  # (recorded: resumed so)
+        job_id, need = create_job(plpy, plan, previous, keras, prepare, left_by, weight_bytes, limits)
     except BaseException:
         pool.stop()
         raise

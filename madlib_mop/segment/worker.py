@@ -358,13 +358,14 @@ def _restored_fused(plpy: Any, ctx: JobContext, mst_keys: list[int], steps: list
 def train_fused(plpy: Any, job_id: int, mst_keys: list[int], steps: list[int], segment: int) -> list[str]:
     """One sub-epoch of the models `mst_keys` (one fusion group of the schedule, each after
     its `steps` sub-epochs) on `segment`, trained as one fused program: each model's state read
-    from and written to the job's store as `train` does, one visit's record per model."""
+    from and written to the job's store as `train` does (on a segment server, its hop files:
+    `segment.kept_states.train_fused`), one visit's record per model."""
     started = time.perf_counter()
     ctx = context(plpy, job_id)
     if ctx.states is None:
-        raise MadlibMopError(f"job {job_id}: fused training reads its states from the job's store",
+        raise MadlibMopError(f"job {job_id}: fused training reads its states where this session keeps them",
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
-                             hint="Models on segment servers train unfused.")
+                             hint="A segment server's session trains fused groups of a job given with its store.")
     setup = time.perf_counter()
     buffers = _buffers(plpy, ctx, ctx.train, segment)
     read = time.perf_counter()
@@ -440,8 +441,8 @@ def evaluate_fused(plpy: Any, job_id: int, mst_keys: list[int], steps: list[int]
     started = time.perf_counter()
     ctx = context(plpy, job_id)
     if ctx.validation is None or ctx.states is None:
-        raise MadlibMopError(f"job {job_id}: fused validation reads the states of the job's store "
-                             "and its validation table",
+        raise MadlibMopError(f"job {job_id}: fused validation reads the states where this session keeps "
+                             "them, and the job's validation table",
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
                              hint="Only the fused models of a fit given a validation_table evaluate fused.")
     buffers = _buffers(plpy, ctx, ctx.validation, partition)
