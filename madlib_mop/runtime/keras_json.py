@@ -11,6 +11,7 @@ anything that is not a built-in Keras class (no code from the database ever runs
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import re
@@ -282,7 +283,19 @@ def canonical_architecture(model_arch: str) -> str:
     appearance: `to_json()` of the same network names it sequential_3 / dense_7 after other
     models were made in the process, and the names change nothing in what it computes.
     Every occurrence of a name is replaced (layers refer to each other by name), so different
-    networks stay different."""
+    networks stay different.  Kept per text: a grid's models share a few architectures, and
+    a job asks for each model's key several times (plan, memory, fusion)."""
+    if isinstance(model_arch, str):
+        return _canonical_text(model_arch)
+    return _canonical(model_arch)
+
+
+@functools.lru_cache(maxsize=64)
+def _canonical_text(model_arch: str) -> str:
+    return _canonical(model_arch)
+
+
+def _canonical(model_arch: Any) -> str:
     config = json_value(model_arch)
     names: dict[str, str] = {}
 
