@@ -120,6 +120,18 @@ class KeptStateCalls:
         row = self._call(function, *arguments(self._sent(job_id, mst_keys, steps, again)))
         return row, [first if first is not None else then for (_, first), (_, then) in zip(found, again)]
 
+    def _sent(self, job_id: int, mst_keys: tuple[int, ...], steps: tuple[int, ...],
+              found: list[tuple[str | None, bytes | None]]) -> list[str | None]:
+        """The carried states of a fused call sent to its server (`_carry`): where each
+        model's state is fetched from."""
+        for (_, carried), key, step in zip(found, mst_keys, steps):
+            if self._carry(job_id, key, step, carried) is not None:
+                raise MadlibMopError(f"{self.server.label} cannot take states in pieces: it trains no fused group",
+                                     sqlstate=errors.FEATURE_NOT_SUPPORTED,
+                                     hint=f"ALTER EXTENSION madlib_mop UPDATE on {self.server.label}, or "
+                                          "SET madlib_mop.fuse_models = off.")
+        return [source for source, _ in found]
+
     def _from_source(self, function: str, job_id: int, mst_key: int, step: int, model_state: bytes | None,
                      arguments: Callable[[str | None, bytes | None], tuple]) -> tuple[tuple, bytes | None]:
         """The call, its state found where it is (`_source`); when its server cannot reach
