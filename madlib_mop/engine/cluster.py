@@ -16,10 +16,11 @@ new one (`_mop_train` / `_mop_evaluate`, as on one server).
 
 from __future__ import annotations
 
+import concurrent.futures
 import io
 import secrets
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import psycopg
 from psycopg import sql
@@ -298,7 +299,7 @@ class ClusterEngine(Engine):
         self.full: str | None = None  # the segment server that had no slot free, if one had none
         self.tried = 0.0
         self._inference: list[ClusterWorker] = []
-        self._older: list[str] | None = None  # (`without_fusion`)
+        self._answers: tuple[list, list[str]] | None = None  # (`_asked`)
 
     def _server(self, segment: int) -> SegmentServer:
         if segment not in self.partitions:
@@ -323,33 +324,40 @@ class ClusterEngine(Engine):
             worker.states = self.states
         return self.states
 
-    def _sessions(self) -> Iterator[tuple[str, SegmentServer, psycopg.Connection]]:
-        """A session on each segment server, like its workers' (the caller's settings go with it)."""
-        for name, server in self.servers.items():
-            with segments.connect(self.conninfo[name], server, self.hints[name],
-                                  application_name="madlib_mop coordinator") as session:
-                yield name, server, session
-
     def worker_limits(self) -> list[tuple[str, dict]]:
         """Each segment server's; one whose extension predates the question is not counted."""
-        found = []
-        for name, _, session in self._sessions():
+        return self._asked()[0]
+
+    def without_fusion(self) -> list[str]:
+        """The segment servers whose extension predates fused training (0.21.0)."""
+        return self._asked()[1]
+
+    def _asked(self) -> tuple[list[tuple[str, dict]], list[str]]:
+        """What a job asks each segment server before it starts (`worker_limits`,
+        `without_fusion`): once, over one session per server, the servers at once (a new
+        session's first question loads the extension's Python: about 0.2 s)."""
+        if self._answers is None:
+            answers = at_once(list(self.servers.items()), lambda named: self._ask(*named))
+            self._answers = ([(f"segment server {name}", found) for (name, _), (found, _) in
+                              zip(self.servers.items(), answers) if found is not None],
+                             [server.label for server, (_, fuses) in zip(self.servers.values(), answers)
+                              if not fuses])
+        return self._answers
+
+    def _ask(self, name: str, server: SegmentServer) -> tuple[dict | None, bool]:
+        """(its limits, None where its extension predates them; does it train fused groups?)"""
+        with segments.connect(self.conninfo[name], server, self.hints[name],
+                              application_name="madlib_mop coordinator") as session:
+            fuses = session.execute("SELECT to_regproc(%s) IS NOT NULL",
+                                    (f"{self.schema}._mop_segment_train_fused",)).fetchone()[0]
             try:
-                (limits,) = session.execute(sql.SQL("SELECT {}._mop_worker_limits()").format(
+                (found,) = session.execute(sql.SQL("SELECT {}._mop_worker_limits()").format(
                     sql.Identifier(self.schema))).fetchone()
             except psycopg.Error as error:
                 if error.sqlstate != errors.UNDEFINED_FUNCTION:
                     raise as_error(error) from None
-                continue
-            found.append((f"segment server {name}", json_value(limits)))
-        return found
-
-    def without_fusion(self) -> list[str]:
-        """The segment servers whose extension predates fused training (0.21.0), asked once."""
-        if self._older is None:
-            self._older = [server.label for _, server, session in self._sessions() if not session.execute(
-                "SELECT to_regproc(%s) IS NOT NULL", (f"{self.schema}._mop_segment_train_fused",)).fetchone()[0]]
-        return self._older
+                return None, bool(fuses)
+        return json_value(found), bool(fuses)
 
     def prepare_job(self, plpy: Any, job: Any, models: Callable[[], list[dict]]) -> None:
         self.job = job_description(plpy, job, models(), self.partitions)
@@ -363,7 +371,14 @@ class ClusterEngine(Engine):
         server has no slot free (the job then waits in the queue, `new_workers`): a segment
         is served only by its own server's sessions."""
         workers = [self.worker(s, f"madlib_mop worker segment {s}") for s in range(segments)]
-        self.full = next((w.server.label for w in workers if not w.open_with_slot()), None)
+        try:  # (the servers at once: each login and adoption loads the extension's Python there)
+            opened = at_once(workers, lambda worker: worker.open_with_slot())
+        except BaseException:
+            for worker in workers:
+                worker.close()
+            self._workers = [w for w in self._workers if w not in workers]
+            raise
+        self.full = next((w.server.label for w, slot in zip(workers, opened) if not slot), None)
         if self.full is None:
             return workers
         self.keep_idle([w for w in workers if w.relayed is not None], segments)
@@ -398,6 +413,15 @@ class ClusterEngine(Engine):
 
     def keep_inference(self, workers: list[Worker]) -> None:
         self.keep_idle(workers, len(workers))
+
+
+def at_once(items: list, call: Callable[[Any], Any]) -> list:
+    """`call` of each item, each in a thread of its own (work on several segment servers,
+    over psycopg sessions only: never plpy, which belongs to the calling thread); the results
+    in order, or the first failure once all have ended."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(items))) as threads:
+        futures = [threads.submit(call, item) for item in items]
+    return [future.result() for future in futures]
 
 
 def on_server(server: SegmentServer, error: BaseException) -> MadlibMopError:
