@@ -147,6 +147,12 @@ CREATE FUNCTION @extschema@._mop_segment_state(store text, mst_key integer, step
 RETURNS SETOF bytea
 #plpython "mop_segment_state.py"
 
+-- States kept here, as _mop_segment_state gives each as kept, one after the other: the
+-- states a fused call fetches from this server, in one request.
+CREATE FUNCTION @extschema@._mop_segment_states(store text, mst_keys integer[], steps integer[])
+RETURNS TABLE (mst_key integer, piece bytea)
+#plpython "mop_segment_states.py"
+
 -- The state of a staged model's frozen layers kept here, by their digest, in pieces.
 CREATE FUNCTION @extschema@._mop_segment_prefix(store text, digest text)
 RETURNS SETOF bytea

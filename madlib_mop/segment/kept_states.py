@@ -18,6 +18,7 @@ the job's folder until the coordinator's job ends (`forget`).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -101,31 +102,57 @@ def fetch(plpy: Any, kept: state_store.HopFiles, store: str, mst_key: int, step:
     server's hop file, a piece at a time: its bytes.  A server this one cannot reach (or
     that stops answering meanwhile) is refused with 08001: the coordinator then carries the
     state itself, which names the server if it is down."""
+    return fetch_several(plpy, kept, store, [(mst_key, step)], source)[0]
+
+
+def fetch_several(plpy: Any, kept: state_store.HopFiles, store: str, states: list[tuple[int, int]],
+                  source: str) -> list[int]:
+    """`fetch` of several states (mst_key, step) from one server: a fused call's, in one
+    request (`serve_several`: one round trip, not one per model).  Each one's bytes."""
     import psycopg
     from psycopg import sql
 
     schema = catalog.extension_schema_name(plpy)
     role = _role(plpy)
-    written = 0
+    written = [0] * len(states)
+    done = 0  # (the states written whole: a failure is of the next one)
 
-    def streamed(function: str, arguments: tuple) -> Callable[[Any], None]:
+    def rows(function: str, arguments: tuple) -> Iterator[tuple]:
+        cursor = _peer(plpy, role, source).cursor(binary=True)
+        yield from cursor.stream(sql.SQL("SELECT * FROM {}.{}({})").format(
+            sql.Identifier(schema), sql.Identifier(function),
+            sql.SQL(", ").join(sql.Placeholder() * len(arguments))), arguments, binary=True)
+
+    def copied(pieces: Iterator[tuple], index: int | None) -> Callable[[Any], None]:
         def copy(handle: Any) -> None:
-            nonlocal written
-            cursor = _peer(plpy, role, source).cursor(binary=True)
-            for (piece,) in cursor.stream(sql.SQL("SELECT {}.{}({})").format(
-                    sql.Identifier(schema), sql.Identifier(function),
-                    sql.SQL(", ").join(sql.Placeholder() * len(arguments))), arguments, binary=True):
-                handle.write(piece)
-                written += len(piece)
+            for row in pieces:
+                handle.write(row[-1])
+                if index is not None:
+                    written[index] += len(row[-1])
         return copy
     try:
-        kept.write(mst_key, step, streamed("_mop_segment_state", (store, mst_key, step, False)))
-        # A staged model's head state: its frozen layers' state once per job and digest.
-        with kept.mapped(mst_key, step, whole=False) as blob:
-            digest = state.left_out_prefix(blob)
-        if digest is not None:
-            kept.keep_prefix(digest, streamed("_mop_segment_prefix", (store, digest)))
+        if len(states) == 1:
+            kept.write(*states[0], copied(rows("_mop_segment_state", (store, *states[0], False)), 0))
+        else:
+            streamed = rows("_mop_segment_states", (store, [k for k, _ in states], [s for _, s in states]))
+            for index, (key, group) in enumerate(itertools.groupby(streamed, key=lambda row: row[0])):
+                if states[index][0] != key:
+                    raise MadlibMopError(f"segment server {source} sent model {key}'s state for model "
+                                         f"{states[index][0]}'s", sqlstate=errors.DATA_EXCEPTION)
+                kept.write(*states[index], copied(group, index))
+                done += 1
+            if done < len(states):
+                raise MadlibMopError(f"segment server {source} sent {done} of {len(states)} states",
+                                     sqlstate=errors.DATA_EXCEPTION)
+        for index, (mst_key, step) in enumerate(states):
+            done = index
+            # A staged model's head state: its frozen layers' state once per job and digest.
+            with kept.mapped(mst_key, step, whole=False) as blob:
+                digest = state.left_out_prefix(blob)
+            if digest is not None:
+                kept.keep_prefix(digest, copied(rows("_mop_segment_prefix", (store, digest)), None))
     except (psycopg.Error, MadlibMopError) as error:
+        mst_key, step = states[min(done, len(states) - 1)]
         if getattr(error, "sqlstate", None) == errors.UNDEFINED_FILE:
             raise lost(mst_key, step, f"segment server {source}") from None
         if isinstance(error, MadlibMopError) and not (error.sqlstate or "").startswith("08"):
@@ -180,6 +207,17 @@ def serve(plpy: Any, store: str, mst_key: int, step: int, whole: bool) -> Iterat
         stack.close()
         raise lost(mst_key, step, "this segment server")
     return _pieces(stack, blob)
+
+
+def serve_several(plpy: Any, store: str, mst_keys: list[int], steps: list[int]) -> Iterator[tuple[int, bytes]]:
+    """`serve` of several states, as kept, one after the other: (mst_key, piece) rows."""
+    kept = hops(plpy, store)
+    for mst_key, step in zip(mst_keys, steps, strict=True):
+        with kept.mapped(mst_key, step, whole=False) as blob:
+            if blob is None:
+                raise lost(mst_key, step, "this segment server")
+            for _, piece in state.pieces(blob):
+                yield mst_key, piece
 
 
 def serve_prefix(plpy: Any, store: str, digest: str) -> Iterator[bytes]:
@@ -257,8 +295,18 @@ def _found_all(plpy: Any, job_id: int, mst_keys: list[int], steps: list[int], st
                              "to find their states on or steps to keep",
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
                              hint="Give one of each per model, in the order of mst_keys.")
-    return ctx, kept, [found(plpy, kept, store, key, step, source)
-                       for key, step, source in zip(mst_keys, steps, states_from)]
+    fetched = [{"fetched_bytes": 0, "fetch_seconds": 0.0} for _ in mst_keys]
+    for source in dict.fromkeys(states_from):
+        at = [i for i, s in enumerate(states_from) if s == source]
+        if source is None:
+            for i in at:
+                fetched[i] = found(plpy, kept, store, mst_keys[i], steps[i], None)
+            continue
+        started = time.perf_counter()  # (the models fetched from one server share the request's time)
+        sizes = fetch_several(plpy, kept, store, [(mst_keys[i], steps[i]) for i in at], source)
+        for i, size in zip(at, sizes):
+            fetched[i] = {"fetched_bytes": size, "fetch_seconds": (time.perf_counter() - started) / len(at)}
+    return ctx, kept, fetched
 
 
 def train_fused(plpy: Any, job_id: int, mst_keys: list[int], steps: list[int], segment: int,
