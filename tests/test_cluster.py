@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -486,10 +487,10 @@ def test_a_mapping_naming_another_role_is_refused(cluster, servers, walkthrough)
         assert owner == ("analyst_c",)
 
 
-def _run_in_thread(dsn, out, notices, errors, settings=()):
+def _run_in_thread(dsn, out, notices, errors, settings=(), mst="mst"):
     def run():
         try:
-            _fit(dsn, out, notices, settings)
+            _fit(dsn, out, notices, settings, mst)
         except psycopg.Error as error:
             errors.append(error)
     thread = threading.Thread(target=run)
@@ -957,6 +958,28 @@ def test_segment_servers_restarted_mid_job_lose_the_states_they_kept(cluster, se
                for n in notices), notices
     assert _weights(cluster, "restarted_segment") == walkthrough
     _every_subepoch_once(cluster, "restarted_segment")
+
+
+def test_a_fused_job_whose_segment_servers_restarted_goes_back_to_durable_states(cluster, servers,
+                                                                                 fused_configs):
+    """The same with fused groups, whose calls fetch their states from the other server in
+    one request: it finds them gone and names the model, the job goes back to the models'
+    durable states and ends with the fused job's weights, every sub-epoch once."""
+    expected = _weights(cluster, "iris_fused")
+    if not expected:
+        pytest.skip("needs the fused job of the test before")
+    notices, errors = [], []
+    job = _run_in_thread(cluster, "restarted_fused", notices, errors, FUSED, fused_configs)
+    with _connect(cluster) as watcher, held_job(watcher, "restarted_fused", 6):
+        for name in ("seg0", "seg1"):  # (6 of 16 are done: every model has visits to come)
+            servers[name].stop()
+            servers[name].start()
+    job.join(timeout=300)
+    assert not job.is_alive() and not errors, errors
+    assert any(re.search(r"no state of model \d+ after step \d+ on (segment server seg[01]|this segment server)", n)
+               and "going on from the models' last durable states" in n for n in notices), notices
+    assert _weights(cluster, "restarted_fused") == expected
+    _every_subepoch_once(cluster, "restarted_fused")
 
 
 def _sending_a_state(servers, name: str, job: threading.Thread) -> tuple[str, int]:

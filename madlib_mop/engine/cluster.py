@@ -371,14 +371,21 @@ class ClusterEngine(Engine):
         server has no slot free (the job then waits in the queue, `new_workers`): a segment
         is served only by its own server's sessions."""
         workers = [self.worker(s, f"madlib_mop worker segment {s}") for s in range(segments)]
-        try:  # (the servers at once: each login and adoption loads the extension's Python there)
-            opened = at_once(workers, lambda worker: worker.open_with_slot())
+        # The servers at once (each login and adoption loads the extension's Python there);
+        # a server's own workers one after the other, as they take up its idle sessions and
+        # slots in turn.
+        by_server = [[w for w in workers if w.server.name == name] for name in dict.fromkeys(
+            w.server.name for w in workers)]
+        try:
+            opened = dict(zip(map(id, sum(by_server, [])), sum(at_once(
+                by_server, lambda its: [worker.open_with_slot() for worker in its]), [])))
         except BaseException:
+            self.keep_idle([w for w in workers if w.relayed is not None], segments)
             for worker in workers:
                 worker.close()
             self._workers = [w for w in self._workers if w not in workers]
             raise
-        self.full = next((w.server.label for w, slot in zip(workers, opened) if not slot), None)
+        self.full = next((w.server.label for w in workers if not opened[id(w)]), None)
         if self.full is None:
             return workers
         self.keep_idle([w for w in workers if w.relayed is not None], segments)

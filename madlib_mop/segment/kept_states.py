@@ -117,11 +117,15 @@ def fetch_several(plpy: Any, kept: state_store.HopFiles, store: str, states: lis
     written = [0] * len(states)
     done = 0  # (the states written whole: a failure is of the next one)
 
-    def rows(function: str, arguments: tuple) -> Iterator[tuple]:
+    def rows(function: str, arguments: tuple, columns: str = "") -> Iterator[tuple]:
+        """The function's rows as they come: called in the select list (in FROM, the server
+        would hold them all before the first), a composite's `columns` taken apart outside."""
+        called = sql.SQL("{}.{}({})").format(sql.Identifier(schema), sql.Identifier(function),
+                                             sql.SQL(", ").join(sql.Placeholder() * len(arguments)))
+        query = (sql.SQL("SELECT {}").format(called) if not columns else sql.SQL(
+            "SELECT {} FROM (SELECT {} AS r) AS called").format(sql.SQL(columns), called))
         cursor = _peer(plpy, role, source).cursor(binary=True)
-        yield from cursor.stream(sql.SQL("SELECT * FROM {}.{}({})").format(
-            sql.Identifier(schema), sql.Identifier(function),
-            sql.SQL(", ").join(sql.Placeholder() * len(arguments))), arguments, binary=True)
+        yield from cursor.stream(query, arguments, binary=True)
 
     def copied(pieces: Iterator[tuple], index: int | None) -> Callable[[Any], None]:
         def copy(handle: Any) -> None:
@@ -134,13 +138,17 @@ def fetch_several(plpy: Any, kept: state_store.HopFiles, store: str, states: lis
         if len(states) == 1:
             kept.write(*states[0], copied(rows("_mop_segment_state", (store, *states[0], False)), 0))
         else:
-            streamed = rows("_mop_segment_states", (store, [k for k, _ in states], [s for _, s in states]))
-            for index, (key, group) in enumerate(itertools.groupby(streamed, key=lambda row: row[0])):
-                if states[index][0] != key:
-                    raise MadlibMopError(f"segment server {source} sent model {key}'s state for model "
-                                         f"{states[index][0]}'s", sqlstate=errors.DATA_EXCEPTION)
-                kept.write(*states[index], copied(group, index))
-                done += 1
+            streamed = rows("_mop_segment_states", (store, [k for k, _ in states], [s for _, s in states]),
+                            "(r).mst_key, (r).piece")
+            try:
+                for index, (key, group) in enumerate(itertools.groupby(streamed, key=lambda row: row[0])):
+                    if index >= len(states) or states[index][0] != key:
+                        raise MadlibMopError(f"segment server {source} sent model {key}'s state out of turn",
+                                             sqlstate=errors.DATA_EXCEPTION)
+                    kept.write(*states[index], copied(group, index))
+                    done += 1
+            finally:
+                streamed.close()  # (a stream left behind would hold the session)
             if done < len(states):
                 raise MadlibMopError(f"segment server {source} sent {done} of {len(states)} states",
                                      sqlstate=errors.DATA_EXCEPTION)
@@ -154,7 +162,14 @@ def fetch_several(plpy: Any, kept: state_store.HopFiles, store: str, states: lis
     except (psycopg.Error, MadlibMopError) as error:
         mst_key, step = states[min(done, len(states) - 1)]
         if getattr(error, "sqlstate", None) == errors.UNDEFINED_FILE:
-            raise lost(mst_key, step, f"segment server {source}") from None
+            # (the server's message names the state it misses; a request of several reads ahead)
+            said = getattr(getattr(error, "diag", None), "message_primary", None) or ""
+            if "no state of model" not in said:
+                raise lost(mst_key, step, f"segment server {source}") from None
+            failure = lost(mst_key, step, f"segment server {source}")
+            raise MadlibMopError(said.replace("madlib_mop: ", "").replace("this segment server",
+                                                                          f"segment server {source}"),
+                                 sqlstate=errors.UNDEFINED_FILE, detail=failure.detail, hint=failure.hint) from None
         if isinstance(error, MadlibMopError) and not (error.sqlstate or "").startswith("08"):
             raise
         for key in [k for k, c in _peers.items() if k[0] == role and (c.closed or c.broken)]:
@@ -210,12 +225,30 @@ def serve(plpy: Any, store: str, mst_key: int, step: int, whole: bool) -> Iterat
 
 
 def serve_several(plpy: Any, store: str, mst_keys: list[int], steps: list[int]) -> Iterator[tuple[int, bytes]]:
-    """`serve` of several states, as kept, one after the other: (mst_key, piece) rows."""
+    """`serve` of several states, as kept, one after the other: (mst_key, piece) rows.  Each
+    is mapped before the first row, so that a missing one is refused at once (UNDEFINED_FILE,
+    naming it), as `serve` refuses one."""
+    if len(mst_keys) != len(steps):
+        raise MadlibMopError(f"{len(mst_keys)} models and {len(steps)} steps", sqlstate=errors.INVALID_PARAMETER_VALUE,
+                             hint="Give one step per model, in the order of mst_keys.")
     kept = hops(plpy, store)
-    for mst_key, step in zip(mst_keys, steps, strict=True):
-        with kept.mapped(mst_key, step, whole=False) as blob:
+    stack = contextlib.ExitStack()
+    blobs = []
+    try:
+        for mst_key, step in zip(mst_keys, steps):
+            blob = stack.enter_context(kept.mapped(mst_key, step, whole=False))
             if blob is None:
                 raise lost(mst_key, step, "this segment server")
+            blobs.append((mst_key, blob))
+    except BaseException:
+        stack.close()
+        raise
+    return _rows(stack, blobs)
+
+
+def _rows(stack: contextlib.ExitStack, blobs: list[tuple[int, Any]]) -> Iterator[tuple[int, bytes]]:
+    with stack:
+        for mst_key, blob in blobs:
             for _, piece in state.pieces(blob):
                 yield mst_key, piece
 
