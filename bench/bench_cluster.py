@@ -114,8 +114,8 @@ def fit(conn: psycopg.Connection, out: str = "w1_fit", iterations: int = 1) -> d
     # (the worker's clock is this machine's: every server of the cluster runs here)
     first_subepoch = min(v[3]["finished_at"] for v in visits) - called
     data = conn.execute("SELECT sum(octet_length(x) + octet_length(y)) FROM w1_packed").fetchone()[0]
-    gaps = []
-    for before_visit, visit in zip(calls(visits), calls(visits)[1:]):
+    gaps, each_call = [], calls(visits)
+    for before_visit, visit in zip(each_call, each_call[1:]):
         if before_visit[0] == visit[0]:
             gaps.append(visit[1] - before_visit[2])
     parts = {p: statistics.mean(v[3]["seconds"].get(p, 0.0) for v in visits)

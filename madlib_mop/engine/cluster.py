@@ -377,15 +377,15 @@ class ClusterEngine(Engine):
         by_server = [[w for w in workers if w.server.name == name] for name in dict.fromkeys(
             w.server.name for w in workers)]
         try:
-            opened = dict(zip(map(id, sum(by_server, [])), sum(at_once(
-                by_server, lambda its: [worker.open_with_slot() for worker in its]), [])))
+            slots = at_once(by_server, lambda its: [worker.open_with_slot() for worker in its])
         except BaseException:
             self.keep_idle([w for w in workers if w.relayed is not None], segments)
             for worker in workers:
                 worker.close()
             self._workers = [w for w in self._workers if w not in workers]
             raise
-        self.full = next((w.server.label for w in workers if not opened[id(w)]), None)
+        self.full = next((w.server.label for its, taken in zip(by_server, slots)
+                          for w, slot in zip(its, taken) if not slot), None)
         if self.full is None:
             return workers
         self.keep_idle([w for w in workers if w.relayed is not None], segments)

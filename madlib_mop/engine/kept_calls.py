@@ -99,11 +99,8 @@ class KeptStateCalls:
         """A fused call, each model's state found as `_from_source` finds one (the carried ones
         sent in pieces before the call): the call's row, and what was carried of each."""
         self._send_job()
-        if self.peers is None:
-            raise MadlibMopError(f"{self.server.label} keeps no states: it trains no fused group",
-                                 sqlstate=errors.FEATURE_NOT_SUPPORTED,
-                                 hint=f"ALTER EXTENSION madlib_mop UPDATE on {self.server.label}, or "
-                                      "SET madlib_mop.fuse_models = off.")
+        if self.peers is None:  # (kept states came before fused calls: `Engine.without_fusion` names it)
+            raise self._unfused()
         found = [self._source(key, step, given) for key, step, given in zip(mst_keys, steps, model_states)]
         try:
             return self._call(function, *arguments(self._sent(job_id, mst_keys, steps, found))), [c for _, c in found]
@@ -126,11 +123,16 @@ class KeptStateCalls:
         model's state is fetched from."""
         for (_, carried), key, step in zip(found, mst_keys, steps):
             if self._carry(job_id, key, step, carried) is not None:
-                raise MadlibMopError(f"{self.server.label} cannot take states in pieces: it trains no fused group",
-                                     sqlstate=errors.FEATURE_NOT_SUPPORTED,
-                                     hint=f"ALTER EXTENSION madlib_mop UPDATE on {self.server.label}, or "
-                                          "SET madlib_mop.fuse_models = off.")
+                raise self._unfused()
         return [source for source, _ in found]
+
+    def _unfused(self) -> MadlibMopError:
+        """A server whose extension predates kept states, or states taken in pieces: it
+        trains no fused group."""
+        return MadlibMopError(f"{self.server.label}'s extension trains no fused group",
+                              sqlstate=errors.FEATURE_NOT_SUPPORTED,
+                              hint=f"ALTER EXTENSION madlib_mop UPDATE on {self.server.label}, or "
+                                   "SET madlib_mop.fuse_models = off.")
 
     def _from_source(self, function: str, job_id: int, mst_key: int, step: int, model_state: bytes | None,
                      arguments: Callable[[str | None, bytes | None], tuple]) -> tuple[tuple, bytes | None]:
