@@ -191,6 +191,24 @@ def test_what_fuses_is_decided_from_the_configuration():
     assert fusion.why_unfused(_specs(frozen, ["Adam(lr=0.01)"])[0]) == "a layer is frozen"
 
 
+def test_auto_fuses_classes_of_small_steps_in_jobs_long_enough():
+    """`auto` keeps a class where a step's weights x batch size is at most AUTO_LIMIT and
+    its models train at least AUTO_STEPS steps per segment in the job; `on` keeps all."""
+    from madlib_mop.job import fusing
+
+    mlp = _mlp()
+    configs = [{"mst_key": key, "model_arch": mlp, "fit_params": f"batch_size={batch}",
+                "compile_params": f"optimizer='Adam(lr={lr})',loss='categorical_crossentropy'"}
+               for key, (batch, lr) in enumerate([(64, 0.1), (64, 0.01), (512, 0.1), (512, 0.01)], start=1)]
+    weights = fusing.AUTO_LIMIT // 512 + 1  # over the limit at batch 512, under it at 64
+    steps_each = fusing.AUTO_STEPS / 2
+    counts = lambda rows: {c["mst_key"]: weights for c in rows}  # noqa: E731
+    assert fusing.fusion_classes(configs, "auto", counts, lambda c: steps_each) == {1: 0, 2: 0}
+    assert fusing.fusion_classes(configs, "auto", counts, lambda c: steps_each - 1) == {}
+    assert fusing.fusion_classes(configs, "on", counts, lambda c: 1) == {1: 0, 2: 0, 3: 1, 4: 1}
+    assert fusing.fusion_classes(configs, "off", counts, lambda c: steps_each) == {}
+
+
 def test_which_models_evaluate_fused():
     """`fusing.inference_groups`: the models of one class (their fits' batch sizes aside),
     small, two or more, at most 16 a group; none with the setting off."""
@@ -305,23 +323,27 @@ def test_a_fused_programs_states_go_the_same_bits_per_variable_and_traced():
         assert list(found) == [2] and _payload(blobs[2]) == _payload(broken[2])
 
 
-def test_a_fused_run_over_more_rows_than_it_gathers_at_once_trains_the_same_minibatches(monkeypatch):
-    """The K models' gathered rows are bounded (`GATHERED_BYTES`): a segment bigger than that
-    trains in several runs of the loop, each a multiple of the batch size, over the same
-    minibatches: the same weights, bit for bit, and the same rows counted."""
-    specs = _specs(_mlp(dropout=True), OPTIMIZERS["Adam"])
+def test_a_fused_run_gathers_each_models_rows_from_one_copy_of_the_segment(monkeypatch):
+    """The fused loop is given the segment's rows once and each model's order of them (its
+    own `subepoch_order` at its own step), and gathers each minibatch inside the traced
+    loop: one run per sub-epoch, and no model's copy of the rows made whole."""
+    specs = _specs(_mlp(), OPTIMIZERS["Adam"])
     buffers = _buffers((6,), rows_per_buffer=(23, 19, 30, 41))
-    whole, whole_reports = _fused(specs, buffers, 2)
-    # (less than a row: runs of one batch, 8 rows)
-    monkeypatch.setattr(fused_program, "GATHERED_BYTES", 1)
     runs = []
     original = fused_program.FusedProgram.run
     monkeypatch.setattr(fused_program.FusedProgram, "run",
-                        lambda self, kind, x, *rest: runs.append(x.shape[1]) or original(self, kind, x, *rest))
-    chunked, chunked_reports = _fused(specs, buffers, 2)
-    assert runs[:15] == [8] * 14 + [1] and sum(runs) == 2 * 113
-    assert all(_payload(chunked[k]) == _payload(whole[k]) for k in whole)
-    for key, reports in whole_reports.items():
-        for report, other in zip(reports, chunked_reports[key]):
-            assert report.keys() == other.keys()
-            assert all(abs(report[name] - other[name]) <= 1e-5 * max(1.0, abs(report[name])) for name in report)
+                        lambda self, kind, x, y, arguments, batch, orders=None:
+                        runs.append((x, orders)) or original(self, kind, x, y, arguments, batch, orders))
+    program = fused_program.FusedProgram(specs[0], len(specs))
+    program.restore([training.initial_states([spec], 7)[spec.mst_key] for spec in specs])
+    steps = [3, 0, 5]
+    fused_program.train_fused_subepoch(program, specs, buffers, 7, steps, True)
+    [(x, orders)] = runs
+    assert x.shape == (113, 6) and orders.shape == (3, 113)
+    starts = np.cumsum([0, 23, 19, 30])
+    for row, (spec, step) in enumerate(zip(specs, steps)):
+        order = training.subepoch_order([23, 19, 30, 41], 7, spec.mst_key, step)
+        assert np.array_equal(orders[row], np.concatenate([starts[i] + p for i, p in order]))
+    assert len({bytes(o) for o in orders}) == 3  # (each model's own)
+    with pytest.raises(ValueError, match="an order of rows for each"):
+        program.run("train", x, x[:, :3], np.zeros((3, 4), np.float32), 8)

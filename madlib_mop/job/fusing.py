@@ -9,11 +9,12 @@ The setting, recorded with the job when it starts (a resumed job keeps it):
 - `on`: every class fuses.
 - `auto` (the default): a class fuses where it pays by `bench/bench_fusion.py`'s measures.
   A fused step saves TensorFlow's per-operation cost, not arithmetic: a class fuses when its
-  weights times its batch size is at most AUTO_LIMIT (every measured case below it was at
-  most 1.04x the unfused time, 0.55x for 8 models of 4,746 weights at batch 64; the one
-  above it, 17,226 weights at batch 256, 1.06x-1.10x).  And each worker traces a fused
-  program once per group size (about 0.5 s, kept for the session's later jobs), which a
-  short job does not earn back (a pair saves about 0.04 ms per model and step): a class
+  weights times its batch size is at most AUTO_LIMIT (measured with one thread, a pair of
+  models: 0.70x-0.86x the unfused time from 4,810 weights at batch 64 to 17,226 at batch
+  512 (8.8 M), 0.92x for 85,002 weights at batch 32; above it, 85,002 weights at batch 128
+  (10.9 M) to 512 and 167,178 at 256, 1.04x-1.07x).  And each worker traces a fused
+  program once per group size (about 0.4 s, kept for the session's later jobs), which a
+  short job does not earn back (a pair saves 0.04-0.09 ms per model and step): a class
   fuses when its models train at least AUTO_STEPS steps per segment in the job.
 
 Models fuse on this server and on segment servers whose extension trains fused groups
@@ -42,8 +43,8 @@ from madlib_mop.runtime import fusion, training
 
 FUSE_SETTING = "madlib_mop.fuse_models"
 CHOICES = ("auto", "on", "off")
-AUTO_LIMIT = 1_500_000  # weights x batch size of one model's step
-AUTO_STEPS = 25_000  # steps of a class's models in a job, per segment (twice the break-even)
+AUTO_LIMIT = 9_000_000  # weights x batch size of one model's step
+AUTO_STEPS = 20_000  # steps of a class's models in a job, per segment (twice the break-even)
 MAX_EVALUATION_GROUP = 16  # models in one fused evaluation or prediction (the schedule's MAX_GROUP)
 # A fused evaluation decodes each buffer once for all its models and builds one program
 # (traced once per worker session, kept for its later calls) where an unfused one builds
@@ -162,15 +163,17 @@ def _several(classes: dict[int, int]) -> bool:
 
 def decoded_segment_bytes(source: dict) -> int | None:
     """What a fused call holds of the largest segment of a packed table (`source`: its
-    summary) decoded: its features as float32 twice (the buffers' and their concatenation)
-    and its labels as int16 and float32 (`fused_program.train_fused_subepoch`, which holds
-    the segment whole where the unfused loop streams it); None where the summary does not
-    say (a table packed by MADlib)."""
+    summary) decoded, at most: its features as float32 three times (the buffers', their
+    concatenation and the traced loop's copy of it, the concatenation freed once copied),
+    its labels as int16 and float32 twice, and the order of its rows of each of a group's
+    MAX_GROUP models (`fused_program.train_fused_subepoch`, which holds the segment whole
+    where the unfused loop streams it); None where the summary does not say (a table
+    packed by MADlib)."""
     rows, shape = source.get("rows_per_segment"), source.get("feature_shape")
     if not rows or not shape:
         return None
     labels = sum(source.get("num_classes") or [1])
-    return max(rows) * (2 * 4 * math.prod(shape) + 8 * labels)
+    return max(rows) * (3 * 4 * math.prod(shape) + 10 * labels + 4 * MAX_GROUP)
 
 
 def fused_need(classes: dict[int, int], configs: list[dict], source: dict, weight_bytes: dict[str, int]

@@ -85,29 +85,30 @@ class FusedProgram:
         return self.capture_checked()[1]
 
     # ---- the fused forward pass ----
-    def _function(self, kind: str, x: np.ndarray, y: np.ndarray):
-        """The traced pass for these dtypes and shapes: a training pass in minibatches over
-        stacked rows (K, rows, ...), each model's own; or an evaluation of the same rows
-        (rows, ...) by every model."""
+    def _function(self, kind: str, x: np.ndarray, y: np.ndarray, orders: np.ndarray | None):
+        """The traced pass for these dtypes and shapes, over rows x (rows, ...) and their
+        labels y: a training pass in minibatches, each model's its own rows (`orders`,
+        (K, rows): each model's row positions in its own order, gathered a minibatch at a
+        time inside the loop); or an evaluation of the same rows by every model."""
         import tensorflow as tf
 
         training = kind == "train"
-        leading = 2 if training else 1  # the axes before a row's own shape
-        key = (kind, x.dtype.str, x.shape[leading:], y.dtype.str, y.shape[leading:])
+        key = (kind, x.dtype.name, tuple(x.shape[1:]), y.dtype.name, tuple(y.shape[1:]),
+               None if orders is None else orders.dtype.str)
         if key not in self._functions:
             k = self.size
             columns = len(PER_MODEL_ARGUMENTS[self.optimizer_name]) + len(ONE_MINUS[self.optimizer_name])
 
-            def rows_of(tensor, start, end):
-                """The minibatch of every model: its own rows, or the shared rows K times."""
-                if training:
-                    return tensor[:, start:end]
-                part = tensor[start:end][None]
-                return tf.broadcast_to(part, tf.concat([[k], tf.shape(part)[1:]], 0))
-
-            def loop(x, y, arguments, batch_size):
-                rows = tf.shape(x)[leading - 1]
+            def loop(x, y, orders, arguments, batch_size):
+                rows = tf.shape(orders)[1] if training else tf.shape(x)[0]
                 zeros = (tf.zeros([k]), tf.zeros([k, len(self.metrics)]))
+
+                def rows_of(tensor, start, end):
+                    """The minibatch of every model: its own rows, or the shared rows K times."""
+                    if training:
+                        return tf.gather(tensor, orders[:, start:end])
+                    part = tensor[start:end][None]
+                    return tf.broadcast_to(part, tf.concat([[k], tf.shape(part)[1:]], 0))
 
                 def body(start, loss_sums, metric_sums):
                     end = tf.minimum(start + batch_size, rows)
@@ -131,9 +132,9 @@ class FusedProgram:
                     parallel_iterations=1)
                 return loss_sums, metric_sums
 
-            stacked = (k, None) if training else (None,)
-            specs = [tf.TensorSpec(stacked + x.shape[leading:], tf.as_dtype(x.dtype)),
-                     tf.TensorSpec(stacked + y.shape[leading:], tf.as_dtype(y.dtype)),
+            specs = [tf.TensorSpec((None,) + tuple(x.shape[1:]), x.dtype),
+                     tf.TensorSpec((None,) + tuple(y.shape[1:]), y.dtype),
+                     tf.TensorSpec((k, None), tf.as_dtype(orders.dtype if training else np.int32)),
                      tf.TensorSpec((k, columns), tf.float32), tf.TensorSpec((), tf.int32)]
             self._functions[key] = tf.function(loop, autograph=False,
                                                input_signature=specs).get_concrete_function()
@@ -155,77 +156,69 @@ class FusedProgram:
         return np.concatenate([function(tf.constant(x[start:start + batch_size])).numpy()
                                for start in range(0, len(x), batch_size)], axis=1)
 
-    def run(self, kind: str, x: np.ndarray, y: np.ndarray, arguments: np.ndarray,
-            batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    def run(self, kind: str, x, y, arguments: np.ndarray,
+            batch_size: int, orders: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Each model's sums over the rows (K,) of its loss (times each minibatch's rows)
-        and (K, metrics) of its metrics.  "train": x and y stacked (K, rows, ...), each
-        model's rows; "test": (rows, ...), the same rows for all."""
+        and (K, metrics) of its metrics, over rows x (rows, ...) and labels y (arrays or
+        tensors).  "train":
+        each model over its own rows, `orders` (K, rows) of positions in x; "test": every
+        model over all the rows in their order."""
         import tensorflow as tf
 
-        loss_sums, metric_sums = self._function(kind, x, y)(
-            tf.constant(x), tf.constant(y), tf.constant(arguments, tf.float32),
+        if kind == "train" and (orders is None or orders.shape[0] != self.size):
+            raise ValueError(f"a fused training run of {self.size} models takes an order of rows for each")
+        given = np.zeros((self.size, 0), np.int32) if orders is None else orders
+        x, y = tf.convert_to_tensor(x), tf.convert_to_tensor(y)
+        loss_sums, metric_sums = self._function(kind, x, y, orders)(
+            x, y, tf.constant(given), tf.constant(arguments, tf.float32),
             tf.constant(batch_size, tf.int32))
         return loss_sums.numpy(), metric_sums.numpy()
 
 
-# The K models' gathered rows of one run of the fused loop, at most (a run of W5's 16 models
-# on 100,000 rows of 64 features would gather 410 MB whole).
-GATHERED_BYTES = 64 * 2**20
-
-
 def train_fused_subepoch(program: FusedProgram, specs: Sequence[ModelSpec], buffers: list[Buffer],
-                         seed: int, steps: Sequence[int], classification: bool,
-                         chunk_rows: int | None = None) -> tuple[list[Outcome], dict[str, float]]:
+                         seed: int, steps: Sequence[int], classification: bool
+                         ) -> tuple[list[Outcome], dict[str, float]]:
     """Train the program's models (their states restored, in the order of `specs`) over
     the buffers once, each in its own seeded order (`training.subepoch_order` of its own
-    step, `steps` in the order of `specs`), in the
-    minibatches `training.train_subepoch` gives it.  The buffers are decoded once for all
-    and held whole (unlike the unfused loop, which streams them), with the K models'
-    gathered rows of a chunk (`chunk_rows` per model; None: the whole segment), at most
-    GATHERED_BYTES for the K of them: the same minibatches, in runs of the traced loop of
-    a multiple of the batch size.  Returns each model's outcome and the seconds spent
-    decoding, gathering and training."""
+    step, `steps` in the order of `specs`), in the minibatches `training.train_subepoch`
+    gives it.  The buffers are decoded once for all and held whole (unlike the unfused
+    loop, which streams them); each model's minibatch is gathered from them inside the
+    traced loop, so no model's copy of the rows is ever made whole.  Returns each model's
+    outcome and the seconds spent decoding, ordering the rows ("gather") and training."""
+    import tensorflow as tf
+
     seconds = {"decode": 0.0, "gather": 0.0, "train": 0.0}
     if not buffers:
         return [Outcome() for _ in specs], seconds
     fit = specs[0].fit
-    batch_size = fit.get("batch_size", 32)
     started = time.perf_counter()
     loaded = [buffer.load() for buffer in buffers]
     if any(isinstance(x, list) or isinstance(y, list) for x, y in loaded):
         raise ValueError("a fused program takes one input and one output")
-    x_all = np.concatenate([x for x, _ in loaded])
-    y_all = labels_for(program.loss, np.concatenate([y for _, y in loaded]), classification)
     offsets = np.cumsum([0] + [len(x) for x, _ in loaded])
+    # The loop's tensors: the concatenation is freed as soon as it is copied into them.
+    x_all = tf.convert_to_tensor(np.concatenate([x for x, _ in loaded]))
+    y_all = tf.convert_to_tensor(labels_for(program.loss, np.concatenate([y for _, y in loaded]),
+                                            classification))
+    del loaded
+    rows = int(offsets[-1])
     seconds["decode"] = time.perf_counter() - started
-    orders = []
-    for spec, step in zip(specs, steps, strict=True):
-        order = subepoch_order([b.rows for b in buffers], seed, spec.mst_key, step,
-                               fit.get("shuffle", True))
-        orders.append(np.concatenate([offsets[index] + permutation for index, permutation in order])
-                      if order else np.zeros(0, np.int64))
+    started = time.perf_counter()
+    orders = np.zeros((len(specs), rows), np.int32 if rows < 2**31 else np.int64)
+    for row, (spec, step) in enumerate(zip(specs, steps, strict=True)):
+        order = subepoch_order([b.rows for b in buffers], seed, spec.mst_key, step, fit.get("shuffle", True))
+        if order:
+            orders[row] = np.concatenate([offsets[i] + permutation for i, permutation in order])
     arguments = np.array([per_model_arguments(spec) for spec in specs], np.float32).reshape(len(specs), -1)
-    rows = len(x_all)
-    # (K copies of a chunk's rows, each model's in its own order: bounded, whatever the segment)
-    row_bytes = len(specs) * (x_all[:1].nbytes + y_all[:1].nbytes)
-    most = max(batch_size, GATHERED_BYTES // max(1, row_bytes) // batch_size * batch_size)
-    limit = min(rows if chunk_rows is None else max(batch_size, chunk_rows // batch_size * batch_size), most)
+    seconds["gather"] = time.perf_counter() - started
+    started = time.perf_counter()
+    loss_sums, metric_sums = program.run("train", x_all, y_all, arguments, fit.get("batch_size", 32), orders)
+    seconds["train"] = time.perf_counter() - started
     outcomes = [Outcome() for _ in specs]
-    for begin in range(0, rows, max(1, limit)):
-        started = time.perf_counter()
-        positions = slice(begin, min(begin + limit, rows))
-        xs = np.stack([x_all[order[positions]] for order in orders])
-        ys = np.stack([y_all[order[positions]] for order in orders])
-        seconds["gather"] += time.perf_counter() - started
-        started = time.perf_counter()
-        loss_sums, metric_sums = program.run("train", xs, ys, arguments, batch_size)
-        seconds["train"] += time.perf_counter() - started
-        count = xs.shape[1]
-        for k, outcome in enumerate(outcomes):
-            values = {"loss": loss_sums[k] / count}
-            values.update({name: metric_sums[k, i] / count for i, name in enumerate(program.metrics)})
-            outcome.add(count, values)
-    for outcome in outcomes:
+    for k, outcome in enumerate(outcomes):
+        values = {"loss": loss_sums[k] / rows}
+        values.update({name: metric_sums[k, i] / rows for i, name in enumerate(program.metrics)})
+        outcome.add(rows, values)
         outcome.seconds_train = seconds["train"] / len(outcomes)
     return outcomes, seconds
 

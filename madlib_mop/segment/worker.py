@@ -372,9 +372,9 @@ def train_fused(plpy: Any, job_id: int, mst_keys: list[int], steps: list[int], s
     program, built = _restored_fused(plpy, ctx, mst_keys, steps)
     restored = time.perf_counter()
     specs = [ctx.specs[key] for key in mst_keys]
-    chunk_rows = None if all(b.in_memory for b in buffers) else max(b.rows for b in buffers)
+    in_memory = all(b.in_memory for b in buffers)
     outcomes, _ = fused_program.train_fused_subepoch(program, specs, buffers, ctx.seed, steps,
-                                                     ctx.train.columns.classification, chunk_rows)
+                                                     ctx.train.columns.classification)
     trained = time.perf_counter()
     results = []
     blobs, nonfinite = program.capture_checked()
@@ -391,7 +391,7 @@ def train_fused(plpy: Any, job_id: int, mst_keys: list[int], steps: list[int], s
                "restore": restored - built, "stage": 0.0, "train": trained - restored, "other": 0.0,
                "save": saved - trained, "keep": 0.0, "total": saved - started}
     seconds = {name: value * share for name, value in seconds.items()}
-    return [VisitRecord(outcome.rows, outcome.means(), segment, os.getpid(), chunk_rows is None,
+    return [VisitRecord(outcome.rows, outcome.means(), segment, os.getpid(), in_memory,
                         time.time(), dict(seconds, fused=float(len(mst_keys))), diverged, None, 0,
                         state_bytes, list(mst_keys)).to_json()
             for key, outcome, diverged, state_bytes in results]
