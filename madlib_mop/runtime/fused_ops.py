@@ -32,7 +32,7 @@ def layer_output(program, layer, x, training, tf):
             y = tf.matmul(tf.reshape(x, [program.size, -1, shape[-1]]), program.of(layer.kernel))
             y = tf.reshape(y, tf.concat([shape[:-1], [layer.units]], 0))
         if layer.use_bias:
-            y = y + program.of(layer.bias)[(slice(None),) + (None,) * (len(x.shape) - 2)]
+            y = y + spread(program.of(layer.bias), len(x.shape), tf)
         return layer.activation(y)
     if name == "Conv2D":
         return conv2d(program, layer, x, tf)
@@ -60,6 +60,14 @@ def layer_output(program, layer, x, training, tf):
     raise ValueError(f"layer {name} does not fuse")
 
 
+def spread(vector, rank: int, tf):
+    """Each model's vector (K, channels) shaped to broadcast over a tensor of `rank` (K, rows,
+    ..., channels).  A reshape, whose gradient is one (an indexing with new axes has a
+    strided slice's, several operations a step)."""
+    shape = vector.shape
+    return tf.reshape(vector, [shape[0]] + [1] * (rank - 2) + [shape[-1]])
+
+
 def conv2d(program, layer, x, tf):
     """Each model's convolution of its own rows.  (One grouped convolution of the K
     models' channels side by side runs forward, but TensorFlow's CPU kernels have no
@@ -70,7 +78,7 @@ def conv2d(program, layer, x, tf):
                                padding=layer.padding.upper(), dilations=layer.dilation_rate)
                   for k in range(program.size)])
     if layer.use_bias:
-        y = y + program.of(layer.bias)[:, None, None, None, :]
+        y = y + spread(program.of(layer.bias), 5, tf)
     return layer.activation(y)
 
 
@@ -94,7 +102,6 @@ def batch_normalization(program, layer, x, training, tf):
     rank = len(x.shape)
     axes = list(range(1, rank - 1))  # all but the models' axis and the channels
     moving_mean, moving_variance = program.of(layer.moving_mean), program.of(layer.moving_variance)
-    expand = (slice(None),) + (None,) * (rank - 2) + (slice(None),)
     if training:
         mean, variance = tf.nn.moments(x, axes, keepdims=True)
         momentum = layer.momentum
@@ -102,9 +109,9 @@ def batch_normalization(program, layer, x, training, tf):
         moving_variance.assign(moving_variance * momentum
                                + tf.reshape(variance, tf.shape(moving_variance)) * (1.0 - momentum))
     else:
-        mean, variance = moving_mean[expand], moving_variance[expand]
-    gamma = program.of(layer.gamma)[expand] if layer.scale else None
-    beta = program.of(layer.beta)[expand] if layer.center else None
+        mean, variance = spread(moving_mean, rank, tf), spread(moving_variance, rank, tf)
+    gamma = spread(program.of(layer.gamma), rank, tf) if layer.scale else None
+    beta = spread(program.of(layer.beta), rank, tf) if layer.center else None
     return tf.nn.batch_normalization(x, mean, variance, beta, gamma, layer.epsilon)
 
 # ---- loss, metrics, optimizer ----
@@ -140,8 +147,10 @@ def metric_sums(program, y, predicted, tf):
             values = tf.reduce_mean(tf.square(predicted - tf.cast(y, predicted.dtype)), -1)
         else:
             values = tf.reduce_mean(tf.abs(predicted - tf.cast(y, predicted.dtype)), -1)
-        # One value per row (Keras' mean over a row's other axes), summed over the rows.
-        rows = tf.reduce_mean(tf.reshape(values, [program.size, tf.shape(values)[1], -1]), axis=2)
+        # One value per row (Keras' mean over a row's other axes, where it has any), summed
+        # over the rows.
+        rows = values if values.shape.rank == 2 else \
+            tf.reduce_mean(tf.reshape(values, [program.size, tf.shape(values)[1], -1]), axis=2)
         sums.append(tf.reduce_sum(rows, axis=1))
     return tf.stack(sums, axis=1) if sums else tf.zeros([program.size, 0])
 
