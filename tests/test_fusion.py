@@ -193,7 +193,8 @@ def test_what_fuses_is_decided_from_the_configuration():
 
 def test_auto_fuses_classes_of_small_steps_in_jobs_long_enough():
     """`auto` keeps a class where a step's weights x batch size is at most AUTO_LIMIT and
-    its models train at least AUTO_STEPS steps per segment in the job; `on` keeps all."""
+    its models train enough steps per segment in the job to earn back the tracing of their
+    fused program (`steps_to_pay`: fewer for a bigger class); `on` keeps all."""
     from madlib_mop.job import fusing
 
     mlp = _mlp()
@@ -201,12 +202,21 @@ def test_auto_fuses_classes_of_small_steps_in_jobs_long_enough():
                 "compile_params": f"optimizer='Adam(lr={lr})',loss='categorical_crossentropy'"}
                for key, (batch, lr) in enumerate([(64, 0.1), (64, 0.01), (512, 0.1), (512, 0.01)], start=1)]
     weights = fusing.AUTO_LIMIT // 512 + 1  # over the limit at batch 512, under it at 64
-    steps_each = fusing.AUTO_STEPS / 2
+    pair = fusing.steps_to_pay(2)
+    assert round(pair) == 20_000 and 6_000 < fusing.steps_to_pay(16) < 6_500
+    assert fusing.steps_to_pay(40) == fusing.steps_to_pay(16)  # (groups of MAX_GROUP)
     counts = lambda rows: {c["mst_key"]: weights for c in rows}  # noqa: E731
-    assert fusing.fusion_classes(configs, "auto", counts, lambda c: steps_each) == {1: 0, 2: 0}
-    assert fusing.fusion_classes(configs, "auto", counts, lambda c: steps_each - 1) == {}
+    assert fusing.fusion_classes(configs, "auto", counts, lambda c: pair / 2) == {1: 0, 2: 0}
+    assert fusing.fusion_classes(configs, "auto", counts, lambda c: pair / 2 - 1) == {}
     assert fusing.fusion_classes(configs, "on", counts, lambda c: 1) == {1: 0, 2: 0, 3: 1, 4: 1}
-    assert fusing.fusion_classes(configs, "off", counts, lambda c: steps_each) == {}
+    assert fusing.fusion_classes(configs, "off", counts, lambda c: pair / 2) == {}
+    # 16 models of one class need fewer steps each than a pair
+    sixteen = [dict(configs[0], mst_key=key, compile_params=f"optimizer='Adam(lr={key / 100})',"
+                                                            "loss='categorical_crossentropy'")
+               for key in range(1, 17)]
+    each = fusing.steps_to_pay(16) / 16 + 0.01
+    assert len(fusing.fusion_classes(sixteen, "auto", counts, lambda c: each)) == 16
+    assert fusing.fusion_classes(sixteen, "auto", counts, lambda c: each - 1) == {}
 
 
 def test_which_models_evaluate_fused():

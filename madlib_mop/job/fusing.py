@@ -14,8 +14,11 @@ The setting, recorded with the job when it starts (a resumed job keeps it):
   512 (8.8 M), 0.92x for 85,002 weights at batch 32; above it, 85,002 weights at batch 128
   (10.9 M) to 512 and 167,178 at 256, 1.04x-1.07x).  And each worker traces a fused
   program once per group size (about 0.4 s, kept for the session's later jobs), which a
-  short job does not earn back (a pair saves 0.04-0.09 ms per model and step): a class
-  fuses when its models train at least AUTO_STEPS steps per segment in the job.
+  short job does not earn back: a class fuses when its models train enough steps per
+  segment in the job to earn it back twice (`steps_to_pay`).  A fused step's fixed cost is
+  shared by its models: a model's step saves about UNFUSED_STEP_MS - FUSED_STEP_MS / K
+  (0.04 ms in a pair, 0.09-0.23 ms in a group of 16), so a pair needs 20,000 steps of its
+  models and a group of 16 about 6,300.
 
 Models fuse on this server and on segment servers whose extension trains fused groups
 (`engine.base.Engine.without_fusion`: a fused call there fetches each model's state from
@@ -44,7 +47,11 @@ from madlib_mop.runtime import fusion, training
 FUSE_SETTING = "madlib_mop.fuse_models"
 CHOICES = ("auto", "on", "off")
 AUTO_LIMIT = 9_000_000  # weights x batch size of one model's step
-AUTO_STEPS = 20_000  # steps of a class's models in a job, per segment (twice the break-even)
+# The fixed costs of a step (one thread, small MLPs; bench_fusion): of a model alone, and of a
+# fused step whatever its models' count; and a worker's tracing of a fused program.
+UNFUSED_STEP_MS = 0.14
+FUSED_STEP_MS = 0.2
+TRACE_SECONDS = 0.4
 MAX_EVALUATION_GROUP = 16  # models in one fused evaluation or prediction (the schedule's MAX_GROUP)
 # A fused evaluation decodes each buffer once for all its models and builds one program
 # (traced once per worker session, kept for its later calls) where an unfused one builds
@@ -86,13 +93,23 @@ def fusion_classes(configs: Iterable[dict], setting: str,
         work: dict[str, float] = {}
         for k, v in keys.items():
             work[v] = work.get(v, 0.0) + steps(by_key[k])
-        keys = {k: v for k, v in keys.items() if work[v] >= AUTO_STEPS}
+        sizes = {v: list(keys.values()).count(v) for v in work}
+        keys = {k: v for k, v in keys.items() if work[v] >= steps_to_pay(sizes[v])}
         # (the weights' count is asked of a worker: only for the classes long enough to pay)
         counts = parameters([by_key[k] for k in keys]) if keys else {}
         keys = {k: v for k, v in keys.items()
                 if counts[k] * training.ModelSpec.of(by_key[k]).fit.get("batch_size", 32) <= AUTO_LIMIT}
     numbers: dict[str, int] = {}
     return {k: numbers.setdefault(v, len(numbers)) for k, v in keys.items()}
+
+
+def steps_to_pay(models: int) -> float:
+    """Steps of a class of `models` models (all of theirs, per segment in the job) that earn
+    back twice a worker's tracing of their fused program: each model's step saves the
+    unfused step's fixed cost less its share of the fused step's (groups of at most
+    MAX_GROUP)."""
+    group = min(max(models, 2), MAX_GROUP)
+    return 2 * TRACE_SECONDS * 1000 / (UNFUSED_STEP_MS - FUSED_STEP_MS / group)
 
 
 def job_classes(plpy: Any, job: Any, engine: Any, initial: set[int], model_rows: Callable[[], list[dict]],
