@@ -349,11 +349,48 @@ def test_a_fused_run_gathers_each_models_rows_from_one_copy_of_the_segment(monke
     steps = [3, 0, 5]
     fused_program.train_fused_subepoch(program, specs, buffers, 7, steps, True)
     [(x, orders)] = runs
-    assert x.shape == (113, 6) and orders.shape == (3, 113)
+    orders = np.asarray(orders)
+    assert x.shape == (113, 6) and orders.shape == (3, 113) and orders.dtype == np.int32
     starts = np.cumsum([0, 23, 19, 30])
     for row, (spec, step) in enumerate(zip(specs, steps)):
         order = training.subepoch_order([23, 19, 30, 41], 7, spec.mst_key, step)
         assert np.array_equal(orders[row], np.concatenate([starts[i] + p for i, p in order]))
-    assert len({bytes(o) for o in orders}) == 3  # (each model's own)
-    with pytest.raises(ValueError, match="an order of rows for each"):
+    assert len({o.tobytes() for o in orders}) == 3  # (each model's own)
+    with pytest.raises(ValueError, match="an int32 order of rows for each"):
         program.run("train", x, x[:, :3], np.zeros((3, 4), np.float32), 8)
+    with pytest.raises(ValueError, match="an int32 order of rows for each"):
+        program.run("train", x, x[:, :3], np.zeros((3, 4), np.float32), 8, orders.astype(np.int64))
+
+
+def test_fused_models_in_the_rows_order_with_sparse_labels_train_as_each_alone():
+    """fit's shuffle=False (every model over the rows in their order) and integer labels
+    (sparse_categorical_crossentropy) fuse as the unfused loop trains them."""
+    architecture = _mlp()
+    specs = [training.ModelSpec(key, architecture,
+                                f"optimizer='{optimizer}',loss='sparse_categorical_crossentropy',"
+                                "metrics=['accuracy']", "batch_size=8, shuffle=False")
+             for key, optimizer in enumerate(OPTIMIZERS["Adam"], start=1)]
+    rng = np.random.default_rng(3)
+    buffers = []
+    for rows in (23, 19, 30):
+        x = rng.standard_normal((rows, 6)).astype(np.float32)
+        y = ((x[:, 0] > 0).astype(np.int32) + (x[:, 1] > 0.5).astype(np.int32))[:, None]
+        buffers.append(Buffer(rows, lambda x=x, y=y: (x, y)))
+    alone, alone_reports = _alone(specs, buffers, 2)
+    fused, fused_reports = _fused(specs, buffers, 2)
+    for spec in specs:
+        _assert_close(fused[spec.mst_key], alone[spec.mst_key])
+        for report, other in zip(fused_reports[spec.mst_key], alone_reports[spec.mst_key]):
+            assert report.keys() == other.keys()
+            assert all(report[n] == pytest.approx(other[n], rel=1e-5, abs=1e-6) for n in report)
+
+
+def test_a_fused_call_over_a_segment_without_rows_trains_nothing():
+    specs = _specs(_mlp(), OPTIMIZERS["SGD"])
+    program = fused_program.FusedProgram(specs[0], len(specs))
+    blobs = [training.initial_states([spec], 7)[spec.mst_key] for spec in specs]
+    program.restore(blobs)
+    empty = [Buffer(0, lambda: (np.zeros((0, 6), np.float32), np.zeros((0, 3), np.int16)))]
+    outcomes, _ = fused_program.train_fused_subepoch(program, specs, empty, 7, [0] * 3, True)
+    assert [o.rows for o in outcomes] == [0, 0, 0] and all(o.means() == {} for o in outcomes)
+    assert [_payload(b) for b in program.capture()] == [_payload(b) for b in blobs]

@@ -106,8 +106,9 @@ def fusion_classes(configs: Iterable[dict], setting: str,
 def steps_to_pay(models: int) -> float:
     """Steps of a class of `models` models (all of theirs, per segment in the job) that earn
     back twice a worker's tracing of their fused program: each model's step saves the
-    unfused step's fixed cost less its share of the fused step's (groups of at most
-    MAX_GROUP)."""
+    unfused step's fixed cost less its share of the fused step's.  A class of more than
+    MAX_GROUP models is counted as groups of MAX_GROUP (the schedule's last, smaller group
+    traces a program of its own and saves less a step: an estimate, not a bound)."""
     group = min(max(models, 2), MAX_GROUP)
     return 2 * TRACE_SECONDS * 1000 / (UNFUSED_STEP_MS - FUSED_STEP_MS / group)
 
@@ -183,14 +184,15 @@ def decoded_segment_bytes(source: dict) -> int | None:
     summary) decoded, at most: its features as float32 three times (the buffers', their
     concatenation and the traced loop's copy of it, the concatenation freed once copied),
     its labels as int16 and float32 twice, and the order of its rows of each of a group's
-    MAX_GROUP models (`fused_program.train_fused_subepoch`, which holds the segment whole
+    MAX_GROUP models as int32 twice (the array and the loop's copy of it, the array freed
+    once copied) (`fused_program.train_fused_subepoch`, which holds the segment whole
     where the unfused loop streams it); None where the summary does not say (a table
     packed by MADlib)."""
     rows, shape = source.get("rows_per_segment"), source.get("feature_shape")
     if not rows or not shape:
         return None
     labels = sum(source.get("num_classes") or [1])
-    return max(rows) * (3 * 4 * math.prod(shape) + 10 * labels + 4 * MAX_GROUP)
+    return max(rows) * (3 * 4 * math.prod(shape) + 10 * labels + 2 * 4 * MAX_GROUP)
 
 
 def fused_need(classes: dict[int, int], configs: list[dict], source: dict, weight_bytes: dict[str, int]

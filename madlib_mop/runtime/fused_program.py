@@ -85,16 +85,16 @@ class FusedProgram:
         return self.capture_checked()[1]
 
     # ---- the fused forward pass ----
-    def _function(self, kind: str, x: np.ndarray, y: np.ndarray, orders: np.ndarray | None):
-        """The traced pass for these dtypes and shapes, over rows x (rows, ...) and their
-        labels y: a training pass in minibatches, each model's its own rows (`orders`,
-        (K, rows): each model's row positions in its own order, gathered a minibatch at a
-        time inside the loop); or an evaluation of the same rows by every model."""
+    def _function(self, kind: str, x, y):
+        """The traced pass for these dtypes and shapes (x, y: tensors), over rows x (rows,
+        ...) and their labels y: a training pass in minibatches, each model's its own rows
+        (an int32 (K, rows) of each model's row positions in its own order, gathered a
+        minibatch at a time inside the loop); or an evaluation of the same rows by every
+        model."""
         import tensorflow as tf
 
         training = kind == "train"
-        key = (kind, x.dtype.name, tuple(x.shape[1:]), y.dtype.name, tuple(y.shape[1:]),
-               None if orders is None else orders.dtype.str)
+        key = (kind, x.dtype.name, tuple(x.shape[1:]), y.dtype.name, tuple(y.shape[1:]))
         if key not in self._functions:
             k = self.size
             columns = len(PER_MODEL_ARGUMENTS[self.optimizer_name]) + len(ONE_MINUS[self.optimizer_name])
@@ -134,7 +134,7 @@ class FusedProgram:
 
             specs = [tf.TensorSpec((None,) + tuple(x.shape[1:]), x.dtype),
                      tf.TensorSpec((None,) + tuple(y.shape[1:]), y.dtype),
-                     tf.TensorSpec((k, None), tf.as_dtype(orders.dtype if training else np.int32)),
+                     tf.TensorSpec((k, None), tf.int32),
                      tf.TensorSpec((k, columns), tf.float32), tf.TensorSpec((), tf.int32)]
             self._functions[key] = tf.function(loop, autograph=False,
                                                input_signature=specs).get_concrete_function()
@@ -156,21 +156,22 @@ class FusedProgram:
         return np.concatenate([function(tf.constant(x[start:start + batch_size])).numpy()
                                for start in range(0, len(x), batch_size)], axis=1)
 
-    def run(self, kind: str, x, y, arguments: np.ndarray,
-            batch_size: int, orders: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def run(self, kind: str, x, y, arguments: np.ndarray, batch_size: int,
+            orders=None) -> tuple[np.ndarray, np.ndarray]:
         """Each model's sums over the rows (K,) of its loss (times each minibatch's rows)
         and (K, metrics) of its metrics, over rows x (rows, ...) and labels y (arrays or
-        tensors).  "train":
-        each model over its own rows, `orders` (K, rows) of positions in x; "test": every
-        model over all the rows in their order."""
+        tensors).  "train": each model over its own rows, `orders` (K, rows) of int32
+        positions in x (an array or a tensor); "test": every model over all the rows in
+        their order (`orders` not read)."""
         import tensorflow as tf
 
-        if kind == "train" and (orders is None or orders.shape[0] != self.size):
-            raise ValueError(f"a fused training run of {self.size} models takes an order of rows for each")
-        given = np.zeros((self.size, 0), np.int32) if orders is None else orders
+        training = kind == "train"
+        if training and (orders is None or orders.shape[0] != self.size or orders.dtype != np.int32):
+            raise ValueError(f"a fused training run of {self.size} models takes an int32 order of rows for each")
+        given = orders if training else np.zeros((self.size, 0), np.int32)
         x, y = tf.convert_to_tensor(x), tf.convert_to_tensor(y)
-        loss_sums, metric_sums = self._function(kind, x, y, orders)(
-            x, y, tf.constant(given), tf.constant(arguments, tf.float32),
+        loss_sums, metric_sums = self._function(kind, x, y)(
+            x, y, tf.convert_to_tensor(given), tf.constant(arguments, tf.float32),
             tf.constant(batch_size, tf.int32))
         return loss_sums.numpy(), metric_sums.numpy()
 
@@ -203,12 +204,16 @@ def train_fused_subepoch(program: FusedProgram, specs: Sequence[ModelSpec], buff
     del loaded
     rows = int(offsets[-1])
     seconds["decode"] = time.perf_counter() - started
+    if rows == 0:
+        return [Outcome() for _ in specs], seconds
+    if rows >= 2**31:  # (the traced loop counts rows in int32)
+        raise ValueError(f"a fused call takes a segment of less than 2^31 rows, not {rows}")
     started = time.perf_counter()
-    orders = np.zeros((len(specs), rows), np.int32 if rows < 2**31 else np.int64)
+    orders = np.zeros((len(specs), rows), np.int32)
     for row, (spec, step) in enumerate(zip(specs, steps, strict=True)):
         order = subepoch_order([b.rows for b in buffers], seed, spec.mst_key, step, fit.get("shuffle", True))
-        if order:
-            orders[row] = np.concatenate([offsets[i] + permutation for i, permutation in order])
+        orders[row] = np.concatenate([offsets[i] + permutation for i, permutation in order])
+    orders = tf.convert_to_tensor(orders)  # (the array freed: one copy held while training)
     arguments = np.array([per_model_arguments(spec) for spec in specs], np.float32).reshape(len(specs), -1)
     seconds["gather"] = time.perf_counter() - started
     started = time.perf_counter()
