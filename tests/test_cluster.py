@@ -876,6 +876,16 @@ def _hops_moved(visits) -> tuple[int, int]:
     return fetched, carried
 
 
+def _fused_on_one_server(extension_dsn, fused_configs) -> dict:
+    """The weights of the fused job on one server with 2 segments (the job run once, by
+    whichever test needs it first)."""
+    with _connect(extension_dsn) as conn:
+        made = conn.execute("SELECT to_regclass('iris_fused')").fetchone()[0] is not None
+    if not made:
+        _fit(extension_dsn, "iris_fused", settings=FUSED + ["SET madlib_mop.segments = 2"], mst=fused_configs)
+    return _weights(extension_dsn, "iris_fused")
+
+
 def test_a_fused_job_on_the_segment_servers_gives_the_weights_of_one_server(cluster, extension_dsn,
                                                                           fused_configs):
     """madlib_mop.fuse_models = on: 4 models of one class (Adam at 4 learning rates) train 2
@@ -884,8 +894,7 @@ def test_a_fused_job_on_the_segment_servers_gives_the_weights_of_one_server(clus
     weights and validation results are those of the same job fused on one server with 2
     segments, bit for bit."""
     _fit(cluster, "iris_fused", settings=FUSED, mst=fused_configs)
-    _fit(extension_dsn, "iris_fused", settings=FUSED + ["SET madlib_mop.segments = 2"], mst=fused_configs)
-    assert _weights(cluster, "iris_fused") == _weights(extension_dsn, "iris_fused")
+    assert _weights(cluster, "iris_fused") == _fused_on_one_server(extension_dsn, fused_configs)
     visits = _visits(cluster, "iris_fused")
     assert len(visits) == 4 * 2 * 2 and all(len(result["fused_with"]) == 2 for *_, result in visits)
     assert {tuple(r["fused_with"]) for *_, r in visits} == {tuple(r["fused_with"])
@@ -905,13 +914,12 @@ def test_a_fused_group_on_a_server_that_cannot_reach_the_other_is_carried_their_
     weights are those of the fused job on one server."""
     name = conninfo_to_dict(cluster)["dbname"]
     seg1 = _server_dsn(servers["seg1"], name)
-    if not _weights(extension_dsn, "iris_fused"):
-        pytest.skip("needs the fused job of the test before")
+    expected = _fused_on_one_server(extension_dsn, fused_configs)
     try:
         with psycopg.connect(seg1, autocommit=True) as admin:
             admin.execute("ALTER SERVER seg0 OPTIONS (SET port '1')")
         _fit(cluster, "iris_fused_carried", settings=FUSED, mst=fused_configs)
-        assert _weights(cluster, "iris_fused_carried") == _weights(extension_dsn, "iris_fused")
+        assert _weights(cluster, "iris_fused_carried") == expected
         fetched, carried = _hops_moved(_visits(cluster, "iris_fused_carried"))
         assert fetched and carried
     finally:
@@ -960,14 +968,12 @@ def test_segment_servers_restarted_mid_job_lose_the_states_they_kept(cluster, se
     _every_subepoch_once(cluster, "restarted_segment")
 
 
-def test_a_fused_job_whose_segment_servers_restarted_goes_back_to_durable_states(cluster, servers,
+def test_a_fused_job_whose_segment_servers_restarted_goes_back_to_durable_states(cluster, servers, extension_dsn,
                                                                                  fused_configs):
     """The same with fused groups, whose calls fetch their states from the other server in
     one request: it finds them gone and names the model, the job goes back to the models'
     durable states and ends with the fused job's weights, every sub-epoch once."""
-    expected = _weights(cluster, "iris_fused")
-    if not expected:
-        pytest.skip("needs the fused job of the test before")
+    expected = _fused_on_one_server(extension_dsn, fused_configs)
     notices, errors = [], []
     job = _run_in_thread(cluster, "restarted_fused", notices, errors, FUSED, fused_configs)
     with _connect(cluster) as watcher, held_job(watcher, "restarted_fused", 6):

@@ -33,6 +33,7 @@ recorded clones, so a resumed job forms the same groups.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
 from typing import Any, Callable, Iterable
@@ -93,7 +94,7 @@ def fusion_classes(configs: Iterable[dict], setting: str,
         work: dict[str, float] = {}
         for k, v in keys.items():
             work[v] = work.get(v, 0.0) + steps(by_key[k])
-        sizes = {v: list(keys.values()).count(v) for v in work}
+        sizes = collections.Counter(keys.values())
         keys = {k: v for k, v in keys.items() if work[v] >= steps_to_pay(sizes[v])}
         # (the weights' count is asked of a worker: only for the classes long enough to pay)
         counts = parameters([by_key[k] for k in keys]) if keys else {}

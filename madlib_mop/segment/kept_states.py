@@ -135,7 +135,7 @@ def fetch_several(plpy: Any, kept: state_store.HopFiles, store: str, states: lis
                     written[index] += len(row[-1])
         return copy
     try:
-        if len(states) == 1:
+        if len(states) == 1:  # (a visit alone: asked as of servers older than _mop_segment_states)
             kept.write(*states[0], copied(rows("_mop_segment_state", (store, *states[0], False)), 0))
         else:
             streamed = rows("_mop_segment_states", (store, [k for k, _ in states], [s for _, s in states]),
@@ -246,7 +246,7 @@ def serve_several(plpy: Any, store: str, mst_keys: list[int], steps: list[int]) 
     return _rows(stack, blobs)
 
 
-def _rows(stack: contextlib.ExitStack, blobs: list[tuple[int, Any]]) -> Iterator[tuple[int, bytes]]:
+def _rows(stack: contextlib.ExitStack, blobs: list[tuple[int | None, Any]]) -> Iterator[tuple[int | None, bytes]]:
     with stack:
         for mst_key, blob in blobs:
             for _, piece in state.pieces(blob):
@@ -261,9 +261,7 @@ def serve_prefix(plpy: Any, store: str, digest: str) -> Iterator[bytes]:
 
 
 def _pieces(stack: contextlib.ExitStack, blob: Any) -> Iterator[bytes]:
-    with stack:
-        for _, piece in state.pieces(blob):
-            yield piece
+    return (piece for _, piece in _rows(stack, [(None, blob)]))
 
 
 def held(plpy: Any, store: str, mst_keys: list[int], steps: list[int]) -> list[bool]:
