@@ -10,7 +10,10 @@ to train on over 2 segments).  One thread, as each of 2 workers has on this mach
 Each cell: seconds for one sub-epoch of all K models (the best of --repeats, after one
 untimed sub-epoch that traces), the fused run's split into decode, gather and train, and
 the ratio fused / unfused, and the largest difference of a model's accuracy in the last
-timed sub-epoch; then the seconds to evaluate the K models over the same rows, one after
+timed sub-epoch; the fused run in the compiled loop (`fused_program.compiled_loop_pays`:
+a group of at most 8, else the traced loop again), and each model alone in the compiled
+loop (a fused program of one), which says how much of the compiled loop's gain is
+compiling rather than fusing; then the seconds to evaluate the K models over the same rows, one after
 another (`Program.evaluate` of each buffer, without `training.evaluate`'s timing runs) and
 fused (`fused_program.evaluate_fused`, each buffer decoded once).  The models differ in
 learning rate (4 values) and, from K = 8 on, in Adam's beta_1.
@@ -82,10 +85,10 @@ def unfused(group, data, repeats: int) -> tuple[float, list[float]]:
     return best, accuracy
 
 
-def fused(group, data, repeats: int) -> tuple[float, dict, list[float]]:
+def fused(group, data, repeats: int, compiled: bool = False) -> tuple[float, dict, list[float]]:
     from madlib_mop.runtime import fused_program, training
 
-    program = fused_program.FusedProgram(group[0], len(group))
+    program = fused_program.FusedProgram(group[0], len(group), compiled)
     states = training.initial_states(group, 0)
     program.restore([states[spec.mst_key] for spec in group])
     best, parts, accuracy = float("inf"), {}, []
@@ -98,6 +101,25 @@ def fused(group, data, repeats: int) -> tuple[float, dict, list[float]]:
             best, parts = elapsed, seconds
         accuracy = [o.means()["accuracy"] for o in outcomes]
     return best, parts, accuracy
+
+
+def alone_compiled(group, data, repeats: int) -> float:
+    """Each model alone in the compiled loop (a fused program of one), one after another:
+    what compiling gives without fusing."""
+    from madlib_mop.runtime import fused_program, training
+
+    program = fused_program.FusedProgram(group[0], 1, True)
+    states = training.initial_states(group, 0)
+    best = float("inf")
+    for step in range(repeats + 1):
+        started = time.perf_counter()
+        for spec in group:
+            program.restore([states[spec.mst_key]])
+            fused_program.train_fused_subepoch(program, [spec], data, 0, [step], True)
+            program.capture()
+        if step:
+            best = min(best, time.perf_counter() - started)
+    return best
 
 
 def evaluations(group, data, repeats: int) -> tuple[float, float]:
@@ -137,8 +159,9 @@ def main() -> None:
     data = buffers(args.rows)
     rows = []
     print("| architecture | batch | K | unfused s | fused s | decode | gather | train | fused / unfused "
-          "| accuracy max diff | evaluate unfused s | evaluate fused s | fused / unfused |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| accuracy max diff | compiled fused s | / unfused | each alone compiled s | compiled fused / "
+          "each alone compiled | evaluate unfused s | evaluate fused s | fused / unfused |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name, hidden in ARCHITECTURES.items():
         for batch in BATCHES:
             for size in (int(s) for s in args.sizes.split(",")):
@@ -146,15 +169,20 @@ def main() -> None:
                 alone, alone_accuracy = unfused(group, data, args.repeats)
                 together, parts, fused_accuracy = fused(group, data, args.repeats)
                 difference = max(abs(a - b) for a, b in zip(alone_accuracy, fused_accuracy))
+                # (a group of more than COMPILED_GROUP, or a step too large, runs the traced loop)
+                compiled, _, _ = fused(group, data, args.repeats, compiled=True)
+                each_compiled = alone_compiled(group, data, args.repeats)
                 evaluate_alone, evaluate_fused = evaluations(group, data, args.repeats)
                 row = {"architecture": name, "batch": batch, "models": size, "unfused": alone,
                        "fused": together, **parts, "ratio": together / alone,
-                       "accuracy_max_diff": difference, "evaluate_unfused": evaluate_alone,
+                       "accuracy_max_diff": difference, "compiled_fused": compiled,
+                       "alone_compiled": each_compiled, "evaluate_unfused": evaluate_alone,
                        "evaluate_fused": evaluate_fused}
                 rows.append(row)
                 print(f"| {name} | {batch} | {size} | {alone:.2f} | {together:.2f} | {parts['decode']:.2f} "
                       f"| {parts['gather']:.2f} | {parts['train']:.2f} | {together / alone:.2f} "
-                      f"| {difference:.4f} | {evaluate_alone:.2f} | {evaluate_fused:.2f} "
+                      f"| {difference:.4f} | {compiled:.2f} | {compiled / alone:.2f} | {each_compiled:.2f} "
+                      f"| {compiled / each_compiled:.2f} | {evaluate_alone:.2f} | {evaluate_fused:.2f} "
                       f"| {evaluate_fused / evaluate_alone:.2f} |", flush=True)
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps({"date": datetime.now(timezone.utc).isoformat(), "rows": args.rows,

@@ -75,8 +75,9 @@ def _alone(specs, buffers, steps):
     return states, reports
 
 
-def _fused(specs, buffers, steps):
-    program = fused_program.FusedProgram(specs[0], len(specs))
+def _fused(specs, buffers, steps, compiled: bool = False):
+    program = fused_program.FusedProgram(specs[0], len(specs), compiled)
+    assert program.compiled == compiled
     program.restore([training.initial_states([spec], 7)[spec.mst_key] for spec in specs])
     reports = {spec.mst_key: [] for spec in specs}
     for step in range(steps):
@@ -115,6 +116,54 @@ def test_fused_models_train_as_each_alone(optimizer, layers):
         for got, expected in zip(fused_reports[spec.mst_key], alone_reports[spec.mst_key], strict=True):
             assert got.keys() == expected.keys()
             assert got == pytest.approx(expected, rel=1e-5)
+
+
+def _small_cnn() -> str:  # (no Dropout: it compiles)
+    return keras.Sequential([
+        keras.Input((8, 8, 2)), keras.layers.Conv2D(4, 3, padding="same", activation="relu"),
+        keras.layers.BatchNormalization(), keras.layers.MaxPooling2D(2),
+        keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(3, activation="softmax")]).to_json()
+
+
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("layers", ["dense", "batch_norm", "convolution"])
+def test_a_compiled_loop_trains_each_model_as_alone(optimizer, layers):
+    """A group trained in the compiled loop (its 7 full minibatches of 10 rows compiled,
+    the last 2 rows in the traced loop): each model's state and reported metrics as alone,
+    within float rounding (weights within 1e-4 relative or 1e-5 absolute after three
+    sub-epochs); run again, the same bits."""
+    if layers == "convolution":
+        specs, buffers = _specs(_small_cnn(), OPTIMIZERS[optimizer], batch_size=10), _buffers((8, 8, 2))
+    else:
+        specs, buffers = _specs(_mlp(batch_norm=layers == "batch_norm"), OPTIMIZERS[optimizer],
+                                batch_size=10), _buffers((6,))
+    fused, fused_reports = _fused(specs, buffers, 3, compiled=True)
+    alone, alone_reports = _alone(specs, buffers, 3)
+    for spec in specs:  # (XLA's own rounding: 1e-5 absolute on weights of about 0.01 under SGD)
+        _assert_close(fused[spec.mst_key], alone[spec.mst_key], rtol=1e-4, atol=1e-5)
+        for got, expected in zip(fused_reports[spec.mst_key], alone_reports[spec.mst_key], strict=True):
+            assert got == pytest.approx(expected, rel=1e-5)
+    again, _ = _fused(specs, buffers, 3, compiled=True)
+    assert {key: _payload(blob) for key, blob in again.items()} == {key: _payload(blob) for key, blob in fused.items()}
+
+
+def test_which_fused_groups_compile_their_loop():
+    """Decided from the configuration and the group's size alone: not with Dropout (XLA
+    draws other masks), not above 8 models, not for a step of more than 9 M weights x rows;
+    and the compiled loop's rows are padded to a few sizes, at most 1/8 more."""
+    def compiled(architecture, size=2, batch=8):
+        specs = _specs(architecture, ["Adam(lr=0.01)"] * size, batch_size=batch)
+        return fused_program.FusedProgram(specs[0], size, True).compiled
+    assert compiled(_mlp()) and compiled(_mlp(batch_norm=True)) and compiled(_mlp(), size=8)
+    assert not compiled(_mlp(dropout=True)) and not compiled(_mlp(), size=9)
+    assert not fused_program.FusedProgram(_specs(_mlp(), ["Adam(lr=0.01)"] * 2)[0], 2).compiled
+    wide = keras.Sequential([keras.Input((600,)), keras.layers.Dense(300),
+                             keras.layers.Dense(3, activation="softmax")]).to_json()  # 181,203 weights
+    assert compiled(wide, batch=49) and not compiled(wide, batch=50)
+    for rows in (1, 7, 8, 9, 100, 100_000, 99_873, 100_219, 2**31 - 1):
+        padded = fused_program.padded_rows(rows)
+        assert rows <= padded <= rows + rows // 8 + 1
+    assert fused_program.padded_rows(99_873) == fused_program.padded_rows(100_219)
 
 
 def test_fused_models_at_their_own_steps_train_as_each_alone():

@@ -111,6 +111,10 @@ def test_a_job_recorded_before_jobs_recorded_their_orders_is_the_same_call_and_k
     job.arguments = now.replace(orders=dict(now.orders, clones="source_path"))
     assert fusing.clones_follow(job)
     assert JobArguments.of(json.loads(json.dumps(now.as_json()))) == now
+    # Only a job that recorded it trains its fused groups in compiled loops: one started
+    # before keeps the traced loop, and so its bits.
+    assert not recorded.compiled_fused_loops and not job.arguments.compiled_fused_loops
+    assert now.replace(orders=dict(now.orders, fused_loop="compiled")).compiled_fused_loops
 
 
 def test_the_paths_recorded_group_the_models_of_each_fusion_class_of_two_or_more():
@@ -121,9 +125,10 @@ def test_the_paths_recorded_group_the_models_of_each_fusion_class_of_two_or_more
         return {"mst_key": key, "model_arch": mlp, "fit_params": f"batch_size={batch}",
                 "compile_params": f"optimizer='Adam(lr={lr})',loss='categorical_crossentropy',metrics=['accuracy']"}
     configs = [config(1, 0.1, 8), config(2, 0.1, 16), config(3, 0.01, 8), config(4, 0.001, 32), config(5, 0.3, 8)]
-    assert fusing.path_grouping(configs, custom_functions=False) == {"by_class": [[1, 3, 5]],
-                                                                     "clones": "source_path"}
-    assert fusing.path_grouping(configs, custom_functions=True) == {"by_class": [], "clones": "source_path"}
+    assert fusing.path_grouping(configs, custom_functions=False) == {
+        "by_class": [[1, 3, 5]], "clones": "source_path", "fused_loop": "compiled"}
+    assert fusing.path_grouping(configs, custom_functions=True) == {
+        "by_class": [], "clones": "source_path", "fused_loop": "compiled"}
 
 
 def test_a_job_fuses_by_the_classes_it_recorded_and_its_clones_join_them():
@@ -142,11 +147,11 @@ def test_a_job_fuses_by_the_classes_it_recorded_and_its_clones_join_them():
            "fuse_models": "auto", "orders": {"by_class": [[1, 2]], "clones": "source_path", "fused": [[1, 2], [3]]}}
     job = types.SimpleNamespace(job_id=7, arguments=JobArguments.of(old))
     clones = {4: (1, 2), 5: (3, 2)}  # 4 keeps model 1's class; 5 (batch 32) is not of model 3's
-    fusing_engine = types.SimpleNamespace(stores_states=False, without_fusion=lambda: [])
+    fusing_engine = types.SimpleNamespace(stores_states=False, without_fusion=lambda compiled=False: [])
     found = fusing.job_classes(None, job, fusing_engine, {1, 2, 3}, lambda: rows, None, clones)
     assert found == {1: 0, 2: 0, 3: 1, 4: 0}
     # Where a segment server can no longer fuse, the job is refused, not trained to other bits.
-    older = types.SimpleNamespace(stores_states=False, without_fusion=lambda: ["segment server seg1"])
+    older = types.SimpleNamespace(stores_states=False, without_fusion=lambda compiled=False: ["segment server seg1"])
     with pytest.raises(MadlibMopError) as refused:
         fusing.job_classes(None, job, older, {1, 2, 3}, lambda: rows, None, clones)
     assert refused.value.sqlstate == "0A000" and "seg1" in refused.value.hint
@@ -157,7 +162,7 @@ def test_a_job_fuses_by_the_classes_it_recorded_and_its_clones_join_them():
 
 def test_what_a_fused_call_holds_of_its_segment_and_states():
     source = {"rows_per_segment": [100, 120], "feature_shape": [4], "num_classes": [3]}
-    assert fusing.decoded_segment_bytes(source) == 120 * (3 * 4 * 4 + 10 * 3 + 2 * 4 * 16)
+    assert fusing.decoded_segment_bytes(source) == 136 * (3 * 4 * 4 + 14 * 3 + 3 * 4 * 16)
     assert fusing.decoded_segment_bytes({"num_rows": 220}) is None  # (packed by MADlib: not said)
     mlp = json.dumps({"class_name": "Sequential", "config": {"name": "s", "layers": [
         {"class_name": "InputLayer", "config": {"batch_shape": [None, 4], "name": "i"}},
@@ -168,8 +173,8 @@ def test_what_a_fused_call_holds_of_its_segment_and_states():
     total, held = fusing.fused_need({1: 0, 2: 0, 3: 0}, configs, source, {mlp: 1000})
     # SGD keeps no slot: a state is its weights; 3 copies of one program's, and of a group's
     # 16 stacked (a person's clones may fill it).
-    assert held * fusing.memory.MB == 120 * (3 * 4 * 4 + 10 * 3 + 2 * 4 * 16)
-    assert total * fusing.memory.MB == 3 * 1000 + 3 * 16 * 1000 + 120 * (3 * 4 * 4 + 10 * 3 + 2 * 4 * 16)
+    assert held * fusing.memory.MB == 136 * (3 * 4 * 4 + 14 * 3 + 3 * 4 * 16)
+    assert total * fusing.memory.MB == 3 * 1000 + 3 * 16 * 1000 + 136 * (3 * 4 * 4 + 14 * 3 + 3 * 4 * 16)
 
 
 def test_fusion_is_decided_against_the_servers_where_the_fused_calls_run():
@@ -199,13 +204,13 @@ def test_fusion_is_decided_against_the_servers_where_the_fused_calls_run():
                             "feature_shape": [64], "num_classes": [3]}, configs)
     notices: list[str] = []
     plpy = types.SimpleNamespace(notice=lambda text, **_: notices.append(text))
-    engine = types.SimpleNamespace(without_fusion=lambda: [])
+    engine = types.SimpleNamespace(without_fusion=lambda compiled=False: [])
     limits = [WorkerLimits(2, 8000.0, 0.0, "segment server seg0"), WorkerLimits(2, 8000.0, 4000.0, "segment server seg1")]
     assert fusing.decided(plpy, plan, engine, None, {mlp: 780}, limits).arguments.orders["fused"] == [[1, 2]]
     assert not notices
     limits[1] = WorkerLimits(2, 8000.0, 300.0, "segment server seg1")
     assert fusing.decided(plpy, plan, engine, None, {mlp: 780}, limits).arguments.orders["fused"] == []
     assert len(notices) == 1 and "300 MB of madlib_mop.worker_memory_mb on segment server seg1" in notices[0]
-    older = types.SimpleNamespace(without_fusion=lambda: ["segment server seg0"])
+    older = types.SimpleNamespace(without_fusion=lambda compiled=False: ["segment server seg0"])
     assert fusing.decided(plpy, plan, older, None, {mlp: 780}, limits[:1]).arguments.orders["fused"] == []
     assert "segment server seg0 cannot train fused groups" in notices[-1]

@@ -132,7 +132,7 @@ def job_classes(plpy: Any, job: Any, engine: Any, initial: set[int], model_rows:
     else:
         found = {}
     joined = with_clones(found, clones, model_rows)
-    missing = engine.without_fusion() if _several(joined) else []
+    missing = engine.without_fusion(job.arguments.compiled_fused_loops) if _several(joined) else []
     if missing:
         raise MadlibMopError(f"job {job.job_id} trains models as fused groups, as decided when it was "
                              f"made, and {', '.join(missing)} cannot",
@@ -153,10 +153,10 @@ def decided(plpy: Any, plan: Any, engine: Any, keras: Any, weight_bytes: dict[st
     architecture -> its weights' bytes, `plan.check_models`).  Each with a NOTICE."""
     classes = _decide(plpy, plan.arguments, plan.source["packed_table"], plan.source["num_segments"],
                       plan.configs, keras)
-    missing = engine.without_fusion() if _several(classes) else []
+    missing = engine.without_fusion(plan.arguments.compiled_fused_loops) if _several(classes) else []
     if missing:
         plpy.notice(f"{FUSE_SETTING}: the models train unfused: {', '.join(missing)} cannot train fused "
-                    "groups (its extension predates them)",
+                    "groups as this server does (its extension predates them, or their compiled loops)",
                     hint=f"ALTER EXTENSION madlib_mop UPDATE on {', '.join(missing)}.")
         classes = {}
     bounds = [(limit.budget_mb, limit.where) for limit in limits] or [(memory.budget_mb(plpy), "this server")]
@@ -184,16 +184,18 @@ def decoded_segment_bytes(source: dict) -> int | None:
     """What a fused call holds of the largest segment of a packed table (`source`: its
     summary) decoded, at most: its features as float32 three times (the buffers', their
     concatenation and the traced loop's copy of it, the concatenation freed once copied),
-    its labels as int16 and float32 twice, and the order of its rows of each of a group's
-    MAX_GROUP models as int32 twice (the array and the loop's copy of it, the array freed
-    once copied) (`fused_program.train_fused_subepoch`, which holds the segment whole
-    where the unfused loop streams it); None where the summary does not say (a table
-    packed by MADlib)."""
+    its labels as int16 and float32 three times, and the order of its rows of each of a
+    group's MAX_GROUP models as int32 three times (the array, the loop's copy of it, the
+    array freed once copied, and a compiled loop's padded copy); a compiled loop's rows
+    padded by up to 1/8 (`fused_program.padded_rows`) (`fused_program.train_fused_subepoch`,
+    which holds the segment whole where the unfused loop streams it); None where the
+    summary does not say (a table packed by MADlib)."""
     rows, shape = source.get("rows_per_segment"), source.get("feature_shape")
     if not rows or not shape:
         return None
     labels = sum(source.get("num_classes") or [1])
-    return max(rows) * (3 * 4 * math.prod(shape) + 10 * labels + 2 * 4 * MAX_GROUP)
+    held = max(rows) + max(rows) // 8 + 1
+    return held * (3 * 4 * math.prod(shape) + 14 * labels + 3 * 4 * MAX_GROUP)
 
 
 def fused_need(classes: dict[int, int], configs: list[dict], source: dict, weight_bytes: dict[str, int]
@@ -260,8 +262,9 @@ def with_clones(fusion_of: dict[int, int], clones: dict[int, tuple[int, int]],
 def path_grouping(configs: Iterable[dict], custom_functions: bool) -> dict:
     """What a new job records of how it draws its models' paths (`job.schedule.visit_orders`,
     `JobArguments.orders`): the models (mst_keys) of each fusion class of two or more, from
-    the configurations alone, whatever madlib_mop.fuse_models is; and that a person's
-    clones go their sources' paths (`job.schedule.model_orders`).  Recorded, not worked
+    the configurations alone, whatever madlib_mop.fuse_models is; that a person's
+    clones go their sources' paths (`job.schedule.model_orders`); and that its fused groups
+    train in compiled loops where those pay (`runtime.fused_program.compiled_loop_pays`).  Recorded, not worked
     out again when the job is resumed: a later version that fuses more layers keeps a
     resumed job's orders.  No class with custom functions (their models never fuse)."""
     classes: dict[str, list[int]] = {}
@@ -271,7 +274,7 @@ def path_grouping(configs: Iterable[dict], custom_functions: bool) -> dict:
             if key is not None:
                 classes.setdefault(key, []).append(int(config["mst_key"]))
     return {"by_class": [members for members in classes.values() if len(members) > 1],
-            "clones": "source_path"}
+            "clones": "source_path", "fused_loop": "compiled"}
 
 
 def clones_follow(job: Any) -> bool:

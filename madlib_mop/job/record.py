@@ -100,6 +100,13 @@ class JobArguments:
     def replace(self, **changes: Any) -> "JobArguments":
         return dataclasses.replace(self, **changes)
 
+    @property
+    def compiled_fused_loops(self) -> bool:
+        """Whether the job's fused groups train in compiled loops where those pay
+        (`runtime.fused_program.compiled_loop_pays`): every job started now
+        (`job.fusing.path_grouping`); one started before jobs recorded it trains as it began."""
+        return isinstance(self.orders, dict) and self.orders.get("fused_loop") == "compiled"
+
     def same_call(self, other: "JobArguments") -> bool:
         """Whether `other` (a call's arguments now) is the call that started this job.  How
         the job draws its paths (`orders`) is the job's own record, not a part of the call:
