@@ -929,10 +929,10 @@ def test_a_fused_group_on_a_server_that_cannot_reach_the_other_is_carried_their_
 @pytest.mark.parametrize("predates", ["fused training", "compiled fused loops"])
 def test_a_segment_server_whose_extension_predates_fused_training_trains_the_models_alone(
         cluster, servers, fused_configs, predates):
-    """Where a segment server's extension has no fused training, or trains fused groups in
-    traced loops only (before 0.22.0: other bits than this server's compiled loops), a
-    job asked to fuse says so in a NOTICE naming the server, and its models train alone:
-    the weights of the job with fuse_models off."""
+    """Where a segment server's extension has no fused training, a job asked to fuse says
+    so in a NOTICE naming the server, and its models train alone: the weights of the job
+    with fuse_models off.  Where it trains fused groups in traced loops only (before
+    0.22.0), the job's groups train in traced loops everywhere (recorded so), with a NOTICE."""
     name = conninfo_to_dict(cluster)["dbname"]
     seg1 = _server_dsn(servers["seg1"], name)
     renamed = "madlib_mop._mop_segment_train_fused(bigint, integer[], integer[], integer, text[], integer[])"
@@ -952,6 +952,14 @@ def test_a_segment_server_whose_extension_predates_fused_training_trains_the_mod
                 admin.execute(f"ALTER FUNCTION {renamed.replace('_fused(', '_fused_hidden(')} "
                               "RENAME TO _mop_segment_train_fused")
             admin.execute("UPDATE pg_extension SET extversion = %s WHERE extname = 'madlib_mop'", (version,))
+    if predates == "compiled fused loops":
+        assert any("traced loops, not compiled" in n and "seg1" in n for n in notices), notices
+        with _connect(cluster) as conn:
+            (orders,) = conn.execute("SELECT arguments->'orders' FROM jobs "
+                                     "WHERE model_output_table = 'public.iris_uncompiled'").fetchone()
+        assert "fused_loop" not in orders and orders["fused"]
+        assert any(result.get("fused_with") for *_, result in _visits(cluster, output))
+        return
     assert any("train unfused" in n and "seg1" in n for n in notices), notices
     with _connect(cluster) as conn:  # (the unfused job, run once by whichever case comes first)
         made = conn.execute("SELECT to_regclass('iris_fused_off')").fetchone()[0] is not None

@@ -7,7 +7,9 @@ Tolerances (measured on this processor; a batched product sums in another order 
 single one): weights and optimizer slots within 2e-5 relative after three sub-epochs of
 Dense, BatchNormalization and Dropout models under SGD, Adam and RMSprop, 1e-4 after two of
 a convolutional model under Adam; integer variables (iteration counts, seed generator
-states) exactly."""
+states) exactly.  The compiled loop (XLA, groups of up to 8 without Dropout): within 1e-4
+relative or 1e-5 absolute after two or three sub-epochs, every fusable layer, loss and
+optimizer flag."""
 
 from __future__ import annotations
 
@@ -145,6 +147,71 @@ def test_a_compiled_loop_trains_each_model_as_alone(optimizer, layers):
             assert got == pytest.approx(expected, rel=1e-5)
     again, _ = _fused(specs, buffers, 3, compiled=True)
     assert {key: _payload(blob) for key, blob in again.items()} == {key: _payload(blob) for key, blob in fused.items()}
+
+
+def _compiled_case(case: str) -> tuple[str, str, tuple, str]:
+    """(architecture, loss, input shape, optimizer) of a model of each fusable layer, loss
+    and optimizer flag that the compiled loop must train as the unfused loop does."""
+    image = [keras.Input((6, 6, 2)), keras.layers.Conv2D(3, 3, padding="same", activation="relu")]
+    head = [keras.layers.Dense(3, activation="softmax")]
+    layers, loss, shape, optimizer = {
+        "average_pooling": (image + [keras.layers.AveragePooling2D(2), keras.layers.Flatten()] + head,
+                            "categorical_crossentropy", (6, 6, 2), "Adam(lr=0.01)"),
+        "global_max_pooling": (image + [keras.layers.GlobalMaxPooling2D()] + head,
+                               "categorical_crossentropy", (6, 6, 2), "Adam(lr=0.01)"),
+        "reshape": ([keras.Input((6,)), keras.layers.Reshape((2, 3)), keras.layers.Flatten(),
+                     keras.layers.Activation("relu"), keras.layers.ReLU(), keras.layers.Dense(3),
+                     keras.layers.Softmax()], "categorical_crossentropy", (6,), "Adam(lr=0.01)"),
+        "binary_crossentropy": ([keras.Input((6,)), keras.layers.Dense(3, activation="sigmoid")],
+                                "binary_crossentropy", (6,), "SGD(lr=0.05, momentum=0.9, nesterov=True)"),
+        "mean_squared_error": ([keras.Input((6,)), keras.layers.Dense(3)], "mse", (6,),
+                               "Adam(lr=0.01, amsgrad=True)"),
+        "mean_absolute_error": ([keras.Input((6,)), keras.layers.Dense(3)], "mae", (6,),
+                                "RMSprop(lr=0.01, centered=True, momentum=0.5)"),
+    }[case]
+    return keras.Sequential(layers).to_json(), loss, shape, optimizer
+
+
+@pytest.mark.parametrize("case", ["average_pooling", "global_max_pooling", "reshape", "binary_crossentropy",
+                                  "mean_squared_error", "mean_absolute_error"])
+def test_every_fused_layer_loss_and_optimizer_flag_trains_in_the_compiled_loop(case):
+    """The layers, losses and optimizer flags the tests above do not compile, each in a
+    pair compiled against each model alone (rows padded from 73 to 80, a last minibatch of
+    3 rows)."""
+    architecture, loss, shape, optimizer = _compiled_case(case)
+    specs = [training.ModelSpec(key, architecture, f"optimizer='{optimizer.replace('lr=0', f'lr={key}')}',"
+                                f"loss='{loss}',metrics=['accuracy']", "batch_size=10") for key in (1, 2)]
+    buffers = _buffers(shape, (23, 19, 31))
+    fused, fused_reports = _fused(specs, buffers, 2, compiled=True)
+    alone, alone_reports = _alone(specs, buffers, 2)
+    for spec in specs:
+        _assert_close(fused[spec.mst_key], alone[spec.mst_key], rtol=1e-4, atol=1e-5)
+        for got, expected in zip(fused_reports[spec.mst_key], alone_reports[spec.mst_key], strict=True):
+            assert got == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("rows", [(7,), (40, 40), (23, 19, 31)])
+def test_a_compiled_loop_over_fewer_rows_than_a_minibatch_or_a_whole_number_of_them(rows):
+    """7 rows (no full minibatch of 10: the traced loop alone), 80 (whole minibatches, no
+    padding, no last partial one), 73 (padded to 80, a last minibatch of 3): as alone."""
+    specs = _specs(_mlp(), OPTIMIZERS["Adam"][:2], batch_size=10)
+    buffers = _buffers((6,), rows)
+    assert fused_program.padded_rows(sum(rows)) == {7: 7, 80: 80, 73: 80}[sum(rows)]
+    fused, _ = _fused(specs, buffers, 2, compiled=True)
+    alone, _ = _alone(specs, buffers, 2)
+    for spec in specs:
+        _assert_close(fused[spec.mst_key], alone[spec.mst_key], rtol=1e-4, atol=1e-5)
+
+
+def test_a_compiled_model_trains_the_same_whatever_it_is_fused_with():
+    """As traced (`test_a_model_trains_the_same_whatever_it_is_fused_with`): model 1
+    compiled in a group of three and of two, within 1e-6.  (A group of more than 8, a
+    person's clone joining a full group, trains traced: within the traced loop's rounding
+    of the compiled one, 1e-4.)"""
+    specs = _specs(_mlp(batch_norm=True), OPTIMIZERS["SGD"], batch_size=10)
+    three, _ = _fused(specs, _buffers((6,), (23, 19, 31)), 2, compiled=True)
+    two, _ = _fused([specs[0], specs[2]], _buffers((6,), (23, 19, 31)), 2, compiled=True)
+    _assert_close(three[1], two[1], rtol=1e-6, atol=1e-7)
 
 
 def test_which_fused_groups_compile_their_loop():

@@ -162,7 +162,7 @@ def test_a_job_fuses_by_the_classes_it_recorded_and_its_clones_join_them():
 
 def test_what_a_fused_call_holds_of_its_segment_and_states():
     source = {"rows_per_segment": [100, 120], "feature_shape": [4], "num_classes": [3]}
-    assert fusing.decoded_segment_bytes(source) == 136 * (3 * 4 * 4 + 14 * 3 + 3 * 4 * 16)
+    assert fusing.decoded_segment_bytes(source) == 136 * (3 * 4 * 4 + 14 * 3 + 2 * 4 * 16)
     assert fusing.decoded_segment_bytes({"num_rows": 220}) is None  # (packed by MADlib: not said)
     mlp = json.dumps({"class_name": "Sequential", "config": {"name": "s", "layers": [
         {"class_name": "InputLayer", "config": {"batch_shape": [None, 4], "name": "i"}},
@@ -173,8 +173,8 @@ def test_what_a_fused_call_holds_of_its_segment_and_states():
     total, held = fusing.fused_need({1: 0, 2: 0, 3: 0}, configs, source, {mlp: 1000})
     # SGD keeps no slot: a state is its weights; 3 copies of one program's, and of a group's
     # 16 stacked (a person's clones may fill it).
-    assert held * fusing.memory.MB == 136 * (3 * 4 * 4 + 14 * 3 + 3 * 4 * 16)
-    assert total * fusing.memory.MB == 3 * 1000 + 3 * 16 * 1000 + 136 * (3 * 4 * 4 + 14 * 3 + 3 * 4 * 16)
+    assert held * fusing.memory.MB == 136 * (3 * 4 * 4 + 14 * 3 + 2 * 4 * 16)
+    assert total * fusing.memory.MB == 3 * 1000 + 3 * 16 * 1000 + 136 * (3 * 4 * 4 + 14 * 3 + 2 * 4 * 16)
 
 
 def test_fusion_is_decided_against_the_servers_where_the_fused_calls_run():

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import io
+import re
 import secrets
 import time
 from typing import Any, Callable
@@ -48,9 +49,10 @@ JOB_FUNCTIONS = ("_mop_train", "_mop_evaluate", "_mop_segment_train", "_mop_segm
 COMPILED_FUSED_LOOPS_SINCE = (0, 22, 0)
 
 
-def _version(text: str | None) -> tuple[int, ...]:
-    """'0.22.0' -> (0, 22, 0); nothing known: ()."""
-    return tuple(int(part) for part in text.split(".") if part.isdigit()) if text else ()
+def _version(text: str | None) -> tuple[int, int, int] | tuple[()]:
+    """'0.22.0' (or '0.22', '0.22.0-dev') -> (0, 22, 0); nothing known: ()."""
+    found = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", text or "")
+    return (int(found[1]), int(found[2]), int(found[3] or 0)) if found else ()
 
 
 class ClusterWorker(KeptStateCalls, LocalWorker):

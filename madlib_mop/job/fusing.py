@@ -150,13 +150,23 @@ def decided(plpy: Any, plan: Any, engine: Any, keras: Any, weight_bytes: dict[st
     server's extension older than fused training), nor where a fused call would not fit
     madlib_mop.worker_memory_mb of the servers its workers run on (`fused_need`; `limits`:
     the segment servers', `Engine.worker_limits`, else this server's; `weight_bytes`:
-    architecture -> its weights' bytes, `plan.check_models`).  Each with a NOTICE."""
+    architecture -> its weights' bytes, `plan.check_models`).  Where a segment server's
+    extension fuses but predates compiled loops (0.22.0), the job's groups train in traced
+    loops (its `orders` without "fused_loop"), as that server trains them.  Each with a
+    NOTICE."""
     classes = _decide(plpy, plan.arguments, plan.source["packed_table"], plan.source["num_segments"],
                       plan.configs, keras)
+    orders = dict(plan.arguments.orders)
     missing = engine.without_fusion(plan.arguments.compiled_fused_loops) if _several(classes) else []
+    if missing and not engine.without_fusion(False):  # (they fuse, in traced loops only)
+        plpy.notice(f"{FUSE_SETTING}: the fused groups train in traced loops, not compiled: the extension "
+                    f"of {', '.join(missing)} predates compiled loops",
+                    hint=f"ALTER EXTENSION madlib_mop UPDATE on {', '.join(missing)}.")
+        orders.pop("fused_loop", None)
+        missing = []
     if missing:
         plpy.notice(f"{FUSE_SETTING}: the models train unfused: {', '.join(missing)} cannot train fused "
-                    "groups as this server does (its extension predates them, or their compiled loops)",
+                    "groups (its extension predates them)",
                     hint=f"ALTER EXTENSION madlib_mop UPDATE on {', '.join(missing)}.")
         classes = {}
     bounds = [(limit.budget_mb, limit.where) for limit in limits] or [(memory.budget_mb(plpy), "this server")]
@@ -171,8 +181,7 @@ def decided(plpy: Any, plan: Any, engine: Any, keras: Any, weight_bytes: dict[st
     members: list[list[int]] = [[] for _ in set(classes.values())]
     for key in sorted(classes):
         members[classes[key]].append(int(key))
-    orders = dict(plan.arguments.orders, fused=members)
-    return dataclasses.replace(plan, arguments=plan.arguments.replace(orders=orders))
+    return dataclasses.replace(plan, arguments=plan.arguments.replace(orders=dict(orders, fused=members)))
 
 
 def _several(classes: dict[int, int]) -> bool:
@@ -185,17 +194,17 @@ def decoded_segment_bytes(source: dict) -> int | None:
     summary) decoded, at most: its features as float32 three times (the buffers', their
     concatenation and the traced loop's copy of it, the concatenation freed once copied),
     its labels as int16 and float32 three times, and the order of its rows of each of a
-    group's MAX_GROUP models as int32 three times (the array, the loop's copy of it, the
-    array freed once copied, and a compiled loop's padded copy); a compiled loop's rows
-    padded by up to 1/8 (`fused_program.padded_rows`) (`fused_program.train_fused_subepoch`,
-    which holds the segment whole where the unfused loop streams it); None where the
-    summary does not say (a table packed by MADlib)."""
+    group's MAX_GROUP models as int32 twice (the array and the loop's copy of it, the array
+    freed once copied; a compiled group, of at most 8, holds a third, padded copy: less);
+    a compiled loop's rows padded by up to 1/8 (`fused_program.padded_rows`)
+    (`fused_program.train_fused_subepoch`, which holds the segment whole where the unfused
+    loop streams it); None where the summary does not say (a table packed by MADlib)."""
     rows, shape = source.get("rows_per_segment"), source.get("feature_shape")
     if not rows or not shape:
         return None
     labels = sum(source.get("num_classes") or [1])
     held = max(rows) + max(rows) // 8 + 1
-    return held * (3 * 4 * math.prod(shape) + 14 * labels + 3 * 4 * MAX_GROUP)
+    return held * (3 * 4 * math.prod(shape) + 14 * labels + 2 * 4 * MAX_GROUP)
 
 
 def fused_need(classes: dict[int, int], configs: list[dict], source: dict, weight_bytes: dict[str, int]

@@ -60,8 +60,9 @@ class JobArguments:
     # How the models' paths are drawn (`job.schedule.visit_orders`): {"by_class": the
     # mst_keys of each fusion class of two or more, "clones": "source_path"} for every job
     # started now (`job.fusing.path_grouping`; a job recorded without "clones" draws its
-    # clones' orders from their own streams); "rotation" for a job started before jobs
-    # recorded it (resumed with the orders it had).
+    # clones' orders from their own streams; "fused": the classes that fuse, `job.fusing.decided`;
+    # "fused_loop": "compiled", its small fused groups compile, `compiled_fused_loops`);
+    # "rotation" for a job started before jobs recorded it (resumed with the orders it had).
     orders: Any = "rotation"
     if_output_exists: str | None = None
     output_family: str | None = None  # if_output_exists => 'new_version': the first name

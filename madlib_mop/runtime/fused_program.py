@@ -210,12 +210,14 @@ def padded_rows(rows: int) -> int:
     return -(-rows // unit) * unit
 
 
-def _compiled_loop(program: FusedProgram, batch: int):
+def _compiled_loop(program: FusedProgram, batch: int, x, y):
     """The program's training loop over `steps` full minibatches of `batch` rows, compiled
-    by XLA (one compilation per shape of its inputs)."""
+    by XLA: traced once for these dtypes and row shapes, compiled once per number of
+    (padded) rows."""
     import tensorflow as tf
 
     k = program.size
+    columns = len(PER_MODEL_ARGUMENTS[program.optimizer_name]) + len(ONE_MINUS[program.optimizer_name])
 
     def loop(x, y, orders, arguments, steps):
         def body(step, loss_sums, metric_sums):
@@ -233,7 +235,9 @@ def _compiled_loop(program: FusedProgram, batch: int):
         _, loss_sums, metric_sums = tf.while_loop(lambda step, *_: step < steps, body,
                                                   (tf.constant(0),) + zeros, parallel_iterations=1)
         return loss_sums, metric_sums
-    return tf.function(loop, autograph=False, jit_compile=True)
+    return tf.function(loop, autograph=False, jit_compile=True, input_signature=[
+        tf.TensorSpec((None,) + tuple(x.shape[1:]), x.dtype), tf.TensorSpec((None,) + tuple(y.shape[1:]), y.dtype),
+        tf.TensorSpec((k, None), tf.int32), tf.TensorSpec((k, columns), tf.float32), tf.TensorSpec((), tf.int32)])
 
 
 def _train_compiled(program: FusedProgram, x, y, orders, arguments: np.ndarray, batch: int):
@@ -248,7 +252,7 @@ def _train_compiled(program: FusedProgram, x, y, orders, arguments: np.ndarray, 
     if full:
         key = ("compiled", batch, x.dtype.name, tuple(x.shape[1:]), y.dtype.name, tuple(y.shape[1:]))
         if key not in program._functions:
-            program._functions[key] = _compiled_loop(program, batch)
+            program._functions[key] = _compiled_loop(program, batch, x, y)
         size = padded_rows(max(rows, int(x.shape[0])))
 
         def padded(tensor, axis: int):

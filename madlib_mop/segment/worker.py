@@ -85,7 +85,7 @@ def _adopt(plpy: Any, ctx: "JobContext") -> None:
     for key in [k for k in _programs if k not in keys]:
         del _programs[key]
     fused = {fusion.fusion_class(spec) for spec in ctx.specs.values()}
-    for key in [k for k in _fused if k[0] not in fused]:
+    for key in [k for k in _fused if k[0] not in fused or k[2] != ctx.compiled]:
         del _fused[key]
     _contexts.clear()
     features.forget(plpy)
