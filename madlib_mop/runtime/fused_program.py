@@ -98,8 +98,7 @@ class FusedProgram:
         training = kind == "train"
         key = (kind, x.dtype.name, tuple(x.shape[1:]), y.dtype.name, tuple(y.shape[1:]))
         if key not in self._functions:
-            k = self.size
-            columns = len(PER_MODEL_ARGUMENTS[self.optimizer_name]) + len(ONE_MINUS[self.optimizer_name])
+            k, columns = self.size, _argument_columns(self.optimizer_name)
 
             def loop(x, y, orders, arguments, batch_size):
                 rows = tf.shape(orders)[1] if training else tf.shape(x)[0]
@@ -116,12 +115,7 @@ class FusedProgram:
                     end = tf.minimum(start + batch_size, rows)
                     xb, yb = rows_of(x, start, end), rows_of(y, start, end)
                     if training:
-                        with tf.GradientTape(watch_accessed_variables=False) as tape:
-                            tape.watch(self.trainable)
-                            predicted = fused_ops.forward(self, xb, True)
-                            losses = fused_ops.losses(self, yb, predicted, tf)
-                            total = tf.reduce_sum(losses)
-                        fused_ops.apply_update(self, tape.gradient(total, self.trainable), arguments, tf)
+                        losses, predicted = _train_step(self, xb, yb, arguments, tf)
                     else:
                         predicted = fused_ops.forward(self, xb, False)
                         losses = fused_ops.losses(self, yb, predicted, tf)
@@ -216,19 +210,13 @@ def _compiled_loop(program: FusedProgram, batch: int, x, y):
     (padded) rows."""
     import tensorflow as tf
 
-    k = program.size
-    columns = len(PER_MODEL_ARGUMENTS[program.optimizer_name]) + len(ONE_MINUS[program.optimizer_name])
+    k, columns = program.size, _argument_columns(program.optimizer_name)
 
     def loop(x, y, orders, arguments, steps):
         def body(step, loss_sums, metric_sums):
             positions = tf.slice(orders, [0, step * batch], [k, batch])
             xb, yb = tf.gather(x, positions), tf.gather(y, positions)
-            with tf.GradientTape(watch_accessed_variables=False) as tape:
-                tape.watch(program.trainable)
-                predicted = fused_ops.forward(program, xb, True)
-                losses = fused_ops.losses(program, yb, predicted, tf)
-                total = tf.reduce_sum(losses)
-            fused_ops.apply_update(program, tape.gradient(total, program.trainable), arguments, tf)
+            losses, predicted = _train_step(program, xb, yb, arguments, tf)
             return (step + 1, loss_sums + losses * float(batch),
                     metric_sums + fused_ops.metric_sums(program, yb, predicted, tf))
         zeros = (tf.zeros([k]), tf.zeros([k, len(program.metrics)]))
@@ -268,6 +256,23 @@ def _train_compiled(program: FusedProgram, x, y, orders, arguments: np.ndarray, 
                                                tf.constant(batch, tf.int32))
         loss_sums, metric_sums = loss_sums + rest[0].numpy(), metric_sums + rest[1].numpy()
     return loss_sums, metric_sums
+
+
+def _argument_columns(optimizer_name: str) -> int:
+    """The columns of a group's per-model optimizer arguments (`fusion.per_model_arguments`)."""
+    return len(PER_MODEL_ARGUMENTS[optimizer_name]) + len(ONE_MINUS[optimizer_name])
+
+
+def _train_step(program: FusedProgram, xb, yb, arguments, tf):
+    """One minibatch's step of every model (xb, yb: (K, rows, ...)): each model's loss
+    (K,) and outputs, its variables updated."""
+    with tf.GradientTape(watch_accessed_variables=False) as tape:
+        tape.watch(program.trainable)
+        predicted = fused_ops.forward(program, xb, True)
+        losses = fused_ops.losses(program, yb, predicted, tf)
+        total = tf.reduce_sum(losses)
+    fused_ops.apply_update(program, tape.gradient(total, program.trainable), arguments, tf)
+    return losses, predicted
 
 
 def train_fused_subepoch(program: FusedProgram, specs: Sequence[ModelSpec], buffers: list[Buffer],
