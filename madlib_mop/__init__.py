@@ -8,6 +8,6 @@ heavy (TensorFlow) is imported until a function needs it.
 
 from madlib_mop.errors import MadlibMopError
 
-__version__ = "0.22.0"
+__version__ = "0.23.0"
 
 __all__ = ["MadlibMopError", "__version__"]

@@ -46,9 +46,9 @@ def test_create_extension_in_schema_madlib(bare_conn):
         schema, version = bare_conn.execute(
             "SELECT extnamespace::regnamespace::text, extversion FROM pg_extension "
             "WHERE extname = 'madlib_mop'").fetchone()
-        assert (schema, version) == ("madlib", "0.22.0")
+        assert (schema, version) == ("madlib", "0.23.0")
         reported = bare_conn.execute("SELECT madlib.version()").fetchone()[0]
-        assert reported.startswith("madlib_mop 0.22.0, PostgreSQL 15")
+        assert reported.startswith("madlib_mop 0.23.0, PostgreSQL 15")
         assert "TensorFlow 2.21.0" in reported and "Python 3.11" in reported
         # Nothing was put anywhere else: the functions are all in schema madlib.
         elsewhere = bare_conn.execute(

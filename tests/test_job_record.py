@@ -214,3 +214,49 @@ def test_fusion_is_decided_against_the_servers_where_the_fused_calls_run():
     older = types.SimpleNamespace(without_fusion=lambda compiled=False: ["segment server seg0"])
     assert fusing.decided(plpy, plan, older, None, {mlp: 780}, limits[:1]).arguments.orders["fused"] == []
     assert "segment server seg0 cannot train fused groups" in notices[-1]
+
+
+def test_a_job_records_the_size_of_each_fused_class_s_groups():
+    """Where a class's groups train in compiled loops (no Dropout, weights x batch at most
+    fusion.COMPILED_LIMIT, and the job's loops compiled) they hop in groups of at most
+    fusion.COMPILED_GROUP: a group of 16 was as slow compiled as traced; else of MAX_GROUP.
+    Recorded with the job and read back by `group_sizes` (a job that recorded none: {})."""
+    def arch(*hidden, dropout=False):
+        layers = [{"class_name": "InputLayer", "config": {"batch_shape": [None, 64], "name": "i"}}]
+        layers += [{"class_name": "Dense", "config": {"units": h, "name": f"d{h}"}} for h in hidden]
+        layers += [{"class_name": "Dropout", "config": {"rate": 0.1, "name": "o"}}] if dropout else []
+        return json.dumps({"class_name": "Sequential", "config": {"name": "s", "layers": layers + [
+            {"class_name": "Dense", "config": {"units": 3, "activation": "softmax", "name": "d"}}]}})
+    small, dropout, large = arch(8), arch(8, dropout=True), arch(1024, 1024)
+    configs = [{"mst_key": key, "model_arch": model, "fit_params": f"batch_size={batch}",
+                "compile_params": f"optimizer='SGD(lr={lr})',loss='categorical_crossentropy'"}
+               for key, model, batch, lr in ((1, small, 8, 0.1), (2, small, 8, 0.2), (3, dropout, 8, 0.1),
+                                             (4, dropout, 8, 0.2), (5, large, 16, 0.1), (6, large, 16, 0.2),
+                                             (7, small, 9000, 0.1), (8, small, 9000, 0.2))]
+    weights = {small: 4 * 547, dropout: 4 * 547, large: 4 * (65 * 1024 + 1025 * 1024 + 1025 * 3)}
+    arguments = JobArguments.of({"source_table": "t_packed", "model_output_table": "public.m",
+                                 "model_selection_table": "mst", "num_iterations": 1, "validation_table": None,
+                                 "metrics_compute_frequency": 1, "warm_start": False, "name": None,
+                                 "description": None, "use_caching": True, "seed": 7, "fuse_models": "on",
+                                 "orders": fusing.path_grouping(configs, custom_functions=False)})
+
+    @dataclasses.dataclass(frozen=True)
+    class Plan:
+        arguments: JobArguments
+        source: dict
+        configs: list
+
+    plan = Plan(arguments, {"packed_table": "t_packed", "num_segments": 2}, configs)
+    notices: list[str] = []
+    plpy = types.SimpleNamespace(notice=lambda text, **_: notices.append(text))
+    engine = types.SimpleNamespace(without_fusion=lambda compiled=False: [])
+    unbounded = [WorkerLimits(2, 8000.0, 0.0, "segment server seg0")]
+    orders = fusing.decided(plpy, plan, engine, None, weights, unbounded).arguments.orders
+    # small: 547 x 8 compiles; Dropout does not; 1.1 M weights x 16 do not; 547 x 9,000 (4.9 M) do.
+    assert orders["fused"] == [[1, 2], [3, 4], [5, 6], [7, 8]] and orders["group_sizes"] == [8, 16, 16, 8]
+    assert fusing.group_sizes(types.SimpleNamespace(arguments=arguments.replace(orders=orders))) == {
+        0: 8, 1: 16, 2: 16, 3: 8}
+    assert fusing.group_sizes(types.SimpleNamespace(arguments=arguments)) == {}  # (recorded none)
+    # A segment server that fuses but predates compiled loops: traced, groups of 16.
+    older = types.SimpleNamespace(without_fusion=lambda compiled=False: ["segment server seg0"] if compiled else [])
+    assert fusing.decided(plpy, plan, older, None, weights, unbounded).arguments.orders["group_sizes"] == [16] * 4

@@ -181,7 +181,34 @@ def decided(plpy: Any, plan: Any, engine: Any, keras: Any, weight_bytes: dict[st
     members: list[list[int]] = [[] for _ in set(classes.values())]
     for key in sorted(classes):
         members[classes[key]].append(int(key))
-    return dataclasses.replace(plan, arguments=plan.arguments.replace(orders=dict(orders, fused=members)))
+    sizes = _sizes(members, plan.configs, weight_bytes, orders.get("fused_loop") == "compiled")
+    return dataclasses.replace(plan, arguments=plan.arguments.replace(
+        orders=dict(orders, fused=members, group_sizes=sizes)))
+
+
+def _sizes(members: list[list[int]], configs: list[dict], weight_bytes: dict[str, int], compiled: bool
+           ) -> list[int]:
+    """The size of each class's groups at most: fusion.COMPILED_GROUP where its groups train
+    in compiled loops (`runtime.fusion.compiles`: a group of 16 is as slow compiled as
+    traced, two of 8 compiled 0.6x-1.0x of it, bench_fusion), else MAX_GROUP."""
+    by_key = {config["mst_key"]: config for config in configs}
+
+    def size(keys: list[int]) -> int:
+        config = by_key[keys[0]]
+        parameters = weight_bytes[config["model_arch"]] // 4  # (a model that fuses is float32)
+        return fusion.COMPILED_GROUP if compiled and fusion.compiles(training.ModelSpec.of(config), parameters) \
+            else MAX_GROUP
+    return [size(keys) for keys in members]
+
+
+def group_sizes(job: Any) -> dict[int, int]:
+    """A job's fusion class (its number, as `job_classes` numbers them) -> the size of its
+    groups at most, as `decided` recorded it; {} for a job started before jobs recorded it
+    (its classes hop in chunks of MAX_GROUP, `job.schedule.fusion_groups`)."""
+    orders = job.arguments.orders
+    if not isinstance(orders, dict) or "group_sizes" not in orders:
+        return {}
+    return dict(enumerate(int(size) for size in orders["group_sizes"]))
 
 
 def _several(classes: dict[int, int]) -> bool:

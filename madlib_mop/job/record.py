@@ -61,6 +61,7 @@ class JobArguments:
     # mst_keys of each fusion class of two or more, "clones": "source_path"} for every job
     # started now (`job.fusing.path_grouping`; a job recorded without "clones" draws its
     # clones' orders from their own streams; "fused": the classes that fuse, `job.fusing.decided`;
+    # "group_sizes": each of those classes' groups' size at most, `job.fusing.group_sizes`;
     # "fused_loop": "compiled", its small fused groups compile, `compiled_fused_loops`);
     # "rotation" for a job started before jobs recorded it (resumed with the orders it had).
     orders: Any = "rotation"
