@@ -10,9 +10,8 @@ to train on over 2 segments).  One thread, as each of 2 workers has on this mach
 Each cell: seconds for one sub-epoch of all K models (the best of --repeats, after one
 untimed sub-epoch that traces), the fused run's split into decode, gather and train, and
 the ratio fused / unfused, and the largest difference of a model's accuracy in the last
-timed sub-epoch; the fused run in the compiled loop (`fused_program.compiled_loop_pays`),
-in groups of at most 8 as a job hops a class (16 models: two groups of 8, one after the
-other), and each model alone in the compiled
+timed sub-epoch; the fused run in the compiled loop (`fused_program.compiled_loop_pays`:
+a group of at most 8, else the traced loop again), and each model alone in the compiled
 loop (a fused program of one), which says how much of the compiled loop's gain is
 compiling rather than fusing; then the seconds to evaluate the K models over the same rows, one after
 another (`Program.evaluate` of each buffer, without `training.evaluate`'s timing runs) and
@@ -154,7 +153,6 @@ def main() -> None:
     parser.add_argument("--sizes", default="2,4,8,16")
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
-    from madlib_mop.runtime.fusion import COMPILED_GROUP
     from madlib_mop.runtime.tf_runtime import import_tensorflow
 
     import_tensorflow(threads=1)
@@ -171,10 +169,8 @@ def main() -> None:
                 alone, alone_accuracy = unfused(group, data, args.repeats)
                 together, parts, fused_accuracy = fused(group, data, args.repeats)
                 difference = max(abs(a - b) for a, b in zip(alone_accuracy, fused_accuracy))
-                # As a job hops the class: in groups of at most COMPILED_GROUP, each compiled
-                # (a step too large runs the traced loop).
-                compiled = sum(fused(group[start:start + COMPILED_GROUP], data, args.repeats, compiled=True)[0]
-                               for start in range(0, size, COMPILED_GROUP))
+                # (a group of more than COMPILED_GROUP, or a step too large, runs the traced loop)
+                compiled, _, _ = fused(group, data, args.repeats, compiled=True)
                 each_compiled = alone_compiled(group, data, args.repeats)
                 evaluate_alone, evaluate_fused = evaluations(group, data, args.repeats)
                 row = {"architecture": name, "batch": batch, "models": size, "unfused": alone,

@@ -330,7 +330,7 @@ def run_mop(dsn: str, name: str, workload: dict, segments: int, prewarm: bool = 
             conn.execute("SET madlib_mop.fuse_models = on")
             first = _run_fit(conn, dsn, name, "fit5", workload, segments)  # traces the fused programs
             fused = _run_fit(conn, dsn, name, "fit6", workload, segments)
-            fused["first_makespan"] = first["makespan"]  # (tracing and compiling them included)
+            fused["first_makespan"] = first["makespan"]  # (tracing its fused programs included)
             conn.execute("RESET madlib_mop.fuse_models")
     runs = {"warm": warm} | ({"fused": fused} if fused else {})
     if role:
@@ -668,7 +668,7 @@ def run_fused_arms(dsn: str, name: str, workload: dict, base: dict, shares: list
     print("|---|---:|---:|")
     for label, seconds in (("(b'') task parallel, madlib_mop's loop", b3_makespan), ("(c)", c["makespan"]),
                            ("(c warm)", c["warm"]["makespan"]), ("(c fused)", c["fused"]["makespan"]),
-                           ("(c fused), its first run, which traces and compiles", c["fused"]["first_makespan"])):
+                           ("(c fused), its first run, which traces its fused programs", c["fused"]["first_makespan"])):
         print(f"| {label} | {seconds:.1f} | {seconds / b3_makespan:.2f} |")
     gaps = [abs(fused_accuracy[k] - c["accuracy"][k]) for k in c["accuracy"]]
     print(f"\nvalidation accuracy: mean (b'') {np.mean(list(accuracy.values())):.4f}, (c) "

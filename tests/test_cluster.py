@@ -926,47 +926,27 @@ def test_a_fused_group_on_a_server_that_cannot_reach_the_other_is_carried_their_
         cluster_tool._peers(seg1, [("seg0", _server_dsn(servers["seg0"], name))])
 
 
-@pytest.mark.parametrize("predates", ["fused training", "compiled fused loops"])
 def test_a_segment_server_whose_extension_predates_fused_training_trains_the_models_alone(
-        cluster, servers, fused_configs, predates):
+        cluster, servers, fused_configs):
     """Where a segment server's extension has no fused training, a job asked to fuse says
     so in a NOTICE naming the server, and its models train alone: the weights of the job
-    with fuse_models off.  Where it trains fused groups in traced loops only (before
-    0.22.0), the job's groups train in traced loops everywhere (recorded so), with a NOTICE."""
+    with fuse_models off."""
     name = conninfo_to_dict(cluster)["dbname"]
     seg1 = _server_dsn(servers["seg1"], name)
     renamed = "madlib_mop._mop_segment_train_fused(bigint, integer[], integer[], integer, text[], integer[])"
     with psycopg.connect(seg1, autocommit=True) as admin:
-        version = admin.execute("SELECT extversion FROM pg_extension WHERE extname = 'madlib_mop'").fetchone()[0]
-        if predates == "fused training":
-            admin.execute(f"ALTER FUNCTION {renamed} RENAME TO _mop_segment_train_fused_hidden")
-        else:  # (what an extension of 0.21.1 reports)
-            admin.execute("UPDATE pg_extension SET extversion = '0.21.1' WHERE extname = 'madlib_mop'")
+        admin.execute(f"ALTER FUNCTION {renamed} RENAME TO _mop_segment_train_fused_hidden")
     notices: list[str] = []
-    output = "iris_unfusable" if predates == "fused training" else "iris_uncompiled"
     try:
-        _fit(cluster, output, notices, settings=FUSED, mst=fused_configs)
+        _fit(cluster, "iris_unfusable", notices, settings=FUSED, mst=fused_configs)
     finally:
         with psycopg.connect(seg1, autocommit=True) as admin:
-            if predates == "fused training":
-                admin.execute(f"ALTER FUNCTION {renamed.replace('_fused(', '_fused_hidden(')} "
-                              "RENAME TO _mop_segment_train_fused")
-            admin.execute("UPDATE pg_extension SET extversion = %s WHERE extname = 'madlib_mop'", (version,))
-    if predates == "compiled fused loops":
-        assert any("traced loops, not compiled" in n and "seg1" in n for n in notices), notices
-        with _connect(cluster) as conn:
-            (orders,) = conn.execute("SELECT arguments->'orders' FROM jobs "
-                                     "WHERE model_output_table = 'public.iris_uncompiled'").fetchone()
-        assert "fused_loop" not in orders and orders["fused"]
-        assert any(result.get("fused_with") for *_, result in _visits(cluster, output))
-        return
+            admin.execute(f"ALTER FUNCTION {renamed.replace('_fused(', '_fused_hidden(')} "
+                          "RENAME TO _mop_segment_train_fused")
     assert any("train unfused" in n and "seg1" in n for n in notices), notices
-    with _connect(cluster) as conn:  # (the unfused job, run once by whichever case comes first)
-        made = conn.execute("SELECT to_regclass('iris_fused_off')").fetchone()[0] is not None
-    if not made:
-        _fit(cluster, "iris_fused_off", settings=["SET madlib_mop.fuse_models = off"], mst=fused_configs)
-    assert _weights(cluster, output) == _weights(cluster, "iris_fused_off")
-    assert not any(result.get("fused_with") for *_, result in _visits(cluster, output))
+    _fit(cluster, "iris_fused_off", settings=["SET madlib_mop.fuse_models = off"], mst=fused_configs)
+    assert _weights(cluster, "iris_unfusable") == _weights(cluster, "iris_fused_off")
+    assert not any(result.get("fused_with") for *_, result in _visits(cluster, "iris_unfusable"))
 
 
 def test_segment_servers_restarted_mid_job_lose_the_states_they_kept(cluster, servers, walkthrough):

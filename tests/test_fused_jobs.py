@@ -85,9 +85,6 @@ def test_a_fused_job_trains_each_model_as_unfused_within_rounding(iris):
         # The classes that fuse, decided when the job was made and recorded with it.
         assert conn.execute("SELECT arguments->'orders'->'fused' FROM jobs WHERE model_output_table = "
                             "'public.iris_fused'").fetchone()[0] == [list(range(1, MODELS + 1))]
-        # Of at most 16 (Dropout: traced loops, `fusion.compiles`).
-        assert conn.execute("SELECT arguments->'orders'->'group_sizes' FROM jobs WHERE model_output_table = "
-                            "'public.iris_fused'").fetchone()[0] == [16]
         assert conn.execute("SELECT arguments->'orders'->'fused' FROM jobs WHERE model_output_table = "
                             "'public.iris_unfused'").fetchone()[0] == []
         for key in unfused:
@@ -234,36 +231,6 @@ def test_a_clone_joins_its_sources_group_and_a_resumed_job_keeps_it_there(iris):
         replayed = replay(conn, out, clone)
         conn.row_factory = tuple_row
         np.testing.assert_allclose(replayed, weights, rtol=1e-4, atol=1e-5)
-
-
-def test_a_class_whose_groups_compile_hops_in_balanced_groups_of_at_most_8(iris):
-    """17 MLPs without Dropout (their groups train in compiled loops, `fusion.compiles`):
-    the job records groups of at most 8 for their class, and each sub-epoch the models of a
-    path (9 or more on one of the 2) hop in as few groups as hold them, of sizes that
-    differ by one at most.  (The Dropout models of the other tests: groups of 16.)"""
-    import keras
-
-    models = 17
-    with connect(iris) as conn:
-        conn.execute("SELECT load_keras_model('iris_compiled_arch', %s::json)", (keras.Sequential([
-            keras.Input((4,)), keras.layers.Dense(16, activation="relu"),
-            keras.layers.Dense(3, activation="softmax")]).to_json(),))
-        conn.execute("SELECT load_model_selection_table('iris_compiled_arch', 'iris_compiled_mst', ARRAY[1], "
-                     "%s, ARRAY['batch_size=8, epochs=1'])", ([COMPILE.format(lr=0.001 * (k + 1))
-                                                              for k in range(models)],))
-        conn.execute("SET madlib_mop.fuse_models = on")
-        conn.execute("SELECT madlib_keras_fit_multiple_model('iris_fused_packed', 'iris_compiled', "
-                     "'iris_compiled_mst', 1)")
-        assert conn.execute("SELECT arguments->'orders'->'group_sizes' FROM jobs WHERE model_output_table "
-                            "= 'public.iris_compiled'").fetchone()[0] == [8]
-        calls: dict[tuple[int, int], set[tuple]] = {}  # (step, segment) -> its calls' models
-        for (_, step), (segment, partners) in _fused_with(conn, "iris_compiled").items():
-            calls.setdefault((step, segment), set()).add(tuple(sorted(partners)))
-    assert sorted(key for group in calls[(0, 0)] | calls[(0, 1)] for key in group) == list(range(1, models + 1))
-    assert max(len(group) for groups in calls.values() for group in groups) <= 8
-    assert any(len(groups) > 1 for groups in calls.values())  # (a path of 9 or more)
-    for groups in calls.values():
-        assert max(map(len, groups)) - min(map(len, groups)) <= 1
 
 
 def test_models_whose_fused_call_would_not_fit_the_worker_budget_train_unfused(iris):

@@ -216,16 +216,11 @@ def test_a_compiled_model_trains_the_same_whatever_it_is_fused_with():
 
 def test_which_fused_groups_compile_their_loop():
     """Decided from the configuration and the group's size alone: not with Dropout (XLA
-    draws other masks), not above 8 models, not for a step of more than 9 M weights x rows
-    (`fusion.compiles`, without the group's size, by which the coordinator sizes groups);
+    draws other masks), not above 8 models, not for a step of more than 9 M weights x rows;
     and the compiled loop's rows are padded to a few sizes, at most 1/8 more."""
     def compiled(architecture, size=2, batch=8):
         specs = _specs(architecture, ["Adam(lr=0.01)"] * size, batch_size=batch)
-        program = fused_program.FusedProgram(specs[0], size, True)
-        # The coordinator sizes a job's groups by the same rule, from the configuration and
-        # the weights' count alone (no Keras model): groups of 8 where they compile.
-        assert fusion.compiles(specs[0], program.template.count_params()) == (program.compiled or size > 8)
-        return program.compiled
+        return fused_program.FusedProgram(specs[0], size, True).compiled
     assert compiled(_mlp()) and compiled(_mlp(batch_norm=True)) and compiled(_mlp(), size=8)
     assert not compiled(_mlp(dropout=True)) and not compiled(_mlp(), size=9)
     assert not fused_program.FusedProgram(_specs(_mlp(), ["Adam(lr=0.01)"] * 2)[0], 2).compiled

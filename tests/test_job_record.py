@@ -111,10 +111,6 @@ def test_a_job_recorded_before_jobs_recorded_their_orders_is_the_same_call_and_k
     job.arguments = now.replace(orders=dict(now.orders, clones="source_path"))
     assert fusing.clones_follow(job)
     assert JobArguments.of(json.loads(json.dumps(now.as_json()))) == now
-    # Only a job that recorded it trains its fused groups in compiled loops: one started
-    # before keeps the traced loop, and so its bits.
-    assert not recorded.compiled_fused_loops and not job.arguments.compiled_fused_loops
-    assert now.replace(orders=dict(now.orders, fused_loop="compiled")).compiled_fused_loops
 
 
 def test_the_paths_recorded_group_the_models_of_each_fusion_class_of_two_or_more():
@@ -125,10 +121,9 @@ def test_the_paths_recorded_group_the_models_of_each_fusion_class_of_two_or_more
         return {"mst_key": key, "model_arch": mlp, "fit_params": f"batch_size={batch}",
                 "compile_params": f"optimizer='Adam(lr={lr})',loss='categorical_crossentropy',metrics=['accuracy']"}
     configs = [config(1, 0.1, 8), config(2, 0.1, 16), config(3, 0.01, 8), config(4, 0.001, 32), config(5, 0.3, 8)]
-    assert fusing.path_grouping(configs, custom_functions=False) == {
-        "by_class": [[1, 3, 5]], "clones": "source_path", "fused_loop": "compiled"}
-    assert fusing.path_grouping(configs, custom_functions=True) == {
-        "by_class": [], "clones": "source_path", "fused_loop": "compiled"}
+    assert fusing.path_grouping(configs, custom_functions=False) == {"by_class": [[1, 3, 5]],
+                                                                     "clones": "source_path"}
+    assert fusing.path_grouping(configs, custom_functions=True) == {"by_class": [], "clones": "source_path"}
 
 
 def test_a_job_fuses_by_the_classes_it_recorded_and_its_clones_join_them():
@@ -147,11 +142,11 @@ def test_a_job_fuses_by_the_classes_it_recorded_and_its_clones_join_them():
            "fuse_models": "auto", "orders": {"by_class": [[1, 2]], "clones": "source_path", "fused": [[1, 2], [3]]}}
     job = types.SimpleNamespace(job_id=7, arguments=JobArguments.of(old))
     clones = {4: (1, 2), 5: (3, 2)}  # 4 keeps model 1's class; 5 (batch 32) is not of model 3's
-    fusing_engine = types.SimpleNamespace(stores_states=False, without_fusion=lambda compiled=False: [])
+    fusing_engine = types.SimpleNamespace(stores_states=False, without_fusion=lambda: [])
     found = fusing.job_classes(None, job, fusing_engine, {1, 2, 3}, lambda: rows, None, clones)
     assert found == {1: 0, 2: 0, 3: 1, 4: 0}
     # Where a segment server can no longer fuse, the job is refused, not trained to other bits.
-    older = types.SimpleNamespace(stores_states=False, without_fusion=lambda compiled=False: ["segment server seg1"])
+    older = types.SimpleNamespace(stores_states=False, without_fusion=lambda: ["segment server seg1"])
     with pytest.raises(MadlibMopError) as refused:
         fusing.job_classes(None, job, older, {1, 2, 3}, lambda: rows, None, clones)
     assert refused.value.sqlstate == "0A000" and "seg1" in refused.value.hint
@@ -162,7 +157,7 @@ def test_a_job_fuses_by_the_classes_it_recorded_and_its_clones_join_them():
 
 def test_what_a_fused_call_holds_of_its_segment_and_states():
     source = {"rows_per_segment": [100, 120], "feature_shape": [4], "num_classes": [3]}
-    assert fusing.decoded_segment_bytes(source) == 136 * (3 * 4 * 4 + 14 * 3 + 2 * 4 * 16)
+    assert fusing.decoded_segment_bytes(source) == 120 * (3 * 4 * 4 + 10 * 3 + 2 * 4 * 16)
     assert fusing.decoded_segment_bytes({"num_rows": 220}) is None  # (packed by MADlib: not said)
     mlp = json.dumps({"class_name": "Sequential", "config": {"name": "s", "layers": [
         {"class_name": "InputLayer", "config": {"batch_shape": [None, 4], "name": "i"}},
@@ -173,8 +168,8 @@ def test_what_a_fused_call_holds_of_its_segment_and_states():
     total, held = fusing.fused_need({1: 0, 2: 0, 3: 0}, configs, source, {mlp: 1000})
     # SGD keeps no slot: a state is its weights; 3 copies of one program's, and of a group's
     # 16 stacked (a person's clones may fill it).
-    assert held * fusing.memory.MB == 136 * (3 * 4 * 4 + 14 * 3 + 2 * 4 * 16)
-    assert total * fusing.memory.MB == 3 * 1000 + 3 * 16 * 1000 + 136 * (3 * 4 * 4 + 14 * 3 + 2 * 4 * 16)
+    assert held * fusing.memory.MB == 120 * (3 * 4 * 4 + 10 * 3 + 2 * 4 * 16)
+    assert total * fusing.memory.MB == 3 * 1000 + 3 * 16 * 1000 + 120 * (3 * 4 * 4 + 10 * 3 + 2 * 4 * 16)
 
 
 def test_fusion_is_decided_against_the_servers_where_the_fused_calls_run():
@@ -204,59 +199,13 @@ def test_fusion_is_decided_against_the_servers_where_the_fused_calls_run():
                             "feature_shape": [64], "num_classes": [3]}, configs)
     notices: list[str] = []
     plpy = types.SimpleNamespace(notice=lambda text, **_: notices.append(text))
-    engine = types.SimpleNamespace(without_fusion=lambda compiled=False: [])
+    engine = types.SimpleNamespace(without_fusion=lambda: [])
     limits = [WorkerLimits(2, 8000.0, 0.0, "segment server seg0"), WorkerLimits(2, 8000.0, 4000.0, "segment server seg1")]
     assert fusing.decided(plpy, plan, engine, None, {mlp: 780}, limits).arguments.orders["fused"] == [[1, 2]]
     assert not notices
     limits[1] = WorkerLimits(2, 8000.0, 300.0, "segment server seg1")
     assert fusing.decided(plpy, plan, engine, None, {mlp: 780}, limits).arguments.orders["fused"] == []
     assert len(notices) == 1 and "300 MB of madlib_mop.worker_memory_mb on segment server seg1" in notices[0]
-    older = types.SimpleNamespace(without_fusion=lambda compiled=False: ["segment server seg0"])
+    older = types.SimpleNamespace(without_fusion=lambda: ["segment server seg0"])
     assert fusing.decided(plpy, plan, older, None, {mlp: 780}, limits[:1]).arguments.orders["fused"] == []
     assert "segment server seg0 cannot train fused groups" in notices[-1]
-
-
-def test_a_job_records_the_size_of_each_fused_class_s_groups():
-    """Where a class's groups train in compiled loops (no Dropout, weights x batch at most
-    fusion.COMPILED_LIMIT, and the job's loops compiled) they hop in groups of at most
-    fusion.COMPILED_GROUP: a group of 16 was as slow compiled as traced; else of MAX_GROUP.
-    Recorded with the job and read back by `group_sizes` (a job that recorded none: {})."""
-    def arch(*hidden, dropout=False):
-        layers = [{"class_name": "InputLayer", "config": {"batch_shape": [None, 64], "name": "i"}}]
-        layers += [{"class_name": "Dense", "config": {"units": h, "name": f"d{h}"}} for h in hidden]
-        layers += [{"class_name": "Dropout", "config": {"rate": 0.1, "name": "o"}}] if dropout else []
-        return json.dumps({"class_name": "Sequential", "config": {"name": "s", "layers": layers + [
-            {"class_name": "Dense", "config": {"units": 3, "activation": "softmax", "name": "d"}}]}})
-    small, dropout, large = arch(8), arch(8, dropout=True), arch(1024, 1024)
-    configs = [{"mst_key": key, "model_arch": model, "fit_params": f"batch_size={batch}",
-                "compile_params": f"optimizer='SGD(lr={lr})',loss='categorical_crossentropy'"}
-               for key, model, batch, lr in ((1, small, 8, 0.1), (2, small, 8, 0.2), (3, dropout, 8, 0.1),
-                                             (4, dropout, 8, 0.2), (5, large, 16, 0.1), (6, large, 16, 0.2),
-                                             (7, small, 9000, 0.1), (8, small, 9000, 0.2))]
-    weights = {small: 4 * 547, dropout: 4 * 547, large: 4 * (65 * 1024 + 1025 * 1024 + 1025 * 3)}
-    arguments = JobArguments.of({"source_table": "t_packed", "model_output_table": "public.m",
-                                 "model_selection_table": "mst", "num_iterations": 1, "validation_table": None,
-                                 "metrics_compute_frequency": 1, "warm_start": False, "name": None,
-                                 "description": None, "use_caching": True, "seed": 7, "fuse_models": "on",
-                                 "orders": fusing.path_grouping(configs, custom_functions=False)})
-
-    @dataclasses.dataclass(frozen=True)
-    class Plan:
-        arguments: JobArguments
-        source: dict
-        configs: list
-
-    plan = Plan(arguments, {"packed_table": "t_packed", "num_segments": 2}, configs)
-    notices: list[str] = []
-    plpy = types.SimpleNamespace(notice=lambda text, **_: notices.append(text))
-    engine = types.SimpleNamespace(without_fusion=lambda compiled=False: [])
-    unbounded = [WorkerLimits(2, 8000.0, 0.0, "segment server seg0")]
-    orders = fusing.decided(plpy, plan, engine, None, weights, unbounded).arguments.orders
-    # small: 547 x 8 compiles; Dropout does not; 1.1 M weights x 16 do not; 547 x 9,000 (4.9 M) do.
-    assert orders["fused"] == [[1, 2], [3, 4], [5, 6], [7, 8]] and orders["group_sizes"] == [8, 16, 16, 8]
-    assert fusing.group_sizes(types.SimpleNamespace(arguments=arguments.replace(orders=orders))) == {
-        0: 8, 1: 16, 2: 16, 3: 8}
-    assert fusing.group_sizes(types.SimpleNamespace(arguments=arguments)) == {}  # (recorded none)
-    # A segment server that fuses but predates compiled loops: traced, groups of 16.
-    older = types.SimpleNamespace(without_fusion=lambda compiled=False: ["segment server seg0"] if compiled else [])
-    assert fusing.decided(plpy, plan, older, None, weights, unbounded).arguments.orders["group_sizes"] == [16] * 4

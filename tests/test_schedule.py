@@ -460,29 +460,3 @@ def test_a_clone_leaves_its_source_s_groups_where_a_stop_ends_the_source():
     resumed = dispatcher_for({17: 2, 18: 1, 19: 2, 20: 2, 21: 2}, {}, 2, 11, None, {21}, None, {21: (18, 0)})
     resumed.fuse(dict.fromkeys(range(17, 22), 0))
     assert resumed.group(21, 1) == (21,)
-
-
-def test_a_class_whose_groups_compile_hops_in_balanced_groups_of_its_size():
-    """A job that records its classes' sizes (`job.fusing.group_sizes`) splits a class's
-    models of one path into as few groups of at most that size as hold them, of sizes that
-    differ by one at most; a class it records no size of (a job started before) keeps
-    chunks of MAX_GROUP, the last the smallest."""
-    orders = {m: [[0, 1], [1, 0]] for m in range(1, 21)}  # 20 models of one path
-    assert {len(g) for g in fusion_groups(orders, dict.fromkeys(orders, 0), 0, segments=2).values()} == {16, 4}
-    groups = set(fusion_groups(orders, dict.fromkeys(orders, 0), 0, segments=2, sizes={0: 8}).values())
-    assert sorted(groups) == [tuple(range(1, 7)), tuple(range(7, 14)), tuple(range(14, 21))]  # 6, 7, 7
-    assert set(fusion_groups({m: orders[m] for m in range(1, 10)}, dict.fromkeys(range(1, 10), 0), 0,
-                             segments=2, sizes={0: 8}).values()) == {(1, 2, 3, 4), (5, 6, 7, 8, 9)}
-    # Two classes: each its own size (class 1 recorded at MAX_GROUP: 10 models, one group).
-    two = dict.fromkeys(range(1, 11), 0) | dict.fromkeys(range(11, 21), 1)
-    found = fusion_groups(orders, two, 0, segments=2, sizes={0: 8, 1: MAX_GROUP})
-    assert found[1] == (1, 2, 3, 4, 5) and found[6] == (6, 7, 8, 9, 10) and found[11] == tuple(range(11, 21))
-    # A clone joins its source's group only while the group has fewer than its class's size.
-    eight = {m: orders[m] for m in range(1, 9)}
-    with_clone = {**eight, 9: [[0, 1], [1, 0]]}
-    fusion = dict.fromkeys(range(1, 10), 0)
-    assert 9 not in fusion_groups(with_clone, fusion, 0, {}, 2, {9: 3}, sizes={0: 8})
-    assert fusion_groups(with_clone, fusion, 0, {}, 2, {9: 3})[9] == tuple(range(1, 10))  # (no size: 16)
-    dispatcher = Dispatcher(dict(orders), 2)
-    dispatcher.fuse(dict.fromkeys(orders, 0), {0: 8})
-    assert dispatcher.group(1, 0) == tuple(range(1, 7)) and dispatcher.group(20, 1) == tuple(range(14, 21))

@@ -191,11 +191,10 @@ class Engine(abc.ABC):
     # the call and send it back?
     stores_states = False
 
-    def without_fusion(self, compiled: bool = False) -> list[str]:
+    def without_fusion(self) -> list[str]:
         """Where its workers cannot train and validate models as fused groups
-        (`Worker.train_fused`; `compiled`: in compiled loops too, as a job that records
-        `JobArguments.compiled_fused_loops` does), as messages name it; none: they all can.
-        A job fuses only where none is named (`job.fusing`)."""
+        (`Worker.train_fused`), as messages name it; none: they all can.  A job fuses only
+        where none is named (`job.fusing`)."""
         return ["this engine's workers"]
 
     @abc.abstractmethod

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import io
-import re
 import secrets
 import time
 from typing import Any, Callable
@@ -42,17 +41,6 @@ from madlib_mop.errors import MadlibMopError
 # The calls that need the job's description in the session.
 JOB_FUNCTIONS = ("_mop_train", "_mop_evaluate", "_mop_segment_train", "_mop_segment_validate",
                  "_mop_segment_receive", "_mop_segment_train_fused", "_mop_segment_validate_fused")
-
-
-# The extension's version from which a segment server's fused groups train in compiled loops
-# (`runtime.fused_program.compiled_loop_pays`) where a job records them.
-COMPILED_FUSED_LOOPS_SINCE = (0, 22, 0)
-
-
-def _version(text: str | None) -> tuple[int, int, int] | tuple[()]:
-    """'0.22.0' (or '0.22', '0.22.0-dev') -> (0, 22, 0); nothing known: ()."""
-    found = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", text or "")
-    return (int(found[1]), int(found[2]), int(found[3] or 0)) if found else ()
 
 
 class ClusterWorker(KeptStateCalls, LocalWorker):
@@ -311,7 +299,7 @@ class ClusterEngine(Engine):
         self.full: str | None = None  # the segment server that had no slot free, if one had none
         self.tried = 0.0
         self._inference: list[ClusterWorker] = []
-        self._answers: tuple[list, list[str], list[str]] | None = None  # (`_asked`)
+        self._answers: tuple[list, list[str]] | None = None  # (`_asked`)
 
     def _server(self, segment: int) -> SegmentServer:
         if segment not in self.partitions:
@@ -340,43 +328,36 @@ class ClusterEngine(Engine):
         """Each segment server's; one whose extension predates the question is not counted."""
         return self._asked()[0]
 
-    def without_fusion(self, compiled: bool = False) -> list[str]:
-        """The segment servers whose extension predates fused training (0.21.0), or, for a
-        job whose fused loops compile, those loops (0.22.0): there its groups would train
-        to other bits than on this server."""
-        return self._asked()[2 if compiled else 1]
+    def without_fusion(self) -> list[str]:
+        """The segment servers whose extension predates fused training (0.21.0)."""
+        return self._asked()[1]
 
-    def _asked(self) -> tuple[list[tuple[str, dict]], list[str], list[str]]:
+    def _asked(self) -> tuple[list[tuple[str, dict]], list[str]]:
         """What a job asks each segment server before it starts (`worker_limits`,
         `without_fusion`): once, over one session per server, the servers at once (a new
         session's first question loads the extension's Python: about 0.2 s)."""
         if self._answers is None:
             answers = at_once(list(self.servers.items()), lambda named: self._ask(*named))
-            self._answers = ([(f"segment server {name}", found) for (name, _), (found, *_) in
+            self._answers = ([(f"segment server {name}", found) for (name, _), (found, _) in
                               zip(self.servers.items(), answers) if found is not None],
-                             [server.label for server, (_, fuses, _) in zip(self.servers.values(), answers)
-                              if not fuses],
-                             [server.label for server, (_, fuses, compiles) in
-                              zip(self.servers.values(), answers) if not (fuses and compiles)])
+                             [server.label for server, (_, fuses) in zip(self.servers.values(), answers)
+                              if not fuses])
         return self._answers
 
-    def _ask(self, name: str, server: SegmentServer) -> tuple[dict | None, bool, bool]:
-        """(its limits, None where its extension predates them; does it train fused groups?
-        in compiled loops?)"""
+    def _ask(self, name: str, server: SegmentServer) -> tuple[dict | None, bool]:
+        """(its limits, None where its extension predates them; does it train fused groups?)"""
         with segments.connect(self.conninfo[name], server, self.hints[name],
                               application_name="madlib_mop coordinator") as session:
-            fuses, version = session.execute(
-                "SELECT to_regproc(%s) IS NOT NULL, (SELECT extversion FROM pg_catalog.pg_extension "
-                "WHERE extname = 'madlib_mop')", (f"{self.schema}._mop_segment_train_fused",)).fetchone()
-            compiles = _version(version) >= COMPILED_FUSED_LOOPS_SINCE
+            fuses = session.execute("SELECT to_regproc(%s) IS NOT NULL",
+                                    (f"{self.schema}._mop_segment_train_fused",)).fetchone()[0]
             try:
                 (found,) = session.execute(sql.SQL("SELECT {}._mop_worker_limits()").format(
                     sql.Identifier(self.schema))).fetchone()
             except psycopg.Error as error:
                 if error.sqlstate != errors.UNDEFINED_FUNCTION:
                     raise as_error(error) from None
-                return None, bool(fuses), compiles
-        return json_value(found), bool(fuses), compiles
+                return None, bool(fuses)
+        return json_value(found), bool(fuses)
 
     def prepare_job(self, plpy: Any, job: Any, models: Callable[[], list[dict]]) -> None:
         self.job = job_description(plpy, job, models(), self.partitions)
@@ -502,7 +483,6 @@ def job_description(plpy: Any, job: Any, models: list[dict], partitions: dict[in
     return {"job_id": job.job_id, "seed": job.seed, "segments": job.num_segments,
             "use_caching": job.arguments.use_caching is not False,
             "stage_frozen_layers": job.arguments.stage_frozen_layers,
-            "compiled_fused_loops": job.arguments.compiled_fused_loops,
             "train": _shipped_data(plpy, job.source_table, partitions, None),
             "validation": validation,
             "models": models}

@@ -202,7 +202,7 @@ class LocalEngine(Engine):
     pooled = True
     stores_states = True
 
-    def without_fusion(self, compiled: bool = False) -> list[str]:
+    def without_fusion(self) -> list[str]:
         return []
 
     def __init__(self, plpy: Any, say_cap: bool = True):

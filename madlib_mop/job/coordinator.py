@@ -168,8 +168,8 @@ class Coordinator:
         if not self.pool.live():
             wait_for_workers(self.plpy, self.store, self.engine, self.pool, self.S,
                              lambda: interruption_point(self.plpy, self.can_commit), self._notice)
-        self.schedule.fuse(fusing.job_classes(self.plpy, self.job, self.engine, self.initial, self.store.model_rows,
-                                              self.search.keras, self.steering.clones), fusing.group_sizes(self.job))
+        self.schedule.fuse(fusing.job_classes(self.plpy, self.job, self.engine, self.initial,
+                                              self.store.model_rows, self.search.keras, self.steering.clones))
         self.store.running_on(len(self.pool.live()))
         self.supply = WorkerSupply(self.plpy, self.store, self.engine, self.pool, self.S)
         for index, thread in enumerate(self.pool.threads):

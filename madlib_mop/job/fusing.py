@@ -132,7 +132,7 @@ def job_classes(plpy: Any, job: Any, engine: Any, initial: set[int], model_rows:
     else:
         found = {}
     joined = with_clones(found, clones, model_rows)
-    missing = engine.without_fusion(job.arguments.compiled_fused_loops) if _several(joined) else []
+    missing = engine.without_fusion() if _several(joined) else []
     if missing:
         raise MadlibMopError(f"job {job.job_id} trains models as fused groups, as decided when it was "
                              f"made, and {', '.join(missing)} cannot",
@@ -150,20 +150,10 @@ def decided(plpy: Any, plan: Any, engine: Any, keras: Any, weight_bytes: dict[st
     server's extension older than fused training), nor where a fused call would not fit
     madlib_mop.worker_memory_mb of the servers its workers run on (`fused_need`; `limits`:
     the segment servers', `Engine.worker_limits`, else this server's; `weight_bytes`:
-    architecture -> its weights' bytes, `plan.check_models`).  Where a segment server's
-    extension fuses but predates compiled loops (0.22.0), the job's groups train in traced
-    loops (its `orders` without "fused_loop"), as that server trains them.  Each with a
-    NOTICE."""
+    architecture -> its weights' bytes, `plan.check_models`).  Each with a NOTICE."""
     classes = _decide(plpy, plan.arguments, plan.source["packed_table"], plan.source["num_segments"],
                       plan.configs, keras)
-    orders = dict(plan.arguments.orders)
-    missing = engine.without_fusion(plan.arguments.compiled_fused_loops) if _several(classes) else []
-    if missing and not engine.without_fusion(False):  # (they fuse, in traced loops only)
-        plpy.notice(f"{FUSE_SETTING}: the fused groups train in traced loops, not compiled: the extension "
-                    f"of {', '.join(missing)} predates compiled loops",
-                    hint=f"ALTER EXTENSION madlib_mop UPDATE on {', '.join(missing)}.")
-        orders.pop("fused_loop", None)
-        missing = []
+    missing = engine.without_fusion() if _several(classes) else []
     if missing:
         plpy.notice(f"{FUSE_SETTING}: the models train unfused: {', '.join(missing)} cannot train fused "
                     "groups (its extension predates them)",
@@ -181,34 +171,8 @@ def decided(plpy: Any, plan: Any, engine: Any, keras: Any, weight_bytes: dict[st
     members: list[list[int]] = [[] for _ in set(classes.values())]
     for key in sorted(classes):
         members[classes[key]].append(int(key))
-    sizes = _sizes(members, plan.configs, weight_bytes, orders.get("fused_loop") == "compiled")
-    return dataclasses.replace(plan, arguments=plan.arguments.replace(
-        orders=dict(orders, fused=members, group_sizes=sizes)))
-
-
-def _sizes(members: list[list[int]], configs: list[dict], weight_bytes: dict[str, int], compiled: bool
-           ) -> list[int]:
-    """The size of each class's groups at most: fusion.COMPILED_GROUP where its groups train
-    in compiled loops (`runtime.fusion.compiles`: a group of 16 is as slow compiled as
-    traced, two of 8 compiled 0.6x-1.0x of it, bench_fusion), else MAX_GROUP."""
-    by_key = {config["mst_key"]: config for config in configs}
-
-    def size(keys: list[int]) -> int:
-        config = by_key[keys[0]]
-        parameters = weight_bytes[config["model_arch"]] // 4  # (a model that fuses is float32)
-        return fusion.COMPILED_GROUP if compiled and fusion.compiles(training.ModelSpec.of(config), parameters) \
-            else MAX_GROUP
-    return [size(keys) for keys in members]
-
-
-def group_sizes(job: Any) -> dict[int, int]:
-    """A job's fusion class (its number, as `job_classes` numbers them) -> the size of its
-    groups at most, as `decided` recorded it; {} for a job started before jobs recorded it
-    (its classes hop in chunks of MAX_GROUP, `job.schedule.fusion_groups`)."""
-    orders = job.arguments.orders
-    if not isinstance(orders, dict) or "group_sizes" not in orders:
-        return {}
-    return dict(enumerate(int(size) for size in orders["group_sizes"]))
+    orders = dict(plan.arguments.orders, fused=members)
+    return dataclasses.replace(plan, arguments=plan.arguments.replace(orders=orders))
 
 
 def _several(classes: dict[int, int]) -> bool:
@@ -220,18 +184,16 @@ def decoded_segment_bytes(source: dict) -> int | None:
     """What a fused call holds of the largest segment of a packed table (`source`: its
     summary) decoded, at most: its features as float32 three times (the buffers', their
     concatenation and the traced loop's copy of it, the concatenation freed once copied),
-    its labels as int16 and float32 three times, and the order of its rows of each of a
-    group's MAX_GROUP models as int32 twice (the array and the loop's copy of it, the array
-    freed once copied; a compiled group, of at most 8, holds a third, padded copy: less);
-    a compiled loop's rows padded by up to 1/8 (`fused_program.padded_rows`)
-    (`fused_program.train_fused_subepoch`, which holds the segment whole where the unfused
-    loop streams it); None where the summary does not say (a table packed by MADlib)."""
+    its labels as int16 and float32 twice, and the order of its rows of each of a group's
+    MAX_GROUP models as int32 twice (the array and the loop's copy of it, the array freed
+    once copied) (`fused_program.train_fused_subepoch`, which holds the segment whole
+    where the unfused loop streams it); None where the summary does not say (a table
+    packed by MADlib)."""
     rows, shape = source.get("rows_per_segment"), source.get("feature_shape")
     if not rows or not shape:
         return None
     labels = sum(source.get("num_classes") or [1])
-    held = max(rows) + max(rows) // 8 + 1
-    return held * (3 * 4 * math.prod(shape) + 14 * labels + 2 * 4 * MAX_GROUP)
+    return max(rows) * (3 * 4 * math.prod(shape) + 10 * labels + 2 * 4 * MAX_GROUP)
 
 
 def fused_need(classes: dict[int, int], configs: list[dict], source: dict, weight_bytes: dict[str, int]
@@ -298,9 +260,8 @@ def with_clones(fusion_of: dict[int, int], clones: dict[int, tuple[int, int]],
 def path_grouping(configs: Iterable[dict], custom_functions: bool) -> dict:
     """What a new job records of how it draws its models' paths (`job.schedule.visit_orders`,
     `JobArguments.orders`): the models (mst_keys) of each fusion class of two or more, from
-    the configurations alone, whatever madlib_mop.fuse_models is; that a person's
-    clones go their sources' paths (`job.schedule.model_orders`); and that its fused groups
-    train in compiled loops where those pay (`runtime.fused_program.compiled_loop_pays`).  Recorded, not worked
+    the configurations alone, whatever madlib_mop.fuse_models is; and that a person's
+    clones go their sources' paths (`job.schedule.model_orders`).  Recorded, not worked
     out again when the job is resumed: a later version that fuses more layers keeps a
     resumed job's orders.  No class with custom functions (their models never fuse)."""
     classes: dict[str, list[int]] = {}
@@ -310,7 +271,7 @@ def path_grouping(configs: Iterable[dict], custom_functions: bool) -> dict:
             if key is not None:
                 classes.setdefault(key, []).append(int(config["mst_key"]))
     return {"by_class": [members for members in classes.values() if len(members) > 1],
-            "clones": "source_path", "fused_loop": "compiled"}
+            "clones": "source_path"}
 
 
 def clones_follow(job: Any) -> bool:

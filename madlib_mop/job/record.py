@@ -60,10 +60,8 @@ class JobArguments:
     # How the models' paths are drawn (`job.schedule.visit_orders`): {"by_class": the
     # mst_keys of each fusion class of two or more, "clones": "source_path"} for every job
     # started now (`job.fusing.path_grouping`; a job recorded without "clones" draws its
-    # clones' orders from their own streams; "fused": the classes that fuse, `job.fusing.decided`;
-    # "group_sizes": each of those classes' groups' size at most, `job.fusing.group_sizes`;
-    # "fused_loop": "compiled", its small fused groups compile, `compiled_fused_loops`);
-    # "rotation" for a job started before jobs recorded it (resumed with the orders it had).
+    # clones' orders from their own streams); "rotation" for a job started before jobs
+    # recorded it (resumed with the orders it had).
     orders: Any = "rotation"
     if_output_exists: str | None = None
     output_family: str | None = None  # if_output_exists => 'new_version': the first name
@@ -101,13 +99,6 @@ class JobArguments:
 
     def replace(self, **changes: Any) -> "JobArguments":
         return dataclasses.replace(self, **changes)
-
-    @property
-    def compiled_fused_loops(self) -> bool:
-        """Whether the job's fused groups train in compiled loops where those pay
-        (`runtime.fused_program.compiled_loop_pays`): every job started now
-        (`job.fusing.path_grouping`); one started before jobs recorded it trains as it began."""
-        return isinstance(self.orders, dict) and self.orders.get("fused_loop") == "compiled"
 
     def same_call(self, other: "JobArguments") -> bool:
         """Whether `other` (a call's arguments now) is the call that started this job.  How

@@ -160,18 +160,15 @@ def dispatcher_for(rounds: dict[int, int], done: dict[int, int], segments: int, 
 
 def fusion_groups(orders: dict[int, list[list[int]]], fusion: dict[int, int], epoch: int,
                   offsets: dict[int, int] | None = None, segments: int = 1,
-                  sources: dict[int, int] | None = None, totals: dict[int, int] | None = None,
-                  sizes: dict[int, int] | None = None) -> dict[int, tuple]:
+                  sources: dict[int, int] | None = None, totals: dict[int, int] | None = None
+                  ) -> dict[int, tuple]:
     """model -> its group in `epoch` of the job's clock (a model's own epoch is that less
     its offset, `clock_offsets`, in epochs of `segments` sub-epochs): the models of its
-    fusion class whose path that epoch is its own, in key order, in as few groups of at
-    most its class's size (`sizes`: class -> size, `job.fusing.group_sizes`) as hold them,
-    of sizes that differ by one at most (16 of 8 and 7: 8 and 8, 9: 5 and 4); a class not
-    in `sizes` (a job started before jobs recorded them) in chunks of MAX_GROUP.
+    fusion class whose path that epoch is its own, in key order, in chunks of MAX_GROUP.
 
     A clone (`sources`: clone -> its source) is in its source's group only, where both
     train that epoch (by their sub-epochs in all, `totals`: a stop lowers them, the orders
-    stay) and fewer than its class's size of the group do (then at its end, clones in key order):
+    stay) and fewer than MAX_GROUP of the group do (then at its end, clones in key order):
     the models of that group wait for the source, so none had trained the step before the
     clone was made; a group without the source may have (its models went on ahead), and
     which steps they then shared would depend on timing."""
@@ -184,27 +181,18 @@ def fusion_groups(orders: dict[int, list[list[int]]], fusion: dict[int, int], ep
         if own(model) is not None:
             paths[(fusion[model], tuple(orders[model][own(model)]))].append(model)
     groups: dict[int, list[int]] = {}
-    for (number, _), members in paths.items():
-        for chunk in _chunks(members, (sizes or {}).get(number)):
+    for members in paths.values():
+        for start in range(0, len(members), MAX_GROUP):
+            chunk = members[start:start + MAX_GROUP]
             groups.update({member: chunk for member in chunk})
     def trains(model: int) -> bool:  # (a resumed job's orders end where its stop put its total)
         return own(model) is not None and (totals is None or own(model) * segments < totals[model])
     for clone in sorted(set(sources or {}) & set(fusion)):  # (a clone of a clone after its source)
         chunk = groups.get(sources[clone])
-        size = (sizes or {}).get(fusion[clone], MAX_GROUP)
-        if chunk and trains(sources[clone]) and trains(clone) and sum(map(trains, chunk)) < size:
+        if chunk and trains(sources[clone]) and trains(clone) and sum(map(trains, chunk)) < MAX_GROUP:
             chunk.append(clone)
             groups[clone] = chunk
     return {member: tuple(chunk) for member, chunk in groups.items()}
-
-
-def _chunks(members: list[int], size: int | None) -> list[list[int]]:
-    """`members` in as few groups of at most `size` as hold them, balanced; size None: in
-    chunks of MAX_GROUP, the last the smallest (as jobs started before 0.23.0 hop them)."""
-    if size is None:
-        return [members[start:start + MAX_GROUP] for start in range(0, len(members), MAX_GROUP)]
-    count = -(-len(members) // size)
-    return [members[i * len(members) // count:(i + 1) * len(members) // count] for i in range(count)]
 
 
 def most_work_left(due, progress: dict[int, "_ModelProgress"], total: dict[int, int]) -> int | None:
@@ -244,7 +232,6 @@ class Dispatcher:
     classes: dict[int, Hashable] = field(default_factory=dict)  # the classes its orders were drawn by
     offsets: dict[int, int] = field(default_factory=dict)  # model -> `clock_offsets` (clones)
     sources: dict[int, int] = field(default_factory=dict)  # clone -> its source (`fusion_groups`)
-    sizes: dict[int, int] = field(default_factory=dict)  # fusion class -> its groups' size at most
 
     def __post_init__(self) -> None:
         self.progress = {m: _ModelProgress(self.done.get(m, 0)) for m in self.orders}
@@ -256,7 +243,8 @@ class Dispatcher:
         # model for every free segment took 8 ms per hop at 2,560 models: bench_coordinator.py).
         self.due: dict[int, set[int]] = {s: set() for s in range(self.segments)}
         self._due_on: dict[int, int] = {}
-        self.fuse(self.fusion, self.sizes)
+        for model in self.orders:
+            self._index(model)
 
     def _index(self, model: int) -> None:
         """The unit of the model's next step (`unit`) among those due on its segment, or not."""
@@ -286,8 +274,8 @@ class Dispatcher:
             return (model,)
         clock = epoch + self.offsets.get(model, 0) // self.segments
         if (clock, model) not in self._groups:
-            self._groups.update({(clock, m): g for m, g in fusion_groups(self.orders, self.fusion, clock,
-                self.offsets, self.segments, self.sources, self.total, self.sizes).items()})
+            self._groups.update({(clock, m): g for m, g in fusion_groups(
+                self.orders, self.fusion, clock, self.offsets, self.segments, self.sources, self.total).items()})
         return self._groups.get((clock, model), (model,))  # (a clone its source's groups leave out)
 
     def step_of(self, member: int, model: int, step: int) -> int:
@@ -318,9 +306,9 @@ class Dispatcher:
         if segment is not None:
             self.due[segment].discard(model)
 
-    def fuse(self, fusion: dict[int, int], sizes: dict[int, int] | None = None) -> None:
-        """The models' fusion classes, and each class's groups' size at most (before any dispatch)."""
-        self.fusion, self.sizes = dict(fusion), dict(sizes or {})
+    def fuse(self, fusion: dict[int, int]) -> None:
+        """The fusion classes of the models the job started with (before any dispatch)."""
+        self.fusion = dict(fusion)
         self._groups.clear()
         for model in self.orders:
             self._index(model)

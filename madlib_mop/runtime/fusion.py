@@ -64,17 +64,6 @@ _UNFUSED_ARGUMENTS = ("kernel_regularizer", "bias_regularizer", "activity_regula
                       "gamma_regularizer", "beta_regularizer", "kernel_constraint",
                       "bias_constraint", "beta_constraint", "gamma_constraint",
                       "lora_rank")  # (a low-rank kernel is computed, not a variable)
-# A group of at most COMPILED_GROUP models, none of whose layers draws random numbers,
-# whose step is small (a model's weights x batch size at most COMPILED_LIMIT), trains its
-# full minibatches in one XLA-compiled loop (`fused_program.compiled_loop_pays`): XLA joins
-# the step's hundreds of small operations into a few kernels, where a small step's time
-# goes.  Measured (bench_fusion, one thread, 100,000 rows, a pair): 0.44-0.58x the traced
-# fused loop at batch 32-64, 0.71-0.84x at 256; groups of 16, and a pair's steps of 43 M,
-# were as fast or slower compiled.  Dropout is left out: XLA draws other masks than the
-# unfused model's from the same seeds.  A job whose classes compile hops them in groups of
-# at most COMPILED_GROUP (`job.fusing.group_sizes`).
-COMPILED_GROUP = 8
-COMPILED_LIMIT = 9_000_000
 
 
 def why_unfused(spec: ModelSpec) -> str | None:
@@ -174,14 +163,3 @@ def per_model_arguments(spec: ModelSpec) -> list[float]:
               for key in PER_MODEL_ARGUMENTS[name]}
     return [values[key] for key in PER_MODEL_ARGUMENTS[name]] + \
         [1.0 - values[key] for key in ONE_MINUS[name]]
-
-
-def compiles(spec: ModelSpec, parameters: int) -> bool:
-    """Whether a fused group of models like `spec` (of `parameters` weights), of at most
-    COMPILED_GROUP, trains in a compiled loop: no Dropout, a step of at most COMPILED_LIMIT
-    weights x rows.  From the configuration alone (no Keras), so that the coordinator sizes
-    a job's groups as its workers compile them."""
-    layers = keras_json.parse_model_json(spec.model_arch)["config"].get("layers", [])
-    if any(layer.get("class_name") == "Dropout" for layer in layers):
-        return False
-    return parameters * spec.fit.get("batch_size", 32) <= COMPILED_LIMIT

@@ -59,7 +59,6 @@ class JobContext:
     # Models with a frozen prefix train on its features (`runtime.staging`), unless the job
     # was started with madlib_mop.stage_frozen_layers = off.
     staged: bool = True
-    compiled: bool = False  # its fused groups train in compiled loops (`JobArguments.compiled_fused_loops`)
     features: dict[tuple, features.Staged] = field(default_factory=dict)
     digests: dict[int, str] = field(default_factory=dict)  # mst_key -> its prefix's digest
     custom: CustomFunctions | None = None  # the job's custom losses and metrics, loaded
@@ -75,7 +74,7 @@ _contexts: dict[tuple[int, str], JobContext] = {}  # (job_id, owner)
 # is one role's): a job whose models were trained here before does not trace again.  A new
 # job keeps only the programs its own models use, so memory follows the current job.
 _programs: dict[tuple, training.Program] = {}  # (program key, staged)
-# Fused programs (`train_fused`) by (fusion key, models, compiled), kept likewise.
+# Fused programs (`train_fused`) by (fusion key, models), kept likewise.
 _fused: dict[tuple, Any] = {}
 
 
@@ -85,7 +84,7 @@ def _adopt(plpy: Any, ctx: "JobContext") -> None:
     for key in [k for k in _programs if k not in keys]:
         del _programs[key]
     fused = {fusion.fusion_class(spec) for spec in ctx.specs.values()}
-    for key in [k for k in _fused if k[0] not in fused or k[2] != ctx.compiled]:
+    for key in [k for k in _fused if k[0] not in fused]:
         del _fused[key]
     _contexts.clear()
     features.forget(plpy)
@@ -133,8 +132,7 @@ def ship(plpy: Any, description: dict) -> None:
     ctx = JobContext(description["job_id"], description["seed"], description["segments"],
                      {}, data(description["train"]), data(description["validation"]),
                      _budget_bytes(plpy, description["use_caching"]),
-                     staged=description.get("stage_frozen_layers", True),
-                     compiled=description.get("compiled_fused_loops", False))
+                     staged=description.get("stage_frozen_layers", True))
     for m in description["models"]:
         ctx.specs[m["mst_key"]] = training.ModelSpec.of(m)
     if description.get("store"):  # its visits keep their states here (`segment.kept_states`)
@@ -177,7 +175,6 @@ def context(plpy: Any, job_id: int) -> JobContext:
     ctx.budget_bytes = _budget_bytes(plpy, arguments.use_caching is not False,
                                      memory.models_bytes(list(ctx.specs.values()), durable.sizes()))
     ctx.staged = arguments.stage_frozen_layers
-    ctx.compiled = arguments.compiled_fused_loops
     _adopt(plpy, ctx)  # a backend serves one job at a time: drop another job's caches
     _shipped.clear()
     _contexts[(job_id, job.owner)] = ctx
@@ -333,13 +330,13 @@ def train(plpy: Any, job_id: int, mst_key: int, step: int, segment: int,
 def _fused_program(plpy: Any, ctx: JobContext, mst_keys: list[int]) -> fused_program.FusedProgram:
     """The fused program of these models (`runtime.fusion`: one key), kept by key and size."""
     specs = [_spec(plpy, ctx, key) for key in mst_keys]
-    key = (fusion.fusion_class(specs[0]), len(specs), ctx.compiled)
+    key = (fusion.fusion_class(specs[0]), len(specs))
     if key[0] is None or any(fusion.fusion_class(s) != key[0] for s in specs):
         raise MadlibMopError(f"job {ctx.job_id}: models {mst_keys} cannot train as one program",
                              sqlstate=errors.INVALID_PARAMETER_VALUE,
                              hint="The job's tables were changed; start the job again.")
     if key not in _fused:
-        _fused[key] = fused_program.FusedProgram(specs[0], len(specs), ctx.compiled)
+        _fused[key] = fused_program.FusedProgram(specs[0], len(specs))
     return _fused[key]
 
 
