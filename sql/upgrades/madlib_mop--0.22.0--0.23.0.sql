@@ -1,8 +1,9 @@
 -- madlib_mop 0.22.0 -> 0.23.0
 \echo Use "ALTER EXTENSION madlib_mop UPDATE TO '0.23.0'" to load this file. \quit
 
--- No routine's signature changed: this version's routines replace 0.22.0's (a job started
--- now hops the fusion classes whose groups compile in balanced groups of at most 8).
+-- No routine's signature changed: this version's routines replace 0.22.0's (jobs train
+-- their fused groups in traced loops: the XLA-compiled ones corrupted the heap of the
+-- server's processes).
 -- @routines
 -- 0.11.0's update cleared the comments the refusing custom-function routines of 0.10.0
 -- had; they run here, after the routines exist (an update from 0.10.0 or earlier creates
