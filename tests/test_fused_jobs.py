@@ -127,6 +127,39 @@ def test_a_fused_job_run_again_or_resumed_gives_the_same_bits(iris):
         assert _evals(conn, "iris_fused_resumed") == evals
 
 
+def test_a_job_recorded_with_compiled_loops_resumes_in_traced_loops(iris):
+    """A job started by 0.22.0 recorded that its small fused groups compile (`orders`
+    "fused_loop": "compiled"); no job compiles since 0.23.0 (inside the server the
+    compiled loop corrupted the heap: `runtime.fused_program`).  Such a job, resumed,
+    trains traced loops: the bits of the same job traced throughout.  Its models have no
+    Dropout, so 0.22.0 compiled their groups."""
+    import keras
+
+    with connect(iris) as conn:
+        conn.execute("SELECT load_keras_model('iris_plain_arch', %s::json)", (keras.Sequential([
+            keras.Input((4,)), keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(3, activation="softmax")]).to_json(),))
+        conn.execute("SELECT load_model_selection_table('iris_plain_arch', 'iris_plain_mst', ARRAY[1], %s, "
+                     "ARRAY['batch_size=8, epochs=1'])", ([COMPILE.format(lr=0.001 * (k + 1)) for k in range(4)],))
+
+    def fit(out: str) -> None:
+        with connect(iris) as conn:
+            conn.execute("SET madlib_mop.fuse_models = on")
+            conn.execute("SELECT madlib_keras_fit_multiple_model('iris_fused_packed', %s, 'iris_plain_mst', 2)",
+                         (out,))
+    fit("iris_plain_traced")
+    with connect(iris) as conn:
+        (orders,) = conn.execute("SELECT arguments->'orders' FROM jobs WHERE model_output_table = "
+                                 "'public.iris_plain_traced'").fetchone()
+        assert "fused_loop" not in orders and orders["fused"] == [[1, 2, 3, 4]]
+        job_id = coordinator_killed_mid_job(conn, "iris_plain_resumed", 4, lambda: fit("iris_plain_resumed"))
+        conn.execute("UPDATE jobs SET arguments = jsonb_set(arguments, '{orders,fused_loop}', '\"compiled\"') "
+                     "WHERE job_id = %s", (job_id,))
+        conn.execute("CALL resume(%s)", (job_id,))
+        assert _weights(conn, "iris_plain_resumed") == _weights(conn, "iris_plain_traced")
+        assert max(n for *_, n in _visits(conn, "iris_plain_resumed")) > 1  # (its groups fused)
+
+
 def test_a_fused_group_evaluates_its_validation_as_one_program(iris):
     """Each model's validation loss and metrics as unfused within float rounding (the
     weights differ by as much), every pass of the group's four models one call, and each
