@@ -182,12 +182,14 @@ class FusedProgram:
 # rows, a pair): 0.44-0.58x the traced fused loop at batch 32-64, 0.71-0.84x at 256; groups
 # of 16, and a pair's steps of 43 M, were as fast or slower compiled.  Dropout is left out: XLA draws
 # other masks than the unfused model's from the same seeds.
-# Jobs do not use it (workers build their fused programs traced): inside a PostgreSQL
-# backend, the XLA-compiled loop corrupted the process's heap ("corrupted size vs.
-# prev_size", "free(): invalid pointer" in the compiled call; the server then restarts
-# every session), reproducibly on W5's classes at batch 256 and 512, never in a Python
-# process (the same calls, 6 runs; and run from a PL/Python DO block).  Kept for
-# bench_fusion and its tests, which measure and check it outside the server.
+# Jobs do not use it (workers build their fused programs traced): in a job's worker
+# session the XLA-compiled call corrupted the process's heap ("corrupted size vs.
+# prev_size", "free(): invalid pointer"; the server then restarts every session), in
+# every run of W5's 64 MLPs in compiled groups of 8 and in one of two runs of compiled
+# pairs at batch 256 and 512; never in a Python process, nor in PL/Python functions
+# running the same calls on the server's own rows and hop files outside a job (cause not
+# found; docs/architecture.md).  Kept for bench_fusion and its tests, which measure and
+# check it in a Python process.
 COMPILED_GROUP = 8
 COMPILED_LIMIT = 9_000_000
 # The compiled loop's rows are padded to one of a few sizes (at most 1/8 more), so that the
